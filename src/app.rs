@@ -1,0 +1,55 @@
+//! Runs one command and is the one place that turns errors into messages and exit codes.
+//!
+//! Commands return `Ok(code)`: [`exit_codes::SUCCESS`], or [`exit_codes::CHECK_FAILED`] when they
+//! ran and found a failing check. Any `Err` is a usage or setup error: it is printed once with its
+//! whole cause chain and exits with [`exit_codes::SETUP_ERROR`]. A closed standard output (the
+//! reader of a pipe went away) is not an error.
+
+use crate::cli::{Cli, Command};
+use crate::exit_codes;
+use std::process::ExitCode;
+
+/// Runs the parsed command line.
+pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    init_tracing();
+    match cli.command {
+        Command::Probe(_) => anyhow::bail!("`callid probe` is not built yet"),
+        Command::Classify(_) => anyhow::bail!("`callid classify` is not built yet"),
+        Command::Demo(_) => anyhow::bail!("`callid demo` is not built yet"),
+        Command::Router(_) => anyhow::bail!("`callid router` is not built yet"),
+        Command::Provider(_) => anyhow::bail!("`callid provider` is not built yet"),
+        Command::Conform(_) => anyhow::bail!("`callid conform` is not built yet"),
+        Command::Matrix(_) => anyhow::bail!("`callid matrix` is not built yet"),
+        Command::Measure(_) => anyhow::bail!("`callid measure` is not built yet"),
+        Command::Bench(_) => anyhow::bail!("`callid bench` is not built yet"),
+    }
+}
+
+/// Prints `err` once, with its cause chain, and returns the exit code for it.
+pub fn report_error(err: &anyhow::Error) -> ExitCode {
+    if is_broken_pipe(err) {
+        return ExitCode::from(exit_codes::SUCCESS);
+    }
+    eprintln!("error: {err:#}");
+    ExitCode::from(exit_codes::SETUP_ERROR)
+}
+
+fn is_broken_pipe(err: &anyhow::Error) -> bool {
+    err.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
+/// Logs go to stderr (stdout may carry the MCP protocol), filtered by `CALLID_LOG` (default
+/// `warn`).
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("CALLID_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .try_init();
+}

@@ -1,0 +1,1 @@
+//! The layers behind the router: authorization and execution, each idempotent on its own.

@@ -1,0 +1,1 @@
+//! End-to-end benchmarks, each figure run beside its baseline.

@@ -1,0 +1,367 @@
+//! The request hash: `sha256(tool name, 0x00, canonical JSON of the arguments)`.
+//!
+//! Canonical JSON follows RFC 8785 (JCS): object members sorted by the UTF-16 code units of their
+//! names, numbers in ECMAScript shortest form (`1.0` and `1` are the same number, `-0` is `0`),
+//! minimal string escaping, no insignificant white space.
+//!
+//! # Guarantee
+//! Two argument sets hash the same only if they denote the same JSON value. Numbers that a double
+//! cannot hold exactly are refused rather than rounded: any number whose magnitude exceeds
+//! 2^53-1 ([`MAX_SAFE_INTEGER`]), so two different amounts can never share a hash. Non-finite
+//! numbers cannot occur in parsed JSON, but are refused as well when a caller builds them.
+//!
+//! This is the only implementation of the hash in the crate: the probe, the router and the
+//! conformance runner all call [`request_hash`].
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use std::fmt::Write as _;
+
+/// The largest integer a double holds exactly together with all its neighbours (2^53 - 1).
+pub const MAX_SAFE_INTEGER: u64 = 9_007_199_254_740_991;
+
+/// Why a value has no canonical form.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CanonicalError {
+    /// A number whose magnitude is above 2^53-1: it would be rounded, so it is refused.
+    #[error(
+        "number `{number}` at `{path}` is outside ±(2^53-1) and would be rounded; send large \
+         amounts as strings"
+    )]
+    UnsafeNumber {
+        /// JSON pointer of the number.
+        path: String,
+        /// The number as it was parsed.
+        number: String,
+    },
+    /// NaN or an infinity (only possible in values built in code, never in parsed JSON).
+    #[error("number at `{path}` is not finite")]
+    NonFinite {
+        /// JSON pointer of the number.
+        path: String,
+    },
+}
+
+impl CanonicalError {
+    /// Stable machine code of this error.
+    pub fn code(&self) -> &'static str {
+        "non_canonical_arguments"
+    }
+}
+
+/// A request hash, written `sha256:<64 lowercase hex digits>`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RequestHash(String);
+
+impl RequestHash {
+    /// The `sha256:<hex>` text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// Wraps a stored `sha256:<hex>` text (as read back from a registry).
+    pub fn from_stored(text: String) -> Self {
+        RequestHash(text)
+    }
+}
+
+impl std::fmt::Display for RequestHash {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The RFC 8785 canonical text of `value`.
+pub fn canonical_json(value: &Value) -> Result<String, CanonicalError> {
+    let mut out = String::new();
+    let mut path = String::new();
+    write_value(value, &mut out, &mut path)?;
+    Ok(out)
+}
+
+/// `sha256(tool, 0x00, canonical_json(arguments))` as `sha256:<hex>`.
+pub fn request_hash(tool: &str, arguments: &Value) -> Result<RequestHash, CanonicalError> {
+    let canonical = canonical_json(arguments)?;
+    let mut hasher = Sha256::new();
+    hasher.update(tool.as_bytes());
+    hasher.update([0u8]);
+    hasher.update(canonical.as_bytes());
+    Ok(RequestHash(format!("sha256:{}", hex(&hasher.finalize()))))
+}
+
+/// Lowercase hex of `bytes`.
+pub fn hex(bytes: &[u8]) -> String {
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        let _ = write!(s, "{b:02x}");
+    }
+    s
+}
+
+fn write_value(value: &Value, out: &mut String, path: &mut String) -> Result<(), CanonicalError> {
+    match value {
+        Value::Null => out.push_str("null"),
+        Value::Bool(true) => out.push_str("true"),
+        Value::Bool(false) => out.push_str("false"),
+        Value::Number(n) => write_number(n, out, path)?,
+        Value::String(s) => write_string(s, out),
+        Value::Array(items) => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                let len = path.len();
+                let _ = write!(path, "/{i}");
+                write_value(item, out, path)?;
+                path.truncate(len);
+            }
+            out.push(']');
+        }
+        Value::Object(map) => {
+            let mut members: Vec<(&String, &Value)> = map.iter().collect();
+            members.sort_by(|a, b| a.0.encode_utf16().cmp(b.0.encode_utf16()));
+            out.push('{');
+            for (i, (key, item)) in members.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_string(key, out);
+                out.push(':');
+                let len = path.len();
+                path.push('/');
+                push_pointer_token(path, key);
+                write_value(item, out, path)?;
+                path.truncate(len);
+            }
+            out.push('}');
+        }
+    }
+    Ok(())
+}
+
+/// Appends `key` escaped as one RFC 6901 JSON-pointer reference token (`~` → `~0`, `/` → `~1`).
+pub fn push_pointer_token(path: &mut String, key: &str) {
+    for c in key.chars() {
+        match c {
+            '~' => path.push_str("~0"),
+            '/' => path.push_str("~1"),
+            c => path.push(c),
+        }
+    }
+}
+
+fn write_number(
+    n: &serde_json::Number,
+    out: &mut String,
+    path: &str,
+) -> Result<(), CanonicalError> {
+    let unsafe_number = || CanonicalError::UnsafeNumber {
+        path: display_path(path),
+        number: n.to_string(),
+    };
+    if let Some(i) = n.as_i64() {
+        if i.unsigned_abs() > MAX_SAFE_INTEGER {
+            return Err(unsafe_number());
+        }
+        let _ = write!(out, "{i}");
+        return Ok(());
+    }
+    if n.as_u64().is_some() {
+        // Every u64 that is not an i64 is above 2^63, far outside the safe range.
+        return Err(unsafe_number());
+    }
+    let f = n.as_f64().ok_or_else(unsafe_number)?;
+    if !f.is_finite() {
+        return Err(CanonicalError::NonFinite {
+            path: display_path(path),
+        });
+    }
+    if f.abs() > MAX_SAFE_INTEGER as f64 {
+        return Err(unsafe_number());
+    }
+    write_es_number(f, out);
+    Ok(())
+}
+
+fn display_path(path: &str) -> String {
+    if path.is_empty() {
+        "/".to_string()
+    } else {
+        path.to_string()
+    }
+}
+
+/// ECMAScript `Number.prototype.toString` for a finite double (ECMA-262 §6.1.6.1.20).
+fn write_es_number(f: f64, out: &mut String) {
+    if f == 0.0 {
+        out.push('0');
+        return;
+    }
+    if f < 0.0 {
+        out.push('-');
+    }
+    // Rust's `{:e}` gives the shortest digits that round-trip, as `d.ddde±x`.
+    let sci = format!("{:e}", f.abs());
+    let (mantissa, exponent) = sci.split_once('e').expect("`{:e}` always has an exponent");
+    let digits: String = mantissa.chars().filter(|c| *c != '.').collect();
+    let k = digits.len() as i32;
+    let n = exponent.parse::<i32>().expect("exponent is an integer") + 1;
+    if k <= n && n <= 21 {
+        out.push_str(&digits);
+        out.extend(std::iter::repeat_n('0', (n - k) as usize));
+    } else if 0 < n && n <= 21 {
+        out.push_str(&digits[..n as usize]);
+        out.push('.');
+        out.push_str(&digits[n as usize..]);
+    } else if -6 < n && n <= 0 {
+        out.push_str("0.");
+        out.extend(std::iter::repeat_n('0', (-n) as usize));
+        out.push_str(&digits);
+    } else {
+        out.push_str(&digits[..1]);
+        if k > 1 {
+            out.push('.');
+            out.push_str(&digits[1..]);
+        }
+        out.push('e');
+        out.push(if n > 0 { '+' } else { '-' });
+        let _ = write!(out, "{}", (n - 1).abs());
+    }
+}
+
+fn write_string(s: &str, out: &mut String) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\u{08}' => out.push_str("\\b"),
+            '\u{0c}' => out.push_str("\\f"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn canon(text: &str) -> String {
+        canonical_json(&serde_json::from_str(text).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn numbers_follow_ecmascript() {
+        let cases = [
+            ("1", "1"),
+            ("1.0", "1"),
+            ("-0", "0"),
+            ("-0.0", "0"),
+            ("0.1", "0.1"),
+            ("1e2", "100"),
+            ("1.5", "1.5"),
+            ("-2.5e-3", "-0.0025"),
+            ("1e-6", "0.000001"),
+            ("1e-7", "1e-7"),
+            ("1.2345e-10", "1.2345e-10"),
+            ("123456789012345", "123456789012345"),
+            ("9007199254740991", "9007199254740991"),
+            ("-9007199254740991", "-9007199254740991"),
+            ("4.35", "4.35"),
+            ("0.000001234", "0.000001234"),
+            ("5e-324", "5e-324"),
+            ("333333333.3333333", "333333333.3333333"),
+        ];
+        for (input, want) in cases {
+            assert_eq!(canon(input), want, "input {input}");
+        }
+    }
+
+    #[test]
+    fn unsafe_numbers_are_refused_not_rounded() {
+        for input in [
+            "9007199254740992",
+            "-9007199254740992",
+            "18446744073709551615",
+            "1e16",
+            "123456789012345678901234567890",
+            "1e300",
+        ] {
+            let err = canonical_json(&serde_json::from_str(input).unwrap()).unwrap_err();
+            assert!(
+                matches!(err, CanonicalError::UnsafeNumber { .. }),
+                "{input}"
+            );
+        }
+        let err = canonical_json(&json!({"a": [1, {"b~/": 1e17}]})).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "number `1e+17` at `/a/1/b~0~1` is outside ±(2^53-1) and would be rounded; send large \
+             amounts as strings"
+        );
+    }
+
+    #[test]
+    fn members_sort_by_utf16_code_units() {
+        // U+1F600 is D83D DE00 in UTF-16, which sorts before U+FB01 (FB01), unlike in UTF-8.
+        assert_eq!(
+            canon(r#"{"\ufb01":1,"😀":2,"b":3,"a":4,"":5}"#),
+            "{\"\":5,\"a\":4,\"b\":3,\"😀\":2,\"ﬁ\":1}"
+        );
+    }
+
+    #[test]
+    fn strings_are_minimally_escaped() {
+        assert_eq!(
+            canon(r#""a\"b\\c\/d\u0001\u001f\n\t\b\f\r é €""#),
+            "\"a\\\"b\\\\c/d\\u0001\\u001f\\n\\t\\b\\f\\r é €\""
+        );
+    }
+
+    #[test]
+    fn hash_binds_tool_and_arguments() {
+        let a = request_hash("generate_image", &json!({"prompt": "fox", "width": 512})).unwrap();
+        let b = request_hash("generate_image", &json!({"width": 512.0, "prompt": "fox"})).unwrap();
+        let c = request_hash("generate_images", &json!({"prompt": "fox", "width": 512})).unwrap();
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+        assert!(a.as_str().starts_with("sha256:") && a.as_str().len() == 7 + 64);
+    }
+
+    #[test]
+    fn published_vectors_hold() {
+        #[derive(serde::Deserialize)]
+        struct Vector {
+            name: String,
+            tool: String,
+            input: String,
+            canonical: Option<String>,
+            hash: Option<String>,
+            error: Option<String>,
+        }
+        let text = include_str!("../tests/fixtures/canonical_vectors.json");
+        let vectors: Vec<Vector> = serde_json::from_str(text).unwrap();
+        assert!(vectors.len() >= 10);
+        for v in vectors {
+            let value: Value = serde_json::from_str(&v.input).unwrap();
+            match (canonical_json(&value), v.error) {
+                (Ok(text), None) => {
+                    assert_eq!(Some(&text), v.canonical.as_ref(), "{}", v.name);
+                    let hash = request_hash(&v.tool, &value).unwrap();
+                    assert_eq!(Some(hash.as_str()), v.hash.as_deref(), "{}", v.name);
+                }
+                (Err(e), Some(code)) => assert_eq!(e.code(), code, "{}", v.name),
+                (got, want) => panic!("{}: got {got:?}, fixture wants error {want:?}", v.name),
+            }
+        }
+    }
+}

@@ -1,0 +1,1 @@
+//! Turns probe logs into one identity verdict per client.

@@ -1,0 +1,1 @@
+//! The conformance runner: replays `scenarios/*.yaml` against any router.

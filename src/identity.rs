@@ -1,0 +1,585 @@
+//! Trusted per-call identity: where it may come from, what it must look like, where it must not be.
+//!
+//! A spend call is identified by an ID that the harness (the client program running the agent
+//! loop) writes into the request's `_meta`, never by anything the model wrote into the arguments.
+//! This module is the single home of those rules; the probe, `classify`, the router and the
+//! conformance runner all call it, so a verdict means the same thing everywhere.
+//!
+//! # Sources
+//! | `_meta` key | platform | identifier |
+//! |---|---|---|
+//! | `callId` | `codex` | the string itself |
+//! | `claudecode/toolUseId` | `claude-code` | the string itself |
+//! | `hubu.dev/platform-invocation` | the envelope's `platform` | the envelope's `invocation_id` |
+//!
+//! # Guarantees
+//! - Exactly one source must be present ([`from_meta`]): none fails closed
+//!   ([`IdentityError::Missing`]), two or more are refused ([`IdentityError::Ambiguous`]).
+//! - Every identifier is a JSON string of 1 to [`MAX_ID_BYTES`] bytes with no surrounding white
+//!   space and no control characters; a platform name is 1 to [`MAX_PLATFORM_BYTES`] characters of
+//!   `[A-Za-z0-9._-]`. The envelope's unknown fields are refused.
+//! - [`check_arguments`] refuses any identity-like key at any depth of the model-written
+//!   arguments, naming its JSON pointer.
+
+use serde_json::{Map, Value};
+
+/// `_meta` key of Codex's per-call ID.
+pub const CODEX_KEY: &str = "callId";
+/// `_meta` key of Claude Code's per-call ID.
+pub const CLAUDE_CODE_KEY: &str = "claudecode/toolUseId";
+/// `_meta` key of the typed platform-invocation envelope.
+pub const ENVELOPE_KEY: &str = "hubu.dev/platform-invocation";
+/// Every accepted source key, in the order they are named in messages.
+pub const SOURCE_KEYS: [&str; 3] = [CODEX_KEY, CLAUDE_CODE_KEY, ENVELOPE_KEY];
+/// Longest identifier accepted, in UTF-8 bytes.
+pub const MAX_ID_BYTES: usize = 512;
+/// Longest platform name accepted.
+pub const MAX_PLATFORM_BYTES: usize = 64;
+/// Fields the envelope may carry; any other is refused.
+pub const ENVELOPE_FIELDS: [&str; 4] = ["platform", "invocation_id", "installation_id", "task_id"];
+
+/// Identity-like argument names, normalized (lowercase, with `_`, `-`, `.` and `/` removed).
+/// A key in the arguments whose normalized name, or whose last `/`-separated segment's, is in
+/// this list is refused.
+pub const FORBIDDEN_ARGUMENT_NAMES: &[&str] = &[
+    "operationkey",
+    "operationid",
+    "privatekey",
+    "callid",
+    "toolcallid",
+    "tooluseid",
+    "harnesscallid",
+    "platform",
+    "platforminvocation",
+    "taskid",
+    "invocationid",
+    "installationid",
+    "idempotencykey",
+    "idempotencyid",
+    "requestid",
+    "meta",
+];
+
+/// Which `_meta` key an identity came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Source {
+    /// Codex's `callId`.
+    CodexCallId,
+    /// Claude Code's `claudecode/toolUseId`.
+    ClaudeCodeToolUseId,
+    /// The `hubu.dev/platform-invocation` envelope.
+    PlatformInvocation,
+}
+
+impl Source {
+    /// The `_meta` key this source is read from.
+    pub fn key(self) -> &'static str {
+        match self {
+            Source::CodexCallId => CODEX_KEY,
+            Source::ClaudeCodeToolUseId => CLAUDE_CODE_KEY,
+            Source::PlatformInvocation => ENVELOPE_KEY,
+        }
+    }
+
+    /// The source read from `key`, if `key` is a source key.
+    pub fn from_key(key: &str) -> Option<Source> {
+        match key {
+            CODEX_KEY => Some(Source::CodexCallId),
+            CLAUDE_CODE_KEY => Some(Source::ClaudeCodeToolUseId),
+            ENVELOPE_KEY => Some(Source::PlatformInvocation),
+            _ => None,
+        }
+    }
+}
+
+/// A normalized trusted identity: which platform's call this is.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Identity {
+    /// Platform name (`codex`, `claude-code`, or the envelope's).
+    pub platform: String,
+    /// The harness's ID for this call.
+    pub harness_call_id: String,
+    /// Where it was read from.
+    pub source: Source,
+    /// The envelope's `installation_id`, if sent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub installation_id: Option<String>,
+    /// The envelope's `task_id`, if sent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub task_id: Option<String>,
+}
+
+/// Why a call has no trusted identity. Each variant has a stable [`code`](Self::code).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IdentityError {
+    /// No source key in `_meta` (or no `_meta` at all).
+    #[error(
+        "spend tools require a trusted per-call identity in `_meta` from Codex (`callId`), Claude \
+         Code (`claudecode/toolUseId`), or the `hubu.dev/platform-invocation` envelope, and this \
+         request has none; retrying will not help: use a client that sends a per-call ID"
+    )]
+    Missing,
+    /// More than one source key in `_meta`.
+    #[error(
+        "ambiguous identity: `_meta` carries {} at once; exactly one per-call identity source \
+         is accepted",
+        .keys.iter().map(|k| format!("`{k}`")).collect::<Vec<_>>().join(" and ")
+    )]
+    Ambiguous {
+        /// The source keys found.
+        keys: Vec<String>,
+    },
+    /// A source is present but breaks a rule.
+    #[error("invalid identity: `{field}` {rule}")]
+    Invalid {
+        /// Where: `_meta.callId`, `_meta["hubu.dev/platform-invocation"].platform`, ...
+        field: String,
+        /// The rule broken, as a fragment that reads after the field name.
+        rule: String,
+    },
+    /// An identity-like key in the model-written arguments.
+    #[error(
+        "identity in arguments: `{path}` is an identity field, and identity is taken only from \
+         the harness's `_meta`, never from model-written arguments; remove it and call again"
+    )]
+    InArguments {
+        /// JSON pointer of the key inside the arguments.
+        path: String,
+    },
+}
+
+impl IdentityError {
+    /// Stable machine code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            IdentityError::Missing => "missing_identity",
+            IdentityError::Ambiguous { .. } => "ambiguous_identity",
+            IdentityError::Invalid { .. } => "invalid_identity",
+            IdentityError::InArguments { .. } => "identity_in_arguments",
+        }
+    }
+
+    /// Every code this module can return, for documentation and tests.
+    pub const CODES: [&'static str; 4] = [
+        "missing_identity",
+        "ambiguous_identity",
+        "invalid_identity",
+        "identity_in_arguments",
+    ];
+}
+
+/// Reads the trusted identity from a request's `_meta` (`None` when the request has none).
+pub fn from_meta(meta: Option<&Value>) -> Result<Identity, IdentityError> {
+    match meta {
+        None | Some(Value::Null) => Err(IdentityError::Missing),
+        Some(Value::Object(map)) => from_meta_map(map),
+        Some(other) => Err(IdentityError::Invalid {
+            field: "_meta".into(),
+            rule: format!("must be a JSON object; got {}", type_name(other)),
+        }),
+    }
+}
+
+/// Reads the trusted identity from a `_meta` object.
+pub fn from_meta_map(meta: &Map<String, Value>) -> Result<Identity, IdentityError> {
+    let present: Vec<&str> = SOURCE_KEYS
+        .iter()
+        .copied()
+        .filter(|k| meta.contains_key(*k))
+        .collect();
+    match present.as_slice() {
+        [] => Err(IdentityError::Missing),
+        [key] => {
+            let value = &meta[*key];
+            match Source::from_key(key).expect("a source key") {
+                Source::CodexCallId => Ok(Identity {
+                    platform: "codex".into(),
+                    harness_call_id: identifier(value, &format!("_meta.{CODEX_KEY}"))?,
+                    source: Source::CodexCallId,
+                    installation_id: None,
+                    task_id: None,
+                }),
+                Source::ClaudeCodeToolUseId => Ok(Identity {
+                    platform: "claude-code".into(),
+                    harness_call_id: identifier(value, &format!("_meta[\"{CLAUDE_CODE_KEY}\"]"))?,
+                    source: Source::ClaudeCodeToolUseId,
+                    installation_id: None,
+                    task_id: None,
+                }),
+                Source::PlatformInvocation => envelope(value),
+            }
+        }
+        many => Err(IdentityError::Ambiguous {
+            keys: many.iter().map(|k| k.to_string()).collect(),
+        }),
+    }
+}
+
+fn envelope(value: &Value) -> Result<Identity, IdentityError> {
+    let base = format!("_meta[\"{ENVELOPE_KEY}\"]");
+    let Value::Object(map) = value else {
+        return Err(IdentityError::Invalid {
+            field: base,
+            rule: format!(
+                "must be an object {{platform, invocation_id, installation_id?, task_id?}}; got {}",
+                type_name(value)
+            ),
+        });
+    };
+    if let Some(unknown) = map.keys().find(|k| !ENVELOPE_FIELDS.contains(&k.as_str())) {
+        return Err(IdentityError::Invalid {
+            field: format!("{base}.{unknown}"),
+            rule: "is not an envelope field; accepted fields are platform, invocation_id, \
+                   installation_id and task_id"
+                .into(),
+        });
+    }
+    let required = |name: &str| {
+        map.get(name).ok_or_else(|| IdentityError::Invalid {
+            field: format!("{base}.{name}"),
+            rule: "is required".into(),
+        })
+    };
+    let optional = |name: &str| {
+        map.get(name)
+            .map(|v| identifier(v, &format!("{base}.{name}")))
+            .transpose()
+    };
+    Ok(Identity {
+        platform: platform_name(required("platform")?, &format!("{base}.platform"))?,
+        harness_call_id: identifier(required("invocation_id")?, &format!("{base}.invocation_id"))?,
+        source: Source::PlatformInvocation,
+        installation_id: optional("installation_id")?,
+        task_id: optional("task_id")?,
+    })
+}
+
+/// Checks one identifier against the bounds: a JSON string, 1 to 512 bytes, no surrounding white
+/// space, no control characters.
+pub fn identifier(value: &Value, field: &str) -> Result<String, IdentityError> {
+    let invalid = |rule: String| IdentityError::Invalid {
+        field: field.to_string(),
+        rule,
+    };
+    let Value::String(s) = value else {
+        return Err(invalid(format!(
+            "must be a JSON string; got {}",
+            type_name(value)
+        )));
+    };
+    if s.is_empty() {
+        return Err(invalid("must not be empty".into()));
+    }
+    if s.len() > MAX_ID_BYTES {
+        return Err(invalid(format!(
+            "must be at most {MAX_ID_BYTES} bytes; got {} bytes",
+            s.len()
+        )));
+    }
+    if s.trim() != s {
+        return Err(invalid(
+            "must not have leading or trailing white space".into(),
+        ));
+    }
+    if let Some(c) = s.chars().find(|c| c.is_control()) {
+        return Err(invalid(format!(
+            "must not contain control characters; found U+{:04X}",
+            c as u32
+        )));
+    }
+    Ok(s.clone())
+}
+
+/// Checks a platform name: 1 to 64 characters of `[A-Za-z0-9._-]`.
+pub fn platform_name(value: &Value, field: &str) -> Result<String, IdentityError> {
+    let invalid = |rule: String| IdentityError::Invalid {
+        field: field.to_string(),
+        rule,
+    };
+    let Value::String(s) = value else {
+        return Err(invalid(format!(
+            "must be a JSON string; got {}",
+            type_name(value)
+        )));
+    };
+    if s.is_empty() || s.len() > MAX_PLATFORM_BYTES {
+        return Err(invalid(format!(
+            "must be 1 to {MAX_PLATFORM_BYTES} characters; got {}",
+            s.len()
+        )));
+    }
+    if !s
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+    {
+        return Err(invalid(
+            "may contain only A-Z, a-z, 0-9, `.`, `_` and `-`".into(),
+        ));
+    }
+    Ok(s.clone())
+}
+
+/// Refuses identity smuggled into model-written arguments: any identity-like key at any depth.
+pub fn check_arguments(arguments: &Value) -> Result<(), IdentityError> {
+    let mut path = String::new();
+    walk_arguments(arguments, &mut path)
+}
+
+fn walk_arguments(value: &Value, path: &mut String) -> Result<(), IdentityError> {
+    match value {
+        Value::Object(map) => {
+            for (key, item) in map {
+                let len = path.len();
+                path.push('/');
+                crate::canonical::push_pointer_token(path, key);
+                if is_identity_like(key) {
+                    return Err(IdentityError::InArguments { path: path.clone() });
+                }
+                walk_arguments(item, path)?;
+                path.truncate(len);
+            }
+        }
+        Value::Array(items) => {
+            for (i, item) in items.iter().enumerate() {
+                let len = path.len();
+                path.push('/');
+                path.push_str(&i.to_string());
+                walk_arguments(item, path)?;
+                path.truncate(len);
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// Whether an argument name is identity-like (see [`FORBIDDEN_ARGUMENT_NAMES`]).
+pub fn is_identity_like(key: &str) -> bool {
+    let normalize = |s: &str| -> String {
+        s.chars()
+            .filter(|c| !matches!(c, '_' | '-' | '.' | '/'))
+            .flat_map(char::to_lowercase)
+            .collect()
+    };
+    let whole = normalize(key);
+    let last = key.rsplit('/').next().map(normalize).unwrap_or_default();
+    FORBIDDEN_ARGUMENT_NAMES
+        .iter()
+        .any(|f| *f == whole || *f == last)
+        || SOURCE_KEYS.iter().any(|s| normalize(s) == whole)
+}
+
+/// The JSON type of a value, as named in messages and shape records.
+pub fn type_name(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "boolean",
+        Value::Number(_) => "number",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    type Verdict = Result<(String, String), &'static str>;
+
+    fn verdict(meta: Value) -> Verdict {
+        from_meta(Some(&meta))
+            .map(|i| (i.platform, i.harness_call_id))
+            .map_err(|e| e.code())
+    }
+
+    #[test]
+    fn sources_table() {
+        let ok = |p: &str, id: &str| Ok((p.to_string(), id.to_string()));
+        let long = "x".repeat(512);
+        let too_long = "x".repeat(513);
+        let cases: Vec<(Value, Verdict)> = vec![
+            (json!({"callId": "call_abc"}), ok("codex", "call_abc")),
+            (
+                json!({"claudecode/toolUseId": "toolu_1"}),
+                ok("claude-code", "toolu_1"),
+            ),
+            (
+                json!({"hubu.dev/platform-invocation": {"platform": "hubu", "invocation_id": "inv-1"}}),
+                ok("hubu", "inv-1"),
+            ),
+            (
+                json!({"hubu.dev/platform-invocation": {"platform": "a.b_c-9", "invocation_id": "i",
+                        "installation_id": "inst", "task_id": "t"}}),
+                ok("a.b_c-9", "i"),
+            ),
+            (json!({"callId": long.clone()}), ok("codex", &long)),
+            (json!({"callId": "é"}), ok("codex", "é")),
+            (json!({}), Err("missing_identity")),
+            (
+                json!({"sessionId": "s", "openai/session": "x"}),
+                Err("missing_identity"),
+            ),
+            (json!({"progressToken": 0}), Err("missing_identity")),
+            (
+                json!({"callid": "lowercase is not the key"}),
+                Err("missing_identity"),
+            ),
+            (
+                json!({"callId": "a", "claudecode/toolUseId": "b"}),
+                Err("ambiguous_identity"),
+            ),
+            (
+                json!({"callId": "a", "hubu.dev/platform-invocation": {"platform": "p", "invocation_id": "i"}}),
+                Err("ambiguous_identity"),
+            ),
+            (json!({"callId": ""}), Err("invalid_identity")),
+            (json!({"callId": too_long}), Err("invalid_identity")),
+            (json!({"callId": " a"}), Err("invalid_identity")),
+            (json!({"callId": "a\n"}), Err("invalid_identity")),
+            (json!({"callId": "a\u{7}b"}), Err("invalid_identity")),
+            (json!({"callId": "a\u{85}b"}), Err("invalid_identity")),
+            (json!({"callId": 12}), Err("invalid_identity")),
+            (json!({"callId": null}), Err("invalid_identity")),
+            (json!({"callId": ["a"]}), Err("invalid_identity")),
+            (
+                json!({"claudecode/toolUseId": true}),
+                Err("invalid_identity"),
+            ),
+            (
+                json!({"hubu.dev/platform-invocation": "inv"}),
+                Err("invalid_identity"),
+            ),
+            (
+                json!({"hubu.dev/platform-invocation": {"platform": "p"}}),
+                Err("invalid_identity"),
+            ),
+            (
+                json!({"hubu.dev/platform-invocation": {"invocation_id": "i"}}),
+                Err("invalid_identity"),
+            ),
+            (
+                json!({"hubu.dev/platform-invocation": {"platform": "p", "invocation_id": "i", "amount": 1}}),
+                Err("invalid_identity"),
+            ),
+            (
+                json!({"hubu.dev/platform-invocation": {"platform": "p q", "invocation_id": "i"}}),
+                Err("invalid_identity"),
+            ),
+            (
+                json!({"hubu.dev/platform-invocation": {"platform": "p".repeat(65), "invocation_id": "i"}}),
+                Err("invalid_identity"),
+            ),
+            (
+                json!({"hubu.dev/platform-invocation": {"platform": "", "invocation_id": "i"}}),
+                Err("invalid_identity"),
+            ),
+            (
+                json!({"hubu.dev/platform-invocation": {"platform": "p", "invocation_id": "i", "task_id": 3}}),
+                Err("invalid_identity"),
+            ),
+        ];
+        for (meta, want) in cases {
+            assert_eq!(verdict(meta.clone()), want, "_meta = {meta}");
+        }
+    }
+
+    #[test]
+    fn no_meta_and_non_object_meta() {
+        assert_eq!(from_meta(None).unwrap_err().code(), "missing_identity");
+        assert_eq!(
+            from_meta(Some(&Value::Null)).unwrap_err().code(),
+            "missing_identity"
+        );
+        assert_eq!(
+            from_meta(Some(&json!([1]))).unwrap_err().code(),
+            "invalid_identity"
+        );
+    }
+
+    #[test]
+    fn identity_like_arguments_are_refused_at_any_depth() {
+        let names = [
+            "operation_key",
+            "operationKey",
+            "callId",
+            "call_id",
+            "CALL-ID",
+            "tool_use_id",
+            "toolUseId",
+            "platform",
+            "Platform",
+            "task_id",
+            "invocation_id",
+            "installation_id",
+            "idempotency_key",
+            "Idempotency-Key",
+            "_meta",
+            "meta",
+            "request_id",
+            "claudecode/toolUseId",
+            "hubu.dev/platform-invocation",
+            "x/callId",
+            "tool_call_id",
+        ];
+        for name in names {
+            for (args, path) in [
+                (json!({name: "x"}), format!("/{}", name.replace('/', "~1"))),
+                (
+                    json!({"prompt": "fox", "options": [{"a": 1}, {name: "x"}]}),
+                    format!("/options/1/{}", name.replace('/', "~1")),
+                ),
+            ] {
+                let err = check_arguments(&args).unwrap_err();
+                assert_eq!(err, IdentityError::InArguments { path }, "{name}");
+            }
+        }
+        for fine in [
+            "prompt",
+            "width",
+            "model",
+            "call",
+            "platforms_supported",
+            "metadata",
+            "id",
+        ] {
+            assert!(
+                check_arguments(&json!({fine: {"nested": [1, "callId"]}})).is_ok(),
+                "{fine}"
+            );
+        }
+    }
+
+    #[test]
+    fn messages_snapshot() {
+        let errors = [
+            from_meta(Some(&json!({}))).unwrap_err(),
+            from_meta(Some(&json!({"callId": "a", "claudecode/toolUseId": "b"}))).unwrap_err(),
+            from_meta(Some(&json!([]))).unwrap_err(),
+            from_meta(Some(&json!({"callId": ""}))).unwrap_err(),
+            from_meta(Some(&json!({"callId": "x".repeat(513)}))).unwrap_err(),
+            from_meta(Some(&json!({"callId": " x"}))).unwrap_err(),
+            from_meta(Some(&json!({"callId": "a\u{1}"}))).unwrap_err(),
+            from_meta(Some(&json!({"claudecode/toolUseId": 7}))).unwrap_err(),
+            from_meta(Some(
+                &json!({"hubu.dev/platform-invocation": {"platform": "p"}}),
+            ))
+            .unwrap_err(),
+            from_meta(Some(&json!({"hubu.dev/platform-invocation":
+                {"platform": "p", "invocation_id": "i", "amount_cents": 1}})))
+            .unwrap_err(),
+            from_meta(Some(&json!({"hubu.dev/platform-invocation":
+                {"platform": "bad name", "invocation_id": "i"}})))
+            .unwrap_err(),
+            check_arguments(&json!({"prompt": "fox", "extra": {"idempotency_key": "k"}}))
+                .unwrap_err(),
+        ];
+        let text: String = errors
+            .iter()
+            .map(|e| format!("{}: {e}\n", e.code()))
+            .collect();
+        insta::assert_snapshot!(text);
+    }
+}

@@ -1,0 +1,49 @@
+//! callid: the trusted per-call ID that makes paid AI tool calls safe to retry.
+//!
+//! An agent that spends money through an MCP server must tell "the same call delivered again"
+//! (answer: the original result, no new charge) from "a new call with the same arguments"
+//! (answer: a second operation). Only an ID that the harness puts in the request's `_meta`, never
+//! one the model writes into the arguments, can tell them apart. This crate measures which
+//! clients send one, routes paid calls by it, and checks that routers do so correctly.
+//!
+//! # Layout
+//! - [`cli`]: the command line (clap types only), converted into domain options by [`app`].
+//! - [`app`]: runs one command and maps every error to a message and an exit code.
+//! - [`exit_codes`]: the exit codes every command uses.
+//! - [`identity`]: the trusted-identity rules: sources in `_meta`, bounds, identity in arguments.
+//! - [`canonical`]: RFC 8785 canonical JSON and the request hash `sha256(tool, 0, canonical args)`.
+//! - [`shape`]: the shape of `_meta` (paths, types, lengths, short digests), never its values.
+//! - [`keys`]: private operation keys and public handles as distinct, leak-resistant types.
+//! - [`crashpoint`]: test-only crash points that kill the process at a named spend boundary.
+//! - [`jsonrpc`]: a hand-written MCP client over stdio lines and streamable HTTP with exact
+//!   control of ids and `_meta`, used by the conformance runner, `measure` and `bench`.
+//! - [`probe`]: an MCP server (and a transparent proxy) that records the shape of every request.
+//! - [`classify`]: turns probe logs into one identity verdict per client.
+//! - [`provider`]: the paid image provider with a durable ledger that charges once per key.
+//! - [`backend`]: the authorization and execution layers, each idempotent on its own.
+//! - [`router`]: the reference router: identity, request hash, registry, keys, scrubbing,
+//!   approvals, in front of the backend.
+//! - [`conform`]: the conformance runner that replays `scenarios/*.yaml` against any router.
+//! - [`matrix`]: the support matrix data in `matrices/` and its Markdown rendering.
+//! - [`measure`]: drives real agent clients offline against the probe to measure a matrix row.
+//! - [`bench`]: end-to-end benchmarks that run each figure beside its baseline.
+#![warn(missing_docs)]
+
+pub mod app;
+pub mod backend;
+pub mod bench;
+pub mod canonical;
+pub mod classify;
+pub mod cli;
+pub mod conform;
+pub mod crashpoint;
+pub mod exit_codes;
+pub mod identity;
+pub mod jsonrpc;
+pub mod keys;
+pub mod matrix;
+pub mod measure;
+pub mod probe;
+pub mod provider;
+pub mod router;
+pub mod shape;

@@ -1,0 +1,1 @@
+//! The support matrix: data in `matrices/`, rendered as Markdown.

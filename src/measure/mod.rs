@@ -1,0 +1,1 @@
+//! Measures real agent clients offline against the probe.

@@ -1,0 +1,8 @@
+//! Integration tests: every test here runs the real `callid` binary (or real child processes and
+//! real SQLite files) the way a user would.
+
+mod common;
+mod conform;
+mod matrix;
+mod probe;
+mod router;
