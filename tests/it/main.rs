@@ -5,4 +5,5 @@ mod common;
 mod conform;
 mod matrix;
 mod probe;
+mod provider;
 mod router;

@@ -1,0 +1,1 @@
+//! Integration tests of `callid provider` and the backend layers.
