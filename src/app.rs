@@ -18,11 +18,57 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Demo(_) => anyhow::bail!("`callid demo` is not built yet"),
         Command::Router(_) => anyhow::bail!("`callid router` is not built yet"),
         Command::Provider(_) => anyhow::bail!("`callid provider` is not built yet"),
-        Command::Conform(_) => anyhow::bail!("`callid conform` is not built yet"),
+        Command::Conform(args) => conform(args),
         Command::Matrix(_) => anyhow::bail!("`callid matrix` is not built yet"),
         Command::Measure(_) => anyhow::bail!("`callid measure` is not built yet"),
         Command::Bench(_) => anyhow::bail!("`callid bench` is not built yet"),
     }
+}
+
+/// `callid conform`: runs the scenarios and renders the report; 1 when a check failed unexpectedly
+/// or an expected failure is stale.
+fn conform(args: crate::cli::ConformArgs) -> anyhow::Result<ExitCode> {
+    use crate::conform::{Options, TargetSpec, report};
+    use anyhow::Context;
+    let target = match (args.target, args.stdio, args.url) {
+        (Some(file), None, None) => TargetSpec::Profile(file),
+        (None, Some(command), None) => TargetSpec::Stdio(command),
+        (None, None, Some(url)) => TargetSpec::Url(url),
+        (None, None, None) => TargetSpec::Reference,
+        _ => anyhow::bail!("give at most one of `--target`, `--stdio` and `--url`"),
+    };
+    let options = Options {
+        target,
+        scenarios: args.scenarios,
+        only: args.only,
+        expected_failures: args.expected_failures,
+        progress: true,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("failed to start the async runtime")?;
+    let report = runtime.block_on(crate::conform::run(&options))?;
+    let format = report::Format::from(args.format);
+    match &args.out {
+        Some(path) => {
+            let mut file = std::fs::File::create(path)
+                .with_context(|| format!("failed to create `{}`", path.display()))?;
+            report::render(&report, format, &mut file)
+                .with_context(|| format!("failed to write `{}`", path.display()))?;
+            eprintln!("{}", report.summary_line());
+        }
+        None => {
+            let mut out = std::io::stdout().lock();
+            report::render(&report, format, &mut out).context("failed to write the report")?;
+        }
+    }
+    runtime.shutdown_background();
+    Ok(ExitCode::from(if report.success() {
+        exit_codes::SUCCESS
+    } else {
+        exit_codes::CHECK_FAILED
+    }))
 }
 
 /// Prints `err` once, with its cause chain, and returns the exit code for it.
