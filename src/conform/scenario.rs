@@ -723,7 +723,7 @@ mod tests {
             ),
             (
                 "steps:\n  - do: call\n    expect: {chargs: 1}\n",
-                "scenarios/x.yaml: steps[0].expect: unknown field `chargs`",
+                "scenarios/x.yaml: steps[0].expect.chargs: unknown field `chargs`, expected one of",
             ),
             (
                 "steps:\n  - do: teleport\n",

@@ -66,8 +66,12 @@ pub fn render(report: &Report, out: &mut dyn Write) -> std::io::Result<()> {
             None => writeln!(out, "/>")?,
             Some(body) => {
                 writeln!(out, ">")?;
+                writeln!(
+                    out,
+                    "      <properties><property name=\"rule\" value=\"{}\"/></properties>",
+                    xml(&c.rule)
+                )?;
                 writeln!(out, "      {body}")?;
-                writeln!(out, "      <properties><property name=\"rule\" value=\"{}\"/></properties>", xml(&c.rule))?;
                 writeln!(out, "    </testcase>")?;
             }
         }
