@@ -752,7 +752,7 @@ mod tests {
             assert!(got.starts_with(want), "got {got:?}\nwant {want:?}");
         }
         let got = err("id: a.b\ntitle: t\nrule: r\narticle: q\nsteps: [{do: reconnect}]\nextra: 1\n");
-        assert!(got.starts_with("scenarios/x.yaml: .: unknown field `extra`"), "{got}");
+        assert!(got.starts_with("scenarios/x.yaml: extra: unknown field `extra`"), "{got}");
     }
 
     #[test]
