@@ -326,8 +326,9 @@ impl Router {
 
         let flight = self.flight(&id);
         let guard = flight.lock().await;
+        let (platform, call_id) = (id.platform.clone(), id.harness_call_id.clone());
         let existing = self
-            .registry(move |r| r.find(&id_platform(&id), &id.harness_call_id))
+            .registry(move |r| r.find(&platform, &call_id))
             .await;
         let result = match existing {
             Ok(Some(op)) => {
@@ -706,10 +707,6 @@ impl Router {
         *guard = Some(backend.clone());
         Ok(backend)
     }
-}
-
-fn id_platform(id: &Identity) -> String {
-    id.platform.clone()
 }
 
 fn identity_error(e: identity::IdentityError) -> ToolError {

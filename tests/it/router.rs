@@ -905,7 +905,7 @@ async fn capabilities_and_diagnose_meta_record_shapes_never_values() {
     let text = std::fs::read_to_string(&log).unwrap();
     assert_eq!(text.lines().count(), 3);
     assert!(!text.contains("secret-session-value") && !text.contains("call_secret_value_123"));
-    assert!(text.contains("openai/session") && text.contains("callId"));
+    assert!(text.contains("/openai~1session") && text.contains("/callId"), "{text}");
 }
 
 #[tokio::test]
