@@ -76,6 +76,9 @@ pub enum ConformError {
     /// The router program could not be started at all.
     #[error(transparent)]
     Start(#[from] runner::StartError),
+    /// The router started in no scenario at all: a setup problem, not a verdict.
+    #[error("the router never started: {0}; check the target's command and arguments")]
+    NeverStarted(String),
     /// This binary's path (for the reference router) or a temporary directory.
     #[error("failed to prepare the run: {0}")]
     Io(#[from] std::io::Error),
@@ -89,7 +92,7 @@ impl ConformError {
             ConformError::Target(e) => e.code(),
             ConformError::Expected(e) => e.code(),
             ConformError::Provider(_) => "provider_unavailable",
-            ConformError::Start(_) => "router_start_failed",
+            ConformError::Start(_) | ConformError::NeverStarted(_) => "router_start_failed",
             ConformError::Io(_) => "setup_io",
         }
     }
@@ -162,6 +165,18 @@ pub async fn run(options: &Options) -> Result<Report, ConformError> {
         results.push(done);
     }
     results.sort_by_key(|(index, ..)| *index);
+    let ran: Vec<&Outcome> = results
+        .iter()
+        .map(|(_, _, o, _)| o)
+        .filter(|o| !matches!(o, Outcome::NotApplicable(_)))
+        .collect();
+    if let Some(Outcome::Error(first)) = ran.first()
+        && ran
+            .iter()
+            .all(|o| matches!(o, Outcome::Error(r) if r.starts_with(runner::START_FAILED)))
+    {
+        return Err(ConformError::NeverStarted(first.clone()));
+    }
     let checks = results
         .into_iter()
         .map(|(_, scenario, outcome, duration)| {

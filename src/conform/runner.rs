@@ -34,6 +34,9 @@ const HTTP_START_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a router may take to exit after its stdin closes.
 const GRACEFUL_EXIT: Duration = Duration::from_secs(3);
 
+/// How the reason of a scenario whose router did not start begins.
+pub const START_FAILED: &str = "starting the router";
+
 /// The outcome of one scenario.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
@@ -237,8 +240,8 @@ impl<'a> ScenarioRun<'a> {
                     source: std::io::Error::other(e.trim_start_matches("spawn:").trim().to_string()),
                 });
             }
-            Err(StepError::Error(e)) => Outcome::Error(format!("starting the router: {e}")),
-            Err(StepError::Fail(e)) => Outcome::Fail(format!("starting the router: {e}")),
+            Err(StepError::Error(e)) => Outcome::Error(format!("{START_FAILED}: {e}")),
+            Err(StepError::Fail(e)) => Outcome::Fail(format!("{START_FAILED}: {e}")),
             Ok(()) => self.steps(progress).await,
         };
         self.stop().await;
@@ -878,7 +881,12 @@ async fn initialize(conn: &Connection, id: Value, protocol: &str) -> StepResult 
     let response = conn
         .initialize(id, protocol, "callid-conform", env!("CARGO_PKG_VERSION"))
         .await
-        .map_err(|e| StepError::Error(format!("initialize failed: {}", clip(&e.to_string(), 300))))?;
+        .map_err(|e| {
+            StepError::Error(match e {
+                RpcError::Closed { .. } => "the router exited before answering `initialize`".into(),
+                other => format!("initialize failed: {}", clip(&other.to_string(), 300)),
+            })
+        })?;
     if let Some(error) = response.error {
         return fail(format!("initialize with protocol {protocol} was refused: {error}"));
     }
