@@ -98,9 +98,10 @@ fn run_router(args: crate::cli::RouterArgs) -> anyhow::Result<ExitCode> {
     use crate::router::{operator, policy::Policy, registry};
     use anyhow::Context as _;
     let registry_path = |arg: &RegistryArg| -> anyhow::Result<std::path::PathBuf> {
-        arg.registry.clone().or_else(registry::default_path).context(
-            "no registry location: pass `--registry FILE` (or set XDG_DATA_HOME or HOME)",
-        )
+        arg.registry
+            .clone()
+            .or_else(registry::default_path)
+            .context("no registry location: pass `--registry FILE` (or set XDG_DATA_HOME or HOME)")
     };
     let out = match args.command {
         Some(RouterCommand::Approve { handle, registry }) => {
