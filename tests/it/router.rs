@@ -14,6 +14,8 @@ use std::time::Duration;
 
 const KEY_PREFIX: &str = "hubu:operation:v1:";
 const HANDLE_PREFIX: &str = "hubu:public-operation:v1:";
+/// The ledger the in-process provider keeps beside the registry.
+const IN_PROCESS_LEDGER: &str = "provider-ledger.sqlite3";
 
 static RPC_ID: AtomicU64 = AtomicU64::new(1000);
 
@@ -1107,4 +1109,31 @@ async fn streamable_http_serves_the_same_rules() {
     assert_eq!(code(&missing), "missing_identity");
     assert_eq!(w.charges(), 1);
     child.kill().await.unwrap();
+}
+
+#[tokio::test]
+async fn runs_on_its_own_with_the_provider_in_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = dir.path().join("state").join("registry.sqlite3");
+    let args = vec![
+        "router".to_string(),
+        "--registry".into(),
+        registry.display().to_string(),
+    ];
+    for round in 0..2 {
+        let (conn, mut child) = Connection::spawn_stdio(&bin(), &args, &[]).await.unwrap();
+        conn.initialize(json!(0), "2025-11-25", "callid-tests", "1")
+            .await
+            .unwrap();
+        let r = conn
+            .call_tool(json!(1), "generate_image", fox(), Some(codex("solo")))
+            .await
+            .unwrap();
+        assert_clean(&r);
+        completed(&r);
+        assert_eq!(replayed(&r), round == 1);
+        child.kill9().await.unwrap();
+    }
+    let ledger = registry.with_file_name(IN_PROCESS_LEDGER);
+    assert_eq!(Ledger::open(&ledger).unwrap().charge_count().unwrap(), 1);
 }
