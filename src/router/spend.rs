@@ -915,11 +915,10 @@ fn backend_error(err: BackendError) -> ToolError {
 
 /// The `result` member of a completed spend.
 fn receipt_json(receipt: &SpendReceipt) -> Value {
-    let r = &receipt.receipt;
     json!({
-        "charge_id": r.charge_id,
-        "amount_cents": r.amount_cents,
-        "model": r.model,
-        "image": r.image,
+        "charge_id": receipt.charge_id,
+        "amount_cents": receipt.amount_cents,
+        "model": receipt.model,
+        "image": receipt.image,
     })
 }

@@ -14,8 +14,6 @@ use std::time::Duration;
 
 const KEY_PREFIX: &str = "hubu:operation:v1:";
 const HANDLE_PREFIX: &str = "hubu:public-operation:v1:";
-/// The ledger the in-process provider keeps beside the registry.
-const IN_PROCESS_LEDGER: &str = "provider-ledger.sqlite3";
 
 static RPC_ID: AtomicU64 = AtomicU64::new(1000);
 
@@ -1134,6 +1132,6 @@ async fn runs_on_its_own_with_the_provider_in_process() {
         assert_eq!(replayed(&r), round == 1);
         child.kill9().await.unwrap();
     }
-    let ledger = registry.with_file_name(IN_PROCESS_LEDGER);
+    let ledger = registry.with_file_name(callid::backend::PROVIDER_LEDGER_FILE);
     assert_eq!(Ledger::open(&ledger).unwrap().charge_count().unwrap(), 1);
 }
