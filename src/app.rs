@@ -13,7 +13,7 @@ use std::process::ExitCode;
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     init_tracing();
     match cli.command {
-        Command::Probe(_) => anyhow::bail!("`callid probe` is not built yet"),
+        Command::Probe(args) => run_probe(args),
         Command::Classify(_) => anyhow::bail!("`callid classify` is not built yet"),
         Command::Demo(_) => anyhow::bail!("`callid demo` is not built yet"),
         Command::Router(_) => anyhow::bail!("`callid router` is not built yet"),
@@ -23,6 +23,21 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Measure(_) => anyhow::bail!("`callid measure` is not built yet"),
         Command::Bench(_) => anyhow::bail!("`callid bench` is not built yet"),
     }
+}
+
+fn run_probe(args: crate::cli::ProbeArgs) -> anyhow::Result<ExitCode> {
+    let options = crate::probe::ProbeOptions {
+        http: args.http,
+        log: args.log,
+        digest_salt: args.digest_salt,
+        wrap: if args.wrap { args.command } else { Vec::new() },
+    };
+    let runtime = tokio::runtime::Runtime::new()?;
+    let result = runtime.block_on(crate::probe::run(options));
+    // Standard input is read on a blocking thread that may never return: do not wait for it.
+    runtime.shutdown_background();
+    let code = result.map_err(anyhow::Error::from)?;
+    Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)))
 }
 
 /// Prints `err` once, with its cause chain, and returns the exit code for it.
