@@ -596,3 +596,143 @@ fn describe_parse_error(e: &serde_json::Error) -> String {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::probe::record::{RecordContext, Transport, record_for_request};
+    use crate::shape::Digester;
+    use serde_json::{Value, json};
+
+    struct Client {
+        ctx: RecordContext,
+        records: Vec<Record>,
+    }
+
+    impl Client {
+        fn new(name: &str) -> Self {
+            let ctx = RecordContext::new(Transport::Stdio);
+            let mut c = Client {
+                ctx,
+                records: Vec::new(),
+            };
+            let r = c.send(
+                "initialize",
+                json!(0),
+                json!({"protocolVersion": "2025-11-25", "clientInfo": {"name": name, "version": "1"}}),
+            );
+            c.ctx.client = r.client.clone();
+            c
+        }
+
+        fn send(&mut self, method: &str, id: Value, params: Value) -> Record {
+            let r = record_for_request(method, Some(&id), Some(&params), 1, &self.ctx, &Digester::Plain);
+            self.records.push(r.clone());
+            r
+        }
+
+        fn call(&mut self, id: i64, args: Value, meta: Value) {
+            self.send(
+                "tools/call",
+                json!(id),
+                json!({"name": "buy", "arguments": args, "_meta": meta}),
+            );
+        }
+
+        fn verdict(&self) -> ClientVerdict {
+            let mut v = classify(&self.records);
+            assert_eq!(v.len(), 1);
+            v.remove(0)
+        }
+    }
+
+    #[test]
+    fn key_split_and_ids() {
+        let mut c = Client::new("codex-like");
+        c.call(1, json!({"p": "fox"}), json!({"callId": "c1", "session": "s", "progressToken": 0}));
+        c.call(2, json!({"p": "fox"}), json!({"callId": "c2", "session": "s", "progressToken": 1}));
+        // Redelivery of c2, and c1 reused for different work.
+        c.call(3, json!({"p": "fox"}), json!({"callId": "c2", "session": "s", "progressToken": 2}));
+        c.call(4, json!({"p": "crane"}), json!({"callId": "c1", "session": "s", "progressToken": 3}));
+        let v = c.verdict();
+        assert_eq!(v.verdict, Verdict::Accepted);
+        assert_eq!(v.source.as_deref(), Some("codex"));
+        assert_eq!(v.call_level_keys, ["callId", "progressToken"]);
+        assert_eq!(v.context_keys, ["session"]);
+        let ids = v.per_call_ids.unwrap();
+        assert_eq!((ids.calls, ids.distinct, ids.all_distinct), (4, 2, false));
+        assert_eq!((ids.redelivered, ids.reused_with_different_request), (1, 1));
+        assert_eq!(v.jsonrpc_ids.distinct, 4);
+    }
+
+    #[test]
+    fn a_key_present_on_some_calls_is_call_level() {
+        let mut c = Client::new("sometimes");
+        c.call(1, json!({}), json!({"callId": "a", "trace": "t"}));
+        c.call(2, json!({}), json!({"callId": "b"}));
+        assert_eq!(c.verdict().call_level_keys, ["callId", "trace"]);
+    }
+
+    #[test]
+    fn verdicts_table() {
+        let cases: Vec<(Vec<Value>, Verdict, Option<&str>, KeySplit)> = vec![
+            (vec![], Verdict::Unknown, Some("no_tool_calls"), KeySplit::Unknown),
+            (vec![json!({"callId": "a"})], Verdict::Accepted, None, KeySplit::Unknown),
+            (
+                vec![json!({"callId": "a"}), json!({"x": 1})],
+                Verdict::Rejected,
+                Some("missing_identity"),
+                KeySplit::Inferred,
+            ),
+            (
+                vec![json!({"callId": "a", "claudecode/toolUseId": "b"})],
+                Verdict::Rejected,
+                Some("ambiguous_identity"),
+                KeySplit::Unknown,
+            ),
+            (vec![json!({"callId": ""})], Verdict::Rejected, Some("invalid_identity"), KeySplit::Unknown),
+        ];
+        for (metas, verdict, reason, split) in cases {
+            let mut c = Client::new("t");
+            for (i, m) in metas.iter().enumerate() {
+                c.call(i as i64 + 1, json!({}), m.clone());
+            }
+            let v = c.verdict();
+            assert_eq!((v.verdict, v.reason.as_deref(), v.key_split), (verdict, reason, split), "{metas:?}");
+            if v.key_split == KeySplit::Unknown {
+                assert!(v.call_level_keys.is_empty() && v.context_keys.is_empty());
+            }
+        }
+    }
+
+    #[test]
+    fn records_without_client_join_their_connection() {
+        let mut c = Client::new("named");
+        let mut stray = Record::new(Kind::Malformed, 3, &RecordContext { client: None, ..c.ctx.clone() }, &Digester::Plain);
+        stray.error = None;
+        c.records.insert(0, stray);
+        let v = c.verdict();
+        assert_eq!(v.client.name.as_deref(), Some("named"));
+        assert_eq!(v.bad_messages, 1);
+    }
+
+    #[test]
+    fn bad_lines_are_reported_with_their_place() {
+        let mut records = Vec::new();
+        let mut bad = Vec::new();
+        let good = serde_json::to_string(&Client::new("x").records[0]).unwrap();
+        let newer = good.replacen("\"version\":1", "\"version\":99", 1);
+        let text = format!("{good}\n\nnot json secret-value\n{{\"a\":1}}\n{newer}\n");
+        parse_log(Path::new("x.log"), text.as_bytes(), &mut records, &mut bad);
+        assert_eq!(records.len(), 1);
+        let shown: Vec<String> = bad.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            shown,
+            [
+                "x.log:3: not JSON (column 2)",
+                "x.log:4: not a probe record: missing field `version`",
+                "x.log:5: record format version 99 is newer than this callid reads (1); upgrade callid",
+            ]
+        );
+    }
+}
