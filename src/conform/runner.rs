@@ -440,7 +440,8 @@ impl<'a> ScenarioRun<'a> {
                     describe(&response, &self.profile.pointers.error)
                 ))
             }
-            Err(RpcError::Closed { .. }) if killed => {
+            // Over stdio the pipe closes; over HTTP the response body breaks off.
+            Err(RpcError::Closed { .. } | RpcError::Http { .. } | RpcError::Io(_)) if killed => {
                 if let Some(router) = &mut self.router
                     && let Some(p) = &mut router.process
                 {
