@@ -111,6 +111,56 @@ fn independent_python_router_passes_every_check() {
     assert_all_pass(&output);
 }
 
+#[test]
+fn reference_router_over_streamable_http_passes_every_check() {
+    let output = conform(&[
+        "--target",
+        "scenarios/targets/reference-http.yaml",
+        "--format",
+        "json",
+    ]);
+    assert_all_pass(&output);
+}
+
+/// A router at a bare URL: the runner neither starts it nor sees its provider, so every check that
+/// counts charges, restarts or approves is not applicable, and only what can be judged is judged.
+#[test]
+fn bare_url_target_reports_what_it_cannot_check_as_not_applicable() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut router = Command::new(bin())
+        .args(["router", "--http", &format!("127.0.0.1:{port}"), "--registry"])
+        .arg(dir.path().join("registry.sqlite3"))
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(std::time::Instant::now() < deadline, "the router did not listen");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let output = conform(&["--url", &format!("http://127.0.0.1:{port}/mcp"), "--format", "json"]);
+    router.kill().unwrap();
+    router.wait().unwrap();
+    assert_eq!(code(&output), 0, "{}", stderr(&output));
+    let verdicts = verdicts(&output);
+    assert_eq!(verdicts.len(), scenario_ids().len());
+    for (id, (verdict, reason)) in &verdicts {
+        if id == "schema.no-identity-field" {
+            assert_eq!(verdict, "pass", "{reason}");
+        } else {
+            assert_eq!(verdict, "not-applicable", "{id}: {reason}");
+            assert!(reason.starts_with("the target does not support "), "{id}: {reason}");
+        }
+    }
+}
+
 /// Each flaw of the Python router breaks one rule; conform must fail it on these checks.
 const FLAWS: &[(&str, &[&str])] = &[
     ("session-key", &["identity.session-id-not-identity"]),
