@@ -635,6 +635,16 @@ impl<'a> ScenarioRun<'a> {
                 ));
             }
         }
+        if let Some(want) = expect.replayed {
+            let got = pointer(r, &pointers.replayed);
+            if got.and_then(Value::as_bool) != Some(want) {
+                return fail(format!(
+                    "expected the replay flag at `{}` to be {want}, got {}",
+                    pointers.replayed,
+                    got.map(|g| format!("`{g}`")).unwrap_or_else(|| "none".into())
+                ));
+            }
+        }
         if let Some(want) = expect.has_handle
             && want != handle.is_some()
         {
@@ -1058,6 +1068,52 @@ mod tests {
         ];
         for (schema, want) in cases {
             assert_eq!(identity_property(&schema, "").as_deref(), want, "{schema}");
+        }
+    }
+
+    #[test]
+    fn not_applicable_names_every_missing_capability() {
+        use crate::conform::scenario::parse;
+        use std::path::Path;
+        let scenario = |steps: &str| {
+            parse(
+                &format!("id: a.b\ntitle: t\nrule: r\narticle: q\nsteps:\n{steps}"),
+                Path::new("x.yaml"),
+            )
+            .unwrap()
+        };
+        let reference = Profile::reference();
+        let url = Profile::url("http://127.0.0.1:9/mcp");
+        let mut stdio_no_restart = Profile::reference();
+        stdio_no_restart.capabilities.restart = false;
+        let cases: Vec<(&Profile, &str, Option<&str>)> = vec![
+            (&reference, "  - do: restart\n  - {do: call, kill: after_charge}\n", None),
+            (&url, "  - do: list_tools\n", None),
+            (&url, "  - {do: call, expect: {error: missing_identity}}\n", None),
+            (
+                &url,
+                "  - {do: call, expect: {charges: 0}}\n",
+                Some("the target does not support counting charges (the router must use the runner's provider)"),
+            ),
+            (&url, "  - do: reconnect\n", None),
+            (
+                &stdio_no_restart,
+                "  - do: reconnect\n  - do: restart\n",
+                Some("the target does not support reconnecting (a stdio router must be restartable), restarting the router on the same state"),
+            ),
+            (
+                &url,
+                "  - {do: call, name: a, arguments: {set: approval}}\n  - {do: approve, of: a}\n",
+                Some("the target does not support an approval policy, approve and deny commands"),
+            ),
+            (
+                &url,
+                "  - {do: call, kill: before_charge}\n",
+                Some("the target does not support killing the router (kill -9)"),
+            ),
+        ];
+        for (profile, steps, want) in cases {
+            assert_eq!(not_applicable(profile, &scenario(steps)).as_deref(), want, "{steps}");
         }
     }
 

@@ -291,6 +291,9 @@ pub struct Expect {
     /// The result (profile pointer `result`) equals that of this step.
     #[serde(default)]
     pub result_equals: Option<String>,
+    /// The result is marked replayed (profile pointer `replayed`), or not.
+    #[serde(default)]
+    pub replayed: Option<bool>,
     /// Charges the runner's provider recorded since the scenario started.
     #[serde(default)]
     pub charges: Option<u64>,

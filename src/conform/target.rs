@@ -129,6 +129,9 @@ pub struct Pointers {
     /// The provider's charge id.
     #[serde(default = "p_charge")]
     pub charge_id: String,
+    /// The boolean that marks a replayed result.
+    #[serde(default = "p_replayed")]
+    pub replayed: String,
 }
 
 fn p_handle() -> String {
@@ -146,6 +149,9 @@ fn p_result() -> String {
 fn p_charge() -> String {
     "/structuredContent/result/charge_id".into()
 }
+fn p_replayed() -> String {
+    "/_meta/callid~1replayed".into()
+}
 
 impl Default for Pointers {
     fn default() -> Self {
@@ -155,6 +161,7 @@ impl Default for Pointers {
             status: p_status(),
             result: p_result(),
             charge_id: p_charge(),
+            replayed: p_replayed(),
         }
     }
 }
@@ -277,6 +284,7 @@ impl Profile {
             ("pointers.status", &profile.pointers.status),
             ("pointers.result", &profile.pointers.result),
             ("pointers.charge_id", &profile.pointers.charge_id),
+            ("pointers.replayed", &profile.pointers.replayed),
         ] {
             if !(pointer.is_empty() || pointer.starts_with('/')) {
                 return Err(invalid(
