@@ -403,6 +403,36 @@ mod tests {
         Store::open(&path, &SPEC).expect("reopening our own file works");
     }
 
+    #[test]
+    fn many_processes_creating_one_file_at_once_all_succeed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("fresh.sqlite3");
+        let barrier = std::sync::Barrier::new(16);
+        std::thread::scope(|s| {
+            for _ in 0..16 {
+                let (path, barrier) = (&path, &barrier);
+                s.spawn(move || {
+                    barrier.wait();
+                    let store = Store::open(path, &SPEC).unwrap();
+                    store
+                        .write(|tx| {
+                            tx.execute("INSERT INTO b (y) VALUES ('x')", [])
+                                .map_err(|e| store.error(e))
+                        })
+                        .unwrap();
+                });
+            }
+        });
+        let store = Store::open(&path, &SPEC).unwrap();
+        let rows: i64 = store
+            .read(|c| {
+                c.query_row("SELECT count(*) FROM b", [], |r| r.get(0))
+                    .map_err(|e| store.error(e))
+            })
+            .unwrap();
+        assert_eq!(rows, 16);
+    }
+
     fn refused_unmodified(prepare: impl FnOnce(&Path)) -> StoreError {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("f.sqlite3");
