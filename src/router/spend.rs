@@ -20,6 +20,7 @@
 //! delivery that finds another live process dispatching gets `operation_in_progress`, which is
 //! safe to retry (see `registry.rs`).
 
+use super::diagnose::{CallInfo, Diagnostics};
 use super::policy::Policy;
 use super::preallocated::{KeyPool, KeyPoolError};
 use super::registry::{
@@ -217,6 +218,7 @@ pub struct Router {
     flights: Mutex<HashMap<(String, String), Flight>>,
     owner: String,
     scrubber: Scrubber,
+    diagnostics: Option<Diagnostics>,
 }
 
 impl std::fmt::Debug for Router {
@@ -243,7 +245,13 @@ impl Router {
                 None
             }
         };
+        let diagnostics = opts.diagnose_meta.as_ref().and_then(|path| {
+            Diagnostics::open(path)
+                .map_err(|e| tracing::warn!("--diagnose-meta is off: {e}"))
+                .ok()
+        });
         Router {
+            diagnostics,
             pool: opts
                 .preallocated_keys
                 .as_ref()
@@ -266,11 +274,14 @@ impl Router {
     /// tool (a JSON-RPC error, since no tool ran).
     pub async fn call_tool(
         &self,
+        call: &CallInfo,
         name: &str,
         arguments: Option<Map<String, Value>>,
         meta: &Map<String, Value>,
     ) -> Option<Value> {
-        self.diagnose(name, meta);
+        if let Some(d) = &self.diagnostics {
+            d.record(call, name, arguments.as_ref(), meta);
+        }
         let args = Value::Object(arguments.unwrap_or_default());
         let (reply, keys) = match name {
             GENERATE_IMAGE => self.generate_image(args, meta).await,
@@ -298,15 +309,6 @@ impl Router {
     /// Scrubs any value (used for JSON-RPC error messages too).
     pub fn scrub(&self, value: &mut Value) {
         self.scrubber.scrub(value, &[]);
-    }
-
-    fn diagnose(&self, tool: &str, meta: &Map<String, Value>) {
-        let Some(path) = &self.opts.diagnose_meta else {
-            return;
-        };
-        if let Err(e) = super::diagnose::record(path, tool, meta) {
-            tracing::warn!("cannot append to diagnose file `{}`: {e}", path.display());
-        }
     }
 
     async fn generate_image(

@@ -1069,6 +1069,21 @@ async fn capabilities_and_diagnose_meta_record_shapes_never_values() {
         text.contains("/openai~1session") && text.contains("/callId"),
         "{text}"
     );
+    // The probe's own record format (`callid classify` reads it like a probe log); the
+    // capabilities call had no identity and was answered all the same.
+    let verdicts: Vec<Value> = text
+        .lines()
+        .map(|line| {
+            let r: callid::probe::Record = serde_json::from_str(line).unwrap();
+            assert_eq!(r.transport, callid::probe::record::Transport::Router);
+            assert_eq!(r.client.as_ref().unwrap().name, "callid-tests");
+            serde_json::to_value(&r.identity).unwrap()["verdict"].clone()
+        })
+        .collect();
+    assert_eq!(
+        verdicts,
+        ["rejected", "rejected", "accepted"].map(|v| json!(v))
+    );
 }
 
 #[tokio::test]
