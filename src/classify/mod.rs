@@ -104,10 +104,7 @@ pub(crate) fn notes(v: &ClientVerdict) -> Vec<String> {
         ));
     }
     if v.bad_messages > 0 {
-        notes.push(format!(
-            "{} malformed or oversize message(s)",
-            v.bad_messages
-        ));
+        notes.push(format!("{} malformed or oversize message(s)", v.bad_messages));
     }
     notes
 }
