@@ -1150,3 +1150,97 @@ async fn runs_on_its_own_with_the_provider_in_process() {
     let ledger = registry.with_file_name(callid::backend::PROVIDER_LEDGER_FILE);
     assert_eq!(Ledger::open(&ledger).unwrap().charge_count().unwrap(), 1);
 }
+
+#[tokio::test]
+async fn policy_file_and_operator_errors_say_what_to_fix() {
+    let w = World::new().await;
+    let policy = w.path("policy.yaml");
+    std::fs::write(&policy, "approval_models: [flux-dev]\nbudget_cents: 100\n").unwrap();
+    let r = w.router(&["--policy", &policy.display().to_string()]).await;
+    let dev = r
+        .spend(
+            json!({"prompt": "fox", "model": "flux-dev"}),
+            codex("pol-1"),
+        )
+        .await;
+    assert_eq!(code(&dev), "awaiting_approval");
+    let caps = r.call("capabilities", json!({}), None).await;
+    assert_eq!(
+        caps.structured().unwrap()["approval"]["models"],
+        json!(["flux-dev"])
+    );
+    assert_eq!(caps.structured().unwrap()["budget_cents"], 100);
+    r.stop().await;
+
+    let tmp = w.dir.path().display().to_string();
+    let redact = |out: &std::process::Output| {
+        format!(
+            "exit {:?}\nstdout: {}stderr: {}",
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+        .replace(&tmp, "<TMP>")
+    };
+    let bad_policy = w.path("bad.yaml");
+    std::fs::write(&bad_policy, "approval_above_cents: lots\n").unwrap();
+    let reg = w.registry().display().to_string();
+    let missing = w.path("none/registry.sqlite3").display().to_string();
+    let mut report = String::new();
+    for (name, args) in [
+        (
+            "invalid policy file",
+            vec![
+                "router",
+                "--registry",
+                &reg,
+                "--policy",
+                bad_policy.to_str().unwrap(),
+            ],
+        ),
+        (
+            "approve an unknown handle",
+            vec![
+                "router",
+                "approve",
+                "hubu:public-operation:v1:nope",
+                "--registry",
+                &reg,
+            ],
+        ),
+        (
+            "approve against a registry that does not exist",
+            vec![
+                "router",
+                "approve",
+                "hubu:public-operation:v1:nope",
+                "--registry",
+                &missing,
+            ],
+        ),
+        (
+            "deny a completed operation",
+            vec!["router", "deny", "HANDLE", "--registry", &reg],
+        ),
+    ] {
+        let mut args: Vec<String> = args.into_iter().map(String::from).collect();
+        if name == "deny a completed operation" {
+            let r = w.router(&[]).await;
+            let done = r.spend(fox(), codex("pol-2")).await;
+            r.stop().await;
+            args[2] = handle(&done);
+        }
+        let out = std::process::Command::new(bin())
+            .args(&args)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{name}");
+        let mut text = redact(&out);
+        if name == "deny a completed operation" {
+            text = text.replace(&args[2], "<HANDLE>");
+        }
+        report.push_str(&format!("## {name}\n{text}\n"));
+    }
+    insta::assert_snapshot!("operator_errors", report);
+}
