@@ -26,43 +26,6 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// `callid provider`: opens the ledger, binds, prints `listening on http://ADDR`, serves until
-/// SIGINT or SIGTERM.
-fn run_provider(args: crate::cli::ProviderArgs) -> anyhow::Result<ExitCode> {
-    use anyhow::Context as _;
-    use std::io::Write as _;
-    if !args.listen.ip().is_loopback() {
-        anyhow::bail!(
-            "refusing to listen on `{}`: the provider has no authentication; use a loopback \
-             address such as 127.0.0.1:0",
-            args.listen
-        );
-    }
-    let ledger = crate::provider::Ledger::open(&args.ledger).context("starting the provider")?;
-    let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
-    runtime.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(args.listen)
-            .await
-            .with_context(|| format!("binding `{}`", args.listen))?;
-        let addr = listener.local_addr().context("reading the bound address")?;
-        let handle = crate::provider::spawn(listener, ledger, None)
-            .context("starting the provider server")?;
-        let mut stdout = std::io::stdout().lock();
-        writeln!(stdout, "listening on http://{addr}")?;
-        stdout.flush()?;
-        drop(stdout);
-        let mut terminate =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-                .context("installing the SIGTERM handler")?;
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = terminate.recv() => {}
-        }
-        handle.shutdown().await.context("serving the provider")?;
-        Ok(ExitCode::from(exit_codes::SUCCESS))
-    })
-}
-
 fn run_probe(args: crate::cli::ProbeArgs) -> anyhow::Result<ExitCode> {
     let options = crate::probe::ProbeOptions {
         http: args.http,
@@ -118,6 +81,43 @@ fn run_demo(args: crate::cli::DemoArgs) -> anyhow::Result<ExitCode> {
         }
         Ok(ExitCode::from(exit_codes::CHECK_FAILED))
     }
+}
+
+/// `callid provider`: opens the ledger, binds, prints `listening on http://ADDR`, serves until
+/// SIGINT or SIGTERM.
+fn run_provider(args: crate::cli::ProviderArgs) -> anyhow::Result<ExitCode> {
+    use anyhow::Context as _;
+    use std::io::Write as _;
+    if !args.listen.ip().is_loopback() {
+        anyhow::bail!(
+            "refusing to listen on `{}`: the provider has no authentication; use a loopback \
+             address such as 127.0.0.1:0",
+            args.listen
+        );
+    }
+    let ledger = crate::provider::Ledger::open(&args.ledger).context("starting the provider")?;
+    let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(args.listen)
+            .await
+            .with_context(|| format!("binding `{}`", args.listen))?;
+        let addr = listener.local_addr().context("reading the bound address")?;
+        let handle = crate::provider::spawn(listener, ledger, None)
+            .context("starting the provider server")?;
+        let mut stdout = std::io::stdout().lock();
+        writeln!(stdout, "listening on http://{addr}")?;
+        stdout.flush()?;
+        drop(stdout);
+        let mut terminate =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                .context("installing the SIGTERM handler")?;
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = terminate.recv() => {}
+        }
+        handle.shutdown().await.context("serving the provider")?;
+        Ok(ExitCode::from(exit_codes::SUCCESS))
+    })
 }
 
 /// Prints `err` once, with its cause chain, and returns the exit code for it.
