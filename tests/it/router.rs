@@ -1036,8 +1036,28 @@ async fn budget_model_and_argument_errors() {
         )
         .await;
     assert_eq!(code(&unknown), "unknown_operation");
+    // An unknown tool is a JSON-RPC error (no tool ran); malformed input gets no tool either.
+    let unknown = r
+        .call("generate_images", fox(), Some(codex("bad-tool")))
+        .await;
+    assert!(
+        unknown.error.is_some() && unknown.result.is_none(),
+        "{}",
+        unknown.raw
+    );
+    r.conn
+        .send_raw("{\"jsonrpc\":\"2.0\",\"id\":77,\"method\":\"tools/call\",\"params\":7}")
+        .await
+        .unwrap();
     assert_eq!(w.charges(), 1);
     r.stop().await;
+    let out = std::process::Command::new(bin())
+        .args(["router", "--http", "0.0.0.0:0", "--registry"])
+        .arg(w.registry())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("loopback only"));
 }
 
 #[tokio::test]
