@@ -27,6 +27,9 @@ struct World {
     provider: Option<ProviderHandle>,
     provider_addr: std::net::SocketAddr,
     ledger: PathBuf,
+    /// Routers run the provider in-process (no `--provider-url`), its ledger beside the default
+    /// registry.
+    in_process: bool,
 }
 
 impl World {
@@ -42,7 +45,17 @@ impl World {
             provider: Some(provider),
             provider_addr,
             ledger,
+            in_process: false,
         }
+    }
+
+    async fn in_process() -> World {
+        let mut w = World::new().await;
+        w.in_process = true;
+        w.ledger = w
+            .registry()
+            .with_file_name(callid::backend::PROVIDER_LEDGER_FILE);
+        w
     }
 
     fn path(&self, name: &str) -> PathBuf {
@@ -65,6 +78,9 @@ impl World {
     }
 
     fn charges(&self) -> u64 {
+        if !self.ledger.exists() {
+            return 0;
+        }
         Ledger::open(&self.ledger).unwrap().charge_count().unwrap()
     }
 
@@ -99,9 +115,10 @@ impl World {
             "router".to_string(),
             "--registry".into(),
             registry.display().to_string(),
-            "--provider-url".into(),
-            self.provider_url(),
         ];
+        if !self.in_process {
+            args.extend(["--provider-url".into(), self.provider_url()]);
+        }
         args.extend(extra.iter().map(|s| s.to_string()));
         let mut env: Vec<(String, String)> = vec![("CALLID_LOG".into(), "debug".into())];
         env.extend(envs.iter().map(|(k, v)| (k.to_string(), v.to_string())));
@@ -484,9 +501,25 @@ fn registry_handle(registry: &Path, call_id: &str) -> Option<String> {
 
 #[tokio::test]
 async fn a_crash_at_any_boundary_never_charges_twice() {
-    for boundary in Boundary::ALL {
+    for (boundary, in_process) in Boundary::ALL
+        .into_iter()
+        .flat_map(|b| [(b, false), (b, true)])
+    {
+        let label = format!(
+            "{} ({})",
+            boundary.name(),
+            if in_process {
+                "in-process provider"
+            } else {
+                "provider over HTTP"
+            }
+        );
         let name = boundary.name();
-        let w = World::new().await;
+        let w = if in_process {
+            World::in_process().await
+        } else {
+            World::new().await
+        };
         let mut r = w
             .router_on(&w.registry(), &[], &[(callid::crashpoint::ENV, name)])
             .await;
@@ -496,36 +529,40 @@ async fn a_crash_at_any_boundary_never_charges_twice() {
             .await;
         assert!(
             matches!(err, Err(RpcError::Closed { .. })),
-            "{name}: the router should have died, got {err:?}"
+            "{label}: the router should have died, got {err:?}"
         );
         let status = r.child.wait().await.unwrap();
-        assert!(!status.success(), "{name}: {status:?}");
+        assert!(!status.success(), "{label}: {status:?}");
         let stderr = r.child.stderr_text();
-        assert!(stderr.contains(name), "{name}: {stderr}");
-        assert!(!stderr.contains(KEY_PREFIX), "{name}: {stderr}");
+        assert!(stderr.contains(name), "{label}: {stderr}");
+        assert!(!stderr.contains(KEY_PREFIX), "{label}: {stderr}");
         let before = registry_handle(&w.registry(), "crash");
         assert!(
             before.is_some(),
-            "{name}: the row is committed before any dispatch"
+            "{label}: the row is committed before any dispatch"
         );
-        assert!(w.charges() <= 1, "{name}");
+        assert!(w.charges() <= 1, "{label}");
 
         let r = w.router(&[]).await;
         let again = r.spend(fox(), codex("crash")).await;
         let s = completed(&again).clone();
-        assert_eq!(Some(handle(&again)), before, "{name}: same handle");
-        assert_eq!(w.charges(), 1, "{name}: one charge in the ledger");
-        assert_eq!(s["result"]["charge_id"], json!(w.charge_ids()[0]), "{name}");
+        assert_eq!(Some(handle(&again)), before, "{label}: same handle");
+        assert_eq!(w.charges(), 1, "{label}: one charge in the ledger");
+        assert_eq!(
+            s["result"]["charge_id"],
+            json!(w.charge_ids()[0]),
+            "{label}"
+        );
         // The reply was lost only at `before_reply`, where the result was already recorded.
         assert_eq!(
             replayed(&again),
             boundary == Boundary::BeforeReply,
-            "{name}: replayed flag"
+            "{label}: replayed flag"
         );
         let third = r.spend(fox(), codex("crash")).await;
-        assert_eq!(completed(&third), &s, "{name}");
+        assert_eq!(completed(&third), &s, "{label}");
         assert!(replayed(&third));
-        assert_eq!(w.charges(), 1, "{name}");
+        assert_eq!(w.charges(), 1, "{label}");
         r.stop().await;
     }
 }
