@@ -1,7 +1,7 @@
 //! `--diagnose-meta FILE`: the probe's shape record of each tool call, opt-in, never a value.
 //!
 //! [`Diagnostics`] appends one [`crate::probe::Record`] per `tools/call` (transport `router`),
-//! built by the probe's own [`crate::probe::record_for_request`], so `callid classify` reads the
+//! built by the probe's own [`crate::probe::record::record_for_tool_call`], so `callid classify` reads the
 //! router's file exactly like a probe log: key paths, JSON types, lengths and short digests of
 //! `_meta`, the shape of the JSON-RPC id and the identity verdict, never a raw value or argument.
 //!
@@ -48,7 +48,8 @@ impl Diagnostics {
         })
     }
 
-    /// Records one `tools/call` of a connection whose `initialize` sent `peer` (its `params`).
+    /// Records one `tools/call`; `call` carries its JSON-RPC id and the connection's `initialize`
+    /// params (for the client name and protocol version).
     pub fn record(
         &self,
         call: &CallInfo,
@@ -69,20 +70,14 @@ impl Diagnostics {
             context.client = init.client;
             context.protocol_version = init.protocol_version;
         }
-        let id = call.request_id.as_ref();
-        let mut params = json!({"name": tool});
-        if let Some(a) = arguments {
-            params["arguments"] = Value::Object(a.clone());
-        }
-        if !meta.is_empty() {
-            params["_meta"] = Value::Object(meta.clone());
-        }
-        let bytes = params.to_string().len();
-        let record = crate::probe::record_for_request(
-            "tools/call",
-            id,
-            Some(&params),
-            bytes,
+        let arguments = Value::Object(arguments.cloned().unwrap_or_default());
+        // rmcp hands the router `_meta` as a map; an absent `_meta` arrives empty.
+        let meta = (!meta.is_empty()).then(|| Value::Object(meta.clone()));
+        let record = crate::probe::record::record_for_tool_call(
+            tool,
+            &arguments,
+            meta.as_ref(),
+            call.request_id.as_ref(),
             &context,
             &self.digester,
         );
