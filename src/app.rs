@@ -17,7 +17,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Probe(args) => run_probe(args),
         Command::Classify(args) => run_classify(args),
         Command::Demo(args) => run_demo(args),
-        Command::Router(_) => anyhow::bail!("`callid router` is not built yet"),
+        Command::Router(args) => run_router(args),
         Command::Provider(args) => run_provider(args),
         Command::Conform(_) => anyhow::bail!("`callid conform` is not built yet"),
         Command::Matrix(_) => anyhow::bail!("`callid matrix` is not built yet"),
@@ -147,4 +147,62 @@ fn init_tracing() {
         .with_writer(std::io::stderr)
         .with_target(false)
         .try_init();
+}
+
+/// `callid router`: serve MCP, or run an operator command on the registry.
+fn run_router(args: crate::cli::RouterArgs) -> anyhow::Result<ExitCode> {
+    use crate::cli::{RegistryArg, RouterCommand};
+    use crate::router::{operator, policy::Policy, registry};
+    use anyhow::Context as _;
+    let registry_path = |arg: &RegistryArg| -> anyhow::Result<std::path::PathBuf> {
+        arg.registry
+            .clone()
+            .or_else(registry::default_path)
+            .context("no registry location: pass `--registry FILE` (or set XDG_DATA_HOME or HOME)")
+    };
+    let out = match args.command {
+        Some(RouterCommand::Approve { handle, registry }) => {
+            operator::approve(&registry_path(&registry)?, &handle)?
+        }
+        Some(RouterCommand::Deny {
+            handle,
+            reason,
+            registry,
+        }) => operator::deny(&registry_path(&registry)?, &handle, reason.as_deref())?,
+        Some(RouterCommand::Status { handle, registry }) => {
+            operator::status(&registry_path(&registry)?, &handle)?
+        }
+        Some(RouterCommand::Keys {
+            file,
+            count,
+            prefix,
+        }) => operator::keys(&file, count, &prefix)?,
+        None => {
+            let serve = args.serve;
+            let file_policy = match &serve.policy {
+                Some(path) => Policy::load(path)?,
+                None => Policy::default(),
+            };
+            let policy = file_policy.overridden_by(Policy {
+                approval_above_cents: serve.approval_above_cents,
+                approval_models: serve.approval_models,
+                budget_cents: serve.budget_cents,
+            });
+            let options = crate::router::RouterOptions {
+                registry: registry_path(&serve.registry)?,
+                provider_url: serve.provider_url,
+                policy,
+                preallocated_keys: serve.preallocated_keys,
+                key_prefix: serve.key_prefix,
+                handle_prefix: serve.handle_prefix,
+                diagnose_meta: serve.diagnose_meta,
+            };
+            let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+            runtime.block_on(crate::router::run(options, serve.http))?;
+            return Ok(ExitCode::from(exit_codes::SUCCESS));
+        }
+    };
+    use std::io::Write as _;
+    std::io::stdout().write_all(out.as_bytes())?;
+    Ok(ExitCode::from(exit_codes::SUCCESS))
 }
