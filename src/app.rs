@@ -30,7 +30,6 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 /// or an expected failure is stale.
 fn conform(args: crate::cli::ConformArgs) -> anyhow::Result<ExitCode> {
     use crate::conform::{Options, TargetSpec, report};
-    use anyhow::Context;
     let target = match (args.target, args.stdio, args.url) {
         (Some(file), None, None) => TargetSpec::Profile(file),
         (None, Some(command), None) => TargetSpec::Stdio(command),
@@ -70,44 +69,6 @@ fn conform(args: crate::cli::ConformArgs) -> anyhow::Result<ExitCode> {
     } else {
         exit_codes::CHECK_FAILED
     }))
-}
-
-/// `callid provider`: opens the ledger, binds, prints `listening on http://ADDR`, serves until
-/// SIGINT or SIGTERM.
-fn run_provider(args: crate::cli::ProviderArgs) -> anyhow::Result<ExitCode> {
-    use anyhow::Context as _;
-    use std::io::Write as _;
-    if !args.listen.ip().is_loopback() {
-        anyhow::bail!(
-            "refusing to listen on `{}`: the provider has no authentication; use a loopback \
-             address such as 127.0.0.1:0",
-            args.listen
-        );
-    }
-    let ledger = crate::provider::Ledger::open(&args.ledger)
-        .with_context(|| format!("opening the provider ledger `{}`", args.ledger.display()))?;
-    let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
-    runtime.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(args.listen)
-            .await
-            .with_context(|| format!("binding `{}`", args.listen))?;
-        let addr = listener.local_addr().context("reading the bound address")?;
-        let handle = crate::provider::spawn(listener, ledger, None)
-            .context("starting the provider server")?;
-        let mut stdout = std::io::stdout().lock();
-        writeln!(stdout, "listening on http://{addr}")?;
-        stdout.flush()?;
-        drop(stdout);
-        let mut terminate =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-                .context("installing the SIGTERM handler")?;
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = terminate.recv() => {}
-        }
-        handle.shutdown().await.context("serving the provider")?;
-        Ok(ExitCode::from(exit_codes::SUCCESS))
-    })
 }
 
 fn run_probe(args: crate::cli::ProbeArgs) -> anyhow::Result<ExitCode> {
@@ -165,6 +126,43 @@ fn run_demo(args: crate::cli::DemoArgs) -> anyhow::Result<ExitCode> {
         }
         Ok(ExitCode::from(exit_codes::CHECK_FAILED))
     }
+}
+
+/// `callid provider`: opens the ledger, binds, prints `listening on http://ADDR`, serves until
+/// SIGINT or SIGTERM.
+fn run_provider(args: crate::cli::ProviderArgs) -> anyhow::Result<ExitCode> {
+    use anyhow::Context as _;
+    use std::io::Write as _;
+    if !args.listen.ip().is_loopback() {
+        anyhow::bail!(
+            "refusing to listen on `{}`: the provider has no authentication; use a loopback \
+             address such as 127.0.0.1:0",
+            args.listen
+        );
+    }
+    let ledger = crate::provider::Ledger::open(&args.ledger).context("starting the provider")?;
+    let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(args.listen)
+            .await
+            .with_context(|| format!("binding `{}`", args.listen))?;
+        let addr = listener.local_addr().context("reading the bound address")?;
+        let handle = crate::provider::spawn(listener, ledger, None)
+            .context("starting the provider server")?;
+        let mut stdout = std::io::stdout().lock();
+        writeln!(stdout, "listening on http://{addr}")?;
+        stdout.flush()?;
+        drop(stdout);
+        let mut terminate =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                .context("installing the SIGTERM handler")?;
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = terminate.recv() => {}
+        }
+        handle.shutdown().await.context("serving the provider")?;
+        Ok(ExitCode::from(exit_codes::SUCCESS))
+    })
 }
 
 /// Prints `err` once, with its cause chain, and returns the exit code for it.

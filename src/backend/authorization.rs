@@ -182,8 +182,9 @@ impl Authorization {
 
     /// Cents reserved by every decision of `account` (blocking).
     pub fn spent_cents(&self, account: &str) -> Result<u64, BackendError> {
-        self.store
-            .read(|conn| spent_in(conn, account).map_err(|e| BackendError::from(self.store.error(e))))
+        self.store.read(|conn| {
+            spent_in(conn, account).map_err(|e| BackendError::from(self.store.error(e)))
+        })
     }
 
     /// How many decisions are recorded (blocking).
@@ -250,7 +251,8 @@ mod tests {
         let (_dir, auth) = store();
         let key = "hubu:operation:v1:codex:0b5f";
         auth.authorize(&request(key)).unwrap();
-        let cases: [(&str, fn(&mut AuthorizationRequest<'static>)); 5] = [
+        type Edit = fn(&mut AuthorizationRequest<'static>);
+        let cases: [(&str, Edit); 5] = [
             ("amount", |r| r.amount_cents = 5),
             ("account", |r| r.account = "other"),
             ("scope", |r| r.scope = "generate_image:flux-pro:1024x1024"),

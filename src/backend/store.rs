@@ -30,6 +30,9 @@ use std::time::Duration;
 /// How long a connection waits for another writer before failing.
 pub const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How many idle connections a store keeps for reuse.
+const MAX_IDLE: usize = 8;
+
 /// What a kind of store file is: its name in messages, its `application_id`, its migrations.
 #[derive(Debug)]
 pub struct StoreSpec {
@@ -52,7 +55,9 @@ impl StoreSpec {
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// The file or its directory could not be created or opened.
-    #[error("cannot create or open {kind} `{path}`; check that the directory exists and is writable")]
+    #[error(
+        "cannot create or open {kind} `{path}`; check that the directory exists and is writable"
+    )]
     Io {
         /// File kind.
         kind: &'static str,
@@ -149,10 +154,10 @@ impl Store {
         let result = f(&mut conn);
         // A connection left inside a transaction (a panic is the only way) is dropped, not reused.
         if conn.is_autocommit() {
-            self.idle
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push(conn);
+            let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+            if idle.len() < MAX_IDLE {
+                idle.push(conn);
+            }
         }
         result
     }
@@ -250,12 +255,15 @@ fn inspect(path: &Path, spec: &StoreSpec) -> Result<(), StoreError> {
     let header = (|| -> rusqlite::Result<(i32, i64, i64)> {
         let app: i32 = conn.query_row("PRAGMA application_id", [], |r| r.get(0))?;
         let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
-        let objects: i64 = conn.query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get(0))?;
+        let objects: i64 =
+            conn.query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get(0))?;
         Ok((app, version, objects))
     })();
     let (app, version, objects) = match header {
         Ok(h) => h,
-        Err(rusqlite::Error::SqliteFailure(e, _)) if e.code == rusqlite::ErrorCode::NotADatabase => {
+        Err(rusqlite::Error::SqliteFailure(e, _))
+            if e.code == rusqlite::ErrorCode::NotADatabase =>
+        {
             return Err(foreign("not a SQLite database".into()));
         }
         Err(e) => return Err(sqlite(spec, path, e)),
@@ -265,7 +273,7 @@ fn inspect(path: &Path, spec: &StoreSpec) -> Result<(), StoreError> {
     }
     if app != spec.application_id {
         return Err(foreign(if app == 0 {
-            format!("a SQLite database with {objects} schema objects and no application id")
+            "a SQLite database of another program: it has tables but no application id".to_owned()
         } else {
             format!("a SQLite database with application id {app:#010x}")
         }));
@@ -355,9 +363,11 @@ mod tests {
             .unwrap();
         assert_eq!(version, 2);
         let tables: i64 = conn
-            .query_row("SELECT count(*) FROM sqlite_master WHERE type='table'", [], |r| {
-                r.get(0)
-            })
+            .query_row(
+                "SELECT count(*) FROM sqlite_master WHERE type='table'",
+                [],
+                |r| r.get(0),
+            )
             .unwrap();
         assert_eq!(tables, 2);
     }
@@ -378,9 +388,11 @@ mod tests {
         let (journal, sync, app): (String, i64, i32) = store
             .read(|c| {
                 Ok::<_, StoreError>((
-                    c.query_row("PRAGMA journal_mode", [], |r| r.get(0)).unwrap(),
+                    c.query_row("PRAGMA journal_mode", [], |r| r.get(0))
+                        .unwrap(),
                     c.query_row("PRAGMA synchronous", [], |r| r.get(0)).unwrap(),
-                    c.query_row("PRAGMA application_id", [], |r| r.get(0)).unwrap(),
+                    c.query_row("PRAGMA application_id", [], |r| r.get(0))
+                        .unwrap(),
                 ))
             })
             .unwrap();
@@ -389,6 +401,36 @@ mod tests {
         assert_eq!(app, SPEC.application_id);
         drop(store);
         Store::open(&path, &SPEC).expect("reopening our own file works");
+    }
+
+    #[test]
+    fn many_processes_creating_one_file_at_once_all_succeed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("fresh.sqlite3");
+        let barrier = std::sync::Barrier::new(16);
+        std::thread::scope(|s| {
+            for _ in 0..16 {
+                let (path, barrier) = (&path, &barrier);
+                s.spawn(move || {
+                    barrier.wait();
+                    let store = Store::open(path, &SPEC).unwrap();
+                    store
+                        .write(|tx| {
+                            tx.execute("INSERT INTO b (y) VALUES ('x')", [])
+                                .map_err(|e| store.error(e))
+                        })
+                        .unwrap();
+                });
+            }
+        });
+        let store = Store::open(&path, &SPEC).unwrap();
+        let rows: i64 = store
+            .read(|c| {
+                c.query_row("SELECT count(*) FROM b", [], |r| r.get(0))
+                    .map_err(|e| store.error(e))
+            })
+            .unwrap();
+        assert_eq!(rows, 16);
     }
 
     fn refused_unmodified(prepare: impl FnOnce(&Path)) -> StoreError {
@@ -416,7 +458,10 @@ mod tests {
             c.execute_batch("PRAGMA application_id = 1234; CREATE TABLE t (x);")
                 .unwrap();
         });
-        assert!(err.to_string().contains("application id 0x000004d2"), "{err}");
+        assert!(
+            err.to_string().contains("application id 0x000004d2"),
+            "{err}"
+        );
 
         let err = refused_unmodified(|p| {
             let c = Connection::open(p).unwrap();
@@ -425,7 +470,14 @@ mod tests {
             c.pragma_update(None, "user_version", 3).unwrap();
         });
         assert!(
-            matches!(err, StoreError::TooNew { found: 3, supported: 2, .. }),
+            matches!(
+                err,
+                StoreError::TooNew {
+                    found: 3,
+                    supported: 2,
+                    ..
+                }
+            ),
             "{err:?}"
         );
 

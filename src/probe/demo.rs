@@ -45,7 +45,9 @@ pub enum DemoError {
         source: crate::jsonrpc::RpcError,
     },
     /// The HTTP probe never said where it listens.
-    #[error("`callid probe --http 127.0.0.1:0` did not print its address within 10 s; its stderr: {0}")]
+    #[error(
+        "`callid probe --http 127.0.0.1:0` did not print its address within 10 s; its stderr: {0}"
+    )]
     NoAddress(String),
     /// A temporary directory or log could not be used.
     #[error("failed to prepare the demo's temporary directory")]
@@ -53,6 +55,18 @@ pub enum DemoError {
     /// The logs could not be classified.
     #[error(transparent)]
     Classify(#[from] crate::classify::ClassifyError),
+}
+
+impl DemoError {
+    /// Stable machine code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            DemoError::Client { .. } => "demo_client",
+            DemoError::NoAddress(_) => "demo_no_address",
+            DemoError::Io(_) => "demo_io",
+            DemoError::Classify(e) => e.code(),
+        }
+    }
 }
 
 const TIMEOUT: Duration = Duration::from_secs(10);
@@ -153,13 +167,13 @@ fn check_answer(client: &str, response: &crate::jsonrpc::Response, want: &str) -
 fn alnum(n: usize) -> String {
     let mut out = String::new();
     while out.len() < n {
-        out.extend(
-            uuid::Uuid::new_v4()
-                .simple()
-                .to_string()
-                .chars()
-                .map(|c| if c.is_ascii_digit() { c } else { c.to_ascii_uppercase() }),
-        );
+        out.extend(uuid::Uuid::new_v4().simple().to_string().chars().map(|c| {
+            if c.is_ascii_digit() {
+                c
+            } else {
+                c.to_ascii_uppercase()
+            }
+        }));
     }
     out.truncate(n);
     out

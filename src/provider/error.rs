@@ -40,7 +40,7 @@ pub enum ProviderError {
     )]
     KeyReused,
     /// The ledger could not be opened, read or written; nothing was charged by this request.
-    #[error("provider ledger unavailable")]
+    #[error(transparent)]
     Ledger(#[from] StoreError),
     /// The provider failed inside (a task panicked); whether it charged is unknown, so retry
     /// with the same key.
@@ -58,7 +58,9 @@ pub enum ProviderError {
         when: &'static str,
     },
     /// The provider could not be reached, or did not answer in time (client side).
-    #[error("provider at `{url}` unreachable or did not answer; retrying with the same key is safe")]
+    #[error(
+        "provider at `{url}` unreachable or did not answer; retrying with the same key is safe"
+    )]
     Unavailable {
         /// The provider's base URL.
         url: String,
