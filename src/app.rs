@@ -7,15 +7,16 @@
 
 use crate::cli::{Cli, Command};
 use crate::exit_codes;
+use anyhow::Context as _;
 use std::process::ExitCode;
 
 /// Runs the parsed command line.
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     init_tracing();
     match cli.command {
-        Command::Probe(_) => anyhow::bail!("`callid probe` is not built yet"),
-        Command::Classify(_) => anyhow::bail!("`callid classify` is not built yet"),
-        Command::Demo(_) => anyhow::bail!("`callid demo` is not built yet"),
+        Command::Probe(args) => run_probe(args),
+        Command::Classify(args) => run_classify(args),
+        Command::Demo(args) => run_demo(args),
         Command::Router(args) => run_router(args),
         Command::Provider(args) => run_provider(args),
         Command::Conform(args) => conform(args),
@@ -109,6 +110,63 @@ fn run_provider(args: crate::cli::ProviderArgs) -> anyhow::Result<ExitCode> {
     })
 }
 
+fn run_probe(args: crate::cli::ProbeArgs) -> anyhow::Result<ExitCode> {
+    let options = crate::probe::ProbeOptions {
+        http: args.http,
+        log: args.log,
+        digest_salt: args.digest_salt,
+        wrap: if args.wrap { args.command } else { Vec::new() },
+    };
+    let runtime = tokio::runtime::Runtime::new()?;
+    let result = runtime.block_on(crate::probe::run(options));
+    // Standard input is read on a blocking thread that may never return: do not wait for it.
+    runtime.shutdown_background();
+    let code = result.map_err(anyhow::Error::from)?;
+    Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)))
+}
+
+fn verdict_format(format: crate::cli::FormatArg) -> anyhow::Result<crate::classify::Format> {
+    use crate::cli::FormatArg;
+    match format {
+        FormatArg::Table => Ok(crate::classify::Format::Table),
+        FormatArg::Markdown => Ok(crate::classify::Format::Markdown),
+        FormatArg::Json => Ok(crate::classify::Format::Json),
+        FormatArg::Junit => {
+            anyhow::bail!("`--format junit` is not available here; use table, markdown or json")
+        }
+    }
+}
+
+fn run_classify(args: crate::cli::ClassifyArgs) -> anyhow::Result<ExitCode> {
+    let format = verdict_format(args.format)?;
+    let (records, bad) = crate::classify::read_logs(&args.logs)?;
+    for line in &bad {
+        eprintln!("warning: skipped {line}");
+    }
+    let verdicts = crate::classify::classify(&records);
+    let mut out = std::io::stdout().lock();
+    crate::classify::render(&verdicts, format, &mut out)?;
+    Ok(ExitCode::from(exit_codes::SUCCESS))
+}
+
+fn run_demo(args: crate::cli::DemoArgs) -> anyhow::Result<ExitCode> {
+    let format = verdict_format(args.format)?;
+    let runtime = tokio::runtime::Runtime::new()?;
+    let result = runtime.block_on(crate::probe::demo::run());
+    runtime.shutdown_background();
+    let outcome = result.context("running the demo")?;
+    let mut out = std::io::stdout().lock();
+    crate::classify::render(&outcome.verdicts, format, &mut out)?;
+    if outcome.mismatches.is_empty() {
+        Ok(ExitCode::from(exit_codes::SUCCESS))
+    } else {
+        for m in &outcome.mismatches {
+            eprintln!("demo: {m}");
+        }
+        Ok(ExitCode::from(exit_codes::CHECK_FAILED))
+    }
+}
+
 /// Prints `err` once, with its cause chain, and returns the exit code for it.
 pub fn report_error(err: &anyhow::Error) -> ExitCode {
     if is_broken_pipe(err) {
@@ -144,9 +202,10 @@ fn run_router(args: crate::cli::RouterArgs) -> anyhow::Result<ExitCode> {
     use crate::router::{operator, policy::Policy, registry};
     use anyhow::Context as _;
     let registry_path = |arg: &RegistryArg| -> anyhow::Result<std::path::PathBuf> {
-        arg.registry.clone().or_else(registry::default_path).context(
-            "no registry location: pass `--registry FILE` (or set XDG_DATA_HOME or HOME)",
-        )
+        arg.registry
+            .clone()
+            .or_else(registry::default_path)
+            .context("no registry location: pass `--registry FILE` (or set XDG_DATA_HOME or HOME)")
     };
     let out = match args.command {
         Some(RouterCommand::Approve { handle, registry }) => {

@@ -135,7 +135,10 @@ pub fn spawn(
 
 fn error_response(err: &ProviderError) -> Response {
     let status = StatusCode::from_u16(err.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    if err.status() >= 500 {
+    // A failure a hook asked for is the test going to plan, not an incident.
+    if matches!(err, ProviderError::Injected { .. }) {
+        tracing::debug!("provider request failed: {}", message_chain(err));
+    } else if err.status() >= 500 {
         tracing::error!("provider request failed: {}", message_chain(err));
     }
     let body = serde_json::json!({

@@ -93,7 +93,8 @@ impl Policy {
 
     /// Whether a spend of `amount_cents` with `model` needs a person's approval.
     pub fn needs_approval(&self, amount_cents: u64, model: &str) -> bool {
-        self.approval_above_cents.is_some_and(|limit| amount_cents > limit)
+        self.approval_above_cents
+            .is_some_and(|limit| amount_cents > limit)
             || self.approval_models.iter().any(|m| m == model)
     }
 }
@@ -143,6 +144,9 @@ mod tests {
              expected one of `approval_above_cents`, `approval_models`, `budget_cents`"
         );
         let err = Policy::parse("approval_above_cents: lots\n", "p.yaml").unwrap_err();
-        assert!(err.to_string().contains("at `approval_above_cents`"), "{err}");
+        assert!(
+            err.to_string().contains("at `approval_above_cents`"),
+            "{err}"
+        );
     }
 }

@@ -43,7 +43,9 @@ pub enum KeyPoolError {
         source: rusqlite::Error,
     },
     /// Not a key pool.
-    #[error("`{path}` is not a callid key database (application_id {found:#x}); it was left untouched")]
+    #[error(
+        "`{path}` is not a callid key database (application_id {found:#x}); it was left untouched"
+    )]
     Foreign {
         /// The file.
         path: PathBuf,
@@ -209,7 +211,10 @@ mod tests {
         let b = pool.claim("h2").unwrap();
         assert_ne!(a, b);
         assert!(a.expose().starts_with("hubu:operation:v1:codex:"));
-        assert!(matches!(pool.claim("h3"), Err(KeyPoolError::Exhausted { .. })));
+        assert!(matches!(
+            pool.claim("h3"),
+            Err(KeyPoolError::Exhausted { .. })
+        ));
         drop(pool);
         let pool = KeyPool::open(&path).unwrap();
         assert_eq!(pool.unclaimed().unwrap(), 0);

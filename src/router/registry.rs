@@ -84,7 +84,9 @@ pub const MIGRATIONS: &[&str] = &[
 #[derive(Debug, thiserror::Error)]
 pub enum RegistryError {
     /// The file or its directory could not be created or opened.
-    #[error("cannot open registry `{path}`: {source}; check that its directory exists and is writable")]
+    #[error(
+        "cannot open registry `{path}`: {source}; check that its directory exists and is writable"
+    )]
     Io {
         /// The registry file.
         path: PathBuf,
@@ -385,10 +387,7 @@ impl Registry {
         };
         let app_id = read("PRAGMA application_id", "reading its header")? as i32;
         let version = read("PRAGMA user_version", "reading its header")?;
-        let objects = read(
-            "SELECT count(*) FROM sqlite_schema",
-            "reading its schema",
-        )?;
+        let objects = read("SELECT count(*) FROM sqlite_schema", "reading its schema")?;
         if app_id != APPLICATION_ID && (app_id != 0 || objects > 0 || version != 0) {
             return Err(RegistryError::Foreign {
                 path,
@@ -632,12 +631,17 @@ impl Registry {
             params![handle.as_str(), owner, now + ttl.as_millis() as i64],
         )
         .map_err(sqlite(&path, "taking a dispatch lease"))?;
-        tx.commit().map_err(sqlite(&path, "taking a dispatch lease"))?;
+        tx.commit()
+            .map_err(sqlite(&path, "taking a dispatch lease"))?;
         Ok(Lease::Granted)
     }
 
     /// Gives up a dispatch lease without recording a result (a retryable failure).
-    pub fn release_lease(&mut self, handle: &PublicHandle, owner: &str) -> Result<(), RegistryError> {
+    pub fn release_lease(
+        &mut self,
+        handle: &PublicHandle,
+        owner: &str,
+    ) -> Result<(), RegistryError> {
         self.write(
             "releasing a dispatch lease",
             "UPDATE operations SET lease_owner = NULL, lease_expires_ms = NULL
@@ -648,7 +652,11 @@ impl Registry {
     }
 
     /// Records the result of a completed operation and drops its lease.
-    pub fn record_result(&mut self, handle: &PublicHandle, result: &Value) -> Result<(), RegistryError> {
+    pub fn record_result(
+        &mut self,
+        handle: &PublicHandle,
+        result: &Value,
+    ) -> Result<(), RegistryError> {
         self.write(
             "recording a result",
             "UPDATE operations SET status = 'completed', result = ?2, lease_owner = NULL,
@@ -741,7 +749,9 @@ impl Registry {
             .map_err(sqlite(&self.path, "listing operations"))?
             .collect::<Result<Vec<_>, _>>()
             .map_err(sqlite(&self.path, "listing operations"))?;
-        raws.into_iter().map(|r| r.into_operation(&self.path)).collect()
+        raws.into_iter()
+            .map(|r| r.into_operation(&self.path))
+            .collect()
     }
 
     fn write(
@@ -819,7 +829,9 @@ impl RawRow {
                 .ok_or_else(|| corrupt(format!("unknown status `{}`", self.status)))?,
             approval: Approval::parse(&self.approval)
                 .ok_or_else(|| corrupt(format!("unknown approval `{}`", self.approval)))?,
-            error: self.error_code.map(|c| (c, self.error_message.unwrap_or_default())),
+            error: self
+                .error_code
+                .map(|c| (c, self.error_message.unwrap_or_default())),
             platform: self.platform,
             harness_call_id: self.harness_call_id,
             handle: PublicHandle::from_stored(self.handle),
@@ -831,7 +843,10 @@ impl RawRow {
     }
 }
 
-fn sqlite<'a>(path: &'a Path, doing: &'static str) -> impl Fn(rusqlite::Error) -> RegistryError + 'a {
+fn sqlite<'a>(
+    path: &'a Path,
+    doing: &'static str,
+) -> impl Fn(rusqlite::Error) -> RegistryError + 'a {
     move |source| RegistryError::Sqlite {
         path: path.to_path_buf(),
         doing,
@@ -920,15 +935,21 @@ mod tests {
         assert_eq!(a.key, b.key);
         let me = process_owner();
         let other = format!("{}:x", std::process::id());
-        assert_eq!(reg.claim_lease(&a.handle, &me, Duration::from_secs(60)).unwrap(), Lease::Granted);
+        assert_eq!(
+            reg.claim_lease(&a.handle, &me, Duration::from_secs(60))
+                .unwrap(),
+            Lease::Granted
+        );
         // Same pid is alive by definition, so a different owner id in this process is refused.
         assert_eq!(
-            reg.claim_lease(&a.handle, &other, Duration::from_secs(60)).unwrap(),
+            reg.claim_lease(&a.handle, &other, Duration::from_secs(60))
+                .unwrap(),
             Lease::HeldElsewhere
         );
         reg.record_result(&a.handle, &json!({"ok": 1})).unwrap();
         assert_eq!(
-            reg.claim_lease(&a.handle, &me, Duration::from_secs(60)).unwrap(),
+            reg.claim_lease(&a.handle, &me, Duration::from_secs(60))
+                .unwrap(),
             Lease::NotPending(Status::Completed)
         );
         let got = reg.find("codex", "c1").unwrap().unwrap();
@@ -942,9 +963,14 @@ mod tests {
         let (a, _) = reg.insert_or_get(new_op("c2")).unwrap();
         // pid 0x7fffffff is never a live process.
         let dead = "2147483647:gone";
-        assert_eq!(reg.claim_lease(&a.handle, dead, Duration::from_secs(60)).unwrap(), Lease::Granted);
         assert_eq!(
-            reg.claim_lease(&a.handle, &process_owner(), Duration::from_secs(60)).unwrap(),
+            reg.claim_lease(&a.handle, dead, Duration::from_secs(60))
+                .unwrap(),
+            Lease::Granted
+        );
+        assert_eq!(
+            reg.claim_lease(&a.handle, &process_owner(), Duration::from_secs(60))
+                .unwrap(),
             Lease::Granted
         );
     }
@@ -957,10 +983,15 @@ mod tests {
         let (a, _) = reg.insert_or_get(op).unwrap();
         assert_eq!(a.status, Status::AwaitingApproval);
         let approved = reg.decide(a.handle.as_str(), true, None).unwrap();
-        assert_eq!((approved.status, approved.approval), (Status::Pending, Approval::Approved));
+        assert_eq!(
+            (approved.status, approved.approval),
+            (Status::Pending, Approval::Approved)
+        );
         let err = reg.decide(a.handle.as_str(), false, None).unwrap_err();
         assert!(matches!(err, RegistryError::NotAwaitingApproval { .. }));
-        let err = reg.decide("hubu:public-operation:v1:nope", true, None).unwrap_err();
+        let err = reg
+            .decide("hubu:public-operation:v1:nope", true, None)
+            .unwrap_err();
         assert!(matches!(err, RegistryError::UnknownHandle { .. }));
     }
 }

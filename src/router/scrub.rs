@@ -79,7 +79,9 @@ impl Scrubber {
             while let Some(start) = out.find(&self.prefix) {
                 let tail = &out[start + self.prefix.len()..];
                 let len = tail
-                    .find(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '-')))
+                    .find(|c: char| {
+                        !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '-'))
+                    })
                     .unwrap_or(tail.len());
                 out.replace_range(start..start + self.prefix.len() + len, REDACTED);
             }

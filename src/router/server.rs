@@ -120,7 +120,9 @@ impl ServerHandler for RouterServer {
         match self.router.call_tool(&name, request.arguments, &meta).await {
             Some(value) => serde_json::from_value::<CallToolResult>(value)
                 .map(CallToolResponse::from)
-                .map_err(|e| McpError::internal_error(format!("cannot encode a result: {e}"), None)),
+                .map_err(|e| {
+                    McpError::internal_error(format!("cannot encode a result: {e}"), None)
+                }),
             None => {
                 let mut message = Value::String(format!(
                     "unknown tool `{name}`; this router has {GENERATE_IMAGE}, {OPERATION_STATUS}, \

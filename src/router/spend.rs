@@ -138,7 +138,9 @@ impl ToolError {
     fn registry(err: RegistryError) -> Self {
         ToolError::new(
             "registry_unavailable",
-            format!("{err}; nothing was dispatched, and retrying with the same call is safe once the registry is fixed"),
+            format!(
+                "{err}; nothing was dispatched, and retrying with the same call is safe once the registry is fixed"
+            ),
         )
     }
 
@@ -284,7 +286,11 @@ impl Router {
         let refs: Vec<&OperationKey> = keys.iter().collect();
         let n = self.scrubber.scrub(&mut value, &refs);
         if n > 0 {
-            tracing::warn!(tool = name, strings = n, "scrubbed private keys from a reply");
+            tracing::warn!(
+                tool = name,
+                strings = n,
+                "scrubbed private keys from a reply"
+            );
         }
         Some(value)
     }
@@ -303,7 +309,11 @@ impl Router {
         }
     }
 
-    async fn generate_image(&self, args: Value, meta: &Map<String, Value>) -> (Reply, Vec<OperationKey>) {
+    async fn generate_image(
+        &self,
+        args: Value,
+        meta: &Map<String, Value>,
+    ) -> (Reply, Vec<OperationKey>) {
         let mut keys = vec![];
         let reply = match self.spend(args, meta, &mut keys).await {
             Ok(r) => r,
@@ -327,9 +337,7 @@ impl Router {
         let flight = self.flight(&id);
         let guard = flight.lock().await;
         let (platform, call_id) = (id.platform.clone(), id.harness_call_id.clone());
-        let existing = self
-            .registry(move |r| r.find(&platform, &call_id))
-            .await;
+        let existing = self.registry(move |r| r.find(&platform, &call_id)).await;
         let result = match existing {
             Ok(Some(op)) => {
                 keys.push(op.key.clone());
@@ -396,7 +404,11 @@ impl Router {
         self.dispatch(op).await
     }
 
-    async fn resolve_existing(&self, op: Operation, hash: &RequestHash) -> Result<Reply, ToolError> {
+    async fn resolve_existing(
+        &self,
+        op: Operation,
+        hash: &RequestHash,
+    ) -> Result<Reply, ToolError> {
         if &op.request_hash != hash {
             return Err(ToolError::new(
                 "request_mismatch",
@@ -487,7 +499,10 @@ impl Router {
                 } else {
                     let handle = op.handle.clone();
                     let owner = self.owner.clone();
-                    if let Err(e) = self.registry(move |r| r.release_lease(&handle, &owner)).await {
+                    if let Err(e) = self
+                        .registry(move |r| r.release_lease(&handle, &owner))
+                        .await
+                    {
                         tracing::warn!("cannot release the dispatch lease: {}", e.message);
                     }
                     Err(ToolError::new(
@@ -503,11 +518,10 @@ impl Router {
     async fn operation_status(&self, args: Value) -> Reply {
         match self.handle_argument(&args).await {
             Ok(op) => {
-                let mut structured = json!({"handle": op.handle.as_str(), "status": op.status.name()});
-                if let Some(Value::Object(result)) = &op.result {
-                    if let Some(r) = result.get("result") {
-                        structured["result"] = r.clone();
-                    }
+                let mut structured =
+                    json!({"handle": op.handle.as_str(), "status": op.status.name()});
+                if let Some(r) = op.result.as_ref().and_then(|r| r.get("result")) {
+                    structured["result"] = r.clone();
                 }
                 if let Some((code, message)) = &op.error {
                     structured["failure"] = json!({"code": code, "message": message});
@@ -539,7 +553,10 @@ impl Router {
         let flight = self.flight(&id);
         let guard = flight.lock().await;
         let handle = op.handle.clone();
-        let result = match self.registry(move |r| r.find_by_handle(handle.as_str())).await {
+        let result = match self
+            .registry(move |r| r.find_by_handle(handle.as_str()))
+            .await
+        {
             Ok(Some(now)) => self.continue_operation(now).await,
             Ok(None) => Err(unknown_operation(op.handle.as_str())),
             Err(e) => Err(e),
@@ -657,7 +674,11 @@ impl Router {
 
     async fn claim_key(&self, handle: &PublicHandle) -> Result<OperationKey, ToolError> {
         let pool = self.pool.clone().expect("called in preallocated mode");
-        let path = self.opts.preallocated_keys.clone().expect("preallocated mode");
+        let path = self
+            .opts
+            .preallocated_keys
+            .clone()
+            .expect("preallocated mode");
         let handle = handle.as_str().to_string();
         tokio::task::spawn_blocking(move || {
             let mut guard = pool.lock().unwrap_or_else(|p| p.into_inner());
@@ -700,7 +721,10 @@ impl Router {
         let backend = Backend::open(&state_dir, target, config).map_err(|e| {
             ToolError::new(
                 "provider_unavailable",
-                format!("cannot open the backend state in `{}`: {e:#}; nothing was dispatched", state_dir.display()),
+                format!(
+                    "cannot open the backend state in `{}`: {e:#}; nothing was dispatched",
+                    state_dir.display()
+                ),
             )
         })?;
         let backend = Arc::new(backend);
@@ -796,8 +820,11 @@ fn completed(op: &Operation, replayed: bool) -> Reply {
 
 /// Checks `generate_image` arguments against its schema and builds the provider request.
 fn image_request(args: &Value) -> Result<ImageRequest, ToolError> {
-    let invalid = |m: String| ToolError::new("invalid_arguments", format!("{m}; nothing was dispatched"));
-    let map = args.as_object().ok_or_else(|| invalid("arguments must be an object".into()))?;
+    let invalid =
+        |m: String| ToolError::new("invalid_arguments", format!("{m}; nothing was dispatched"));
+    let map = args
+        .as_object()
+        .ok_or_else(|| invalid("arguments must be an object".into()))?;
     if let Some(extra) = map
         .keys()
         .find(|k| !["prompt", "width", "height", "model"].contains(&k.as_str()))
@@ -814,10 +841,20 @@ fn image_request(args: &Value) -> Result<ImageRequest, ToolError> {
     let size = |name: &str| -> Result<u32, ToolError> {
         match map.get(name) {
             None => Ok(crate::provider::types::DEFAULT_SIZE),
+            // `512.0` is the number 512 (the request hash agrees), so it is accepted.
             Some(v) => v
                 .as_u64()
+                .or_else(|| {
+                    v.as_f64()
+                        .filter(|f| f.fract() == 0.0 && *f >= 0.0)
+                        .map(|f| f as u64)
+                })
                 .and_then(|n| u32::try_from(n).ok())
-                .ok_or_else(|| invalid(format!("`{name}` must be a positive integer number of pixels"))),
+                .ok_or_else(|| {
+                    invalid(format!(
+                        "`{name}` must be a positive integer number of pixels"
+                    ))
+                }),
         }
     };
     let model = match map.get("model") {
@@ -878,11 +915,10 @@ fn backend_error(err: BackendError) -> ToolError {
 
 /// The `result` member of a completed spend.
 fn receipt_json(receipt: &SpendReceipt) -> Value {
-    let r = &receipt.receipt;
     json!({
-        "charge_id": r.charge_id,
-        "amount_cents": r.amount_cents,
-        "model": r.model,
-        "image": r.image,
+        "charge_id": receipt.charge_id,
+        "amount_cents": receipt.amount_cents,
+        "model": receipt.model,
+        "image": receipt.image,
     })
 }

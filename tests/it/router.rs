@@ -35,8 +35,8 @@ impl World {
         let ledger = dir.path().join("provider-ledger.sqlite3");
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let provider_addr = listener.local_addr().unwrap();
-        let provider = callid::provider::spawn(listener, Ledger::open(&ledger).unwrap(), None)
-            .unwrap();
+        let provider =
+            callid::provider::spawn(listener, Ledger::open(&ledger).unwrap(), None).unwrap();
         World {
             dir,
             provider: Some(provider),
@@ -85,9 +85,12 @@ impl World {
     }
 
     async fn restart_provider(&mut self) {
-        let listener = tokio::net::TcpListener::bind(self.provider_addr).await.unwrap();
-        self.provider =
-            Some(callid::provider::spawn(listener, Ledger::open(&self.ledger).unwrap(), None).unwrap());
+        let listener = tokio::net::TcpListener::bind(self.provider_addr)
+            .await
+            .unwrap();
+        self.provider = Some(
+            callid::provider::spawn(listener, Ledger::open(&self.ledger).unwrap(), None).unwrap(),
+        );
     }
 
     /// Starts a router on `registry` with `extra` flags and `envs`, and initializes it.
@@ -170,7 +173,10 @@ fn code(r: &Response) -> &str {
 }
 
 fn handle(r: &Response) -> String {
-    r.structured().unwrap()["handle"].as_str().unwrap().to_string()
+    r.structured().unwrap()["handle"]
+        .as_str()
+        .unwrap()
+        .to_string()
 }
 
 fn replayed(r: &Response) -> bool {
@@ -276,13 +282,31 @@ async fn identity_is_required_exactly_once_and_well_formed() {
         ),
         (
             "callId and envelope",
-            Some(json!({"callId": "c1", "hubu.dev/platform-invocation": {"platform": "p", "invocation_id": "i"}})),
+            Some(
+                json!({"callId": "c1", "hubu.dev/platform-invocation": {"platform": "p", "invocation_id": "i"}}),
+            ),
             "ambiguous_identity",
         ),
-        ("empty callId", Some(json!({"callId": ""})), "invalid_identity"),
-        ("numeric callId", Some(json!({"callId": 7})), "invalid_identity"),
-        ("513-byte callId", Some(json!({"callId": long})), "invalid_identity"),
-        ("padded toolUseId", Some(json!({"claudecode/toolUseId": " t1"})), "invalid_identity"),
+        (
+            "empty callId",
+            Some(json!({"callId": ""})),
+            "invalid_identity",
+        ),
+        (
+            "numeric callId",
+            Some(json!({"callId": 7})),
+            "invalid_identity",
+        ),
+        (
+            "513-byte callId",
+            Some(json!({"callId": long})),
+            "invalid_identity",
+        ),
+        (
+            "padded toolUseId",
+            Some(json!({"claudecode/toolUseId": " t1"})),
+            "invalid_identity",
+        ),
         (
             "envelope without invocation_id",
             Some(json!({"hubu.dev/platform-invocation": {"platform": "hubu"}})),
@@ -290,7 +314,9 @@ async fn identity_is_required_exactly_once_and_well_formed() {
         ),
         (
             "envelope with a bad platform",
-            Some(json!({"hubu.dev/platform-invocation": {"platform": "a b", "invocation_id": "i"}})),
+            Some(
+                json!({"hubu.dev/platform-invocation": {"platform": "a b", "invocation_id": "i"}}),
+            ),
             "invalid_identity",
         ),
     ];
@@ -334,7 +360,8 @@ async fn identity_in_arguments_is_refused_for_every_name_at_any_depth() {
     for name in &names {
         let mut flat = fox();
         flat[name.as_str()] = json!("k-1");
-        let nested = json!({"prompt": "fox", "style": {"layers": [{"ok": 1}, {name.as_str(): "k-1"}]}});
+        let nested =
+            json!({"prompt": "fox", "style": {"layers": [{"ok": 1}, {name.as_str(): "k-1"}]}});
         for args in [flat, nested] {
             let resp = r.spend(args.clone(), codex(&format!("arg-{name}"))).await;
             assert_eq!(code(&resp), "identity_in_arguments", "{name}: {args}");
@@ -409,13 +436,22 @@ fn walk_keys(v: &Value, out: &mut Vec<String>) {
 async fn tool_schemas_expose_no_identity_field() {
     let w = World::new().await;
     let r = w.router(&[]).await;
-    let list = r.conn.request(next_id(), "tools/list", json!({})).await.unwrap();
+    let list = r
+        .conn
+        .request(next_id(), "tools/list", json!({}))
+        .await
+        .unwrap();
     assert_clean(&list);
     let tools = list.result.as_ref().unwrap()["tools"].as_array().unwrap();
     let names: Vec<&str> = tools.iter().map(|t| t["name"].as_str().unwrap()).collect();
     assert_eq!(
         names,
-        ["generate_image", "operation_status", "resume_operation", "capabilities"]
+        [
+            "generate_image",
+            "operation_status",
+            "resume_operation",
+            "capabilities"
+        ]
     );
     for tool in tools {
         let props = tool["inputSchema"]["properties"].as_object().unwrap();
@@ -468,7 +504,10 @@ async fn a_crash_at_any_boundary_never_charges_twice() {
         assert!(stderr.contains(name), "{name}: {stderr}");
         assert!(!stderr.contains(KEY_PREFIX), "{name}: {stderr}");
         let before = registry_handle(&w.registry(), "crash");
-        assert!(before.is_some(), "{name}: the row is committed before any dispatch");
+        assert!(
+            before.is_some(),
+            "{name}: the row is committed before any dispatch"
+        );
         assert!(w.charges() <= 1, "{name}");
 
         let r = w.router(&[]).await;
@@ -542,9 +581,14 @@ async fn concurrent_deliveries_over_several_http_connections_dispatch_once() {
     for i in 0..32 {
         let conn = conns[i % conns.len()].clone();
         tasks.push(tokio::spawn(async move {
-            conn.call_tool(next_id(), "generate_image", fox(), Some(codex("burst-http")))
-                .await
-                .unwrap()
+            conn.call_tool(
+                next_id(),
+                "generate_image",
+                fox(),
+                Some(codex("burst-http")),
+            )
+            .await
+            .unwrap()
         }));
     }
     let mut all = vec![];
@@ -581,7 +625,12 @@ async fn concurrent_deliveries_across_router_processes_dispatch_once() {
         }
     }
     assert_eq!(handles.len(), 1, "{handles:?}");
-    assert_eq!(all.iter().filter(|x| !x.is_tool_error() && !replayed(x)).count(), 1);
+    assert_eq!(
+        all.iter()
+            .filter(|x| !x.is_tool_error() && !replayed(x))
+            .count(),
+        1
+    );
     let retry = b.spend(fox(), codex("burst-proc")).await;
     assert!(replayed(&retry));
     assert_eq!(w.charges(), 1);
@@ -616,7 +665,10 @@ async fn http_router(w: &World, registry: &Path) -> (String, tokio::process::Chi
 }
 
 fn operator(args: &[&str]) -> std::process::Output {
-    std::process::Command::new(bin()).args(args).output().unwrap()
+    std::process::Command::new(bin())
+        .args(args)
+        .output()
+        .unwrap()
 }
 
 #[tokio::test]
@@ -630,7 +682,10 @@ async fn approval_makes_the_call_replay_only_until_a_person_decides() {
     let h = handle(&first);
     assert_eq!(first.structured().unwrap()["status"], "awaiting_approval");
     // Redelivery and resume cannot skip the approval.
-    assert_eq!(code(&r.spend(fox(), codex("ap-1")).await), "awaiting_approval");
+    assert_eq!(
+        code(&r.spend(fox(), codex("ap-1")).await),
+        "awaiting_approval"
+    );
     let resume = r.call("resume_operation", json!({"handle": h}), None).await;
     assert_eq!(code(&resume), "awaiting_approval");
     let status = r.call("operation_status", json!({"handle": h}), None).await;
@@ -638,7 +693,11 @@ async fn approval_makes_the_call_replay_only_until_a_person_decides() {
     assert_eq!(w.charges(), 0);
 
     let out = operator(&["router", "approve", &h, "--registry", &reg_s]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = String::from_utf8_lossy(&out.stdout).replace(&h, "<HANDLE>");
     insta::assert_snapshot!("approve_stdout", text);
     let again = operator(&["router", "approve", &h, "--registry", &reg_s]);
@@ -660,15 +719,33 @@ async fn approval_makes_the_call_replay_only_until_a_person_decides() {
     // Deny: nothing is ever spent, whatever is redelivered.
     let second = r.spend(json!({"prompt": "a crane"}), codex("ap-2")).await;
     let h2 = handle(&second);
-    let out = operator(&["router", "deny", &h2, "--registry", &reg_s, "--reason", "too dear"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = operator(&[
+        "router",
+        "deny",
+        &h2,
+        "--registry",
+        &reg_s,
+        "--reason",
+        "too dear",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     for resp in [
         r.spend(json!({"prompt": "a crane"}), codex("ap-2")).await,
-        r.call("resume_operation", json!({"handle": h2}), None).await,
+        r.call("resume_operation", json!({"handle": h2}), None)
+            .await,
     ] {
         assert_eq!(code(&resp), "operation_denied");
         assert_eq!(resp.structured().unwrap()["status"], "denied");
-        assert!(resp.structured().unwrap()["message"].as_str().unwrap().contains("too dear"));
+        assert!(
+            resp.structured().unwrap()["message"]
+                .as_str()
+                .unwrap()
+                .contains("too dear")
+        );
     }
     let status = operator(&["router", "status", &h2, "--registry", &reg_s]);
     assert!(status.status.success());
@@ -697,17 +774,32 @@ async fn preallocated_mode_claims_keys_and_admits_only_codex_for_new_operations(
     let keys_s = keys.display().to_string();
     // A Claude Code operation recorded before preallocated mode was switched on.
     let r = w.router(&[]).await;
-    let claude = r.spend(fox(), json!({"claudecode/toolUseId": "toolu_1"})).await;
+    let claude = r
+        .spend(fox(), json!({"claudecode/toolUseId": "toolu_1"}))
+        .await;
     r.stop().await;
 
     let out = operator(&["router", "keys", &keys_s, "--count", "1"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let r = w.router(&["--preallocated-keys", &keys_s]).await;
-    let refused = r.spend(fox(), json!({"claudecode/toolUseId": "toolu_2"})).await;
+    let refused = r
+        .spend(fox(), json!({"claudecode/toolUseId": "toolu_2"}))
+        .await;
     assert_eq!(code(&refused), "invalid_identity");
-    assert!(refused.structured().unwrap()["message"].as_str().unwrap().contains("preallocated"));
+    assert!(
+        refused.structured().unwrap()["message"]
+            .as_str()
+            .unwrap()
+            .contains("preallocated")
+    );
     // Its redelivery of an existing operation still works.
-    let redeliver = r.spend(fox(), json!({"claudecode/toolUseId": "toolu_1"})).await;
+    let redeliver = r
+        .spend(fox(), json!({"claudecode/toolUseId": "toolu_1"}))
+        .await;
     assert_eq!(completed(&redeliver), completed(&claude));
     assert!(replayed(&redeliver));
 
@@ -715,18 +807,34 @@ async fn preallocated_mode_claims_keys_and_admits_only_codex_for_new_operations(
     assert!(!replayed(&first));
     let stored_key: String = rusqlite::Connection::open(&keys)
         .unwrap()
-        .query_row("SELECT operation_key FROM keys WHERE claimed_by = ?1", [handle(&first)], |r| r.get(0))
+        .query_row(
+            "SELECT operation_key FROM keys WHERE claimed_by = ?1",
+            [handle(&first)],
+            |r| r.get(0),
+        )
         .unwrap();
     let used_key: String = rusqlite::Connection::open(w.registry())
         .unwrap()
-        .query_row("SELECT operation_key FROM operations WHERE harness_call_id = 'pre-1'", [], |r| r.get(0))
+        .query_row(
+            "SELECT operation_key FROM operations WHERE harness_call_id = 'pre-1'",
+            [],
+            |r| r.get(0),
+        )
         .unwrap();
-    assert_eq!(stored_key, used_key, "the operation runs under the claimed key");
+    assert_eq!(
+        stored_key, used_key,
+        "the operation runs under the claimed key"
+    );
     assert!(replayed(&r.spend(fox(), codex("pre-1")).await));
     // Out of keys: fail closed.
     let out_of_keys = r.spend(fox(), codex("pre-2")).await;
     assert_eq!(code(&out_of_keys), "registry_unavailable");
-    assert!(out_of_keys.structured().unwrap()["message"].as_str().unwrap().contains("no unclaimed key"));
+    assert!(
+        out_of_keys.structured().unwrap()["message"]
+            .as_str()
+            .unwrap()
+            .contains("no unclaimed key")
+    );
     assert_eq!(w.charges(), 2);
     r.stop().await;
 }
@@ -740,7 +848,11 @@ fn sha(path: &Path) -> Vec<u8> {
 async fn corrupt_foreign_and_newer_registries_are_refused_untouched() {
     let w = World::new().await;
     let corrupt = w.registry_in("corrupt");
-    std::fs::write(&corrupt, b"this is not a database, but it is somebody's file\n".repeat(100)).unwrap();
+    std::fs::write(
+        &corrupt,
+        b"this is not a database, but it is somebody's file\n".repeat(100),
+    )
+    .unwrap();
     let foreign = w.registry_in("foreign");
     {
         let c = rusqlite::Connection::open(&foreign).unwrap();
@@ -757,13 +869,23 @@ async fn corrupt_foreign_and_newer_registries_are_refused_untouched() {
         .unwrap();
     }
     let mut report = String::new();
-    for (name, path) in [("corrupt", &corrupt), ("foreign", &foreign), ("newer", &newer)] {
+    for (name, path) in [
+        ("corrupt", &corrupt),
+        ("foreign", &foreign),
+        ("newer", &newer),
+    ] {
         let before = sha(path);
         let r = w.router_on(path, &[], &[]).await;
         let resp = r.spend(fox(), codex("c")).await;
         assert_eq!(code(&resp), "registry_unavailable", "{name}");
-        let message = resp.structured().unwrap()["message"].as_str().unwrap().to_string();
-        assert!(message.contains(&path.display().to_string()), "{name}: {message}");
+        let message = resp.structured().unwrap()["message"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        assert!(
+            message.contains(&path.display().to_string()),
+            "{name}: {message}"
+        );
         // Read-only tools still answer.
         let caps = r.call("capabilities", json!({}), None).await;
         assert!(!caps.is_tool_error());
@@ -802,7 +924,10 @@ async fn an_unwritable_registry_directory_fails_closed() {
         let resp = r.spend(fox(), codex(id)).await;
         assert_eq!(code(&resp), "registry_unavailable");
         let message = resp.structured().unwrap()["message"].as_str().unwrap();
-        assert!(message.contains(&registry.display().to_string()), "{message}");
+        assert!(
+            message.contains(&registry.display().to_string()),
+            "{message}"
+        );
         assert!(message.contains("os error"), "{message}");
     }
     assert_eq!(w.charges(), 0);
@@ -822,9 +947,17 @@ async fn the_registry_file_is_private_wal_and_identified() {
     assert_eq!(mode, 0o600);
     let c = rusqlite::Connection::open(&reg).unwrap();
     let get = |sql: &str| -> i64 { c.query_row(sql, [], |r| r.get(0)).unwrap() };
-    assert_eq!(get("PRAGMA application_id") as i32, callid::router::registry::APPLICATION_ID);
-    assert_eq!(get("PRAGMA user_version"), callid::router::registry::MIGRATIONS.len() as i64);
-    let mode: String = c.query_row("PRAGMA journal_mode", [], |r| r.get(0)).unwrap();
+    assert_eq!(
+        get("PRAGMA application_id") as i32,
+        callid::router::registry::APPLICATION_ID
+    );
+    assert_eq!(
+        get("PRAGMA user_version"),
+        callid::router::registry::MIGRATIONS.len() as i64
+    );
+    let mode: String = c
+        .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+        .unwrap();
     assert_eq!(mode, "wal");
 }
 
@@ -862,20 +995,37 @@ async fn budget_model_and_argument_errors() {
     let cases = [
         (json!({"prompt": "fox", "model": "dall-e"}), "unknown_model"),
         (json!({"width": 512}), "invalid_arguments"),
-        (json!({"prompt": "fox", "width": "wide"}), "invalid_arguments"),
-        (json!({"prompt": "fox", "colour": "red"}), "invalid_arguments"),
-        (json!({"prompt": "fox", "width": 1e17}), "non_canonical_arguments"),
+        (
+            json!({"prompt": "fox", "width": "wide"}),
+            "invalid_arguments",
+        ),
+        (
+            json!({"prompt": "fox", "colour": "red"}),
+            "invalid_arguments",
+        ),
+        (
+            json!({"prompt": "fox", "width": 1e17}),
+            "non_canonical_arguments",
+        ),
     ];
     for (i, (args, want)) in cases.into_iter().enumerate() {
         let resp = r.spend(args.clone(), codex(&format!("bad-{i}"))).await;
         assert_eq!(code(&resp), want, "{args}");
     }
     let unknown = r
-        .call("operation_status", json!({"handle": "hubu:public-operation:v1:nope"}), None)
+        .call(
+            "operation_status",
+            json!({"handle": "hubu:public-operation:v1:nope"}),
+            None,
+        )
         .await;
     assert_eq!(code(&unknown), "unknown_operation");
     let unknown = r
-        .call("resume_operation", json!({"handle": "hubu:public-operation:v1:nope"}), None)
+        .call(
+            "resume_operation",
+            json!({"handle": "hubu:public-operation:v1:nope"}),
+            None,
+        )
         .await;
     assert_eq!(code(&unknown), "unknown_operation");
     assert_eq!(w.charges(), 1);
@@ -890,22 +1040,35 @@ async fn capabilities_and_diagnose_meta_record_shapes_never_values() {
         .router(&["--diagnose-meta", &log.display().to_string()])
         .await;
     let caps = r
-        .call("capabilities", json!({}), Some(json!({"openai/session": "secret-session-value"})))
+        .call(
+            "capabilities",
+            json!({}),
+            Some(json!({"openai/session": "secret-session-value"})),
+        )
         .await;
     let s = caps.structured().unwrap();
     assert_eq!(s["identity_sources"][0]["meta_key"], "callId");
     // A call without identity is still refused with the diagnostic on.
     let refused = r
-        .call("generate_image", fox(), Some(json!({"openai/session": "secret-session-value"})))
+        .call(
+            "generate_image",
+            fox(),
+            Some(json!({"openai/session": "secret-session-value"})),
+        )
         .await;
     assert_eq!(code(&refused), "missing_identity");
-    let ok = r.spend(fox(), json!({"callId": "call_secret_value_123"})).await;
+    let ok = r
+        .spend(fox(), json!({"callId": "call_secret_value_123"}))
+        .await;
     assert!(!ok.is_tool_error());
     r.stop().await;
     let text = std::fs::read_to_string(&log).unwrap();
     assert_eq!(text.lines().count(), 3);
     assert!(!text.contains("secret-session-value") && !text.contains("call_secret_value_123"));
-    assert!(text.contains("/openai~1session") && text.contains("/callId"), "{text}");
+    assert!(
+        text.contains("/openai~1session") && text.contains("/callId"),
+        "{text}"
+    );
 }
 
 #[tokio::test]
@@ -944,4 +1107,31 @@ async fn streamable_http_serves_the_same_rules() {
     assert_eq!(code(&missing), "missing_identity");
     assert_eq!(w.charges(), 1);
     child.kill().await.unwrap();
+}
+
+#[tokio::test]
+async fn runs_on_its_own_with_the_provider_in_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = dir.path().join("state").join("registry.sqlite3");
+    let args = vec![
+        "router".to_string(),
+        "--registry".into(),
+        registry.display().to_string(),
+    ];
+    for round in 0..2 {
+        let (conn, mut child) = Connection::spawn_stdio(&bin(), &args, &[]).await.unwrap();
+        conn.initialize(json!(0), "2025-11-25", "callid-tests", "1")
+            .await
+            .unwrap();
+        let r = conn
+            .call_tool(json!(1), "generate_image", fox(), Some(codex("solo")))
+            .await
+            .unwrap();
+        assert_clean(&r);
+        completed(&r);
+        assert_eq!(replayed(&r), round == 1);
+        child.kill9().await.unwrap();
+    }
+    let ledger = registry.with_file_name(callid::backend::PROVIDER_LEDGER_FILE);
+    assert_eq!(Ledger::open(&ledger).unwrap().charge_count().unwrap(), 1);
 }
