@@ -19,9 +19,41 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Router(_) => anyhow::bail!("`callid router` is not built yet"),
         Command::Provider(_) => anyhow::bail!("`callid provider` is not built yet"),
         Command::Conform(_) => anyhow::bail!("`callid conform` is not built yet"),
-        Command::Matrix(_) => anyhow::bail!("`callid matrix` is not built yet"),
+        Command::Matrix(args) => matrix_command(args),
         Command::Measure(_) => anyhow::bail!("`callid measure` is not built yet"),
         Command::Bench(_) => anyhow::bail!("`callid bench` is not built yet"),
+    }
+}
+
+fn matrix_command(args: crate::cli::MatrixArgs) -> anyhow::Result<ExitCode> {
+    use crate::cli::MatrixCommand;
+    use crate::matrix::RenderOutcome;
+    match args.command {
+        MatrixCommand::Render { check, dir } => {
+            let path = dir.join(crate::matrix::data::SUPPORT_FILE);
+            match crate::matrix::render_dir(&dir, check)? {
+                RenderOutcome::Written { changed } => {
+                    let what = if changed { "wrote" } else { "unchanged:" };
+                    eprintln!("{what} {}", path.display());
+                    Ok(ExitCode::from(exit_codes::SUCCESS))
+                }
+                RenderOutcome::UpToDate => {
+                    eprintln!("{} matches its data", path.display());
+                    Ok(ExitCode::from(exit_codes::SUCCESS))
+                }
+                RenderOutcome::Differs(diff) => {
+                    eprintln!(
+                        "{} differs from what the data in {} renders: {diff}\n\
+                         hint: run `callid matrix render --dir {}` and commit the result",
+                        path.display(),
+                        dir.display(),
+                        dir.display()
+                    );
+                    Ok(ExitCode::from(exit_codes::CHECK_FAILED))
+                }
+            }
+        }
+        MatrixCommand::Add { .. } => anyhow::bail!("`callid matrix add` is not built yet"),
     }
 }
 
