@@ -7,6 +7,7 @@
 
 use crate::cli::{Cli, Command};
 use crate::exit_codes;
+use anyhow::Context as _;
 use std::process::ExitCode;
 
 /// Runs the parsed command line.
@@ -20,7 +21,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Provider(_) => anyhow::bail!("`callid provider` is not built yet"),
         Command::Conform(_) => anyhow::bail!("`callid conform` is not built yet"),
         Command::Matrix(args) => matrix_command(args),
-        Command::Measure(_) => anyhow::bail!("`callid measure` is not built yet"),
+        Command::Measure(args) => measure_command(args),
         Command::Bench(_) => anyhow::bail!("`callid bench` is not built yet"),
     }
 }
@@ -55,6 +56,24 @@ fn matrix_command(args: crate::cli::MatrixArgs) -> anyhow::Result<ExitCode> {
         }
         MatrixCommand::Add { .. } => anyhow::bail!("`callid matrix add` is not built yet"),
     }
+}
+
+fn measure_command(args: crate::cli::MeasureArgs) -> anyhow::Result<ExitCode> {
+    use crate::measure::{client::Client, run};
+    let client = match args.client {
+        crate::cli::ClientArg::Codex => Client::Codex,
+        crate::cli::ClientArg::ClaudeCode => Client::ClaudeCode,
+    };
+    let bin = client.locate(args.bin.as_deref(), &args.dir)?;
+    let version = client.version(&bin)?;
+    let callid = std::env::var_os("CALLID_DEV_PROBE").map(std::path::PathBuf::from).unwrap_or(std::env::current_exe().context("locating the `callid` binary for the probe")?); // DEVTEMP
+    let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    for scenario in run::Scenario::ALL {
+        let r = rt.block_on(run::run_scenario(client, &bin, &callid, scenario))?;
+        eprintln!("{} {version} {:?}: exit {:?} timed_out {} seen {:#?}\n{}", client.slug(), scenario, r.exit_code, r.timed_out, r.seen, r.output_tail);
+        eprintln!("log: {}", std::fs::read_to_string(&r.log).unwrap_or_default());
+    }
+    Ok(ExitCode::from(exit_codes::SUCCESS))
 }
 
 /// Prints `err` once, with its cause chain, and returns the exit code for it.
