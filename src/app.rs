@@ -14,7 +14,7 @@ use std::process::ExitCode;
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     init_tracing();
     match cli.command {
-        Command::Probe(_) => anyhow::bail!("`callid probe` is not built yet"),
+        Command::Probe(args) => run_probe(args),
         Command::Classify(_) => anyhow::bail!("`callid classify` is not built yet"),
         Command::Demo(_) => anyhow::bail!("`callid demo` is not built yet"),
         Command::Router(_) => anyhow::bail!("`callid router` is not built yet"),
@@ -24,6 +24,50 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Measure(args) => measure_command(args),
         Command::Bench(_) => anyhow::bail!("`callid bench` is not built yet"),
     }
+}
+
+fn run_probe(args: crate::cli::ProbeArgs) -> anyhow::Result<ExitCode> {
+    let options = crate::probe::ProbeOptions {
+        http: args.http,
+        log: args.log,
+        digest_salt: args.digest_salt,
+        wrap: if args.wrap { args.command } else { Vec::new() },
+    };
+    let runtime = tokio::runtime::Runtime::new()?;
+    let result = runtime.block_on(crate::probe::run(options));
+    // Standard input is read on a blocking thread that may never return: do not wait for it.
+    runtime.shutdown_background();
+    let code = result.map_err(anyhow::Error::from)?;
+    Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)))
+}
+
+/// Prints `err` once, with its cause chain, and returns the exit code for it.
+pub fn report_error(err: &anyhow::Error) -> ExitCode {
+    if is_broken_pipe(err) {
+        return ExitCode::from(exit_codes::SUCCESS);
+    }
+    eprintln!("error: {err:#}");
+    ExitCode::from(exit_codes::SETUP_ERROR)
+}
+
+fn is_broken_pipe(err: &anyhow::Error) -> bool {
+    err.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
+/// Logs go to stderr (stdout may carry the MCP protocol), filtered by `CALLID_LOG` (default
+/// `warn`).
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("CALLID_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .try_init();
 }
 
 fn matrix_command(args: crate::cli::MatrixArgs) -> anyhow::Result<ExitCode> {
@@ -66,7 +110,7 @@ fn measure_command(args: crate::cli::MeasureArgs) -> anyhow::Result<ExitCode> {
     };
     let bin = client.locate(args.bin.as_deref(), &args.dir)?;
     let version = client.version(&bin)?;
-    let callid = std::env::var_os("CALLID_DEV_PROBE").map(std::path::PathBuf::from).unwrap_or(std::env::current_exe().context("locating the `callid` binary for the probe")?); // DEVTEMP
+    let callid = std::env::current_exe().context("locating the `callid` binary for the probe")?;
     let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     for scenario in run::Scenario::ALL {
         let r = rt.block_on(run::run_scenario(client, &bin, &callid, scenario))?;
@@ -74,33 +118,4 @@ fn measure_command(args: crate::cli::MeasureArgs) -> anyhow::Result<ExitCode> {
         eprintln!("log: {}", std::fs::read_to_string(&r.log).unwrap_or_default());
     }
     Ok(ExitCode::from(exit_codes::SUCCESS))
-}
-
-/// Prints `err` once, with its cause chain, and returns the exit code for it.
-pub fn report_error(err: &anyhow::Error) -> ExitCode {
-    if is_broken_pipe(err) {
-        return ExitCode::from(exit_codes::SUCCESS);
-    }
-    eprintln!("error: {err:#}");
-    ExitCode::from(exit_codes::SETUP_ERROR)
-}
-
-fn is_broken_pipe(err: &anyhow::Error) -> bool {
-    err.chain().any(|cause| {
-        cause
-            .downcast_ref::<std::io::Error>()
-            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
-    })
-}
-
-/// Logs go to stderr (stdout may carry the MCP protocol), filtered by `CALLID_LOG` (default
-/// `warn`).
-fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("CALLID_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_target(false)
-        .try_init();
 }

@@ -6,6 +6,7 @@
 //! - [`client`]: how to run each client non-interactively with a temporary home and config.
 //! - [`run`]: one bounded scenario run, leaving the probe's shape log.
 
+pub mod analyze;
 pub mod client;
 pub mod endpoint;
 pub mod run;
