@@ -76,19 +76,24 @@ fn matrix_command(args: crate::cli::MatrixArgs) -> anyhow::Result<ExitCode> {
     match args.command {
         MatrixCommand::Render { check, dir } => {
             let path = dir.join(crate::matrix::data::SUPPORT_FILE);
-            match crate::matrix::render_dir(&dir, check)? {
+            match crate::matrix::render_dir(&dir, check)
+                .with_context(|| format!("rendering the matrix in `{}`", dir.display()))?
+            {
                 RenderOutcome::Written { changed } => {
                     let what = if changed { "wrote" } else { "unchanged:" };
                     eprintln!("{what} {}", path.display());
                     Ok(ExitCode::from(exit_codes::SUCCESS))
                 }
                 RenderOutcome::UpToDate => {
-                    eprintln!("{} matches its data", path.display());
+                    eprintln!(
+                        "{} matches its data, and every measured row agrees with its evidence",
+                        path.display()
+                    );
                     Ok(ExitCode::from(exit_codes::SUCCESS))
                 }
                 RenderOutcome::Differs(diff) => {
                     eprintln!(
-                        "{} differs from what the data in {} renders: {diff}\n\
+                        "error: `{}` differs from what the data in `{}` renders: {diff}\n\
                          hint: run `callid matrix render --dir {}` and commit the result",
                         path.display(),
                         dir.display(),
@@ -96,26 +101,108 @@ fn matrix_command(args: crate::cli::MatrixArgs) -> anyhow::Result<ExitCode> {
                     );
                     Ok(ExitCode::from(exit_codes::CHECK_FAILED))
                 }
+                RenderOutcome::EvidenceDisagrees(err) => {
+                    eprintln!("error [{}]: {err}", err.code());
+                    Ok(ExitCode::from(exit_codes::CHECK_FAILED))
+                }
             }
         }
-        MatrixCommand::Add { .. } => anyhow::bail!("`callid matrix add` is not built yet"),
+        MatrixCommand::Add { logs, dir } => {
+            let rows = crate::matrix::add_logs(&dir, &logs, &crate::measure::today())
+                .with_context(|| format!("adding rows to the matrix in `{}`", dir.display()))?;
+            if rows.is_empty() {
+                anyhow::bail!(
+                    "no client in {} made a `tools/call`, so no row was added",
+                    logs.iter()
+                        .map(|l| format!("`{}`", l.display()))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+            }
+            for row in &rows {
+                eprintln!(
+                    "added `{}` ({} {}): {}",
+                    row.id,
+                    row.client,
+                    row.version.as_deref().unwrap_or(""),
+                    row.verdict.name()
+                );
+            }
+            Ok(ExitCode::from(exit_codes::SUCCESS))
+        }
     }
 }
 
 fn measure_command(args: crate::cli::MeasureArgs) -> anyhow::Result<ExitCode> {
-    use crate::measure::{client::Client, run};
+    use crate::matrix::data::{CLIENTS_FILE, ClientsFile};
+    use crate::measure::client::Client;
     let client = match args.client {
         crate::cli::ClientArg::Codex => Client::Codex,
         crate::cli::ClientArg::ClaudeCode => Client::ClaudeCode,
     };
     let bin = client.locate(args.bin.as_deref(), &args.dir)?;
-    let version = client.version(&bin)?;
     let callid = std::env::current_exe().context("locating the `callid` binary for the probe")?;
     let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
-    for scenario in run::Scenario::ALL {
-        let r = rt.block_on(run::run_scenario(client, &bin, &callid, scenario))?;
-        eprintln!("{} {version} {:?}: exit {:?} timed_out {} seen {:#?}\n{}", client.slug(), scenario, r.exit_code, r.timed_out, r.seen, r.output_tail);
-        eprintln!("log: {}", std::fs::read_to_string(&r.log).unwrap_or_default());
+    let measurement = rt
+        .block_on(crate::measure::measure(client, &bin, &callid))
+        .with_context(|| format!("measuring `{}`", bin.display()))?;
+    let row = &measurement.row;
+    print!(
+        "{}",
+        serde_yaml::to_string(&vec![row]).context("printing the row")?
+    );
+    let clients_path = args.dir.join(CLIENTS_FILE);
+    if args.check {
+        let committed = ClientsFile::load(&clients_path)?;
+        let Some(old) = committed.clients.iter().find(|r| r.id == row.id) else {
+            eprintln!(
+                "error: `{}` has no row `{}` to compare with; run `callid measure --client {} --update`",
+                clients_path.display(),
+                row.id,
+                client.slug()
+            );
+            return Ok(ExitCode::from(exit_codes::CHECK_FAILED));
+        };
+        let diffs = crate::matrix::evidence::row_differences(old, row);
+        if diffs.is_empty() {
+            eprintln!(
+                "{} {}: measured row matches the committed row `{}`",
+                row.client,
+                row.version.as_deref().unwrap_or(""),
+                row.id
+            );
+            return Ok(ExitCode::from(exit_codes::SUCCESS));
+        }
+        eprintln!(
+            "error: the measured row differs from the committed row `{}` in `{}`:",
+            row.id,
+            clients_path.display()
+        );
+        for d in diffs {
+            eprintln!("  {d}");
+        }
+        return Ok(ExitCode::from(exit_codes::CHECK_FAILED));
+    }
+    if args.update {
+        for (name, bytes) in &measurement.evidence {
+            let path = args.dir.join(name);
+            if let Some(parent) = path.parent() {
+                std::fs::create_dir_all(parent)
+                    .with_context(|| format!("creating `{}`", parent.display()))?;
+            }
+            std::fs::write(&path, bytes).with_context(|| format!("writing `{}`", path.display()))?;
+        }
+        let mut file = ClientsFile::load(&clients_path)?;
+        file.upsert(row.clone());
+        file.save(&clients_path)?;
+        match crate::matrix::render_dir(&args.dir, false)? {
+            crate::matrix::RenderOutcome::EvidenceDisagrees(e) => return Err(e.into()),
+            _ => eprintln!(
+                "updated `{}`, its evidence and `{}`",
+                clients_path.display(),
+                args.dir.join(crate::matrix::data::SUPPORT_FILE).display()
+            ),
+        }
     }
     Ok(ExitCode::from(exit_codes::SUCCESS))
 }

@@ -294,12 +294,15 @@ pub struct MeasureArgs {
     /// The client program to measure.
     #[arg(long, value_enum)]
     pub client: ClientArg,
-    /// Path of the client binary (default: found on PATH or in node_modules/.bin).
+    /// Path of the client binary (default: `DIR/clients/node_modules/.bin`, then PATH).
     #[arg(long, value_name = "PATH")]
     pub bin: Option<PathBuf>,
-    /// Write the row to `matrices/clients.yaml` and the evidence file.
-    #[arg(long)]
+    /// Write the row to `matrices/clients.yaml` and the evidence files, and render SUPPORT.md.
+    #[arg(long, conflicts_with = "check")]
     pub update: bool,
+    /// Exit 1 if the measured row differs from the committed one (CI); write nothing.
+    #[arg(long)]
+    pub check: bool,
     /// The matrix directory.
     #[arg(long, value_name = "DIR", default_value = "matrices")]
     pub dir: PathBuf,

@@ -16,6 +16,7 @@
 
 pub mod check;
 pub mod data;
+pub mod evidence;
 pub mod render;
 
 pub use data::{ClientRow, ClientsFile, How, Matrix, MatrixError, RoutersFile, Stability, Verdict};
@@ -24,7 +25,7 @@ pub use render::render;
 use std::path::Path;
 
 /// What `render` found.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
 pub enum RenderOutcome {
     /// `SUPPORT.md` was written (or already held exactly the rendered text).
     Written {
@@ -35,11 +36,16 @@ pub enum RenderOutcome {
     UpToDate,
     /// `--check`: it differs.
     Differs(check::Difference),
+    /// A measured row disagrees with its evidence; nothing was written.
+    EvidenceDisagrees(evidence::EvidenceError),
 }
 
 /// Loads the data in `dir` and renders `dir/SUPPORT.md`; with `check`, only compares.
 pub fn render_dir(dir: &Path, check_only: bool) -> Result<RenderOutcome, MatrixError> {
     let matrix = Matrix::load(dir)?;
+    if let Err(e) = evidence::check_rows(dir, &matrix.clients) {
+        return Ok(RenderOutcome::EvidenceDisagrees(e));
+    }
     let text = render(&matrix);
     let path = dir.join(data::SUPPORT_FILE);
     let committed = match std::fs::read_to_string(&path) {
@@ -68,4 +74,73 @@ pub fn render_dir(dir: &Path, check_only: bool) -> Result<RenderOutcome, MatrixE
         })?;
     }
     Ok(RenderOutcome::Written { changed })
+}
+
+/// Turns probe logs into rows: one per client with at least one `tools/call`, each with its
+/// records copied to `dir/evidence/<client>-<version>.jsonl`; then renders `SUPPORT.md`.
+/// Returns the rows written.
+pub fn add_logs(dir: &Path, logs: &[std::path::PathBuf], date: &str) -> Result<Vec<ClientRow>, evidence::EvidenceError> {
+    use crate::classify;
+    let (records, bad) = classify::read_logs(logs).map_err(|source| evidence::EvidenceError::Read {
+        row: "(new)".into(),
+        source,
+    })?;
+    if let Some(first) = bad.first() {
+        return Err(evidence::EvidenceError::BadLine {
+            row: "(new)".into(),
+            line: first.to_string(),
+        });
+    }
+    let clients_path = dir.join(data::CLIENTS_FILE);
+    let mut file = ClientsFile::load(&clients_path)?;
+    let mut added = Vec::new();
+    for verdict in classify::classify(&records) {
+        let Some(observed) = evidence::observed(&verdict) else {
+            continue;
+        };
+        let id = data::slug(&[&observed.name, &observed.version]);
+        let connections: std::collections::BTreeSet<&str> = records
+            .iter()
+            .filter(|r| {
+                r.client.as_ref().map(|c| (c.name.as_str(), c.version.as_str()))
+                    == Some((observed.name.as_str(), observed.version.as_str()))
+            })
+            .map(|r| r.connection.as_str())
+            .collect();
+        let mut lines = String::new();
+        for r in records.iter().filter(|r| connections.contains(r.connection.as_str())) {
+            lines.push_str(&serde_json::to_string(r).expect("records serialize"));
+            lines.push('\n');
+        }
+        let name = format!("{}/{id}.jsonl", data::EVIDENCE_DIR);
+        let path = dir.join(&name);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).map_err(|source| MatrixError::Io {
+                action: "write",
+                path: parent.to_owned(),
+                source,
+            })?;
+        }
+        std::fs::write(&path, lines).map_err(|source| MatrixError::Io {
+            action: "write",
+            path: path.clone(),
+            source,
+        })?;
+        let row = evidence::row_from_observed(
+            &observed,
+            id,
+            "MCP client (probe log)".into(),
+            date.to_owned(),
+            How::Measured {
+                command: "callid matrix add".into(),
+                evidence: vec![name],
+            },
+        );
+        evidence::check_row(dir, &row)?;
+        file.upsert(row.clone());
+        added.push(row);
+    }
+    file.save(&clients_path)?;
+    render_dir(dir, false)?;
+    Ok(added)
 }
