@@ -131,7 +131,7 @@ pub struct ClientRow {
     #[serde(default)]
     pub context_keys: Vec<String>,
     /// How the per-call ID behaves beyond one call.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Stability::is_not_measured")]
     pub stability: Stability,
     /// Whether the row was measured or reported, and its evidence or source.
     pub how: How,
@@ -230,6 +230,13 @@ pub enum OnTimeout {
     RetriedSameId,
     /// The client sends the call again with a different per-call ID.
     RetriedNewId,
+}
+
+impl Stability {
+    /// Whether nothing was measured.
+    pub fn is_not_measured(&self) -> bool {
+        *self == Stability::default()
+    }
 }
 
 macro_rules! kebab_name {

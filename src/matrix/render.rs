@@ -79,7 +79,8 @@ fn render_stability(out: &mut String, rows: &[ClientRow]) {
          differs for every new call. These columns are measured with a scripted model endpoint \
          that controls the model's tool-call ids: (a) two distinct model tool calls; (b) the \
          model API returns the same tool-call id twice; (c) the server does not answer within the \
-         client's tool timeout. A finding holds for the version shown.\n\n",
+         client's tool timeout (set to 6 s where the client lets it be set). A finding holds for \
+         the version shown.\n\n",
     );
     if measured.is_empty() {
         out.push_str("No measured client with a per-call ID yet.\n\n");
