@@ -15,8 +15,8 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     init_tracing();
     match cli.command {
         Command::Probe(args) => run_probe(args),
-        Command::Classify(_) => anyhow::bail!("`callid classify` is not built yet"),
-        Command::Demo(_) => anyhow::bail!("`callid demo` is not built yet"),
+        Command::Classify(args) => run_classify(args),
+        Command::Demo(args) => run_demo(args),
         Command::Router(_) => anyhow::bail!("`callid router` is not built yet"),
         Command::Provider(_) => anyhow::bail!("`callid provider` is not built yet"),
         Command::Conform(_) => anyhow::bail!("`callid conform` is not built yet"),
@@ -39,6 +39,48 @@ fn run_probe(args: crate::cli::ProbeArgs) -> anyhow::Result<ExitCode> {
     runtime.shutdown_background();
     let code = result.map_err(anyhow::Error::from)?;
     Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)))
+}
+
+fn verdict_format(format: crate::cli::FormatArg) -> anyhow::Result<crate::classify::Format> {
+    use crate::cli::FormatArg;
+    match format {
+        FormatArg::Table => Ok(crate::classify::Format::Table),
+        FormatArg::Markdown => Ok(crate::classify::Format::Markdown),
+        FormatArg::Json => Ok(crate::classify::Format::Json),
+        FormatArg::Junit => {
+            anyhow::bail!("`--format junit` is not available here; use table, markdown or json")
+        }
+    }
+}
+
+fn run_classify(args: crate::cli::ClassifyArgs) -> anyhow::Result<ExitCode> {
+    let format = verdict_format(args.format)?;
+    let (records, bad) = crate::classify::read_logs(&args.logs)?;
+    for line in &bad {
+        eprintln!("warning: skipped {line}");
+    }
+    let verdicts = crate::classify::classify(&records);
+    let mut out = std::io::stdout().lock();
+    crate::classify::render(&verdicts, format, &mut out)?;
+    Ok(ExitCode::from(exit_codes::SUCCESS))
+}
+
+fn run_demo(args: crate::cli::DemoArgs) -> anyhow::Result<ExitCode> {
+    let format = verdict_format(args.format)?;
+    let runtime = tokio::runtime::Runtime::new()?;
+    let result = runtime.block_on(crate::probe::demo::run());
+    runtime.shutdown_background();
+    let outcome = result.context("running the demo")?;
+    let mut out = std::io::stdout().lock();
+    crate::classify::render(&outcome.verdicts, format, &mut out)?;
+    if outcome.mismatches.is_empty() {
+        Ok(ExitCode::from(exit_codes::SUCCESS))
+    } else {
+        for m in &outcome.mismatches {
+            eprintln!("demo: {m}");
+        }
+        Ok(ExitCode::from(exit_codes::CHECK_FAILED))
+    }
 }
 
 /// Prints `err` once, with its cause chain, and returns the exit code for it.
