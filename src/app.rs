@@ -232,7 +232,8 @@ fn measure_command(args: crate::cli::MeasureArgs) -> anyhow::Result<ExitCode> {
                 std::fs::create_dir_all(parent)
                     .with_context(|| format!("creating `{}`", parent.display()))?;
             }
-            std::fs::write(&path, bytes).with_context(|| format!("writing `{}`", path.display()))?;
+            std::fs::write(&path, bytes)
+                .with_context(|| format!("writing `{}`", path.display()))?;
         }
         let mut file = ClientsFile::load(&clients_path)?;
         file.upsert(row.clone());

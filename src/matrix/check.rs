@@ -90,7 +90,11 @@ mod tests {
         ];
         for (found, line, count) in cases {
             let d = compare(a, found).expect("differs");
-            assert_eq!((d.first_line, d.differing_lines), (line, count), "{found:?}");
+            assert_eq!(
+                (d.first_line, d.differing_lines),
+                (line, count),
+                "{found:?}"
+            );
         }
     }
 }

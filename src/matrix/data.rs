@@ -331,7 +331,10 @@ fn read_yaml<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, MatrixErr
 }
 
 /// Parses YAML text strictly; `file` only names the source in errors.
-pub fn parse_yaml<T: serde::de::DeserializeOwned>(text: &str, file: &Path) -> Result<T, MatrixError> {
+pub fn parse_yaml<T: serde::de::DeserializeOwned>(
+    text: &str,
+    file: &Path,
+) -> Result<T, MatrixError> {
     let de = serde_yaml::Deserializer::from_str(text);
     serde_path_to_error::deserialize(de).map_err(|err| {
         let path = err.path().to_string();
@@ -373,7 +376,9 @@ fn version_rule(version: u32, file: &Path) -> Result<(), MatrixError> {
         Err(MatrixError::Parse {
             file: file.to_owned(),
             path: "version".into(),
-            message: format!("format version {version} is not supported; this callid reads {FORMAT_VERSION}"),
+            message: format!(
+                "format version {version} is not supported; this callid reads {FORMAT_VERSION}"
+            ),
         })
     }
 }
@@ -427,7 +432,9 @@ impl ClientsFile {
             match row.verdict {
                 Verdict::Accepted => {
                     let Some(key) = &row.per_call_id else {
-                        return Err(fail("an accepted row must name its `per_call_id` key".into()));
+                        return Err(fail(
+                            "an accepted row must name its `per_call_id` key".into(),
+                        ));
                     };
                     if identity::Source::from_key(key).is_none() {
                         return Err(fail(format!(
@@ -446,7 +453,9 @@ impl ClientsFile {
                     if !identity::IdentityError::CODES.contains(&reason.as_str()) {
                         return Err(fail(format!(
                             "`reason` `{reason}` is not an identity error code (one of {})",
-                            identity::IdentityError::CODES.map(|k| format!("`{k}`")).join(", ")
+                            identity::IdentityError::CODES
+                                .map(|k| format!("`{k}`"))
+                                .join(", ")
                         )));
                     }
                 }
@@ -626,7 +635,7 @@ mod tests {
             ),
             (
                 "version: 1\nclients:\n  - id: a\n    client: A\n    surface: s\n    verdict: accepted\n    per_call_id: callId\n    colour: red\n    how: {kind: reported, source: x}\n",
-                "clients[0]",
+                "clients[0].colour",
             ),
             (
                 "version: 1\nclients:\n  - id: a\n    client: A\n    surface: s\n    verdict: accepted\n    per_call_id: callId\n    stability: {distinct_ids: sometimes}\n    how: {kind: reported, source: x}\n",
@@ -634,7 +643,7 @@ mod tests {
             ),
             (
                 "version: 1\nclients:\n  - id: a\n    client: A\n    surface: s\n    verdict: accepted\n    per_call_id: callId\n    how: {kind: guessed}\n",
-                "clients[0].how",
+                "clients[0].how.kind",
             ),
         ];
         for (text, want) in cases {
@@ -656,16 +665,46 @@ mod tests {
     fn rules_refuse_rows_that_claim_too_much() {
         let head = "version: 1\nclients:\n  - id: a\n    client: A\n    surface: s\n";
         let cases = [
-            ("verdict: accepted\n    how: {kind: reported, source: x}\n", "must name its `per_call_id`"),
-            ("verdict: accepted\n    per_call_id: sessionId\n    how: {kind: reported, source: x}\n", "not an identity source key"),
-            ("verdict: rejected\n    how: {kind: reported, source: x}\n", "must give its `reason`"),
-            ("verdict: rejected\n    reason: nope\n    how: {kind: reported, source: x}\n", "not an identity error code"),
-            ("version: 1.0.0\n    verdict: accepted\n    per_call_id: callId\n    how: {kind: reported, source: x}\n", "must not claim a `version`"),
-            ("verdict: accepted\n    per_call_id: callId\n    how: {kind: measured, command: c, evidence: [e.jsonl]}\n", "exact `version` and `date`"),
-            ("version: 1\n    date: 2026-11-29\n    verdict: accepted\n    per_call_id: callId\n    how: {kind: measured, command: c, evidence: []}\n", "at least one `evidence`"),
-            ("version: 1\n    date: 2026-11-29\n    verdict: accepted\n    per_call_id: callId\n    how: {kind: measured, command: c, evidence: [../x]}\n", "inside the matrix directory"),
-            ("date: 29.11.2026\n    verdict: accepted\n    per_call_id: callId\n    how: {kind: reported, source: x}\n", "not `YYYY-MM-DD`"),
-            ("verdict: accepted\n    per_call_id: callId\n    stability: {distinct_ids: distinct}\n    how: {kind: reported, source: x}\n", "no `stability` findings"),
+            (
+                "verdict: accepted\n    how: {kind: reported, source: x}\n",
+                "must name its `per_call_id`",
+            ),
+            (
+                "verdict: accepted\n    per_call_id: sessionId\n    how: {kind: reported, source: x}\n",
+                "not an identity source key",
+            ),
+            (
+                "verdict: rejected\n    how: {kind: reported, source: x}\n",
+                "must give its `reason`",
+            ),
+            (
+                "verdict: rejected\n    reason: nope\n    how: {kind: reported, source: x}\n",
+                "not an identity error code",
+            ),
+            (
+                "version: 1.0.0\n    verdict: accepted\n    per_call_id: callId\n    how: {kind: reported, source: x}\n",
+                "must not claim a `version`",
+            ),
+            (
+                "verdict: accepted\n    per_call_id: callId\n    how: {kind: measured, command: c, evidence: [e.jsonl]}\n",
+                "exact `version` and `date`",
+            ),
+            (
+                "version: 1\n    date: 2026-11-29\n    verdict: accepted\n    per_call_id: callId\n    how: {kind: measured, command: c, evidence: []}\n",
+                "at least one `evidence`",
+            ),
+            (
+                "version: 1\n    date: 2026-11-29\n    verdict: accepted\n    per_call_id: callId\n    how: {kind: measured, command: c, evidence: [../x]}\n",
+                "inside the matrix directory",
+            ),
+            (
+                "date: 29.11.2026\n    verdict: accepted\n    per_call_id: callId\n    how: {kind: reported, source: x}\n",
+                "not `YYYY-MM-DD`",
+            ),
+            (
+                "verdict: accepted\n    per_call_id: callId\n    stability: {distinct_ids: distinct}\n    how: {kind: reported, source: x}\n",
+                "no `stability` findings",
+            ),
         ];
         for (tail, want) in cases {
             let err = row(&format!("{head}    {tail}")).unwrap_err();
@@ -680,7 +719,10 @@ mod tests {
 
     #[test]
     fn slugs() {
-        assert_eq!(slug(&["codex-mcp-client", "0.171.0"]), "codex-mcp-client-0.171.0");
+        assert_eq!(
+            slug(&["codex-mcp-client", "0.171.0"]),
+            "codex-mcp-client-0.171.0"
+        );
         assert_eq!(slug(&["Claude Code", "2.1.332"]), "claude-code-2.1.332");
         assert_eq!(slug(&["@x/y!", ""]), "x-y");
     }

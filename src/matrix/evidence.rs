@@ -6,7 +6,9 @@
 //! first evidence file holds the run with two distinct model tool calls; files ending in
 //! `.duplicate-id.jsonl` and `.timeout.jsonl` hold the runs for the (b) and (c) stability columns.
 
-use super::data::{ClientRow, ClientsFile, DistinctIds, How, IdOrigin, MatrixError, Stability, Verdict};
+use super::data::{
+    ClientRow, ClientsFile, DistinctIds, How, IdOrigin, MatrixError, Stability, Verdict,
+};
 use crate::classify::{self, ClientVerdict, KeySplit};
 use crate::measure::analyze;
 use crate::measure::client::Client;
@@ -52,7 +54,9 @@ pub enum EvidenceError {
         file: PathBuf,
     },
     /// A row says something its evidence does not.
-    #[error("row `{row}` disagrees with its evidence `{file}`: `{field}` is {row_value} in the row but {evidence_value} in the evidence; measure it again or fix the row")]
+    #[error(
+        "row `{row}` disagrees with its evidence `{file}`: `{field}` is {row_value} in the row but {evidence_value} in the evidence; measure it again or fix the row"
+    )]
     Disagrees {
         /// The row.
         row: String,
@@ -134,7 +138,11 @@ pub fn observed(v: &ClientVerdict) -> Option<Observed> {
     }
     let split = v.key_split == KeySplit::Inferred;
     Some(Observed {
-        name: v.client.name.clone().unwrap_or_else(|| "unnamed client".into()),
+        name: v
+            .client
+            .name
+            .clone()
+            .unwrap_or_else(|| "unnamed client".into()),
         version: v.client.version.clone().unwrap_or_default(),
         verdict,
         reason: match verdict {
@@ -145,8 +153,16 @@ pub fn observed(v: &ClientVerdict) -> Option<Observed> {
             Verdict::Accepted => v.source_key.clone(),
             Verdict::Rejected => None,
         },
-        call_level_keys: if split { sorted(&v.call_level_keys) } else { Vec::new() },
-        context_keys: if split { sorted(&v.context_keys) } else { Vec::new() },
+        call_level_keys: if split {
+            sorted(&v.call_level_keys)
+        } else {
+            Vec::new()
+        },
+        context_keys: if split {
+            sorted(&v.context_keys)
+        } else {
+            Vec::new()
+        },
         unknown_keys: unknown,
         split_known: split,
     })
@@ -186,7 +202,13 @@ pub fn single_client(path: &Path, records: &[Record]) -> Result<Observed, Eviden
 }
 
 /// A new row from what a log observed.
-pub fn row_from_observed(o: &Observed, id: String, surface: String, date: String, how: How) -> ClientRow {
+pub fn row_from_observed(
+    o: &Observed,
+    id: String,
+    surface: String,
+    date: String,
+    how: How,
+) -> ClientRow {
     let listed = o
         .unknown_keys
         .iter()
@@ -272,7 +294,11 @@ pub fn check_row(dir: &Path, row: &ClientRow) -> Result<(), EvidenceError> {
             Scenario::DuplicateModelId,
             "stability.duplicate_model_id",
         ),
-        (s.on_timeout != Default::default(), Scenario::Timeout, "stability.on_timeout"),
+        (
+            s.on_timeout != Default::default(),
+            Scenario::Timeout,
+            "stability.on_timeout",
+        ),
     ] {
         if claimed && !has(scenario) {
             return Err(EvidenceError::Disagrees {
@@ -288,10 +314,22 @@ pub fn check_row(dir: &Path, row: &ClientRow) -> Result<(), EvidenceError> {
         let path = dir.join(file);
         let records = read_evidence(&row.id, &path)?;
         let o = single_client(&path, &records)?;
-        disagree(row, &path, "version", row.version.clone(), Some(o.version.clone()))?;
+        disagree(
+            row,
+            &path,
+            "version",
+            row.version.clone(),
+            Some(o.version.clone()),
+        )?;
         disagree(row, &path, "verdict", row.verdict, o.verdict)?;
         disagree(row, &path, "reason", row.reason.clone(), o.reason.clone())?;
-        disagree(row, &path, "per_call_id", row.per_call_id.clone(), o.per_call_id.clone())?;
+        disagree(
+            row,
+            &path,
+            "per_call_id",
+            row.per_call_id.clone(),
+            o.per_call_id.clone(),
+        )?;
         let calls = analyze::tool_calls(&records);
         let scenario = scenario_of(file);
         if i == 0 {
@@ -299,7 +337,13 @@ pub fn check_row(dir: &Path, row: &ClientRow) -> Result<(), EvidenceError> {
             call_level.sort();
             let mut context = row.context_keys.clone();
             context.sort();
-            disagree(row, &path, "call_level_keys", call_level, o.call_level_keys.clone())?;
+            disagree(
+                row,
+                &path,
+                "call_level_keys",
+                call_level,
+                o.call_level_keys.clone(),
+            )?;
             disagree(row, &path, "context_keys", context, o.context_keys.clone())?;
             if row.stability.distinct_ids != DistinctIds::NotMeasured {
                 disagree(
@@ -364,12 +408,40 @@ pub fn row_differences(committed: &ClientRow, measured: &ClientRow) -> Vec<Strin
         v.sort();
         format!("{v:?}")
     };
-    cmp("version", format!("{:?}", committed.version), format!("{:?}", measured.version));
-    cmp("verdict", committed.verdict.name().into(), measured.verdict.name().into());
-    cmp("reason", format!("{:?}", committed.reason), format!("{:?}", measured.reason));
-    cmp("per_call_id", format!("{:?}", committed.per_call_id), format!("{:?}", measured.per_call_id));
-    cmp("call_level_keys", sorted(&committed.call_level_keys), sorted(&measured.call_level_keys));
-    cmp("context_keys", sorted(&committed.context_keys), sorted(&measured.context_keys));
-    cmp("stability", format!("{:?}", committed.stability), format!("{:?}", measured.stability));
+    cmp(
+        "version",
+        format!("{:?}", committed.version),
+        format!("{:?}", measured.version),
+    );
+    cmp(
+        "verdict",
+        committed.verdict.name().into(),
+        measured.verdict.name().into(),
+    );
+    cmp(
+        "reason",
+        format!("{:?}", committed.reason),
+        format!("{:?}", measured.reason),
+    );
+    cmp(
+        "per_call_id",
+        format!("{:?}", committed.per_call_id),
+        format!("{:?}", measured.per_call_id),
+    );
+    cmp(
+        "call_level_keys",
+        sorted(&committed.call_level_keys),
+        sorted(&measured.call_level_keys),
+    );
+    cmp(
+        "context_keys",
+        sorted(&committed.context_keys),
+        sorted(&measured.context_keys),
+    );
+    cmp(
+        "stability",
+        format!("{:?}", committed.stability),
+        format!("{:?}", measured.stability),
+    );
     out
 }

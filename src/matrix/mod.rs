@@ -60,10 +60,12 @@ pub fn render_dir(dir: &Path, check_only: bool) -> Result<RenderOutcome, MatrixE
         }
     };
     if check_only {
-        return Ok(match check::compare(&text, committed.as_deref().unwrap_or("")) {
-            None => RenderOutcome::UpToDate,
-            Some(d) => RenderOutcome::Differs(d),
-        });
+        return Ok(
+            match check::compare(&text, committed.as_deref().unwrap_or("")) {
+                None => RenderOutcome::UpToDate,
+                Some(d) => RenderOutcome::Differs(d),
+            },
+        );
     }
     let changed = committed.as_deref() != Some(text.as_str());
     if changed {
@@ -79,12 +81,17 @@ pub fn render_dir(dir: &Path, check_only: bool) -> Result<RenderOutcome, MatrixE
 /// Turns probe logs into rows: one per client with at least one `tools/call`, each with its
 /// records copied to `dir/evidence/<client>-<version>.jsonl`; then renders `SUPPORT.md`.
 /// Returns the rows written.
-pub fn add_logs(dir: &Path, logs: &[std::path::PathBuf], date: &str) -> Result<Vec<ClientRow>, evidence::EvidenceError> {
+pub fn add_logs(
+    dir: &Path,
+    logs: &[std::path::PathBuf],
+    date: &str,
+) -> Result<Vec<ClientRow>, evidence::EvidenceError> {
     use crate::classify;
-    let (records, bad) = classify::read_logs(logs).map_err(|source| evidence::EvidenceError::Read {
-        row: "(new)".into(),
-        source,
-    })?;
+    let (records, bad) =
+        classify::read_logs(logs).map_err(|source| evidence::EvidenceError::Read {
+            row: "(new)".into(),
+            source,
+        })?;
     if let Some(first) = bad.first() {
         return Err(evidence::EvidenceError::BadLine {
             row: "(new)".into(),
@@ -102,13 +109,18 @@ pub fn add_logs(dir: &Path, logs: &[std::path::PathBuf], date: &str) -> Result<V
         let connections: std::collections::BTreeSet<&str> = records
             .iter()
             .filter(|r| {
-                r.client.as_ref().map(|c| (c.name.as_str(), c.version.as_str()))
+                r.client
+                    .as_ref()
+                    .map(|c| (c.name.as_str(), c.version.as_str()))
                     == Some((observed.name.as_str(), observed.version.as_str()))
             })
             .map(|r| r.connection.as_str())
             .collect();
         let mut lines = String::new();
-        for r in records.iter().filter(|r| connections.contains(r.connection.as_str())) {
+        for r in records
+            .iter()
+            .filter(|r| connections.contains(r.connection.as_str()))
+        {
             lines.push_str(&serde_json::to_string(r).expect("records serialize"));
             lines.push('\n');
         }

@@ -61,7 +61,10 @@ fn render_clients(out: &mut String, rows: &[ClientRow]) {
                 .unwrap_or_else(|| "none".into()),
             keys(&row.call_level_keys),
             keys(&row.context_keys),
-            row.version.as_deref().map(cell).unwrap_or_else(|| "not stated".into()),
+            row.version
+                .as_deref()
+                .map(cell)
+                .unwrap_or_else(|| "not stated".into()),
             how,
         );
     }
@@ -160,7 +163,11 @@ fn render_sources(out: &mut String, rows: &[ClientRow]) {
             }
         }
         if let Some(notes) = &row.notes {
-            let _ = write!(out, " {}", notes.split_whitespace().collect::<Vec<_>>().join(" "));
+            let _ = write!(
+                out,
+                " {}",
+                notes.split_whitespace().collect::<Vec<_>>().join(" ")
+            );
         }
         out.push('\n');
     }
@@ -200,7 +207,10 @@ fn render_routers(out: &mut String, rows: &[RouterRow]) {
             out,
             "| {} | {} |",
             cell(&row.router),
-            row.version.as_deref().map(cell).unwrap_or_else(|| "not stated".into())
+            row.version
+                .as_deref()
+                .map(cell)
+                .unwrap_or_else(|| "not stated".into())
         );
         for c in &columns {
             let v = row

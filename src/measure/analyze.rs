@@ -52,7 +52,10 @@ pub fn digest_of_id(id: &str) -> String {
 
 /// Whether the per-call IDs are the model's own tool-call ids (`model_ids`, in call order).
 pub fn id_origin(calls: &[CallSeen], model_ids: &[String]) -> IdOrigin {
-    let digests: Vec<&str> = calls.iter().filter_map(|c| c.id_digest.as_deref()).collect();
+    let digests: Vec<&str> = calls
+        .iter()
+        .filter_map(|c| c.id_digest.as_deref())
+        .collect();
     if digests.is_empty() {
         return IdOrigin::NotMeasured;
     }
@@ -66,7 +69,10 @@ pub fn id_origin(calls: &[CallSeen], model_ids: &[String]) -> IdOrigin {
 
 /// (a) from a run with two distinct model tool calls.
 pub fn distinct_ids(calls: &[CallSeen]) -> DistinctIds {
-    let digests: Vec<&str> = calls.iter().filter_map(|c| c.id_digest.as_deref()).collect();
+    let digests: Vec<&str> = calls
+        .iter()
+        .filter_map(|c| c.id_digest.as_deref())
+        .collect();
     match digests.as_slice() {
         [a, b, ..] if a != b => DistinctIds::Distinct,
         [_, _, ..] => DistinctIds::Repeated,
@@ -76,7 +82,10 @@ pub fn distinct_ids(calls: &[CallSeen]) -> DistinctIds {
 
 /// (b) from a run where the model returned the same tool-call id twice.
 pub fn duplicate_model_id(calls: &[CallSeen]) -> DuplicateModelId {
-    let digests: Vec<&str> = calls.iter().filter_map(|c| c.id_digest.as_deref()).collect();
+    let digests: Vec<&str> = calls
+        .iter()
+        .filter_map(|c| c.id_digest.as_deref())
+        .collect();
     match digests.as_slice() {
         [] => DuplicateModelId::NotMeasured,
         [_] => DuplicateModelId::Dropped,
@@ -87,7 +96,10 @@ pub fn duplicate_model_id(calls: &[CallSeen]) -> DuplicateModelId {
 
 /// (c) from a run where the server was frozen during the first call.
 pub fn on_timeout(calls: &[CallSeen]) -> OnTimeout {
-    let digests: Vec<&str> = calls.iter().filter_map(|c| c.id_digest.as_deref()).collect();
+    let digests: Vec<&str> = calls
+        .iter()
+        .filter_map(|c| c.id_digest.as_deref())
+        .collect();
     match digests.as_slice() {
         [] => OnTimeout::NotMeasured,
         [_] => OnTimeout::NoRetry,
@@ -114,8 +126,14 @@ mod tests {
         assert_eq!(distinct_ids(&[a(), b()]), DistinctIds::Distinct);
         assert_eq!(distinct_ids(&[a(), a()]), DistinctIds::Repeated);
         assert_eq!(distinct_ids(&[a()]), DistinctIds::NotMeasured);
-        assert_eq!(duplicate_model_id(&[a(), a()]), DuplicateModelId::PassedThrough);
-        assert_eq!(duplicate_model_id(&[a(), b()]), DuplicateModelId::MadeDistinct);
+        assert_eq!(
+            duplicate_model_id(&[a(), a()]),
+            DuplicateModelId::PassedThrough
+        );
+        assert_eq!(
+            duplicate_model_id(&[a(), b()]),
+            DuplicateModelId::MadeDistinct
+        );
         assert_eq!(duplicate_model_id(&[a()]), DuplicateModelId::Dropped);
         assert_eq!(duplicate_model_id(&[]), DuplicateModelId::NotMeasured);
         assert_eq!(on_timeout(&[a()]), OnTimeout::NoRetry);

@@ -331,7 +331,10 @@ mod tests {
 
     #[test]
     fn versions_and_ids() {
-        assert_eq!(parse_version("codex-cli 0.171.0\n").as_deref(), Some("0.171.0"));
+        assert_eq!(
+            parse_version("codex-cli 0.171.0\n").as_deref(),
+            Some("0.171.0")
+        );
         assert_eq!(
             parse_version("2.1.332 (Claude Code)\n").as_deref(),
             Some("2.1.332")

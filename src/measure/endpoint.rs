@@ -147,7 +147,12 @@ impl Endpoint {
 
     /// Every request seen so far.
     pub fn seen(&self) -> Vec<Seen> {
-        self.shared.inner.lock().expect("endpoint state").seen.clone()
+        self.shared
+            .inner
+            .lock()
+            .expect("endpoint state")
+            .seen
+            .clone()
     }
 
     /// Thaws a frozen MCP server, if any (also done on drop).
@@ -217,12 +222,17 @@ async fn handle(
     };
     if method != axum::http::Method::POST || uri.path() != expected {
         tracing::info!(%route, "scripted endpoint: not a model request, 404");
-        shared.inner.lock().expect("endpoint state").seen.push(Seen {
-            route,
-            main_loop: false,
-            tool_results: 0,
-            answered_call: None,
-        });
+        shared
+            .inner
+            .lock()
+            .expect("endpoint state")
+            .seen
+            .push(Seen {
+                route,
+                main_loop: false,
+                tool_results: 0,
+                answered_call: None,
+            });
         return (StatusCode::NOT_FOUND, "not scripted").into_response();
     }
     let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
@@ -320,7 +330,9 @@ pub fn count_tool_results(wire: Wire, request: &Value) -> usize {
             .map(|items| {
                 items
                     .iter()
-                    .filter(|i| i.get("type").and_then(Value::as_str) == Some("function_call_output"))
+                    .filter(|i| {
+                        i.get("type").and_then(Value::as_str) == Some("function_call_output")
+                    })
                     .count()
             })
             .unwrap_or(0),
@@ -359,7 +371,9 @@ pub fn responses_sse(n: usize, step: &Step, tool: &ToolName) -> String {
     let item = match step {
         Step::ToolCall { id } => {
             let (namespace, name) = match tool {
-                ToolName::Namespaced { namespace, name } => (Some(namespace.as_str()), name.as_str()),
+                ToolName::Namespaced { namespace, name } => {
+                    (Some(namespace.as_str()), name.as_str())
+                }
                 ToolName::Flat(name) => (None, name.as_str()),
             };
             let mut item = json!({
@@ -469,4 +483,172 @@ pub fn messages_sse(n: usize, step: &Step, tool: &ToolName, request: &Value) -> 
     );
     sse(&mut out, "message_stop", json!({"type": "message_stop"}));
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The `data:` payloads of an SSE body, with their event names.
+    fn events(body: &str) -> Vec<(String, Value)> {
+        body.split("\n\n")
+            .filter(|b| !b.trim().is_empty())
+            .map(|block| {
+                let event = block
+                    .lines()
+                    .find_map(|l| l.strip_prefix("event: "))
+                    .unwrap()
+                    .to_owned();
+                let data = block
+                    .lines()
+                    .find_map(|l| l.strip_prefix("data: "))
+                    .unwrap();
+                (event, serde_json::from_str(data).unwrap())
+            })
+            .collect()
+    }
+
+    async fn post(base: &str, path: &str, body: Value) -> (u16, String) {
+        let r = reqwest::Client::new()
+            .post(format!("{base}{path}"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        (r.status().as_u16(), r.text().await.unwrap())
+    }
+
+    #[tokio::test]
+    async fn responses_endpoint_plays_the_script_over_a_real_socket() {
+        let tool = ToolName::Namespaced {
+            namespace: "mcp__probe".into(),
+            name: "capabilities".into(),
+        };
+        let script = Script {
+            steps: vec![
+                Step::ToolCall {
+                    id: "call_a".into(),
+                },
+                Step::Text,
+            ],
+            tool: tool.clone(),
+            hook: Hook::None,
+        };
+        let ep = Endpoint::start(Wire::Responses, script, None)
+            .await
+            .unwrap();
+        // The shape Codex 0.171.0 sends: the MCP tools as a namespace among other tools.
+        let tools = json!([
+            {"type": "function", "name": "exec_command", "parameters": {}},
+            {"type": "namespace", "name": "mcp__probe", "tools": [
+                {"type": "function", "name": "capabilities", "parameters": {"type": "object"}}]}
+        ]);
+        let first = json!({"model": "gpt-5", "stream": true, "tools": tools,
+            "input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}]});
+        let (status, body) = post(&ep.base, "/v1/responses", first).await;
+        assert_eq!(status, 200);
+        let ev = events(&body);
+        let names: Vec<&str> = ev.iter().map(|(e, _)| e.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "response.created",
+                "response.output_item.added",
+                "response.output_item.done",
+                "response.completed"
+            ]
+        );
+        let item = &ev[2].1["item"];
+        assert_eq!(item["type"], "function_call");
+        assert_eq!(item["call_id"], "call_a");
+        assert_eq!(item["namespace"], "mcp__probe");
+        assert_eq!(item["name"], "capabilities");
+        assert!(ev[3].1["response"]["usage"]["total_tokens"].is_u64());
+        let second = json!({"model": "gpt-5", "stream": true, "tools": tools, "input": [
+            {"type": "function_call", "call_id": "call_a", "name": "capabilities"},
+            {"type": "function_call_output", "call_id": "call_a", "output": "ok"}]});
+        let (_, body) = post(&ep.base, "/v1/responses", second).await;
+        let ev = events(&body);
+        assert_eq!(ev[2].1["item"]["type"], "message");
+        assert_eq!(ev[2].1["item"]["content"][0]["text"], FINAL_TEXT);
+        // A side request without the probe's tool, and an unknown path.
+        let (_, body) = post(&ep.base, "/v1/responses", json!({"input": []})).await;
+        assert_eq!(events(&body)[2].1["item"]["type"], "message");
+        let (status, _) = post(&ep.base, "/v1/models", json!({})).await;
+        assert_eq!(status, 404);
+        let seen = ep.seen();
+        assert_eq!(seen.len(), 4);
+        assert_eq!(seen[0].answered_call.as_deref(), Some("call_a"));
+        assert_eq!((seen[1].main_loop, seen[1].tool_results), (true, 1));
+        assert!(!seen[2].main_loop);
+    }
+
+    #[tokio::test]
+    async fn messages_endpoint_plays_the_script_over_a_real_socket() {
+        let tool = ToolName::Flat("mcp__probe__capabilities".into());
+        let script = Script {
+            steps: vec![
+                Step::ToolCall {
+                    id: "toolu_x".into(),
+                },
+                Step::ToolCall {
+                    id: "toolu_x".into(),
+                },
+                Step::Text,
+            ],
+            tool,
+            hook: Hook::None,
+        };
+        let ep = Endpoint::start(Wire::Messages, script, None).await.unwrap();
+        let tools = json!([{"name": "Bash", "input_schema": {}},
+                           {"name": "mcp__probe__capabilities", "input_schema": {"type": "object"}}]);
+        let user = json!({"role": "user", "content": "hi"});
+        let (status, body) = post(
+            &ep.base,
+            "/v1/messages",
+            json!({"model": "claude-x", "stream": true, "tools": tools, "messages": [user]}),
+        )
+        .await;
+        assert_eq!(status, 200);
+        let ev = events(&body);
+        let names: Vec<&str> = ev.iter().map(|(e, _)| e.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "message_start",
+                "content_block_start",
+                "content_block_delta",
+                "content_block_stop",
+                "message_delta",
+                "message_stop"
+            ]
+        );
+        assert_eq!(ev[0].1["message"]["model"], "claude-x");
+        assert_eq!(ev[1].1["content_block"]["type"], "tool_use");
+        assert_eq!(ev[1].1["content_block"]["id"], "toolu_x");
+        assert_eq!(ev[1].1["content_block"]["name"], "mcp__probe__capabilities");
+        assert_eq!(ev[2].1["delta"]["type"], "input_json_delta");
+        assert_eq!(ev[4].1["delta"]["stop_reason"], "tool_use");
+        // A client that merges results sharing one tool-call id still moves the script on.
+        let result = json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_x", "content": "ok"}]});
+        for want in ["tool_use", "end_turn"] {
+            let (_, body) = post(
+                &ep.base,
+                "/v1/messages",
+                json!({"model": "claude-x", "tools": tools, "messages": [user, result]}),
+            )
+            .await;
+            assert_eq!(events(&body)[4].1["delta"]["stop_reason"], want);
+        }
+    }
+
+    #[test]
+    fn counts_tool_results_in_both_wires() {
+        let r = json!({"input": [{"type": "function_call_output"}, {"type": "message"}, {"type": "function_call_output"}]});
+        assert_eq!(count_tool_results(Wire::Responses, &r), 2);
+        let m = json!({"messages": [{"role": "user", "content": "x"},
+            {"role": "user", "content": [{"type": "tool_result"}, {"type": "text"}]}]});
+        assert_eq!(count_tool_results(Wire::Messages, &m), 1);
+        assert_eq!(count_tool_results(Wire::Messages, &json!({})), 0);
+    }
 }

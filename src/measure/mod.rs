@@ -101,7 +101,11 @@ pub fn row_id(client: Client) -> String {
 }
 
 /// Measures `client` (binary `bin`) with `callid` as the probe.
-pub async fn measure(client: Client, bin: &Path, callid: &Path) -> Result<Measurement, MeasureError> {
+pub async fn measure(
+    client: Client,
+    bin: &Path,
+    callid: &Path,
+) -> Result<Measurement, MeasureError> {
     let version = client.version(bin)?;
     let mut runs: Vec<ScenarioRun> = Vec::new();
     for scenario in Scenario::ALL {
@@ -125,7 +129,11 @@ pub async fn measure(client: Client, bin: &Path, callid: &Path) -> Result<Measur
                     .exit_code
                     .map(|c| c.to_string())
                     .unwrap_or_else(|| "killed".into()),
-                timed_out: if run.timed_out { "timed out" } else { "in time" },
+                timed_out: if run.timed_out {
+                    "timed out"
+                } else {
+                    "in time"
+                },
                 tail: run.output_tail.clone(),
             });
         }
@@ -145,8 +153,7 @@ pub async fn measure(client: Client, bin: &Path, callid: &Path) -> Result<Measur
         match run.scenario {
             Scenario::TwoCalls => {
                 stability.distinct_ids = analyze::distinct_ids(&calls);
-                stability.id_origin =
-                    analyze::id_origin(&calls, &run.scenario.model_ids(client));
+                stability.id_origin = analyze::id_origin(&calls, &run.scenario.model_ids(client));
                 observed = Some(evidence::single_client(&run.log, &records)?);
             }
             Scenario::DuplicateModelId => {
@@ -214,7 +221,11 @@ pub fn civil_date(days: u64) -> String {
 mod tests {
     #[test]
     fn civil_dates() {
-        for (days, want) in [(0, "1970-01-01"), (11_016, "2000-02-29"), (20_786, "2026-11-29")] {
+        for (days, want) in [
+            (0, "1970-01-01"),
+            (11_016, "2000-02-29"),
+            (20_786, "2026-11-29"),
+        ] {
             assert_eq!(super::civil_date(days), want);
         }
     }

@@ -149,7 +149,9 @@ pub async fn run_scenario(
     let invocation = client.prepare(bin, home.path(), &endpoint.base, &server)?;
     let out_path = home.path().join("client.out");
     let out = std::fs::File::create(&out_path).map_err(io("create the client's output file"))?;
-    let err = out.try_clone().map_err(io("share the client's output file"))?;
+    let err = out
+        .try_clone()
+        .map_err(io("share the client's output file"))?;
     let mut cmd = tokio::process::Command::new(&invocation.program);
     cmd.args(&invocation.args)
         .env_clear()
@@ -164,11 +166,10 @@ pub async fn run_scenario(
         .spawn()
         .map_err(io(format!("start `{}`", invocation.program.display())))?;
     let pgid = child.id();
-    let (exit_code, timed_out) =
-        match tokio::time::timeout(SCENARIO_TIMEOUT, child.wait()).await {
-            Ok(status) => (status.map_err(io("wait for the client"))?.code(), false),
-            Err(_) => (None, true),
-        };
+    let (exit_code, timed_out) = match tokio::time::timeout(SCENARIO_TIMEOUT, child.wait()).await {
+        Ok(status) => (status.map_err(io("wait for the client"))?.code(), false),
+        Err(_) => (None, true),
+    };
     endpoint.thaw();
     // Whatever the client left running (its MCP servers, helpers) goes with its process group.
     if let Some(pgid) = pgid {

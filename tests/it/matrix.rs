@@ -36,9 +36,7 @@ fn callid(args: &[&str]) -> Output {
 
 /// Exit code, stdout and stderr, with the temporary directory replaced.
 fn transcript(out: &Output, tmp: &Path) -> String {
-    let redact = |s: &[u8]| {
-        String::from_utf8_lossy(s).replace(&tmp.display().to_string(), "[TMP]")
-    };
+    let redact = |s: &[u8]| String::from_utf8_lossy(s).replace(&tmp.display().to_string(), "[TMP]");
     format!(
         "exit_code: {:?}\n----- stdout -----\n{}----- stderr -----\n{}",
         out.status.code(),
@@ -78,8 +76,17 @@ fn check_detects_a_one_byte_difference() {
     std::fs::write(&path, &bytes).unwrap();
     let before = std::fs::read(&path).unwrap();
     let out = callid(&["matrix", "render", "--check", "--dir", d]);
-    assert_eq!(out.status.code(), Some(1), "{}", transcript(&out, tmp.path()));
-    assert_eq!(before, std::fs::read(&path).unwrap(), "--check writes nothing");
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        transcript(&out, tmp.path())
+    );
+    assert_eq!(
+        before,
+        std::fs::read(&path).unwrap(),
+        "--check writes nothing"
+    );
     insta::assert_snapshot!("check_one_byte", transcript(&out, tmp.path()));
     // A missing final newline is a difference too.
     let mut bytes = std::fs::read(&path).unwrap();
@@ -87,13 +94,24 @@ fn check_detects_a_one_byte_difference() {
     bytes.pop();
     std::fs::write(&path, &bytes).unwrap();
     let out = callid(&["matrix", "render", "--check", "--dir", d]);
-    assert_eq!(out.status.code(), Some(1), "{}", transcript(&out, tmp.path()));
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        transcript(&out, tmp.path())
+    );
 }
 
 #[test]
 fn the_committed_matrix_matches_its_data_and_evidence() {
     let dir = repo().join("matrices");
-    let out = callid(&["matrix", "render", "--check", "--dir", dir.to_str().unwrap()]);
+    let out = callid(&[
+        "matrix",
+        "render",
+        "--check",
+        "--dir",
+        dir.to_str().unwrap(),
+    ]);
     assert_eq!(
         out.status.code(),
         Some(0),
@@ -105,7 +123,11 @@ fn the_committed_matrix_matches_its_data_and_evidence() {
 #[test]
 fn strict_yaml_errors_name_the_path() {
     let cases = [
-        ("verdict: accepted", "verdict: sometimes", "clients[1].verdict"),
+        (
+            "verdict: accepted",
+            "verdict: sometimes",
+            "clients[1].verdict",
+        ),
         (
             "per_call_id: callId",
             "per_call_id: callId\n  colour: red",
@@ -123,8 +145,15 @@ fn strict_yaml_errors_name_the_path() {
         let text = std::fs::read_to_string(&path).unwrap();
         assert!(text.contains(from), "fixture lacks {from:?}");
         std::fs::write(&path, text.replacen(from, to, 1)).unwrap();
-        let out = callid(&["matrix", "render", "--check", "--dir", dir.to_str().unwrap()]);
-        let stderr = String::from_utf8_lossy(&out.stderr).replace(&tmp.path().display().to_string(), "[TMP]");
+        let out = callid(&[
+            "matrix",
+            "render",
+            "--check",
+            "--dir",
+            dir.to_str().unwrap(),
+        ]);
+        let stderr = String::from_utf8_lossy(&out.stderr)
+            .replace(&tmp.path().display().to_string(), "[TMP]");
         assert_eq!(out.status.code(), Some(2), "{stderr}");
         assert!(stderr.contains(want), "want {want:?} in {stderr}");
         assert!(stderr.contains("[TMP]/matrices/clients.yaml"), "{stderr}");
@@ -134,7 +163,11 @@ fn strict_yaml_errors_name_the_path() {
 #[test]
 fn a_row_that_disagrees_with_its_evidence_fails_the_check() {
     let cases = [
-        ("on_timeout: no-retry", "on_timeout: retried-same-id", "stability.on_timeout"),
+        (
+            "on_timeout: no-retry",
+            "on_timeout: retried-same-id",
+            "stability.on_timeout",
+        ),
         ("  - itemId\n", "", "call_level_keys"),
         ("version: 0.171.0", "version: 0.172.0", "`version`"),
     ];
@@ -146,8 +179,16 @@ fn a_row_that_disagrees_with_its_evidence_fails_the_check() {
         std::fs::write(&path, text.replacen(from, to, 1)).unwrap();
         let out = callid(&["matrix", "render", "--dir", dir.to_str().unwrap()]);
         let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-        assert_eq!(out.status.code(), Some(1), "{}", transcript(&out, tmp.path()));
-        assert!(stderr.contains("evidence_disagrees") && stderr.contains(want), "{want}: {stderr}");
+        assert_eq!(
+            out.status.code(),
+            Some(1),
+            "{}",
+            transcript(&out, tmp.path())
+        );
+        assert!(
+            stderr.contains("evidence_disagrees") && stderr.contains(want),
+            "{want}: {stderr}"
+        );
         assert!(!dir.join("SUPPORT.md").exists(), "nothing is written");
     }
 }
@@ -159,12 +200,29 @@ fn add_turns_a_probe_log_into_a_row() {
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("clients.yaml"), "version: 1\nclients: []\n").unwrap();
     let log = repo().join("tests/fixtures/matrix/evidence/codex-0.171.0.jsonl");
-    let out = callid(&["matrix", "add", log.to_str().unwrap(), "--dir", dir.to_str().unwrap()]);
-    assert_eq!(out.status.code(), Some(0), "{}", transcript(&out, tmp.path()));
+    let out = callid(&[
+        "matrix",
+        "add",
+        log.to_str().unwrap(),
+        "--dir",
+        dir.to_str().unwrap(),
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        transcript(&out, tmp.path())
+    );
     let today = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(today.contains("added `codex-mcp-client-0.171.0`"), "{today}");
+    assert!(
+        today.contains("added `codex-mcp-client-0.171.0`"),
+        "{today}"
+    );
     let yaml = std::fs::read_to_string(dir.join("clients.yaml")).unwrap();
-    let date_line = yaml.lines().find(|l| l.trim_start().starts_with("date:")).unwrap();
+    let date_line = yaml
+        .lines()
+        .find(|l| l.trim_start().starts_with("date:"))
+        .unwrap();
     let yaml = yaml.replace(date_line, "  date: '[DATE]'");
     insta::assert_snapshot!("add_codex_row", yaml);
     assert_eq!(
@@ -172,8 +230,19 @@ fn add_turns_a_probe_log_into_a_row() {
         std::fs::read(&log).unwrap(),
         "one client's log is its evidence, unchanged"
     );
-    let check = callid(&["matrix", "render", "--check", "--dir", dir.to_str().unwrap()]);
-    assert_eq!(check.status.code(), Some(0), "{}", transcript(&check, tmp.path()));
+    let check = callid(&[
+        "matrix",
+        "render",
+        "--check",
+        "--dir",
+        dir.to_str().unwrap(),
+    ]);
+    assert_eq!(
+        check.status.code(),
+        Some(0),
+        "{}",
+        transcript(&check, tmp.path())
+    );
 }
 
 #[test]
@@ -182,7 +251,9 @@ fn add_refuses_a_log_without_tool_calls() {
     let dir = tmp.path().join("m");
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("clients.yaml"), "version: 1\nclients: []\n").unwrap();
-    let src = std::fs::read_to_string(repo().join("tests/fixtures/matrix/evidence/codex-0.171.0.jsonl")).unwrap();
+    let src =
+        std::fs::read_to_string(repo().join("tests/fixtures/matrix/evidence/codex-0.171.0.jsonl"))
+            .unwrap();
     let log = tmp.path().join("no-calls.jsonl");
     let kept: String = src
         .lines()
@@ -190,15 +261,28 @@ fn add_refuses_a_log_without_tool_calls() {
         .map(|l| format!("{l}\n"))
         .collect();
     std::fs::write(&log, kept).unwrap();
-    let out = callid(&["matrix", "add", log.to_str().unwrap(), "--dir", dir.to_str().unwrap()]);
-    assert_eq!(out.status.code(), Some(2), "{}", transcript(&out, tmp.path()));
+    let out = callid(&[
+        "matrix",
+        "add",
+        log.to_str().unwrap(),
+        "--dir",
+        dir.to_str().unwrap(),
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{}",
+        transcript(&out, tmp.path())
+    );
     assert!(String::from_utf8_lossy(&out.stderr).contains("made a `tools/call`"));
 }
 
 /// Runs `callid measure --check` against the real client when it is installed (`npm ci --prefix
 /// matrices/clients`), and says why not otherwise.
 fn measure_real(client: &str, program: &str) {
-    let installed = repo().join("matrices/clients/node_modules/.bin").join(program);
+    let installed = repo()
+        .join("matrices/clients/node_modules/.bin")
+        .join(program);
     if !installed.exists() {
         eprintln!(
             "SKIP: {client} is not installed at {}; run `npm ci --prefix matrices/clients`",
@@ -213,7 +297,11 @@ fn measure_real(client: &str, program: &str) {
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "stdout:\n{stdout}\nstderr:\n{stderr}"
+    );
     assert!(stdout.contains("verdict: accepted"), "{stdout}");
     assert!(stderr.contains("matches the committed row"), "{stderr}");
 }
