@@ -178,16 +178,35 @@ fn matrix_command(args: crate::cli::MatrixArgs) -> anyhow::Result<ExitCode> {
 fn measure_command(args: crate::cli::MeasureArgs) -> anyhow::Result<ExitCode> {
     use crate::matrix::data::{CLIENTS_FILE, ClientsFile};
     use crate::measure::client::Client;
-    let client = match args.client {
-        crate::cli::ClientArg::Codex => Client::Codex,
-        crate::cli::ClientArg::ClaudeCode => Client::ClaudeCode,
+    use crate::measure::sdk::SdkClient;
+    let agent = match args.client {
+        crate::cli::ClientArg::Codex => Ok(Client::Codex),
+        crate::cli::ClientArg::ClaudeCode => Ok(Client::ClaudeCode),
+        crate::cli::ClientArg::InspectorCli => Err(SdkClient::Inspector),
+        crate::cli::ClientArg::TsSdk => Err(SdkClient::TsSdk),
+        crate::cli::ClientArg::PythonSdk => Err(SdkClient::PythonSdk),
+        crate::cli::ClientArg::Rmcp => Err(SdkClient::Rmcp),
     };
-    let bin = client.locate(args.bin.as_deref(), &args.dir)?;
     let callid = std::env::current_exe().context("locating the `callid` binary for the probe")?;
     let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
-    let measurement = rt
-        .block_on(crate::measure::measure(client, &bin, &callid))
-        .with_context(|| format!("measuring `{}`", bin.display()))?;
+    let (measurement, slug) = match agent {
+        Ok(client) => {
+            let bin = client.locate(args.bin.as_deref(), &args.dir)?;
+            let m = rt
+                .block_on(crate::measure::measure(client, &bin, &callid))
+                .with_context(|| format!("measuring `{}`", bin.display()))?;
+            (m, client.slug())
+        }
+        Err(sdk) => {
+            if args.bin.is_some() {
+                anyhow::bail!("`--bin` applies to agent clients (codex, claude-code) only");
+            }
+            let m = rt
+                .block_on(crate::measure::sdk::measure_sdk(sdk, &args.dir, &callid))
+                .with_context(|| format!("measuring the {} client", sdk.slug()))?;
+            (m, sdk.slug())
+        }
+    };
     let row = &measurement.row;
     print!(
         "{}",
@@ -201,7 +220,7 @@ fn measure_command(args: crate::cli::MeasureArgs) -> anyhow::Result<ExitCode> {
                 "error: `{}` has no row `{}` to compare with; run `callid measure --client {} --update`",
                 clients_path.display(),
                 row.id,
-                client.slug()
+                slug
             );
             return Ok(ExitCode::from(exit_codes::CHECK_FAILED));
         };

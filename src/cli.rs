@@ -286,6 +286,14 @@ pub enum ClientArg {
     Codex,
     /// Anthropic Claude Code (`claude -p`).
     ClaudeCode,
+    /// MCP Inspector's CLI (`mcp-inspector --cli`), no model.
+    InspectorCli,
+    /// The MCP TypeScript SDK's client, no model.
+    TsSdk,
+    /// The MCP Python SDK's client, no model.
+    PythonSdk,
+    /// rmcp's client, no model.
+    Rmcp,
 }
 
 /// `callid measure`
@@ -294,7 +302,7 @@ pub struct MeasureArgs {
     /// The client program to measure.
     #[arg(long, value_enum)]
     pub client: ClientArg,
-    /// Path of the client binary (default: `DIR/clients/node_modules/.bin`, then PATH).
+    /// Path of the agent client's binary (default: `DIR/clients/node_modules/.bin`, then PATH).
     #[arg(long, value_name = "PATH")]
     pub bin: Option<PathBuf>,
     /// Write the row to `matrices/clients.yaml` and the evidence files, and render SUPPORT.md.

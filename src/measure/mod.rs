@@ -10,6 +10,8 @@
 //! - [`client`]: how to run each client non-interactively with a temporary home and config.
 //! - [`run`]: one bounded scenario run, leaving the probe's shape log.
 //! - [`analyze`]: the stability findings read out of a shape log.
+//! - [`sdk`]: MCP client libraries and tools without a model (Inspector CLI, TypeScript and
+//!   Python SDKs, rmcp), measured with two plain calls.
 //!
 //! # Guarantees
 //! - Nothing leaves the machine: the only model endpoint is on 127.0.0.1, and each client runs
@@ -21,6 +23,7 @@ pub mod analyze;
 pub mod client;
 pub mod endpoint;
 pub mod run;
+pub mod sdk;
 
 use crate::matrix::data::{ClientRow, How, Stability};
 use crate::matrix::evidence::{self, EvidenceError};
@@ -59,6 +62,14 @@ pub enum MeasureError {
     /// The probe log could not be classified.
     #[error(transparent)]
     Evidence(#[from] EvidenceError),
+    /// A client driver failed.
+    #[error("failed to run {what}: {detail}")]
+    Driver {
+        /// Which driver.
+        what: String,
+        /// What went wrong.
+        detail: String,
+    },
     /// The client's `--version` and the version it gave the probe differ.
     #[error(
         "`{bin}` says it is version {cli} but told the probe {mcp}; measure one binary at a time"
@@ -82,6 +93,7 @@ impl MeasureError {
             MeasureError::NoCall { .. } => "measure_no_call",
             MeasureError::Evidence(e) => e.code(),
             MeasureError::VersionMismatch { .. } => "measure_version_mismatch",
+            MeasureError::Driver { .. } => "measure_driver",
         }
     }
 }
