@@ -236,6 +236,12 @@ pub async fn measure_sdk(
         },
     );
     row.client = display.to_owned();
+    let base = "A client library or tool, not a harness: out of the box it sends no per-call ID; \
+                a harness built on it must put one in `_meta` itself.";
+    row.notes = Some(match row.notes.take() {
+        Some(more) => format!("{base} {more}"),
+        None => base.to_owned(),
+    });
     let bytes = std::fs::read(&log).map_err(|source| RunError::Io {
         what: format!("read the probe log `{}`", log.display()),
         source,
