@@ -150,7 +150,21 @@ fn matrix_command(args: crate::cli::MatrixArgs) -> anyhow::Result<ExitCode> {
             }
         }
         MatrixCommand::Add { logs, dir } => {
-            let rows = crate::matrix::add_logs(&dir, &logs, &crate::measure::today())
+            let today = crate::measure::today();
+            let (reports, logs): (Vec<_>, Vec<_>) = logs.into_iter().partition(|p| {
+                std::fs::read_to_string(p).is_ok_and(|t| crate::matrix::is_conform_report(&t))
+            });
+            for report in &reports {
+                let row =
+                    crate::matrix::add_conform_report(&dir, report, &today).with_context(|| {
+                        format!("adding the conformance report `{}`", report.display())
+                    })?;
+                eprintln!("added router `{}` ({} checks)", row.id, row.checks.len());
+            }
+            if logs.is_empty() {
+                return Ok(ExitCode::from(exit_codes::SUCCESS));
+            }
+            let rows = crate::matrix::add_logs(&dir, &logs, &today)
                 .with_context(|| format!("adding rows to the matrix in `{}`", dir.display()))?;
             if rows.is_empty() {
                 anyhow::bail!(

@@ -268,9 +268,10 @@ pub enum MatrixCommand {
         #[arg(long, value_name = "DIR", default_value = "matrices")]
         dir: PathBuf,
     },
-    /// Turn probe logs into rows of `matrices/clients.yaml`.
+    /// Turn probe logs into rows of `matrices/clients.yaml`, and `callid conform --format json`
+    /// reports into rows of `matrices/routers.yaml`.
     Add {
-        /// Probe log files.
+        /// Probe log files or conformance reports.
         #[arg(required = true, value_name = "LOG")]
         logs: Vec<PathBuf>,
         /// The matrix directory.

@@ -303,18 +303,18 @@ pub enum CheckVerdict {
     /// The router breaks the rule.
     Fail,
     /// The check does not apply to this router.
-    NA,
+    NotApplicable,
     /// The check could not run.
     Error,
 }
 
 impl CheckVerdict {
-    /// Name used in the YAML.
+    /// Word used in the Markdown.
     pub fn name(self) -> &'static str {
         match self {
             CheckVerdict::Pass => "pass",
             CheckVerdict::Fail => "fail",
-            CheckVerdict::NA => "n-a",
+            CheckVerdict::NotApplicable => "n/a",
             CheckVerdict::Error => "error",
         }
     }

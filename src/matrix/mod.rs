@@ -156,3 +156,81 @@ pub fn add_logs(
     render_dir(dir, false)?;
     Ok(added)
 }
+
+/// The part of a `callid conform --format json` report the router table needs; other fields are
+/// ignored, so the report may grow.
+#[derive(Debug, serde::Deserialize)]
+struct ConformReport {
+    target: String,
+    checks: Vec<ConformCheck>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct ConformCheck {
+    id: String,
+    verdict: data::CheckVerdict,
+}
+
+/// Whether `text` is a `callid conform --format json` report rather than a probe log.
+pub fn is_conform_report(text: &str) -> bool {
+    text.trim_start().starts_with('{')
+        && serde_json::from_str::<serde_json::Value>(text)
+            .ok()
+            .is_some_and(|v| v.get("checks").is_some_and(serde_json::Value::is_array))
+}
+
+/// Turns a `callid conform --format json` report into a row of `routers.yaml` (replacing the
+/// row with the same id) and renders `SUPPORT.md`. The built-in reference router's row (target
+/// starting with `callid`) carries this build's version.
+pub fn add_conform_report(
+    dir: &Path,
+    report: &Path,
+    date: &str,
+) -> Result<data::RouterRow, MatrixError> {
+    let text = std::fs::read_to_string(report).map_err(|source| MatrixError::Io {
+        action: "read",
+        path: report.to_owned(),
+        source,
+    })?;
+    let de = &mut serde_json::Deserializer::from_str(&text);
+    let parsed: ConformReport =
+        serde_path_to_error::deserialize(de).map_err(|e| MatrixError::Parse {
+            file: report.to_owned(),
+            path: e.path().to_string(),
+            message: e.into_inner().to_string(),
+        })?;
+    let row = data::RouterRow {
+        id: data::slug(&[&parsed.target]),
+        router: parsed.target.clone(),
+        version: parsed
+            .target
+            .starts_with("callid")
+            .then(|| env!("CARGO_PKG_VERSION").to_owned()),
+        date: Some(date.to_owned()),
+        command: "callid conform --format json".into(),
+        checks: parsed
+            .checks
+            .into_iter()
+            .map(|c| data::RouterCheck {
+                id: c.id,
+                verdict: c.verdict,
+            })
+            .collect(),
+    };
+    let path = dir.join(data::ROUTERS_FILE);
+    let mut file = if path.exists() {
+        RoutersFile::load(&path)?
+    } else {
+        RoutersFile {
+            version: data::FORMAT_VERSION,
+            routers: Vec::new(),
+        }
+    };
+    match file.routers.iter_mut().find(|r| r.id == row.id) {
+        Some(slot) => *slot = row.clone(),
+        None => file.routers.push(row.clone()),
+    }
+    file.save(&path)?;
+    render_dir(dir, false)?;
+    Ok(row)
+}

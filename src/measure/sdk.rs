@@ -9,7 +9,7 @@
 //! process, at the rmcp version callid is built with. The ID stability columns do not apply
 //! (there is no model tool-call id to follow) and stay `not-measured`.
 
-use super::{Measurement, MeasureError, run::RunError, today};
+use super::{MeasureError, Measurement, run::RunError, today};
 use crate::matrix::data::How;
 use crate::matrix::evidence;
 use std::path::{Path, PathBuf};
@@ -169,7 +169,8 @@ pub async fn measure_sdk(
             source,
         })?;
     let log = home.path().join("probe.jsonl");
-    let clients = std::path::absolute(matrix_dir.join("clients")).unwrap_or(matrix_dir.join("clients"));
+    let clients =
+        std::path::absolute(matrix_dir.join("clients")).unwrap_or(matrix_dir.join("clients"));
     let server = vec![
         callid.display().to_string(),
         "probe".to_owned(),
@@ -182,14 +183,19 @@ pub async fn measure_sdk(
             let bin = need(clients.join("node_modules/.bin/mcp-inspector"), npm_hint)?;
             let mut args = vec!["--cli".to_owned()];
             args.extend(server.iter().cloned());
-            args.extend(["--method", "tools/call", "--tool-name", "capabilities"].map(String::from));
+            args.extend(
+                ["--method", "tools/call", "--tool-name", "capabilities"].map(String::from),
+            );
             // The CLI makes one call per run, as its users run it: twice, two connections.
             for _ in 0..2 {
                 run_driver(&bin, &args, &[], "mcp-inspector --cli").await?;
             }
         }
         SdkClient::TsSdk => {
-            need(clients.join("node_modules/@modelcontextprotocol/sdk"), npm_hint)?;
+            need(
+                clients.join("node_modules/@modelcontextprotocol/sdk"),
+                npm_hint,
+            )?;
             let driver = clients.join("drivers/ts-sdk-client.mjs");
             let mut args = vec![driver.display().to_string()];
             args.extend(server.iter().cloned());
