@@ -17,13 +17,97 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Probe(args) => run_probe(args),
         Command::Classify(args) => run_classify(args),
         Command::Demo(args) => run_demo(args),
-        Command::Router(_) => anyhow::bail!("`callid router` is not built yet"),
-        Command::Provider(_) => anyhow::bail!("`callid provider` is not built yet"),
-        Command::Conform(_) => anyhow::bail!("`callid conform` is not built yet"),
+        Command::Router(args) => run_router(args),
+        Command::Provider(args) => run_provider(args),
+        Command::Conform(args) => conform(args),
         Command::Matrix(args) => matrix_command(args),
         Command::Measure(args) => measure_command(args),
         Command::Bench(_) => anyhow::bail!("`callid bench` is not built yet"),
     }
+}
+
+/// `callid conform`: runs the scenarios and renders the report; 1 when a check failed unexpectedly
+/// or an expected failure is stale.
+fn conform(args: crate::cli::ConformArgs) -> anyhow::Result<ExitCode> {
+    use crate::conform::{Options, TargetSpec, report};
+    use anyhow::Context;
+    let target = match (args.target, args.stdio, args.url) {
+        (Some(file), None, None) => TargetSpec::Profile(file),
+        (None, Some(command), None) => TargetSpec::Stdio(command),
+        (None, None, Some(url)) => TargetSpec::Url(url),
+        (None, None, None) => TargetSpec::Reference,
+        _ => anyhow::bail!("give at most one of `--target`, `--stdio` and `--url`"),
+    };
+    let options = Options {
+        target,
+        scenarios: args.scenarios,
+        only: args.only,
+        expected_failures: args.expected_failures,
+        progress: true,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("failed to start the async runtime")?;
+    let report = runtime.block_on(crate::conform::run(&options))?;
+    let format = report::Format::from(args.format);
+    match &args.out {
+        Some(path) => {
+            let mut file = std::fs::File::create(path)
+                .with_context(|| format!("failed to create `{}`", path.display()))?;
+            report::render(&report, format, &mut file)
+                .with_context(|| format!("failed to write `{}`", path.display()))?;
+            eprintln!("{}", report.summary_line());
+        }
+        None => {
+            let mut out = std::io::stdout().lock();
+            report::render(&report, format, &mut out).context("failed to write the report")?;
+        }
+    }
+    runtime.shutdown_background();
+    Ok(ExitCode::from(if report.success() {
+        exit_codes::SUCCESS
+    } else {
+        exit_codes::CHECK_FAILED
+    }))
+}
+
+/// `callid provider`: opens the ledger, binds, prints `listening on http://ADDR`, serves until
+/// SIGINT or SIGTERM.
+fn run_provider(args: crate::cli::ProviderArgs) -> anyhow::Result<ExitCode> {
+    use anyhow::Context as _;
+    use std::io::Write as _;
+    if !args.listen.ip().is_loopback() {
+        anyhow::bail!(
+            "refusing to listen on `{}`: the provider has no authentication; use a loopback \
+             address such as 127.0.0.1:0",
+            args.listen
+        );
+    }
+    let ledger = crate::provider::Ledger::open(&args.ledger)
+        .with_context(|| format!("opening the provider ledger `{}`", args.ledger.display()))?;
+    let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(args.listen)
+            .await
+            .with_context(|| format!("binding `{}`", args.listen))?;
+        let addr = listener.local_addr().context("reading the bound address")?;
+        let handle = crate::provider::spawn(listener, ledger, None)
+            .context("starting the provider server")?;
+        let mut stdout = std::io::stdout().lock();
+        writeln!(stdout, "listening on http://{addr}")?;
+        stdout.flush()?;
+        drop(stdout);
+        let mut terminate =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                .context("installing the SIGTERM handler")?;
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = terminate.recv() => {}
+        }
+        handle.shutdown().await.context("serving the provider")?;
+        Ok(ExitCode::from(exit_codes::SUCCESS))
+    })
 }
 
 fn run_probe(args: crate::cli::ProbeArgs) -> anyhow::Result<ExitCode> {
@@ -110,6 +194,64 @@ fn init_tracing() {
         .with_writer(std::io::stderr)
         .with_target(false)
         .try_init();
+}
+
+/// `callid router`: serve MCP, or run an operator command on the registry.
+fn run_router(args: crate::cli::RouterArgs) -> anyhow::Result<ExitCode> {
+    use crate::cli::{RegistryArg, RouterCommand};
+    use crate::router::{operator, policy::Policy, registry};
+    use anyhow::Context as _;
+    let registry_path = |arg: &RegistryArg| -> anyhow::Result<std::path::PathBuf> {
+        arg.registry
+            .clone()
+            .or_else(registry::default_path)
+            .context("no registry location: pass `--registry FILE` (or set XDG_DATA_HOME or HOME)")
+    };
+    let out = match args.command {
+        Some(RouterCommand::Approve { handle, registry }) => {
+            operator::approve(&registry_path(&registry)?, &handle)?
+        }
+        Some(RouterCommand::Deny {
+            handle,
+            reason,
+            registry,
+        }) => operator::deny(&registry_path(&registry)?, &handle, reason.as_deref())?,
+        Some(RouterCommand::Status { handle, registry }) => {
+            operator::status(&registry_path(&registry)?, &handle)?
+        }
+        Some(RouterCommand::Keys {
+            file,
+            count,
+            prefix,
+        }) => operator::keys(&file, count, &prefix)?,
+        None => {
+            let serve = args.serve;
+            let file_policy = match &serve.policy {
+                Some(path) => Policy::load(path)?,
+                None => Policy::default(),
+            };
+            let policy = file_policy.overridden_by(Policy {
+                approval_above_cents: serve.approval_above_cents,
+                approval_models: serve.approval_models,
+                budget_cents: serve.budget_cents,
+            });
+            let options = crate::router::RouterOptions {
+                registry: registry_path(&serve.registry)?,
+                provider_url: serve.provider_url,
+                policy,
+                preallocated_keys: serve.preallocated_keys,
+                key_prefix: serve.key_prefix,
+                handle_prefix: serve.handle_prefix,
+                diagnose_meta: serve.diagnose_meta,
+            };
+            let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+            runtime.block_on(crate::router::run(options, serve.http))?;
+            return Ok(ExitCode::from(exit_codes::SUCCESS));
+        }
+    };
+    use std::io::Write as _;
+    std::io::stdout().write_all(out.as_bytes())?;
+    Ok(ExitCode::from(exit_codes::SUCCESS))
 }
 
 fn matrix_command(args: crate::cli::MatrixArgs) -> anyhow::Result<ExitCode> {

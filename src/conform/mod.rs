@@ -1,1 +1,330 @@
-//! The conformance runner: replays `scenarios/*.yaml` against any router.
+//! The conformance runner: replays `scenarios/*.yaml` against any router, one verdict per rule.
+//!
+//! [`run`] loads the target ([`target::Profile`]), starts the runner's own paid provider
+//! ([`provider::RunnerProvider`], whose ledger is the ground truth of every charge count), runs
+//! each scenario ([`scenario::Scenario`]) in its own fresh state through [`runner`], classifies
+//! every verdict against the expected-failures baseline ([`expected`]) and returns one
+//! [`report::Report`] that every format renders.
+//!
+//! # Guarantees
+//! - A check passes only if every expectation of every step held; a check the target cannot run
+//!   is `n-a`, never `pass`.
+//! - Charge counts come from the provider's ledger, never from what the router says.
+//! - Every byte of every response is scanned for the private key pattern.
+//! - A router that dies mid-scenario is an `error` for that scenario; the run goes on.
+//! - Check ids are stable: they are the `id:` of the scenario files, each citing its article rule.
+
+pub mod expected;
+pub mod provider;
+pub mod report;
+pub mod runner;
+pub mod scenario;
+pub mod target;
+
+use expected::ExpectedFailures;
+use report::{CheckResult, Report, Verdict};
+use scenario::Scenario;
+use runner::{Outcome, ProgressSink, ScenarioRun};
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Which router to test.
+#[derive(Debug, Clone)]
+pub enum TargetSpec {
+    /// The built-in reference router (this binary's `router` subcommand).
+    Reference,
+    /// A profile file.
+    Profile(PathBuf),
+    /// `--stdio 'CMD ARGS'`.
+    Stdio(String),
+    /// `--url URL`.
+    Url(String),
+}
+
+/// Everything a run needs.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The target.
+    pub target: TargetSpec,
+    /// The scenario directory.
+    pub scenarios: PathBuf,
+    /// Only these check ids (all when empty).
+    pub only: Vec<String>,
+    /// The expected-failures file.
+    pub expected_failures: Option<PathBuf>,
+    /// Draw a live progress line on stderr (only when stderr is a terminal).
+    pub progress: bool,
+}
+
+/// A usage or setup error: nothing was tested.
+#[derive(Debug, thiserror::Error)]
+pub enum ConformError {
+    /// A scenario file or directory.
+    #[error(transparent)]
+    Scenario(#[from] scenario::ScenarioError),
+    /// The target profile.
+    #[error(transparent)]
+    Target(#[from] target::TargetError),
+    /// The expected-failures file.
+    #[error(transparent)]
+    Expected(#[from] expected::ExpectedError),
+    /// The runner's provider.
+    #[error(transparent)]
+    Provider(#[from] provider::ProviderSetupError),
+    /// The router program could not be started at all.
+    #[error(transparent)]
+    Start(#[from] runner::StartError),
+    /// The router started in no scenario at all: a setup problem, not a verdict.
+    #[error("the router never started: {0}; check the target's command and arguments")]
+    NeverStarted(String),
+    /// This binary's path (for the reference router) or a temporary directory.
+    #[error("failed to prepare the run: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl ConformError {
+    /// Stable machine code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            ConformError::Scenario(e) => e.code(),
+            ConformError::Target(e) => e.code(),
+            ConformError::Expected(e) => e.code(),
+            ConformError::Provider(_) => "provider_unavailable",
+            ConformError::Start(_) | ConformError::NeverStarted(_) => "router_start_failed",
+            ConformError::Io(_) => "setup_io",
+        }
+    }
+}
+
+/// How many scenarios run at once when each gets its own provider (`CALLID_CONFORM_JOBS`
+/// overrides). Scenarios are isolated (own state directory, own router, own ledger), so the only
+/// limit is the machine: most of a scenario's time is spent waiting on fsync and process start.
+pub const DEFAULT_JOBS: usize = 4;
+
+/// Runs the selected scenarios against the target and returns the report.
+pub async fn run(options: &Options) -> Result<Report, ConformError> {
+    let started = Instant::now();
+    let all = scenario::load_dir(&options.scenarios)?;
+    let known: Vec<&str> = all.iter().map(|s| s.id.as_str()).collect();
+    let expected = match &options.expected_failures {
+        Some(file) => ExpectedFailures::load(file, &known)?,
+        None => ExpectedFailures::default(),
+    };
+    let scenarios = scenario::select(all.clone(), &options.only)?;
+    let profile = Arc::new(match &options.target {
+        TargetSpec::Reference => target::Profile::reference(),
+        TargetSpec::Profile(file) => target::Profile::load(file)?,
+        TargetSpec::Stdio(command) => target::Profile::stdio_command(command)?,
+        TargetSpec::Url(url) => target::Profile::url(url),
+    });
+    let callid = std::env::current_exe()?.display().to_string();
+    // A router the runner does not start is pointed at one fixed provider address: its charges
+    // can only be told apart by running one scenario at a time against one shared ledger.
+    let shared = match &profile.provider_listen {
+        Some(listen) => Some(Arc::new(provider::RunnerProvider::start(listen).await?)),
+        None => None,
+    };
+    let jobs = if profile.provider_listen.is_some() || !profile.runner_starts() {
+        1
+    } else {
+        std::env::var("CALLID_CONFORM_JOBS")
+            .ok()
+            .and_then(|j| j.parse::<usize>().ok())
+            .filter(|j| *j > 0)
+            .unwrap_or(DEFAULT_JOBS)
+    };
+    let progress = Arc::new(Progress::start(
+        options.progress && std::io::stderr().is_terminal(),
+        scenarios.len(),
+    ));
+    let mut pending = scenarios.into_iter().enumerate();
+    let mut running = tokio::task::JoinSet::new();
+    let mut results: Vec<(usize, Scenario, Outcome, Duration)> = Vec::new();
+    loop {
+        while running.len() < jobs {
+            let Some((index, scenario)) = pending.next() else {
+                break;
+            };
+            let profile = profile.clone();
+            let shared = shared.clone();
+            let callid = callid.clone();
+            let progress = progress.clone();
+            running.spawn(async move {
+                let begun = Instant::now();
+                let outcome = run_one(&profile, shared, &scenario, &callid, &progress).await;
+                outcome.map(|o| (index, scenario, o, begun.elapsed()))
+            });
+        }
+        let Some(joined) = running.join_next().await else {
+            break;
+        };
+        let done = joined.map_err(|e| ConformError::Io(std::io::Error::other(e)))??;
+        progress.done();
+        results.push(done);
+    }
+    results.sort_by_key(|(index, ..)| *index);
+    let ran: Vec<&Outcome> = results
+        .iter()
+        .map(|(_, _, o, _)| o)
+        .filter(|o| !matches!(o, Outcome::NotApplicable(_)))
+        .collect();
+    if let Some(Outcome::Error(first)) = ran.first()
+        && ran
+            .iter()
+            .all(|o| matches!(o, Outcome::Error(r) if r.starts_with(runner::START_FAILED)))
+    {
+        return Err(ConformError::NeverStarted(first.clone()));
+    }
+    let checks = results
+        .into_iter()
+        .map(|(_, scenario, outcome, duration)| {
+            let (verdict, reason) = match outcome {
+                Outcome::Pass => (Verdict::Pass, String::new()),
+                Outcome::Fail(r) => (Verdict::Fail, r),
+                Outcome::NotApplicable(r) => (Verdict::NotApplicable, r),
+                Outcome::Error(r) => (Verdict::Error, r),
+            };
+            CheckResult {
+                baseline: expected.classify(&scenario.id, verdict),
+                id: scenario.id,
+                title: scenario.title,
+                rule: scenario.rule,
+                article: scenario.article,
+                verdict,
+                reason,
+                duration,
+            }
+        })
+        .collect();
+    drop(progress);
+    Ok(Report {
+        target: profile.name.clone(),
+        checks,
+        duration: started.elapsed(),
+    })
+}
+
+/// One scenario, with its own provider unless one is shared.
+async fn run_one(
+    profile: &target::Profile,
+    shared: Option<Arc<provider::RunnerProvider>>,
+    scenario: &Scenario,
+    callid: &str,
+    progress: &Progress,
+) -> Result<Outcome, ConformError> {
+    if let Some(reason) = runner::not_applicable(profile, scenario) {
+        return Ok(Outcome::NotApplicable(reason));
+    }
+    let provider = match shared {
+        Some(shared) => Some(shared),
+        None if profile.runner_starts() => {
+            Some(Arc::new(provider::RunnerProvider::start("127.0.0.1:0").await?))
+        }
+        None => None,
+    };
+    let sink = ScenarioProgress {
+        progress,
+        id: &scenario.id,
+    };
+    Ok(ScenarioRun::new(profile, provider.as_deref(), scenario, callid)?
+        .run(&sink)
+        .await?)
+}
+
+/// The live progress line on stderr: `[3/29] redelivery.after-restart · step 2 restart · 4.1 s`
+/// (the scenario that moved last, and the run's elapsed time), redrawn every 200 ms.
+struct Progress {
+    state: Option<Arc<Mutex<ProgressState>>>,
+    ticker: Option<tokio::task::JoinHandle<()>>,
+}
+
+struct ProgressState {
+    total: usize,
+    done: usize,
+    id: String,
+    step: String,
+    started: Instant,
+}
+
+impl ProgressState {
+    fn draw(&self) {
+        use std::io::Write;
+        let line = format!(
+            "[{}/{}] {} · {} · {:.1} s",
+            self.done,
+            self.total,
+            self.id,
+            self.step,
+            self.started.elapsed().as_secs_f64()
+        );
+        let mut err = std::io::stderr().lock();
+        let _ = write!(err, "\r\x1b[2K{line}");
+        let _ = err.flush();
+    }
+}
+
+impl Progress {
+    fn start(enabled: bool, total: usize) -> Progress {
+        if !enabled {
+            return Progress {
+                state: None,
+                ticker: None,
+            };
+        }
+        let state = Arc::new(Mutex::new(ProgressState {
+            total,
+            done: 0,
+            id: String::new(),
+            step: "starting".into(),
+            started: Instant::now(),
+        }));
+        let ticking = state.clone();
+        let ticker = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                ticking.lock().expect("progress lock").draw();
+            }
+        });
+        Progress {
+            state: Some(state),
+            ticker: Some(ticker),
+        }
+    }
+
+    fn update(&self, id: &str, step: String) {
+        if let Some(state) = &self.state {
+            let mut s = state.lock().expect("progress lock");
+            s.id = id.to_string();
+            s.step = step;
+            s.draw();
+        }
+    }
+
+    fn done(&self) {
+        if let Some(state) = &self.state {
+            state.lock().expect("progress lock").done += 1;
+        }
+    }
+}
+
+impl Drop for Progress {
+    fn drop(&mut self) {
+        if let Some(ticker) = self.ticker.take() {
+            ticker.abort();
+            eprint!("\r\x1b[2K");
+        }
+    }
+}
+
+struct ScenarioProgress<'a> {
+    progress: &'a Progress,
+    id: &'a str,
+}
+
+impl ProgressSink for ScenarioProgress<'_> {
+    fn step(&self, index: usize, kind: &str) {
+        self.progress.update(self.id, format!("step {} {kind}", index + 1));
+    }
+}
