@@ -33,7 +33,11 @@ fn stderr(output: &Output) -> String {
 /// `{check id: (verdict, reason)}` of a `--format json` run.
 fn verdicts(output: &Output) -> BTreeMap<String, (String, String)> {
     let doc: Value = serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
-        panic!("not JSON ({e}):\n{}\nstderr:\n{}", stdout(output), stderr(output))
+        panic!(
+            "not JSON ({e}):\n{}\nstderr:\n{}",
+            stdout(output),
+            stderr(output)
+        )
     });
     doc["checks"]
         .as_array()
@@ -85,7 +89,10 @@ fn python_command(flaw: Option<&str>) -> String {
 fn assert_all_pass(output: &Output) {
     let verdicts = verdicts(output);
     let not_passed: Vec<_> = verdicts.iter().filter(|(_, (v, _))| v != "pass").collect();
-    assert!(not_passed.is_empty(), "checks that did not pass: {not_passed:#?}");
+    assert!(
+        not_passed.is_empty(),
+        "checks that did not pass: {not_passed:#?}"
+    );
     assert_eq!(
         verdicts.keys().cloned().collect::<Vec<_>>(),
         scenario_ids(),
@@ -133,7 +140,12 @@ fn bare_url_target_reports_what_it_cannot_check_as_not_applicable() {
         .unwrap()
         .port();
     let mut router = Command::new(bin())
-        .args(["router", "--http", &format!("127.0.0.1:{port}"), "--registry"])
+        .args([
+            "router",
+            "--http",
+            &format!("127.0.0.1:{port}"),
+            "--registry",
+        ])
         .arg(dir.path().join("registry.sqlite3"))
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
@@ -142,10 +154,18 @@ fn bare_url_target_reports_what_it_cannot_check_as_not_applicable() {
         .unwrap();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(std::time::Instant::now() < deadline, "the router did not listen");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the router did not listen"
+        );
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
-    let output = conform(&["--url", &format!("http://127.0.0.1:{port}/mcp"), "--format", "json"]);
+    let output = conform(&[
+        "--url",
+        &format!("http://127.0.0.1:{port}/mcp"),
+        "--format",
+        "json",
+    ]);
     router.kill().unwrap();
     router.wait().unwrap();
     assert_eq!(code(&output), 0, "{}", stderr(&output));
@@ -156,7 +176,10 @@ fn bare_url_target_reports_what_it_cannot_check_as_not_applicable() {
             assert_eq!(verdict, "pass", "{reason}");
         } else {
             assert_eq!(verdict, "not-applicable", "{id}: {reason}");
-            assert!(reason.starts_with("the target does not support "), "{id}: {reason}");
+            assert!(
+                reason.starts_with("the target does not support "),
+                "{id}: {reason}"
+            );
         }
     }
 }
@@ -166,15 +189,27 @@ const FLAWS: &[(&str, &[&str])] = &[
     ("session-key", &["identity.session-id-not-identity"]),
     (
         "args-identity",
-        &["arguments.identity-field-top-level", "arguments.identity-field-nested"],
+        &[
+            "arguments.identity-field-top-level",
+            "arguments.identity-field-nested",
+        ],
     ),
     (
         "memory-registry",
-        &["redelivery.after-restart", "crash.after-charge-before-reply"],
+        &[
+            "redelivery.after-restart",
+            "crash.after-charge-before-reply",
+        ],
     ),
     ("ignore-hash", &["call-id.reused-other-arguments"]),
-    ("no-scrub", &["privacy.no-private-key", "redelivery.same-connection"]),
-    ("dispatch-before-commit", &["crash.after-charge-before-reply"]),
+    (
+        "no-scrub",
+        &["privacy.no-private-key", "redelivery.same-connection"],
+    ),
+    (
+        "dispatch-before-commit",
+        &["crash.after-charge-before-reply"],
+    ),
     ("approval-skip", &["approval.redelivery-cannot-skip"]),
     ("cross-platform", &["identity.same-id-two-platforms"]),
     ("missing-ok", &["identity.missing-fails-closed"]),
@@ -197,19 +232,24 @@ fn suite_has_teeth_every_flaw_fails_its_checks() {
                     for id in *expected {
                         match verdicts.get(*id) {
                             Some((v, _)) if v == "fail" => {}
-                            other => problems.push(format!(
-                                "--flaw {flaw}: `{id}` should fail, got {other:?}"
-                            )),
+                            other => problems
+                                .push(format!("--flaw {flaw}: `{id}` should fail, got {other:?}")),
                         }
                     }
                     if code(&output) != 1 {
-                        problems.push(format!("--flaw {flaw}: exit {} instead of 1", code(&output)));
+                        problems.push(format!(
+                            "--flaw {flaw}: exit {} instead of 1",
+                            code(&output)
+                        ));
                     }
                     problems
                 })
             })
             .collect();
-        handles.into_iter().flat_map(|h| h.join().unwrap()).collect()
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap())
+            .collect()
     });
     assert!(failures.is_empty(), "{failures:#?}");
 }
@@ -258,9 +298,15 @@ fn flawed_profile(dir: &Path) -> PathBuf {
             "name: broken-router fixture (python, no flaw)",
             "name: python router, --flaw dispatch-before-commit, no approval",
         )
-        .replace("/router.py\", --registry", "/router.py\", --flaw, dispatch-before-commit, --registry")
+        .replace(
+            "/router.py\", --registry",
+            "/router.py\", --flaw, dispatch-before-commit, --registry",
+        )
         .replace("approval: true}", "approval: false}");
-    assert!(text.contains("dispatch-before-commit, --registry"), "{text}");
+    assert!(
+        text.contains("dispatch-before-commit, --registry"),
+        "{text}"
+    );
     let file = dir.join("profile.yaml");
     std::fs::write(&file, text).unwrap();
     file
@@ -303,9 +349,15 @@ fn out_writes_the_report_to_a_file_and_the_summary_to_stderr() {
     ]);
     assert_eq!(code(&output), 0, "{}", stderr(&output));
     assert!(stdout(&output).is_empty());
-    assert_eq!(stderr(&output).trim(), "1 checks: 1 pass, 0 fail, 0 n-a, 0 error");
+    assert_eq!(
+        stderr(&output).trim(),
+        "1 checks: 1 pass, 0 fail, 0 n-a, 0 error"
+    );
     let xml = std::fs::read_to_string(&file).unwrap();
-    assert!(xml.contains(r#"<testcase classname="conform" name="identity.ambiguous-refused""#), "{xml}");
+    assert!(
+        xml.contains(r#"<testcase classname="conform" name="identity.ambiguous-refused""#),
+        "{xml}"
+    );
 }
 
 #[test]
@@ -327,11 +379,19 @@ fn expected_failures_are_strict_both_ways() {
     };
     let tolerated = run("# ignore-hash is a known flaw\ncall-id.reused-other-arguments\n");
     assert_eq!(code(&tolerated), 0, "{}", stdout(&tolerated));
-    assert!(stdout(&tolerated).contains("fail (expected)"), "{}", stdout(&tolerated));
+    assert!(
+        stdout(&tolerated).contains("fail (expected)"),
+        "{}",
+        stdout(&tolerated)
+    );
 
     let stale = run("call-id.reused-other-arguments\nidentity.missing-fails-closed\n");
     assert_eq!(code(&stale), 1, "{}", stdout(&stale));
-    assert!(stdout(&stale).contains("pass (stale)"), "{}", stdout(&stale));
+    assert!(
+        stdout(&stale).contains("pass (stale)"),
+        "{}",
+        stdout(&stale)
+    );
 
     let unlisted = run("");
     assert_eq!(code(&unlisted), 1);
@@ -339,7 +399,9 @@ fn expected_failures_are_strict_both_ways() {
     let typo = run("call-id.reused-other-argument\n");
     assert_eq!(code(&typo), 2);
     assert!(
-        stderr(&typo).contains("expected.txt:1: no scenario has the check id `call-id.reused-other-argument`"),
+        stderr(&typo).contains(
+            "expected.txt:1: no scenario has the check id `call-id.reused-other-argument`"
+        ),
         "{}",
         stderr(&typo)
     );
@@ -387,7 +449,10 @@ fn a_router_that_dies_mid_scenario_is_an_error_and_the_run_goes_on() {
     let verdicts = verdicts(&output);
     let (verdict, reason) = &verdicts["call-id.reused-other-arguments"];
     assert_eq!(verdict, "error");
-    assert!(reason.starts_with("steps[1] (call): the router exited unexpectedly"), "{reason}");
+    assert!(
+        reason.starts_with("steps[1] (call): the router exited unexpectedly"),
+        "{reason}"
+    );
     assert_eq!(verdicts["identity.missing-fails-closed"].0, "pass");
 }
 

@@ -315,3 +315,59 @@ fn measure_codex_matches_the_committed_row() {
 fn measure_claude_code_matches_the_committed_row() {
     measure_real("claude-code", "claude");
 }
+
+#[test]
+fn add_turns_a_conformance_report_into_a_router_row() {
+    let (tmp, dir) = fixture();
+    let report = repo().join("tests/fixtures/matrix-conform-report.json");
+    let out = callid(&[
+        "matrix",
+        "add",
+        report.to_str().unwrap(),
+        "--dir",
+        dir.to_str().unwrap(),
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        transcript(&out, tmp.path())
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("added router `callid-reference-router` (29 checks)")
+    );
+    let routers = std::fs::read_to_string(dir.join("routers.yaml")).unwrap();
+    assert!(
+        routers.contains("- id: fixture-router"),
+        "other rows are kept"
+    );
+    assert!(routers.contains("- id: callid-reference-router"));
+    let md = std::fs::read_to_string(dir.join("SUPPORT.md")).unwrap();
+    let row = md
+        .lines()
+        .find(|l| l.starts_with("| callid reference router |"))
+        .unwrap();
+    // Columns are the union of both routers' checks: the fixture router's three made-up ids,
+    // then the 29 real ones; each router shows `not run` where it has no verdict.
+    assert_eq!(row.matches("| pass ").count(), 29, "{row}");
+    assert_eq!(row.matches("not run").count(), 3, "{row}");
+    let fixture_row = md
+        .lines()
+        .find(|l| l.starts_with("| fixture router"))
+        .unwrap();
+    assert_eq!(fixture_row.matches("not run").count(), 29, "{fixture_row}");
+    let check = callid(&[
+        "matrix",
+        "render",
+        "--check",
+        "--dir",
+        dir.to_str().unwrap(),
+    ]);
+    assert_eq!(
+        check.status.code(),
+        Some(0),
+        "{}",
+        transcript(&check, tmp.path())
+    );
+}
