@@ -171,7 +171,7 @@ pub async fn measure_sdk(
     let log = home.path().join("probe.jsonl");
     let clients =
         std::path::absolute(matrix_dir.join("clients")).unwrap_or(matrix_dir.join("clients"));
-    let server = vec![
+    let server = [
         callid.display().to_string(),
         "probe".to_owned(),
         "--log".to_owned(),
