@@ -173,7 +173,10 @@ pub struct Stability {
     pub duplicate_model_id: DuplicateModelId,
     /// (c) The server does not answer within the client's tool timeout.
     #[serde(default)]
-    pub on_timeout: OnTimeout,
+    pub on_timeout: OnFailure,
+    /// (c) The server process dies while the call is in flight.
+    #[serde(default)]
+    pub on_server_death: OnFailure,
 }
 
 /// Where the per-call ID comes from.
@@ -217,10 +220,10 @@ pub enum DuplicateModelId {
     Dropped,
 }
 
-/// (c) The server does not answer in time.
+/// (c) What the client does when a call in flight fails: the server times out or dies.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum OnTimeout {
+pub enum OnFailure {
     /// Not measured.
     #[default]
     NotMeasured,
@@ -252,7 +255,7 @@ macro_rules! kebab_name {
         }
     )*};
 }
-kebab_name!(IdOrigin, DistinctIds, DuplicateModelId, OnTimeout);
+kebab_name!(IdOrigin, DistinctIds, DuplicateModelId, OnFailure);
 
 /// `matrices/routers.yaml`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -4,7 +4,8 @@
 //!
 //! Evidence files are the probe's own logs (shapes and digests, never a value). A measured row's
 //! first evidence file holds the run with two distinct model tool calls; files ending in
-//! `.duplicate-id.jsonl` and `.timeout.jsonl` hold the runs for the (b) and (c) stability columns.
+//! `.duplicate-id.jsonl`, `.timeout.jsonl` and `.server-dies.jsonl` hold the runs for the (b) and
+//! (c) stability columns.
 
 use super::data::{
     ClientRow, ClientsFile, DistinctIds, How, IdOrigin, MatrixError, Stability, Verdict,
@@ -248,6 +249,8 @@ pub fn scenario_of(file: &str) -> Scenario {
         Scenario::DuplicateModelId
     } else if file.ends_with(".timeout.jsonl") {
         Scenario::Timeout
+    } else if file.ends_with(".server-dies.jsonl") {
+        Scenario::ServerDies
     } else {
         Scenario::TwoCalls
     }
@@ -298,6 +301,11 @@ pub fn check_row(dir: &Path, row: &ClientRow) -> Result<(), EvidenceError> {
             s.on_timeout != Default::default(),
             Scenario::Timeout,
             "stability.on_timeout",
+        ),
+        (
+            s.on_server_death != Default::default(),
+            Scenario::ServerDies,
+            "stability.on_server_death",
         ),
     ] {
         if claimed && !has(scenario) {
@@ -380,6 +388,13 @@ pub fn check_row(dir: &Path, row: &ClientRow) -> Result<(), EvidenceError> {
                 &path,
                 "stability.on_timeout",
                 row.stability.on_timeout,
+                analyze::on_timeout(&calls),
+            )?,
+            Scenario::ServerDies => disagree(
+                row,
+                &path,
+                "stability.on_server_death",
+                row.stability.on_server_death,
                 analyze::on_timeout(&calls),
             )?,
             Scenario::TwoCalls => {}

@@ -5,7 +5,7 @@
 //! path of the machine) enters the output, so `--check` can compare byte for byte.
 
 use super::data::{
-    ClientRow, DistinctIds, DuplicateModelId, How, IdOrigin, Matrix, OnTimeout, RouterRow, Verdict,
+    ClientRow, DistinctIds, DuplicateModelId, How, IdOrigin, Matrix, OnFailure, RouterRow, Verdict,
 };
 use std::fmt::Write as _;
 
@@ -82,7 +82,8 @@ fn render_stability(out: &mut String, rows: &[ClientRow]) {
          differs for every new call. These columns are measured with a scripted model endpoint \
          that controls the model's tool-call ids: (a) two distinct model tool calls; (b) the \
          model API returns the same tool-call id twice; (c) the server does not answer within the \
-         client's tool timeout (set to 6 s where the client lets it be set). A finding holds for \
+         client's tool timeout (set to 6 s where the client lets it be set), or its process dies \
+         while the call is in flight. A finding holds for \
          the version shown.\n\n",
     );
     if measured.is_empty() {
@@ -90,14 +91,14 @@ fn render_stability(out: &mut String, rows: &[ClientRow]) {
         return;
     }
     out.push_str(
-        "| Client | Version | Where the ID comes from | (a) two tool calls | (b) repeated model id | (c) timeout mid-call |\n\
-         |---|---|---|---|---|---|\n",
+        "| Client | Version | Where the ID comes from | (a) two tool calls | (b) repeated model id | (c) timeout mid-call | (c) server dies mid-call |\n\
+         |---|---|---|---|---|---|---|\n",
     );
     for row in measured {
         let s = &row.stability;
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} |",
             cell(&row.client),
             row.version.as_deref().map(cell).unwrap_or_default(),
             match s.id_origin {
@@ -116,12 +117,8 @@ fn render_stability(out: &mut String, rows: &[ClientRow]) {
                 DuplicateModelId::MadeDistinct => "made distinct by the client",
                 DuplicateModelId::Dropped => "second call not sent",
             },
-            match s.on_timeout {
-                OnTimeout::NotMeasured => "not measured",
-                OnTimeout::NoRetry => "gives up, no retry",
-                OnTimeout::RetriedSameId => "retried with the same ID",
-                OnTimeout::RetriedNewId => "retried with a new ID",
-            },
+            failure(s.on_timeout),
+            failure(s.on_server_death),
         );
     }
     out.push('\n');
@@ -235,6 +232,15 @@ fn render_routers(out: &mut String, rows: &[RouterRow]) {
                 .map(|d| format!(" on {d}"))
                 .unwrap_or_default()
         );
+    }
+}
+
+fn failure(f: OnFailure) -> &'static str {
+    match f {
+        OnFailure::NotMeasured => "not measured",
+        OnFailure::NoRetry => "gives up, no retry",
+        OnFailure::RetriedSameId => "retried with the same ID",
+        OnFailure::RetriedNewId => "retried with a new ID",
     }
 }
 

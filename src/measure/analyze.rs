@@ -6,7 +6,7 @@
 //! no value to compare.
 
 use crate::identity;
-use crate::matrix::data::{DistinctIds, DuplicateModelId, IdOrigin, OnTimeout};
+use crate::matrix::data::{DistinctIds, DuplicateModelId, IdOrigin, OnFailure};
 use crate::probe::record::{Kind, Record};
 use crate::shape::Digester;
 use serde_json::Value;
@@ -94,17 +94,17 @@ pub fn duplicate_model_id(calls: &[CallSeen]) -> DuplicateModelId {
     }
 }
 
-/// (c) from a run where the server was frozen during the first call.
-pub fn on_timeout(calls: &[CallSeen]) -> OnTimeout {
+/// (c) from a run where the server was frozen (or killed) during the first call.
+pub fn on_timeout(calls: &[CallSeen]) -> OnFailure {
     let digests: Vec<&str> = calls
         .iter()
         .filter_map(|c| c.id_digest.as_deref())
         .collect();
     match digests.as_slice() {
-        [] => OnTimeout::NotMeasured,
-        [_] => OnTimeout::NoRetry,
-        [first, rest @ ..] if rest.iter().all(|d| d == first) => OnTimeout::RetriedSameId,
-        _ => OnTimeout::RetriedNewId,
+        [] => OnFailure::NotMeasured,
+        [_] => OnFailure::NoRetry,
+        [first, rest @ ..] if rest.iter().all(|d| d == first) => OnFailure::RetriedSameId,
+        _ => OnFailure::RetriedNewId,
     }
 }
 
@@ -136,9 +136,9 @@ mod tests {
         );
         assert_eq!(duplicate_model_id(&[a()]), DuplicateModelId::Dropped);
         assert_eq!(duplicate_model_id(&[]), DuplicateModelId::NotMeasured);
-        assert_eq!(on_timeout(&[a()]), OnTimeout::NoRetry);
-        assert_eq!(on_timeout(&[a(), a()]), OnTimeout::RetriedSameId);
-        assert_eq!(on_timeout(&[a(), b()]), OnTimeout::RetriedNewId);
+        assert_eq!(on_timeout(&[a()]), OnFailure::NoRetry);
+        assert_eq!(on_timeout(&[a(), a()]), OnFailure::RetriedSameId);
+        assert_eq!(on_timeout(&[a(), b()]), OnFailure::RetriedNewId);
         let model = vec!["call_x".to_string()];
         let copied = call(&digest_of_id("call_x"));
         assert_eq!(id_origin(&[copied], &model), IdOrigin::CopiedFromModel);

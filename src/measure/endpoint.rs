@@ -56,7 +56,13 @@ pub enum Hook {
     /// cannot be answered; thaw it (SIGCONT) when the client comes back to the model, or after
     /// [`FREEZE_LIMIT`] if it never does.
     FreezeServerDuringFirstCall,
+    /// Freeze the MCP server just before handing out the first tool call, then kill it
+    /// (SIGKILL) [`KILL_AFTER`] later, while the call is in flight.
+    KillServerDuringFirstCall,
 }
+
+/// How long after handing out the first tool call the frozen server is killed.
+pub const KILL_AFTER: Duration = Duration::from_millis(2500);
 
 /// Longest the MCP server is kept frozen.
 pub const FREEZE_LIMIT: Duration = Duration::from_secs(40);
@@ -257,7 +263,7 @@ async fn handle(
             let i = i.min(shared.script.steps.len().saturating_sub(1));
             shared.script.steps.get(i).cloned().unwrap_or(Step::Text)
         };
-        let hook_now = shared.script.hook == Hook::FreezeServerDuringFirstCall
+        let hook_now = shared.script.hook != Hook::None
             && main_loop
             && matches!(step, Step::ToolCall { .. })
             && !inner.froze_once;
@@ -265,6 +271,17 @@ async fn handle(
     };
     if hook_now {
         freeze(&shared);
+        if shared.script.hook == Hook::KillServerDuringFirstCall {
+            let again = shared.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(KILL_AFTER);
+                let pids = again.inner.lock().expect("endpoint state").frozen.take();
+                if let Some(pids) = pids {
+                    signal(&pids, "KILL");
+                    tracing::info!(?pids, "killed the MCP server mid-call");
+                }
+            });
+        }
     } else if main_loop && tool_results > 0 && shared.inner.lock().expect("state").frozen.is_some()
     {
         // The client came back to the model without the server's answer: it gave up on the

@@ -136,6 +136,7 @@ pub async fn measure(
                     Scenario::TwoCalls => "two-calls",
                     Scenario::DuplicateModelId => "duplicate-id",
                     Scenario::Timeout => "timeout",
+                    Scenario::ServerDies => "server-dies",
                 },
                 exit: run
                     .exit_code
@@ -172,6 +173,7 @@ pub async fn measure(
                 stability.duplicate_model_id = analyze::duplicate_model_id(&calls);
             }
             Scenario::Timeout => stability.on_timeout = analyze::on_timeout(&calls),
+            Scenario::ServerDies => stability.on_server_death = analyze::on_timeout(&calls),
         }
         let bytes = std::fs::read(&run.log).map_err(|source| RunError::Io {
             what: format!("read the probe log `{}`", run.log.display()),

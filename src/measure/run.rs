@@ -21,16 +21,19 @@ pub enum Scenario {
     TwoCalls,
     /// The model returns the same tool-call id twice: (b).
     DuplicateModelId,
-    /// The probe is frozen while the first call is in flight: (c).
+    /// The probe is frozen while the first call is in flight: (c), timeout.
     Timeout,
+    /// The server behind the probe dies while the first call is in flight: (c), death.
+    ServerDies,
 }
 
 impl Scenario {
     /// Every scenario, in the order they run.
-    pub const ALL: [Scenario; 3] = [
+    pub const ALL: [Scenario; 4] = [
         Scenario::TwoCalls,
         Scenario::DuplicateModelId,
         Scenario::Timeout,
+        Scenario::ServerDies,
     ];
 
     /// Name used in evidence file names (empty for the main evidence).
@@ -39,6 +42,7 @@ impl Scenario {
             Scenario::TwoCalls => "",
             Scenario::DuplicateModelId => "duplicate-id",
             Scenario::Timeout => "timeout",
+            Scenario::ServerDies => "server-dies",
         }
     }
 
@@ -54,6 +58,7 @@ impl Scenario {
                 vec![id.clone(), id]
             }
             Scenario::Timeout => vec![client.model_call_id("timeout", 1)],
+            Scenario::ServerDies => vec![client.model_call_id("dies", 1)],
         }
     }
 
@@ -70,6 +75,7 @@ impl Scenario {
             tool: client.tool_name(),
             hook: match self {
                 Scenario::Timeout => Hook::FreezeServerDuringFirstCall,
+                Scenario::ServerDies => Hook::KillServerDuringFirstCall,
                 _ => Hook::None,
             },
         }
@@ -132,16 +138,34 @@ pub async fn run_scenario(
     let pids = home.path().join("probe.pids");
     let wrapper = home.path().join("probe.sh");
     // Clients start MCP servers with a pruned environment, so the paths are baked in.
-    std::fs::write(
-        &wrapper,
+    let script = if scenario == Scenario::ServerDies {
+        // The logging probe proxies (`--wrap`) to a second, silent probe; only that inner one
+        // is frozen and killed, so the call is recorded before its server dies.
+        let inner = home.path().join("inner.sh");
+        std::fs::write(
+            &inner,
+            format!(
+                "#!/bin/sh\necho $$ >> {}\nexec {} probe\n",
+                sh_quote(&pids),
+                sh_quote(callid)
+            ),
+        )
+        .map_err(io("write the inner probe wrapper"))?;
+        format!(
+            "#!/bin/sh\nexec {} probe --log {} --wrap -- /bin/sh {}\n",
+            sh_quote(callid),
+            sh_quote(&log),
+            sh_quote(&inner)
+        )
+    } else {
         format!(
             "#!/bin/sh\necho $$ >> {}\nexec {} probe --log {}\n",
             sh_quote(&pids),
             sh_quote(callid),
             sh_quote(&log)
-        ),
-    )
-    .map_err(io("write the probe wrapper"))?;
+        )
+    };
+    std::fs::write(&wrapper, script).map_err(io("write the probe wrapper"))?;
     let server = vec!["/bin/sh".to_owned(), wrapper.display().to_string()];
     let endpoint = Endpoint::start(client.wire(), scenario.script(client), Some(pids.clone()))
         .await
