@@ -20,8 +20,8 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Router(args) => run_router(args),
         Command::Provider(args) => run_provider(args),
         Command::Conform(args) => conform(args),
-        Command::Matrix(_) => anyhow::bail!("`callid matrix` is not built yet"),
-        Command::Measure(_) => anyhow::bail!("`callid measure` is not built yet"),
+        Command::Matrix(args) => matrix_command(args),
+        Command::Measure(args) => measure_command(args),
         Command::Bench(_) => anyhow::bail!("`callid bench` is not built yet"),
     }
 }
@@ -249,5 +249,176 @@ fn run_router(args: crate::cli::RouterArgs) -> anyhow::Result<ExitCode> {
     };
     use std::io::Write as _;
     std::io::stdout().write_all(out.as_bytes())?;
+    Ok(ExitCode::from(exit_codes::SUCCESS))
+}
+
+fn matrix_command(args: crate::cli::MatrixArgs) -> anyhow::Result<ExitCode> {
+    use crate::cli::MatrixCommand;
+    use crate::matrix::RenderOutcome;
+    match args.command {
+        MatrixCommand::Render { check, dir } => {
+            let path = dir.join(crate::matrix::data::SUPPORT_FILE);
+            match crate::matrix::render_dir(&dir, check)
+                .with_context(|| format!("rendering the matrix in `{}`", dir.display()))?
+            {
+                RenderOutcome::Written { changed } => {
+                    let what = if changed { "wrote" } else { "unchanged:" };
+                    eprintln!("{what} {}", path.display());
+                    Ok(ExitCode::from(exit_codes::SUCCESS))
+                }
+                RenderOutcome::UpToDate => {
+                    eprintln!(
+                        "{} matches its data, and every measured row agrees with its evidence",
+                        path.display()
+                    );
+                    Ok(ExitCode::from(exit_codes::SUCCESS))
+                }
+                RenderOutcome::Differs(diff) => {
+                    eprintln!(
+                        "error: `{}` differs from what the data in `{}` renders: {diff}\n\
+                         hint: run `callid matrix render --dir {}` and commit the result",
+                        path.display(),
+                        dir.display(),
+                        dir.display()
+                    );
+                    Ok(ExitCode::from(exit_codes::CHECK_FAILED))
+                }
+                RenderOutcome::EvidenceDisagrees(err) => {
+                    eprintln!("error [{}]: {err}", err.code());
+                    Ok(ExitCode::from(exit_codes::CHECK_FAILED))
+                }
+            }
+        }
+        MatrixCommand::Add { logs, dir } => {
+            let today = crate::measure::today();
+            let (reports, logs): (Vec<_>, Vec<_>) = logs.into_iter().partition(|p| {
+                std::fs::read_to_string(p).is_ok_and(|t| crate::matrix::is_conform_report(&t))
+            });
+            for report in &reports {
+                let row =
+                    crate::matrix::add_conform_report(&dir, report, &today).with_context(|| {
+                        format!("adding the conformance report `{}`", report.display())
+                    })?;
+                eprintln!("added router `{}` ({} checks)", row.id, row.checks.len());
+            }
+            if logs.is_empty() {
+                return Ok(ExitCode::from(exit_codes::SUCCESS));
+            }
+            let rows = crate::matrix::add_logs(&dir, &logs, &today)
+                .with_context(|| format!("adding rows to the matrix in `{}`", dir.display()))?;
+            if rows.is_empty() {
+                anyhow::bail!(
+                    "no client in {} made a `tools/call`, so no row was added",
+                    logs.iter()
+                        .map(|l| format!("`{}`", l.display()))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+            }
+            for row in &rows {
+                eprintln!(
+                    "added `{}` ({} {}): {}",
+                    row.id,
+                    row.client,
+                    row.version.as_deref().unwrap_or(""),
+                    row.verdict.name()
+                );
+            }
+            Ok(ExitCode::from(exit_codes::SUCCESS))
+        }
+    }
+}
+
+fn measure_command(args: crate::cli::MeasureArgs) -> anyhow::Result<ExitCode> {
+    use crate::matrix::data::{CLIENTS_FILE, ClientsFile};
+    use crate::measure::client::Client;
+    use crate::measure::sdk::SdkClient;
+    let agent = match args.client {
+        crate::cli::ClientArg::Codex => Ok(Client::Codex),
+        crate::cli::ClientArg::ClaudeCode => Ok(Client::ClaudeCode),
+        crate::cli::ClientArg::InspectorCli => Err(SdkClient::Inspector),
+        crate::cli::ClientArg::TsSdk => Err(SdkClient::TsSdk),
+        crate::cli::ClientArg::PythonSdk => Err(SdkClient::PythonSdk),
+        crate::cli::ClientArg::Rmcp => Err(SdkClient::Rmcp),
+    };
+    let callid = std::env::current_exe().context("locating the `callid` binary for the probe")?;
+    let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    let (measurement, slug) = match agent {
+        Ok(client) => {
+            let bin = client.locate(args.bin.as_deref(), &args.dir)?;
+            let m = rt
+                .block_on(crate::measure::measure(client, &bin, &callid))
+                .with_context(|| format!("measuring `{}`", bin.display()))?;
+            (m, client.slug())
+        }
+        Err(sdk) => {
+            if args.bin.is_some() {
+                anyhow::bail!("`--bin` applies to agent clients (codex, claude-code) only");
+            }
+            let m = rt
+                .block_on(crate::measure::sdk::measure_sdk(sdk, &args.dir, &callid))
+                .with_context(|| format!("measuring the {} client", sdk.slug()))?;
+            (m, sdk.slug())
+        }
+    };
+    let row = &measurement.row;
+    print!(
+        "{}",
+        serde_yaml::to_string(&vec![row]).context("printing the row")?
+    );
+    let clients_path = args.dir.join(CLIENTS_FILE);
+    if args.check {
+        let committed = ClientsFile::load(&clients_path)?;
+        let Some(old) = committed.clients.iter().find(|r| r.id == row.id) else {
+            eprintln!(
+                "error: `{}` has no row `{}` to compare with; run `callid measure --client {} --update`",
+                clients_path.display(),
+                row.id,
+                slug
+            );
+            return Ok(ExitCode::from(exit_codes::CHECK_FAILED));
+        };
+        let diffs = crate::matrix::evidence::row_differences(old, row);
+        if diffs.is_empty() {
+            eprintln!(
+                "{} {}: measured row matches the committed row `{}`",
+                row.client,
+                row.version.as_deref().unwrap_or(""),
+                row.id
+            );
+            return Ok(ExitCode::from(exit_codes::SUCCESS));
+        }
+        eprintln!(
+            "error: the measured row differs from the committed row `{}` in `{}`:",
+            row.id,
+            clients_path.display()
+        );
+        for d in diffs {
+            eprintln!("  {d}");
+        }
+        return Ok(ExitCode::from(exit_codes::CHECK_FAILED));
+    }
+    if args.update {
+        for (name, bytes) in &measurement.evidence {
+            let path = args.dir.join(name);
+            if let Some(parent) = path.parent() {
+                std::fs::create_dir_all(parent)
+                    .with_context(|| format!("creating `{}`", parent.display()))?;
+            }
+            std::fs::write(&path, bytes)
+                .with_context(|| format!("writing `{}`", path.display()))?;
+        }
+        let mut file = ClientsFile::load(&clients_path)?;
+        file.upsert(row.clone());
+        file.save(&clients_path)?;
+        match crate::matrix::render_dir(&args.dir, false)? {
+            crate::matrix::RenderOutcome::EvidenceDisagrees(e) => return Err(e.into()),
+            _ => eprintln!(
+                "updated `{}`, its evidence and `{}`",
+                clients_path.display(),
+                args.dir.join(crate::matrix::data::SUPPORT_FILE).display()
+            ),
+        }
+    }
     Ok(ExitCode::from(exit_codes::SUCCESS))
 }
