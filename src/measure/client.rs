@@ -31,8 +31,8 @@ pub const PROMPT: &str = "Call the probe's capabilities tool and report what it 
 pub enum ClientError {
     /// No binary found.
     #[error(
-        "no `{program}` binary found in `{searched}`; install the pinned clients with `npm ci \
-         --prefix matrices/clients`, or pass `--bin PATH`"
+        "no `{program}` binary found in `{searched}`; install the pinned clients with `npm install \
+         --no-save --prefix matrices/clients`, or pass `--bin PATH`"
     )]
     NotFound {
         /// The program name.

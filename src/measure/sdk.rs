@@ -177,7 +177,8 @@ pub async fn measure_sdk(
         "--log".to_owned(),
         log.display().to_string(),
     ];
-    let npm_hint = "install the pinned clients with `npm ci --prefix matrices/clients`";
+    let npm_hint =
+        "install the pinned clients with `npm install --no-save --prefix matrices/clients`";
     match client {
         SdkClient::Inspector => {
             let bin = need(clients.join("node_modules/.bin/mcp-inspector"), npm_hint)?;

@@ -285,7 +285,7 @@ fn measure_real(client: &str, program: &str) {
         .join(program);
     if !installed.exists() {
         eprintln!(
-            "SKIP: {client} is not installed at {}; run `npm ci --prefix matrices/clients`",
+            "SKIP: {client} is not installed at {}; run `npm install --no-save --prefix matrices/clients`",
             installed.display()
         );
         return;
