@@ -5,8 +5,9 @@
 //! whole cause chain and exits with [`exit_codes::SETUP_ERROR`]. A closed standard output (the
 //! reader of a pipe went away) is not an error.
 
-use crate::cli::{Cli, Command};
+use crate::cli::{Cli, Command, FormatArg};
 use crate::exit_codes;
+use anyhow::Context as _;
 use std::process::ExitCode;
 
 /// Runs the parsed command line.
@@ -21,8 +22,53 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Conform(_) => anyhow::bail!("`callid conform` is not built yet"),
         Command::Matrix(_) => anyhow::bail!("`callid matrix` is not built yet"),
         Command::Measure(_) => anyhow::bail!("`callid measure` is not built yet"),
-        Command::Bench(_) => anyhow::bail!("`callid bench` is not built yet"),
+        Command::Bench(args) => bench(args),
     }
+}
+
+/// `callid bench`: exit 0 when every row was measured or skipped (a missed target is reported,
+/// not an error: the figures are for people to read), 1 when a row could not be measured.
+fn bench(args: crate::cli::BenchArgs) -> anyhow::Result<ExitCode> {
+    use crate::bench;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("failed to start the async runtime")?;
+    if args.serve_baseline {
+        runtime.block_on(bench::baseline::serve_stdio())?;
+        return Ok(ExitCode::from(exit_codes::SUCCESS));
+    }
+    let only = args
+        .only
+        .iter()
+        .map(|id| {
+            bench::RowId::from_id(id).with_context(|| {
+                let known: Vec<&str> = bench::RowId::ALL.iter().map(|r| r.id()).collect();
+                format!("unknown bench row `{id}` (known: {})", known.join(", "))
+            })
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let options = bench::Options {
+        quick: args.quick,
+        only,
+        python: args.python,
+    };
+    let report = runtime.block_on(bench::run(&options));
+    let mut out = std::io::stdout().lock();
+    match args.format {
+        FormatArg::Table => bench::render_table(&report, &mut out),
+        FormatArg::Markdown => bench::render_markdown(&report, &mut out),
+        FormatArg::Json => bench::render_json(&report, &mut out),
+        FormatArg::Junit => {
+            anyhow::bail!("`callid bench` prints table, markdown or json, not junit")
+        }
+    }
+    .context("failed to write the report")?;
+    Ok(ExitCode::from(if report.has_errors() {
+        exit_codes::CHECK_FAILED
+    } else {
+        exit_codes::SUCCESS
+    }))
 }
 
 /// Prints `err` once, with its cause chain, and returns the exit code for it.
