@@ -127,9 +127,23 @@ pub async fn probe_rows(ctx: &Context) -> Vec<(RowId, Outcome)> {
         RowId::ProbeThroughput,
         RowId::ProbeRss,
     ];
-    let wanted: Vec<RowId> = mine.into_iter().filter(|id| ctx.wants(*id)).collect();
+    let mut wanted: Vec<RowId> = mine.into_iter().filter(|id| ctx.wants(*id)).collect();
+    let mut rows = Vec::new();
+    // Looked for first, so a missing Python is reported as a skip whatever else fails.
+    let python = if wanted.contains(&RowId::ProbeThroughput) {
+        match python::find(ctx.python.as_deref()) {
+            Ok(python) => Some(python),
+            Err(reason) => {
+                rows.push((RowId::ProbeThroughput, Outcome::Skipped { reason }));
+                wanted.retain(|id| *id != RowId::ProbeThroughput);
+                None
+            }
+        }
+    } else {
+        None
+    };
     if wanted.is_empty() {
-        return Vec::new();
+        return rows;
     }
     let probe = match Server::stdio(
         "`callid probe`",
@@ -144,13 +158,16 @@ pub async fn probe_rows(ctx: &Context) -> Vec<(RowId, Outcome)> {
     .await
     {
         Ok(server) => server,
-        Err(err) => return wanted.into_iter().map(|id| (id, failed(&err))).collect(),
+        Err(err) => {
+            rows.extend(wanted.into_iter().map(|id| (id, failed(&err))));
+            return rows;
+        }
     };
     let plan = ctx.plan;
-    let mut rows = Vec::new();
     if let Err(err) = warm_up(&probe, capabilities_call, check_success, plan.warm_up).await {
         probe.stop().await;
-        return wanted.into_iter().map(|id| (id, failed(&err))).collect();
+        rows.extend(wanted.into_iter().map(|id| (id, failed(&err))));
+        return rows;
     }
 
     if ctx.wants(RowId::ProbeRoundTrip) {
@@ -166,25 +183,22 @@ pub async fn probe_rows(ctx: &Context) -> Vec<(RowId, Outcome)> {
     }
 
     let mut loaded = false;
-    if ctx.wants(RowId::ProbeThroughput) {
-        let outcome = match python::find(ctx.python.as_deref()) {
-            Err(reason) => Outcome::Skipped { reason },
-            Ok(python) => match probe_throughput(ctx, &probe, &python).await {
-                Ok(pairs) => {
-                    loaded = true;
-                    ratio_outcome(
-                        &pairs,
-                        &format!(
-                            "{} calls per round, {} in flight on one stdio connection; \
+    if let Some(python) = python {
+        let outcome = match probe_throughput(ctx, &probe, &python).await {
+            Ok(pairs) => {
+                loaded = true;
+                ratio_outcome(
+                    &pairs,
+                    &format!(
+                        "{} calls per round, {} in flight on one stdio connection; \
                              baseline `benches/python_probe.py` on `{}`",
-                            plan.throughput_calls,
-                            plan.in_flight,
-                            python.display()
-                        ),
-                    )
-                }
-                Err(err) => failed(&err),
-            },
+                        plan.throughput_calls,
+                        plan.in_flight,
+                        python.display()
+                    ),
+                )
+            }
+            Err(err) => failed(&err),
         };
         rows.push((RowId::ProbeThroughput, outcome));
     }
