@@ -14,7 +14,7 @@ use std::process::ExitCode;
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     init_tracing();
     match cli.command {
-        Command::Probe(_) => anyhow::bail!("`callid probe` is not built yet"),
+        Command::Probe(args) => run_probe(args),
         Command::Classify(_) => anyhow::bail!("`callid classify` is not built yet"),
         Command::Demo(_) => anyhow::bail!("`callid demo` is not built yet"),
         Command::Router(_) => anyhow::bail!("`callid router` is not built yet"),
@@ -24,6 +24,50 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Measure(_) => anyhow::bail!("`callid measure` is not built yet"),
         Command::Bench(args) => bench(args),
     }
+}
+
+fn run_probe(args: crate::cli::ProbeArgs) -> anyhow::Result<ExitCode> {
+    let options = crate::probe::ProbeOptions {
+        http: args.http,
+        log: args.log,
+        digest_salt: args.digest_salt,
+        wrap: if args.wrap { args.command } else { Vec::new() },
+    };
+    let runtime = tokio::runtime::Runtime::new()?;
+    let result = runtime.block_on(crate::probe::run(options));
+    // Standard input is read on a blocking thread that may never return: do not wait for it.
+    runtime.shutdown_background();
+    let code = result.map_err(anyhow::Error::from)?;
+    Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)))
+}
+
+/// Prints `err` once, with its cause chain, and returns the exit code for it.
+pub fn report_error(err: &anyhow::Error) -> ExitCode {
+    if is_broken_pipe(err) {
+        return ExitCode::from(exit_codes::SUCCESS);
+    }
+    eprintln!("error: {err:#}");
+    ExitCode::from(exit_codes::SETUP_ERROR)
+}
+
+fn is_broken_pipe(err: &anyhow::Error) -> bool {
+    err.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
+/// Logs go to stderr (stdout may carry the MCP protocol), filtered by `CALLID_LOG` (default
+/// `warn`).
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("CALLID_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .try_init();
 }
 
 /// `callid bench`: exit 0 when every row was measured or skipped (a missed target is reported,
@@ -69,33 +113,4 @@ fn bench(args: crate::cli::BenchArgs) -> anyhow::Result<ExitCode> {
     } else {
         exit_codes::SUCCESS
     }))
-}
-
-/// Prints `err` once, with its cause chain, and returns the exit code for it.
-pub fn report_error(err: &anyhow::Error) -> ExitCode {
-    if is_broken_pipe(err) {
-        return ExitCode::from(exit_codes::SUCCESS);
-    }
-    eprintln!("error: {err:#}");
-    ExitCode::from(exit_codes::SETUP_ERROR)
-}
-
-fn is_broken_pipe(err: &anyhow::Error) -> bool {
-    err.chain().any(|cause| {
-        cause
-            .downcast_ref::<std::io::Error>()
-            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
-    })
-}
-
-/// Logs go to stderr (stdout may carry the MCP protocol), filtered by `CALLID_LOG` (default
-/// `warn`).
-fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("CALLID_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_target(false)
-        .try_init();
 }

@@ -75,9 +75,13 @@ pub struct ProbeArgs {
         hide_env_values = true
     )]
     pub digest_salt: Option<String>,
-    /// Proxy stdio to this MCP server command, forwarding every byte unchanged, and record shapes.
-    #[arg(long, num_args = 1.., value_name = "CMD", allow_hyphen_values = true, last = true)]
-    pub wrap: Vec<String>,
+    /// Proxy stdio to the MCP server command given after `--`, forwarding every byte unchanged,
+    /// and record shapes: `callid probe --wrap -- CMD ARGS...`.
+    #[arg(long, requires = "command", conflicts_with = "http")]
+    pub wrap: bool,
+    /// The server command `--wrap` runs (after `--`).
+    #[arg(last = true, value_name = "CMD", requires = "wrap")]
+    pub command: Vec<String>,
 }
 
 /// `callid classify`

@@ -1,0 +1,160 @@
+//! The probe on streamable HTTP: an axum layer taps each POST body, then rmcp serves it.
+//!
+//! The layer reads the body itself (bounded: past [`super::tap::MAX_MESSAGE_BYTES`] it only
+//! counts and skims), records it, and either answers it directly (`server/discover`, malformed
+//! or oversize bodies; see [`super::tap`]) or hands the same bytes to rmcp's
+//! `StreamableHttpService` at `/mcp`.
+//!
+//! # Connections
+//! Each MCP session (the `mcp-session-id` that rmcp returns for `initialize`) gets its own
+//! [`TapConnection`], so the client name from `initialize` labels every later request of that
+//! session. The session id itself is never recorded; records carry a random connection id. A
+//! request without a session (a 2026-07-28 stateless request, or a client that skipped
+//! `initialize`) is recorded on a fresh connection, labelled by its own `_meta` client info.
+//! The `mcp-protocol-version` header is the protocol version when nothing better is known.
+
+use super::error::ProbeError;
+use super::server::ProbeServer;
+use super::tap::{Accumulator, Frame, Tap, TapConnection};
+use axum::body::{Body, Bytes, HttpBody as _};
+use axum::extract::{Request, State};
+use axum::http::{Method, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use tokio::net::TcpListener;
+
+/// The path the probe serves MCP on.
+pub const MCP_PATH: &str = "/mcp";
+
+struct HttpTap {
+    tap: Arc<Tap>,
+    sessions: Mutex<HashMap<String, TapConnection>>,
+}
+
+/// Binds `addr` (port 0 picks a free port); returns the listener and the bound address.
+pub async fn bind(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), ProbeError> {
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|source| ProbeError::Bind { addr, source })?;
+    let local = listener
+        .local_addr()
+        .map_err(|source| ProbeError::Bind { addr, source })?;
+    Ok((listener, local))
+}
+
+/// Serves MCP at [`MCP_PATH`] on `listener` until the process ends.
+pub async fn serve_http(
+    listener: TcpListener,
+    tap: Arc<Tap>,
+    server: ProbeServer,
+) -> Result<(), ProbeError> {
+    let service = StreamableHttpService::new(
+        move || Ok(server.clone()),
+        Arc::new(LocalSessionManager::default()),
+        StreamableHttpServerConfig::default(),
+    );
+    let state = Arc::new(HttpTap {
+        tap,
+        sessions: Mutex::new(HashMap::new()),
+    });
+    let app = axum::Router::new()
+        .nest_service(MCP_PATH, service)
+        .layer(axum::middleware::from_fn_with_state(state, tap_layer));
+    axum::serve(listener, app)
+        .await
+        .map_err(|source| ProbeError::Io {
+            doing: "serving HTTP",
+            source,
+        })
+}
+
+async fn tap_layer(State(st): State<Arc<HttpTap>>, req: Request, next: Next) -> Response {
+    let session = req
+        .headers()
+        .get("mcp-session-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    if req.method() == Method::DELETE {
+        if let Some(s) = &session {
+            st.sessions
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(s);
+        }
+        return next.run(req).await;
+    }
+    if req.method() != Method::POST {
+        return next.run(req).await;
+    }
+    let protocol = req
+        .headers()
+        .get("mcp-protocol-version")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let (parts, mut body) = req.into_parts();
+    let mut acc = Accumulator::default();
+    loop {
+        match std::future::poll_fn(|cx| std::pin::Pin::new(&mut body).poll_frame(cx)).await {
+            None => break,
+            Some(Ok(frame)) => {
+                if let Some(data) = frame.data_ref() {
+                    acc.push(data);
+                }
+            }
+            Some(Err(e)) => {
+                tracing::debug!("reading a request body failed: {e}");
+                return (StatusCode::BAD_REQUEST, "failed to read the request body").into_response();
+            }
+        }
+    }
+    let frame = acc.take();
+    let (obs, fresh) = {
+        let mut sessions = st.sessions.lock().unwrap_or_else(|p| p.into_inner());
+        let mut fresh = None;
+        let conn = match session.as_ref() {
+            Some(s) => sessions
+                .entry(s.clone())
+                .or_insert_with(|| st.tap.connection()),
+            None => fresh.insert(st.tap.connection()),
+        };
+        conn.set_header_protocol(protocol.as_deref());
+        (conn.client_frame(&frame), fresh)
+    };
+    if let Some(answer) = obs.answer {
+        let status = if answer["id"].is_null() {
+            StatusCode::BAD_REQUEST
+        } else {
+            StatusCode::OK
+        };
+        return (
+            status,
+            [(header::CONTENT_TYPE, "application/json")],
+            serde_json::to_string(&answer).expect("a Value serializes"),
+        )
+            .into_response();
+    }
+    let Frame::Message(bytes) = frame else {
+        unreachable!("an oversize body is always answered by the tap");
+    };
+    let response = next
+        .run(Request::from_parts(parts, Body::from(Bytes::from(bytes))))
+        .await;
+    if let (Some(conn), Some(new_session)) = (
+        fresh,
+        response
+            .headers()
+            .get("mcp-session-id")
+            .and_then(|v| v.to_str().ok()),
+    ) {
+        st.sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(new_session.to_string(), conn);
+    }
+    response
+}

@@ -1,0 +1,159 @@
+//! The probe's MCP server: one read-only tool, `capabilities`.
+//!
+//! [`ProbeServer`] is an rmcp [`ServerHandler`]. Its `capabilities` tool answers the calling
+//! agent with this call's identity verdict (platform and source, or the identity error code and
+//! message, exactly as the router would give them) and the `_meta` keys it saw, each with its
+//! JSON type and length, never a value. So a person can ask their agent to call the tool and read
+//! the verdict in the chat, while the tap writes the full shape record to the log.
+//!
+//! `server/discover` is refused with `-32601` here too (the tap answers it before rmcp sees it on
+//! every transport; this covers a [`ProbeServer`] served without a tap).
+
+use crate::identity;
+use crate::shape::{self, Digester};
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, DiscoverRequestMethod,
+    DiscoverResult, Implementation, ListToolsResult, PaginatedRequestParams, ServerCapabilities,
+    ServerConfig, Tool, ToolAnnotations,
+};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
+use serde_json::{Map, Value, json};
+use std::sync::Arc;
+
+/// Name of the probe's one tool.
+pub const CAPABILITIES_TOOL: &str = "capabilities";
+
+/// The probe's MCP server.
+#[derive(Clone)]
+pub struct ProbeServer {
+    digester: Digester,
+}
+
+impl ProbeServer {
+    /// A server whose answers use `digester` (the same one as the log).
+    pub fn new(digester: Digester) -> Self {
+        ProbeServer { digester }
+    }
+
+    /// The `capabilities` tool's description, as listed.
+    pub fn tool() -> Tool {
+        let schema: Map<String, Value> = serde_json::from_value(json!({
+            "type": "object",
+            "properties": {},
+            "additionalProperties": false,
+        }))
+        .expect("a schema object");
+        Tool::new(
+            CAPABILITIES_TOOL,
+            "Report whether this MCP client sends a trusted per-call ID: the identity verdict \
+             for this very call and the `_meta` keys it carried (names, types and lengths; never \
+             values). Read-only; takes no arguments.",
+            Arc::new(schema),
+        )
+        .with_annotations(
+            ToolAnnotations::new()
+                .read_only(true)
+                .destructive(false)
+                .idempotent(true),
+        )
+    }
+}
+
+/// The structured answer of the `capabilities` tool for one call.
+pub fn capabilities_answer(meta: Option<&Value>, arguments: &Value, digester: &Digester) -> Value {
+    let verdict = match identity::from_meta(meta) {
+        Ok(id) => json!({
+            "verdict": "accepted",
+            "platform": crate::probe::record::label(&id.platform, digester),
+            "source": id.source.key(),
+        }),
+        Err(e) => json!({"verdict": "rejected", "code": e.code(), "message": e.to_string()}),
+    };
+    let keys: Vec<Value> = match meta {
+        Some(m @ Value::Object(_)) => shape::meta_shape(m, digester)
+            .entries
+            .iter()
+            .filter(|e| e.valid_key.is_some())
+            .map(|e| {
+                json!({
+                    "key": crate::probe::record::label(&pointer_key(&e.path), digester),
+                    "type": e.value.kind.name(),
+                    "len": e.value.len,
+                    "identity_source": e.identity_source.is_some(),
+                })
+            })
+            .collect(),
+        _ => Vec::new(),
+    };
+    let meta_status = match meta {
+        None => "absent",
+        Some(Value::Object(_)) => "object",
+        Some(_) => "not_object",
+    };
+    json!({
+        "identity": verdict,
+        "meta": meta_status,
+        "meta_keys": keys,
+        "arguments_identity_error": identity::check_arguments(arguments).err().map(|e| e.code()),
+        "note": "shapes only: no `_meta` value and no argument is recorded or echoed",
+    })
+}
+
+/// The key name of a top-level JSON pointer (`/a~1b` → `a/b`).
+fn pointer_key(path: &str) -> String {
+    path.trim_start_matches('/')
+        .replace("~1", "/")
+        .replace("~0", "~")
+}
+
+impl ServerHandler for ProbeServer {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new("callid-probe", env!("CARGO_PKG_VERSION")))
+            .with_instructions(
+                "callid probe: call the `capabilities` tool to see whether this client sends a \
+                 trusted per-call ID in `_meta`.",
+            )
+    }
+
+    async fn discover(
+        &self,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<DiscoverResult, McpError> {
+        Err(McpError::method_not_found::<DiscoverRequestMethod>())
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, McpError> {
+        Ok(ListToolsResult::with_all_items(vec![Self::tool()]))
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, McpError> {
+        if request.name != CAPABILITIES_TOOL {
+            return Err(McpError::invalid_params(
+                format!(
+                    "unknown tool `{}`; the probe has one tool, `{CAPABILITIES_TOOL}`",
+                    crate::probe::record::label(&request.name, &self.digester)
+                ),
+                None,
+            ));
+        }
+        // rmcp moves the request's `_meta` into the context; an empty map means none was sent.
+        let map = &context.meta.0.0;
+        let meta = (!map.is_empty()).then(|| Value::Object(map.clone()));
+        let arguments = request
+            .arguments
+            .map(Value::Object)
+            .unwrap_or(Value::Null);
+        let answer = capabilities_answer(meta.as_ref(), &arguments, &self.digester);
+        Ok(CallToolResult::structured(answer).into())
+    }
+}
