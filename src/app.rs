@@ -5,9 +5,8 @@
 //! whole cause chain and exits with [`exit_codes::SETUP_ERROR`]. A closed standard output (the
 //! reader of a pipe went away) is not an error.
 
-use crate::cli::{Cli, Command, FormatArg};
+use crate::cli::{Cli, Command};
 use crate::exit_codes;
-use anyhow::Context as _;
 use std::process::ExitCode;
 
 /// Runs the parsed command line.
@@ -18,8 +17,8 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Classify(_) => anyhow::bail!("`callid classify` is not built yet"),
         Command::Demo(_) => anyhow::bail!("`callid demo` is not built yet"),
         Command::Router(_) => anyhow::bail!("`callid router` is not built yet"),
-        Command::Provider(_) => anyhow::bail!("`callid provider` is not built yet"),
-        Command::Conform(_) => anyhow::bail!("`callid conform` is not built yet"),
+        Command::Provider(args) => run_provider(args),
+        Command::Conform(args) => conform(args),
         Command::Matrix(_) => anyhow::bail!("`callid matrix` is not built yet"),
         Command::Measure(_) => anyhow::bail!("`callid measure` is not built yet"),
         Command::Bench(args) => bench(args),
@@ -39,6 +38,90 @@ fn run_probe(args: crate::cli::ProbeArgs) -> anyhow::Result<ExitCode> {
     runtime.shutdown_background();
     let code = result.map_err(anyhow::Error::from)?;
     Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)))
+}
+
+/// `callid conform`: runs the scenarios and renders the report; 1 when a check failed unexpectedly
+/// or an expected failure is stale.
+fn conform(args: crate::cli::ConformArgs) -> anyhow::Result<ExitCode> {
+    use crate::conform::{Options, TargetSpec, report};
+    use anyhow::Context;
+    let target = match (args.target, args.stdio, args.url) {
+        (Some(file), None, None) => TargetSpec::Profile(file),
+        (None, Some(command), None) => TargetSpec::Stdio(command),
+        (None, None, Some(url)) => TargetSpec::Url(url),
+        (None, None, None) => TargetSpec::Reference,
+        _ => anyhow::bail!("give at most one of `--target`, `--stdio` and `--url`"),
+    };
+    let options = Options {
+        target,
+        scenarios: args.scenarios,
+        only: args.only,
+        expected_failures: args.expected_failures,
+        progress: true,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("failed to start the async runtime")?;
+    let report = runtime.block_on(crate::conform::run(&options))?;
+    let format = report::Format::from(args.format);
+    match &args.out {
+        Some(path) => {
+            let mut file = std::fs::File::create(path)
+                .with_context(|| format!("failed to create `{}`", path.display()))?;
+            report::render(&report, format, &mut file)
+                .with_context(|| format!("failed to write `{}`", path.display()))?;
+            eprintln!("{}", report.summary_line());
+        }
+        None => {
+            let mut out = std::io::stdout().lock();
+            report::render(&report, format, &mut out).context("failed to write the report")?;
+        }
+    }
+    runtime.shutdown_background();
+    Ok(ExitCode::from(if report.success() {
+        exit_codes::SUCCESS
+    } else {
+        exit_codes::CHECK_FAILED
+    }))
+}
+
+/// `callid provider`: opens the ledger, binds, prints `listening on http://ADDR`, serves until
+/// SIGINT or SIGTERM.
+fn run_provider(args: crate::cli::ProviderArgs) -> anyhow::Result<ExitCode> {
+    use anyhow::Context as _;
+    use std::io::Write as _;
+    if !args.listen.ip().is_loopback() {
+        anyhow::bail!(
+            "refusing to listen on `{}`: the provider has no authentication; use a loopback \
+             address such as 127.0.0.1:0",
+            args.listen
+        );
+    }
+    let ledger = crate::provider::Ledger::open(&args.ledger)
+        .with_context(|| format!("opening the provider ledger `{}`", args.ledger.display()))?;
+    let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(args.listen)
+            .await
+            .with_context(|| format!("binding `{}`", args.listen))?;
+        let addr = listener.local_addr().context("reading the bound address")?;
+        let handle = crate::provider::spawn(listener, ledger, None)
+            .context("starting the provider server")?;
+        let mut stdout = std::io::stdout().lock();
+        writeln!(stdout, "listening on http://{addr}")?;
+        stdout.flush()?;
+        drop(stdout);
+        let mut terminate =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                .context("installing the SIGTERM handler")?;
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = terminate.recv() => {}
+        }
+        handle.shutdown().await.context("serving the provider")?;
+        Ok(ExitCode::from(exit_codes::SUCCESS))
+    })
 }
 
 /// Prints `err` once, with its cause chain, and returns the exit code for it.
@@ -74,6 +157,8 @@ fn init_tracing() {
 /// not an error: the figures are for people to read), 1 when a row could not be measured.
 fn bench(args: crate::cli::BenchArgs) -> anyhow::Result<ExitCode> {
     use crate::bench;
+    use crate::cli::FormatArg;
+    use anyhow::Context as _;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

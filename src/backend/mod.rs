@@ -1,1 +1,3 @@
 //! The layers behind the router: authorization and execution, each idempotent on its own.
+
+pub mod store;

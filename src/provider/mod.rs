@@ -1,1 +1,48 @@
-//! The paid image provider: charges once per idempotency key, with a durable ledger.
+//! The paid image provider: charges once per idempotency key, with a durable [`Ledger`].
+//!
+//! It plays the vendor at the end of a spend (the article's FLUX image API): the third layer that
+//! must agree a retry is the same call. `callid provider` serves it over HTTP; without
+//! `--provider-url` the router runs it in-process on a ledger beside its registry; the conformance
+//! runner starts it in-process with [`ProviderHooks`] to count charges and to fail, hold or crash
+//! around them.
+//!
+//! # HTTP contract (version 1)
+//! All bodies are JSON. Errors are `{"error":{"code":"<stable code>","message":"<what to do>"}}`.
+//!
+//! `POST /v1/images`, header `Idempotency-Key: <1 to 255 visible ASCII characters>`, body
+//! `{"prompt": str, "width": int, "height": int, "model": str}` (`width` and `height` default to
+//! 1024, between 64 and 4096; `model` defaults to [`prices::DEFAULT_MODEL`]; unknown fields are
+//! refused). The provider prices the image from [`prices`], never from the request.
+//! - First use of the key: records one charge durably, then answers `200`
+//!   `{"charge_id","amount_cents","model","image":{"id","width","height","sha256"},"created_at"}`.
+//! - Same key, same request (after defaults): the original answer, byte for byte, with header
+//!   `Idempotent-Replayed: true`; nothing new is charged.
+//! - Same key, another request: `409 idempotency_key_reused`; nothing charged.
+//! - Missing or malformed key: `400 missing_idempotency_key` / `400 invalid_idempotency_key`;
+//!   body not JSON: `400 invalid_json`; out of bounds: `422 invalid_request`; model not sold:
+//!   `422 unknown_model`; ledger failure: `500 ledger_unavailable` (retry with the same key).
+//!
+//! `GET /v1/charges`: `{"charges":[{"charge_id","idempotency_key","amount_cents","model",
+//! "created_at"}],"count":N,"total_cents":N}`, oldest first.
+//!
+//! `GET /healthz`: `{"status":"ok"}`.
+//!
+//! # Guarantee
+//! Any number of requests with one key, concurrent or not, across restarts, make at most one
+//! charge, and every answer for that key carries the same receipt. The receipt is committed
+//! before it is sent. See [`Ledger`] for the storage contract.
+
+pub mod client;
+pub mod error;
+pub mod ledger;
+pub mod prices;
+pub mod server;
+pub mod types;
+
+pub use client::{BoxFuture, Client, ProviderApi};
+pub use error::ProviderError;
+pub use ledger::Ledger;
+pub use server::{HookAction, ProviderHandle, ProviderHooks, router, serve, spawn};
+pub use types::{
+    ChargeOutcome, ChargeRecord, ChargesPage, Image, ImageRequest, Receipt, validate_key,
+};

@@ -1,0 +1,347 @@
+//! The authorization layer (the article's Hubu): [`Authorization`] records one decision per
+//! (agent, operation key) and checks the account's budget.
+//!
+//! ## Guarantee
+//! An identical retry under an operation key returns the same decision (same `decision_id`) and
+//! reserves nothing more. The same key with a different amount, account, scope or request hash is
+//! refused with `create_new_operation`: one key can never be pointed at other work. A decision is
+//! only recorded when the account's budget covers it; budget check and record are one `IMMEDIATE`
+//! transaction, so concurrent spends cannot overdraw it.
+//!
+//! ## Durability
+//! The decision is committed before [`Authorization::authorize`] returns, and the crash point
+//! [`Boundary::AfterAuthorization`](crate::crashpoint::Boundary::AfterAuthorization) sits right
+//! after that commit. Reserved amounts are never released: a decision whose charge failed stays
+//! reserved for its retry, which reuses it.
+//!
+//! ## Compatibility
+//! `application_id` `0x434c4155` ("CLAU"), `user_version` 1; see [`super::store`].
+
+use super::error::BackendError;
+use super::store::{Store, StoreError, StoreSpec};
+use rusqlite::{OptionalExtension as _, params};
+use std::path::Path;
+use std::sync::Arc;
+
+static SPEC: StoreSpec = StoreSpec {
+    kind: "authorization store",
+    application_id: 0x434c_4155,
+    migrations: &["CREATE TABLE decisions (
+        agent_id TEXT NOT NULL,
+        operation_key TEXT NOT NULL,
+        decision_id TEXT NOT NULL UNIQUE,
+        account TEXT NOT NULL,
+        amount_cents INTEGER NOT NULL CHECK (amount_cents >= 0),
+        scope TEXT NOT NULL,
+        request_hash TEXT NOT NULL,
+        created_at TEXT NOT NULL,
+        PRIMARY KEY (agent_id, operation_key)
+    ) STRICT;
+    CREATE INDEX decisions_by_account ON decisions (account);"],
+};
+
+/// What is asked to be authorized.
+#[derive(Debug, Clone)]
+pub struct AuthorizationRequest<'a> {
+    /// The agent (router installation) asking.
+    pub agent_id: &'a str,
+    /// The private operation key: the idempotency key of this layer.
+    pub operation_key: &'a str,
+    /// The account to charge.
+    pub account: &'a str,
+    /// The price in cents.
+    pub amount_cents: u64,
+    /// What the money may be spent on (`generate_image:<model>:<width>x<height>`).
+    pub scope: &'a str,
+    /// The router's request hash.
+    pub request_hash: &'a str,
+    /// The account's budget, when it has one.
+    pub budget_cents: Option<u64>,
+}
+
+/// A recorded authorization.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    /// Random id of the decision; the execution layer keys on it.
+    pub decision_id: String,
+    /// The account.
+    pub account: String,
+    /// The amount in cents.
+    pub amount_cents: u64,
+    /// The scope.
+    pub scope: String,
+    /// The request hash.
+    pub request_hash: String,
+    /// When it was recorded (RFC 3339, UTC).
+    pub created_at: String,
+    /// `true` when this call recorded it, `false` when it already existed.
+    pub newly_recorded: bool,
+}
+
+/// The authorization store. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Authorization {
+    store: Arc<Store>,
+}
+
+impl Authorization {
+    /// Opens (or creates) the store at `path`.
+    pub fn open(path: &Path) -> Result<Authorization, StoreError> {
+        Ok(Authorization {
+            store: Arc::new(Store::open(path, &SPEC)?),
+        })
+    }
+
+    /// Returns the decision for `req.operation_key`, recording it first if there is none
+    /// (blocking). See the module's guarantee.
+    pub fn authorize(&self, req: &AuthorizationRequest<'_>) -> Result<Decision, BackendError> {
+        let sql = |e| BackendError::from(self.store.error(e));
+        self.store.write(|tx| {
+            let existing = tx
+                .query_row(
+                    "SELECT decision_id, account, amount_cents, scope, request_hash, created_at \
+                     FROM decisions WHERE agent_id = ?1 AND operation_key = ?2",
+                    [req.agent_id, req.operation_key],
+                    |r| {
+                        Ok(Decision {
+                            decision_id: r.get(0)?,
+                            account: r.get(1)?,
+                            amount_cents: r.get::<_, i64>(2)? as u64,
+                            scope: r.get(3)?,
+                            request_hash: r.get(4)?,
+                            created_at: r.get(5)?,
+                            newly_recorded: false,
+                        })
+                    },
+                )
+                .optional()
+                .map_err(sql)?;
+            if let Some(decision) = existing {
+                let differs: Vec<&str> = [
+                    ("account", decision.account == req.account),
+                    ("amount", decision.amount_cents == req.amount_cents),
+                    ("scope", decision.scope == req.scope),
+                    ("request", decision.request_hash == req.request_hash),
+                ]
+                .into_iter()
+                .filter(|(_, same)| !same)
+                .map(|(name, _)| name)
+                .collect();
+                return if differs.is_empty() {
+                    Ok(decision)
+                } else {
+                    Err(BackendError::CreateNewOperation {
+                        differs: differs.join(", "),
+                    })
+                };
+            }
+            if let Some(budget) = req.budget_cents {
+                let spent = spent_in(tx, req.account).map_err(sql)?;
+                let remaining = budget.saturating_sub(spent);
+                if req.amount_cents > remaining {
+                    return Err(BackendError::BudgetExceeded {
+                        account: req.account.to_owned(),
+                        amount_cents: req.amount_cents,
+                        budget_cents: budget,
+                        remaining_cents: remaining,
+                    });
+                }
+            }
+            let decision = Decision {
+                decision_id: uuid::Uuid::new_v4().to_string(),
+                account: req.account.to_owned(),
+                amount_cents: req.amount_cents,
+                scope: req.scope.to_owned(),
+                request_hash: req.request_hash.to_owned(),
+                created_at: tx
+                    .query_row("SELECT strftime('%Y-%m-%dT%H:%M:%fZ', 'now')", [], |r| {
+                        r.get(0)
+                    })
+                    .map_err(sql)?,
+                newly_recorded: true,
+            };
+            tx.execute(
+                "INSERT INTO decisions (agent_id, operation_key, decision_id, account, \
+                 amount_cents, scope, request_hash, created_at) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                params![
+                    req.agent_id,
+                    req.operation_key,
+                    decision.decision_id,
+                    decision.account,
+                    decision.amount_cents as i64,
+                    decision.scope,
+                    decision.request_hash,
+                    decision.created_at,
+                ],
+            )
+            .map_err(sql)?;
+            Ok(decision)
+        })
+    }
+
+    /// Cents reserved by every decision of `account` (blocking).
+    pub fn spent_cents(&self, account: &str) -> Result<u64, BackendError> {
+        self.store
+            .read(|conn| spent_in(conn, account).map_err(|e| BackendError::from(self.store.error(e))))
+    }
+
+    /// How many decisions are recorded (blocking).
+    pub fn decision_count(&self) -> Result<u64, BackendError> {
+        self.store.read(|conn| {
+            conn.query_row("SELECT count(*) FROM decisions", [], |r| r.get::<_, i64>(0))
+                .map(|n| n as u64)
+                .map_err(|e| BackendError::from(self.store.error(e)))
+        })
+    }
+}
+
+fn spent_in(conn: &rusqlite::Connection, account: &str) -> rusqlite::Result<u64> {
+    conn.query_row(
+        "SELECT COALESCE(SUM(amount_cents), 0) FROM decisions WHERE account = ?1",
+        [account],
+        |r| r.get::<_, i64>(0),
+    )
+    .map(|n| n as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request<'a>(key: &'a str) -> AuthorizationRequest<'a> {
+        AuthorizationRequest {
+            agent_id: "agent",
+            operation_key: key,
+            account: "acct",
+            amount_cents: 3,
+            scope: "generate_image:flux-schnell:1024x1024",
+            request_hash: "sha256:aa",
+            budget_cents: None,
+        }
+    }
+
+    fn store() -> (tempfile::TempDir, Authorization) {
+        let dir = tempfile::tempdir().unwrap();
+        let auth = Authorization::open(&dir.path().join("authorization.sqlite3")).unwrap();
+        (dir, auth)
+    }
+
+    #[test]
+    fn identical_retry_returns_the_same_decision() {
+        let (dir, auth) = store();
+        let first = auth.authorize(&request("k")).unwrap();
+        assert!(first.newly_recorded);
+        let again = auth.authorize(&request("k")).unwrap();
+        assert!(!again.newly_recorded);
+        assert_eq!(again.decision_id, first.decision_id);
+        drop(auth);
+        let reopened = Authorization::open(&dir.path().join("authorization.sqlite3")).unwrap();
+        assert_eq!(
+            reopened.authorize(&request("k")).unwrap().decision_id,
+            first.decision_id
+        );
+        assert_eq!(reopened.decision_count().unwrap(), 1);
+        assert_eq!(reopened.spent_cents("acct").unwrap(), 3);
+    }
+
+    #[test]
+    fn same_key_with_other_work_is_create_new_operation() {
+        let (_dir, auth) = store();
+        let key = "hubu:operation:v1:codex:0b5f";
+        auth.authorize(&request(key)).unwrap();
+        let cases: [(&str, fn(&mut AuthorizationRequest<'static>)); 5] = [
+            ("amount", |r| r.amount_cents = 5),
+            ("account", |r| r.account = "other"),
+            ("scope", |r| r.scope = "generate_image:flux-pro:1024x1024"),
+            ("request", |r| r.request_hash = "sha256:bb"),
+            ("account, amount", |r| {
+                r.account = "other";
+                r.amount_cents = 25;
+            }),
+        ];
+        for (differs, edit) in cases {
+            let mut r = request(key);
+            edit(&mut r);
+            let err = auth.authorize(&r).unwrap_err();
+            assert_eq!(err.code(), "create_new_operation");
+            assert!(
+                matches!(&err, BackendError::CreateNewOperation { differs: d } if d == differs),
+                "{err:?}"
+            );
+            assert!(!format!("{err} {err:?}").contains("hubu:operation"));
+        }
+        assert_eq!(auth.decision_count().unwrap(), 1);
+        // A different agent's identical key is its own operation.
+        let mut other_agent = request(key);
+        other_agent.agent_id = "agent-2";
+        assert!(auth.authorize(&other_agent).unwrap().newly_recorded);
+    }
+
+    #[test]
+    fn budget_refuses_what_is_not_left_and_records_nothing() {
+        let (_dir, auth) = store();
+        let with_budget = |key: &'static str, amount: u64| AuthorizationRequest {
+            amount_cents: amount,
+            budget_cents: Some(10),
+            ..request(key)
+        };
+        auth.authorize(&with_budget("a", 3)).unwrap();
+        auth.authorize(&with_budget("b", 5)).unwrap();
+        let err = auth.authorize(&with_budget("c", 3)).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                BackendError::BudgetExceeded {
+                    amount_cents: 3,
+                    budget_cents: 10,
+                    remaining_cents: 2,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        assert_eq!(auth.decision_count().unwrap(), 2);
+        // A retry of an authorized decision is not charged against the budget again.
+        assert!(!auth.authorize(&with_budget("b", 5)).unwrap().newly_recorded);
+        auth.authorize(&with_budget("d", 2)).unwrap();
+        assert_eq!(auth.spent_cents("acct").unwrap(), 10);
+    }
+
+    #[test]
+    fn concurrent_budget_reservations_never_overdraw() {
+        let (dir, auth) = store();
+        let path = dir.path().join("authorization.sqlite3");
+        let keys: Vec<String> = (0..32).map(|i| format!("key-{i}")).collect();
+        let barrier = std::sync::Barrier::new(32);
+        let granted = std::thread::scope(|s| {
+            let handles: Vec<_> = keys
+                .iter()
+                .enumerate()
+                .map(|(i, key)| {
+                    let auth = if i % 2 == 0 {
+                        auth.clone()
+                    } else {
+                        Authorization::open(&path).unwrap()
+                    };
+                    let barrier = &barrier;
+                    s.spawn(move || {
+                        barrier.wait();
+                        auth.authorize(&AuthorizationRequest {
+                            budget_cents: Some(30),
+                            ..request(key)
+                        })
+                        .is_ok()
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap())
+                .filter(|ok| *ok)
+                .count()
+        });
+        assert_eq!(granted, 10);
+        assert_eq!(auth.spent_cents("acct").unwrap(), 30);
+    }
+}

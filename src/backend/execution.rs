@@ -1,0 +1,263 @@
+//! The execution layer (the article's Gongbu): [`Execution`] makes the provider call for an
+//! authorization decision, at most once.
+//!
+//! ## Guarantee
+//! Each decision gets one provider idempotency key, derived from the decision id
+//! ([`provider_key`]) and never from the operation key, so a decision can lead to at most one
+//! charge. A decision goes `dispatched` (committed before the provider is called) then
+//! `completed` (with the provider's receipt). A retry of a completed decision returns the stored
+//! receipt without calling the provider; a retry of a dispatched one calls the provider again with
+//! the same key, and the provider answers with the original charge. Within one process, concurrent
+//! executions of one decision are single-flight: the later ones wait and read the result.
+//!
+//! ## Durability
+//! Both states are committed before the layer moves on. The crash point
+//! [`Boundary::AfterProviderCharge`](crate::crashpoint::Boundary::AfterProviderCharge) sits
+//! between the provider's answer and the `completed` commit: the case the derived key exists for.
+//!
+//! ## Compatibility
+//! `application_id` `0x434c4558` ("CLEX"), `user_version` 1; see [`super::store`].
+
+use super::error::BackendError;
+use super::store::{Store, StoreError, StoreSpec};
+use crate::crashpoint::{self, Boundary};
+use crate::provider::{ImageRequest, ProviderApi, Receipt};
+use rusqlite::{OptionalExtension as _, params};
+use sha2::{Digest as _, Sha256};
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+static SPEC: StoreSpec = StoreSpec {
+    kind: "execution store",
+    application_id: 0x434c_4558,
+    migrations: &["CREATE TABLE executions (
+        decision_id TEXT PRIMARY KEY,
+        provider_key TEXT NOT NULL UNIQUE,
+        request TEXT NOT NULL,
+        state TEXT NOT NULL CHECK (state IN ('dispatched', 'completed')),
+        attempts INTEGER NOT NULL,
+        receipt TEXT,
+        provider_replayed INTEGER,
+        dispatched_at TEXT NOT NULL,
+        completed_at TEXT,
+        CHECK ((state = 'completed') = (receipt IS NOT NULL))
+    ) STRICT;"],
+};
+
+/// The provider idempotency key of a decision: `gongbu:` and the first 32 hex digits of
+/// `sha256(decision_id)`.
+pub fn provider_key(decision_id: &str) -> String {
+    let digest = crate::canonical::hex(&Sha256::digest(decision_id.as_bytes()));
+    format!("gongbu:{}", &digest[..32])
+}
+
+/// The recorded result of an execution.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Executed {
+    /// The provider's receipt.
+    pub receipt: Receipt,
+    /// Whether the provider said its answer was a replay when it was recorded.
+    pub provider_replayed: bool,
+    /// `true` when this call returned the stored result without calling the provider.
+    pub from_record: bool,
+    /// How many times the provider has been called for this decision.
+    pub attempts: u64,
+}
+
+enum Begin {
+    Done(Executed),
+    Dispatch { key: String },
+}
+
+/// The execution store. Cheap to clone; clones share the single-flight map.
+#[derive(Clone)]
+pub struct Execution {
+    store: Arc<Store>,
+    in_flight: Arc<Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>>,
+}
+
+impl std::fmt::Debug for Execution {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Execution")
+            .field("store", &self.store.path())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Execution {
+    /// Opens (or creates) the store at `path`.
+    pub fn open(path: &Path) -> Result<Execution, StoreError> {
+        Ok(Execution {
+            store: Arc::new(Store::open(path, &SPEC)?),
+            in_flight: Arc::default(),
+        })
+    }
+
+    /// Runs the provider call of `decision_id` for `req`, at most once (see the module's
+    /// guarantee).
+    pub async fn execute(
+        &self,
+        decision_id: &str,
+        req: &ImageRequest,
+        provider: &dyn ProviderApi,
+    ) -> Result<Executed, BackendError> {
+        let gate = self.gate(decision_id);
+        let result = {
+            let _turn = gate.lock().await;
+            self.execute_alone(decision_id, req, provider).await
+        };
+        drop(gate);
+        self.release(decision_id);
+        result
+    }
+
+    fn gate(&self, decision_id: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut map = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
+        map.entry(decision_id.to_owned()).or_default().clone()
+    }
+
+    fn release(&self, decision_id: &str) {
+        let mut map = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
+        if map
+            .get(decision_id)
+            .is_some_and(|gate| Arc::strong_count(gate) == 1)
+        {
+            map.remove(decision_id);
+        }
+    }
+
+    async fn execute_alone(
+        &self,
+        decision_id: &str,
+        req: &ImageRequest,
+        provider: &dyn ProviderApi,
+    ) -> Result<Executed, BackendError> {
+        let key = match self.blocking({
+            let (id, req) = (decision_id.to_owned(), req.clone());
+            move |this| this.begin(&id, &req)
+        })
+        .await?
+        {
+            Begin::Done(executed) => return Ok(executed),
+            Begin::Dispatch { key } => key,
+        };
+        let outcome = provider
+            .create_image(&key, req)
+            .await
+            .map_err(BackendError::from_provider)?;
+        crashpoint::hit(Boundary::AfterProviderCharge);
+        let id = decision_id.to_owned();
+        self.blocking(move |this| this.complete(&id, &outcome.receipt, outcome.replayed))
+            .await
+    }
+
+    async fn blocking<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Execution) -> Result<R, BackendError> + Send + 'static,
+    ) -> Result<R, BackendError> {
+        let this = self.clone();
+        tokio::task::spawn_blocking(move || f(&this))
+            .await
+            .map_err(|join| {
+                BackendError::from(self.store.error(super::store::other_error(format!(
+                    "execution task failed: {join}"
+                ))))
+            })?
+    }
+
+    fn begin(&self, decision_id: &str, req: &ImageRequest) -> Result<Begin, BackendError> {
+        let sql = |e| BackendError::from(self.store.error(e));
+        let request = serde_json::to_string(req).expect("an ImageRequest always serializes");
+        self.store.write(|tx| {
+            let row: Option<(String, String, i64, Option<String>, Option<i64>)> = tx
+                .query_row(
+                    "SELECT request, state, attempts, receipt, provider_replayed \
+                     FROM executions WHERE decision_id = ?1",
+                    [decision_id],
+                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)),
+                )
+                .optional()
+                .map_err(sql)?;
+            let key = provider_key(decision_id);
+            match row {
+                None => {
+                    tx.execute(
+                        "INSERT INTO executions (decision_id, provider_key, request, state, \
+                         attempts, dispatched_at) VALUES (?1, ?2, ?3, 'dispatched', 1, \
+                         strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))",
+                        params![decision_id, key, request],
+                    )
+                    .map_err(sql)?;
+                    Ok(Begin::Dispatch { key })
+                }
+                Some((stored, _, _, _, _)) if stored != request => {
+                    Err(BackendError::CreateNewOperation {
+                        differs: "request".into(),
+                    })
+                }
+                Some((_, state, attempts, Some(receipt), replayed)) if state == "completed" => {
+                    let receipt = serde_json::from_str(&receipt).map_err(|e| {
+                        sql(super::store::other_error(format!(
+                            "stored receipt of a decision does not parse: {e}"
+                        )))
+                    })?;
+                    Ok(Begin::Done(Executed {
+                        receipt,
+                        provider_replayed: replayed == Some(1),
+                        from_record: true,
+                        attempts: attempts as u64,
+                    }))
+                }
+                Some(_) => {
+                    tx.execute(
+                        "UPDATE executions SET attempts = attempts + 1 WHERE decision_id = ?1",
+                        [decision_id],
+                    )
+                    .map_err(sql)?;
+                    Ok(Begin::Dispatch { key })
+                }
+            }
+        })
+    }
+
+    fn complete(
+        &self,
+        decision_id: &str,
+        receipt: &Receipt,
+        replayed: bool,
+    ) -> Result<Executed, BackendError> {
+        let sql = |e| BackendError::from(self.store.error(e));
+        let text = serde_json::to_string(receipt).expect("a receipt always serializes");
+        self.store.write(|tx| {
+            // Another process may have completed the same decision meanwhile: the first record
+            // wins (the provider gave both the same receipt anyway).
+            tx.execute(
+                "UPDATE executions SET state = 'completed', receipt = ?2, provider_replayed = ?3, \
+                 completed_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') \
+                 WHERE decision_id = ?1 AND state = 'dispatched'",
+                params![decision_id, text, replayed as i64],
+            )
+            .map_err(sql)?;
+            let (stored, stored_replayed, attempts): (String, i64, i64) = tx
+                .query_row(
+                    "SELECT receipt, provider_replayed, attempts FROM executions \
+                     WHERE decision_id = ?1",
+                    [decision_id],
+                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+                )
+                .map_err(sql)?;
+            let receipt = serde_json::from_str(&stored).map_err(|e| {
+                sql(super::store::other_error(format!(
+                    "stored receipt of a decision does not parse: {e}"
+                )))
+            })?;
+            Ok(Executed {
+                receipt,
+                provider_replayed: stored_replayed == 1,
+                from_record: false,
+                attempts: attempts as u64,
+            })
+        })
+    }
+}

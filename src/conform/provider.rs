@@ -1,0 +1,180 @@
+//! The runner's paid provider: [`crate::provider`] served in-process on 127.0.0.1 over a temporary
+//! ledger, with the runner's own hooks ([`RunnerHooks`]).
+//!
+//! The ledger is the ground truth of every `charges:` expectation: it is the provider's own
+//! durable record, so a router cannot report a charge count, only cause one. The hooks let a
+//! scenario hold the first charge (so deliveries overlap), and kill the router with SIGKILL when
+//! its request reaches the provider (nothing charged, answered 503 to a dead socket) or right
+//! after the charge is committed and before the reply is sent.
+
+use super::scenario::KillTrigger;
+use crate::provider::{HookAction, Ledger, ProviderHandle, ProviderHooks};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Why the runner's provider could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ProviderSetupError {
+    /// The temporary ledger could not be created.
+    #[error("failed to create the runner's provider ledger: {0}")]
+    Ledger(String),
+    /// The listen address could not be bound.
+    #[error("failed to listen on `{addr}` for the runner's provider: {source}")]
+    Bind {
+        /// The address.
+        addr: String,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// What the hooks do next; reset for every scenario.
+#[derive(Debug, Default)]
+struct Plan {
+    kill: Option<(KillTrigger, u32)>,
+    hold_first: Option<Duration>,
+    killed: bool,
+    keys_seen: Vec<String>,
+}
+
+/// The runner's hooks: record every idempotency key, hold once, kill once.
+#[derive(Debug, Default)]
+pub struct RunnerHooks {
+    plan: Mutex<Plan>,
+}
+
+impl RunnerHooks {
+    /// Forgets the keys seen and disarms everything.
+    pub fn reset(&self) {
+        *self.plan.lock().expect("plan lock") = Plan::default();
+    }
+
+    /// Kills process `pid` with SIGKILL the next time `trigger` happens.
+    pub fn arm_kill(&self, trigger: KillTrigger, pid: u32) {
+        let mut plan = self.plan.lock().expect("plan lock");
+        plan.kill = Some((trigger, pid));
+        plan.killed = false;
+    }
+
+    /// Disarms a kill that did not happen; returns whether it happened.
+    pub fn disarm_kill(&self) -> bool {
+        let mut plan = self.plan.lock().expect("plan lock");
+        plan.kill = None;
+        std::mem::take(&mut plan.killed)
+    }
+
+    /// Holds the next request before charging for `hold`.
+    pub fn hold_next(&self, hold: Duration) {
+        self.plan.lock().expect("plan lock").hold_first = Some(hold);
+    }
+
+    /// Every idempotency key the provider received since the last reset.
+    pub fn keys_seen(&self) -> Vec<String> {
+        self.plan.lock().expect("plan lock").keys_seen.clone()
+    }
+
+    fn kill_if(&self, trigger: KillTrigger) -> bool {
+        let mut plan = self.plan.lock().expect("plan lock");
+        match plan.kill {
+            Some((armed, pid)) if armed == trigger => {
+                plan.kill = None;
+                plan.killed = sigkill(pid);
+                plan.killed
+            }
+            _ => false,
+        }
+    }
+}
+
+/// Sends SIGKILL to `pid` and waits until the signal is delivered (`kill` has returned).
+fn sigkill(pid: u32) -> bool {
+    std::process::Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+impl ProviderHooks for RunnerHooks {
+    fn before_charge(&self, key: &str) -> HookAction {
+        let hold = {
+            let mut plan = self.plan.lock().expect("plan lock");
+            plan.keys_seen.push(key.to_string());
+            plan.hold_first.take()
+        };
+        if self.kill_if(KillTrigger::BeforeCharge) {
+            return HookAction::Fail(503);
+        }
+        match hold {
+            Some(d) => HookAction::Hold(d),
+            None => HookAction::Proceed,
+        }
+    }
+
+    fn after_charge(&self, _key: &str, _replayed: bool) -> HookAction {
+        self.kill_if(KillTrigger::AfterCharge);
+        HookAction::Proceed
+    }
+}
+
+/// The running provider, its ledger and hooks.
+pub struct RunnerProvider {
+    handle: ProviderHandle,
+    ledger: Ledger,
+    hooks: Arc<RunnerHooks>,
+    _dir: tempfile::TempDir,
+}
+
+impl RunnerProvider {
+    /// Starts the provider on `listen` (`127.0.0.1:0` picks a port) over a fresh ledger.
+    pub async fn start(listen: &str) -> Result<RunnerProvider, ProviderSetupError> {
+        let dir = tempfile::Builder::new()
+            .prefix("callid-conform-provider-")
+            .tempdir()
+            .map_err(|e| ProviderSetupError::Ledger(e.to_string()))?;
+        let ledger = Ledger::open(&dir.path().join("ledger.sqlite3"))
+            .map_err(|e| ProviderSetupError::Ledger(e.to_string()))?;
+        let bind = |source| ProviderSetupError::Bind {
+            addr: listen.to_string(),
+            source,
+        };
+        let listener = tokio::net::TcpListener::bind(listen).await.map_err(bind)?;
+        let hooks = Arc::new(RunnerHooks::default());
+        let dyn_hooks: Arc<dyn ProviderHooks> = hooks.clone();
+        let handle =
+            crate::provider::spawn(listener, ledger.clone(), Some(dyn_hooks)).map_err(bind)?;
+        Ok(RunnerProvider {
+            handle,
+            ledger,
+            hooks,
+            _dir: dir,
+        })
+    }
+
+    /// `http://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        self.handle.base_url()
+    }
+
+    /// The hooks.
+    pub fn hooks(&self) -> &RunnerHooks {
+        &self.hooks
+    }
+
+    /// How many charges the ledger holds.
+    pub fn charge_count(&self) -> Result<u64, String> {
+        self.ledger.charge_count().map_err(|e| e.to_string())
+    }
+
+    /// The charge ids in the ledger.
+    pub fn charge_ids(&self) -> Result<Vec<String>, String> {
+        Ok(self
+            .ledger
+            .charges()
+            .map_err(|e| e.to_string())?
+            .into_iter()
+            .map(|c| c.charge_id)
+            .collect())
+    }
+}

@@ -1,0 +1,44 @@
+//! JSON: `{target, duration_ms, success, summary, checks: [{id, title, rule, article, verdict,
+//! reason, baseline, duration_ms}]}`, pretty-printed.
+
+use super::Report;
+use std::io::Write;
+
+/// Renders `report` as JSON.
+pub fn render(report: &Report, out: &mut dyn Write) -> std::io::Result<()> {
+    let checks: Vec<serde_json::Value> = report
+        .checks
+        .iter()
+        .map(|c| {
+            serde_json::json!({
+                "id": c.id,
+                "title": c.title,
+                "rule": c.rule,
+                "article": c.article,
+                "verdict": c.verdict,
+                "reason": c.reason,
+                "baseline": c.baseline,
+                "duration_ms": c.duration.as_millis() as u64,
+            })
+        })
+        .collect();
+    let doc = serde_json::json!({
+        "target": report.target,
+        "duration_ms": report.duration.as_millis() as u64,
+        "success": report.success(),
+        "summary": report.summary(),
+        "checks": checks,
+    });
+    serde_json::to_writer_pretty(&mut *out, &doc)?;
+    writeln!(out)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn snapshot() {
+        let mut out = Vec::new();
+        super::render(&crate::conform::report::tests::sample(), &mut out).unwrap();
+        insta::assert_snapshot!(String::from_utf8(out).unwrap());
+    }
+}

@@ -1,0 +1,256 @@
+//! The one result stream of a run ([`Report`]) and its renderings.
+//!
+//! Every format renders the same [`Report`]: [`table`] for a terminal (comfy-table), [`markdown`]
+//! for the support matrix and CI job summaries, [`json`] for machines, [`junit`] for CI systems.
+//! Each is a plain `render(&Report, &mut dyn Write)`, chosen by the closed enum [`Format`].
+
+pub mod json;
+pub mod junit;
+pub mod markdown;
+pub mod table;
+
+use std::io::Write;
+use std::time::Duration;
+
+/// The verdict of one check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Verdict {
+    /// Every expectation held.
+    Pass,
+    /// An expectation did not hold: the router broke the rule.
+    Fail,
+    /// The target cannot do what the check needs (never counted as passed).
+    NotApplicable,
+    /// The check could not be completed (the router died unexpectedly, a command failed).
+    Error,
+}
+
+impl Verdict {
+    /// The word shown in reports.
+    pub fn word(self) -> &'static str {
+        match self {
+            Verdict::Pass => "pass",
+            Verdict::Fail => "fail",
+            Verdict::NotApplicable => "n-a",
+            Verdict::Error => "error",
+        }
+    }
+}
+
+/// How a verdict compares with the expected-failures baseline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Baseline {
+    /// Not listed, and passed or not applicable.
+    Ok,
+    /// Not listed, and failed or errored: fails the run.
+    Unexpected,
+    /// Listed, and failed or errored: tolerated.
+    Expected,
+    /// Listed, but passed: fails the run, the list must be updated.
+    Stale,
+}
+
+/// The result of one check.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct CheckResult {
+    /// Stable check id.
+    pub id: String,
+    /// What it checks.
+    pub title: String,
+    /// Short citation of the article rule.
+    pub rule: String,
+    /// The article's words.
+    pub article: String,
+    /// The verdict.
+    pub verdict: Verdict,
+    /// Why (empty on pass).
+    pub reason: String,
+    /// Against the expected-failures list.
+    pub baseline: Baseline,
+    /// Wall time of the check.
+    #[serde(serialize_with = "millis")]
+    pub duration: Duration,
+}
+
+fn millis<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_u64(d.as_millis() as u64)
+}
+
+/// One run: the target and every check's result, in id order.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Report {
+    /// The target's name.
+    pub target: String,
+    /// The results.
+    pub checks: Vec<CheckResult>,
+    /// Wall time of the run.
+    #[serde(serialize_with = "millis")]
+    pub duration: Duration,
+}
+
+/// Counts by verdict and baseline.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Summary {
+    /// Passed.
+    pub pass: usize,
+    /// Failed.
+    pub fail: usize,
+    /// Not applicable.
+    pub not_applicable: usize,
+    /// Errored.
+    pub error: usize,
+    /// Failed or errored as the baseline expects.
+    pub expected: usize,
+    /// Failed or errored but not listed.
+    pub unexpected: usize,
+    /// Listed but passed.
+    pub stale: usize,
+}
+
+impl Report {
+    /// Counts by verdict.
+    pub fn summary(&self) -> Summary {
+        let mut s = Summary::default();
+        for c in &self.checks {
+            match c.verdict {
+                Verdict::Pass => s.pass += 1,
+                Verdict::Fail => s.fail += 1,
+                Verdict::NotApplicable => s.not_applicable += 1,
+                Verdict::Error => s.error += 1,
+            }
+            match c.baseline {
+                Baseline::Ok => {}
+                Baseline::Unexpected => s.unexpected += 1,
+                Baseline::Expected => s.expected += 1,
+                Baseline::Stale => s.stale += 1,
+            }
+        }
+        s
+    }
+
+    /// Whether the run succeeds: no unexpected failure and no stale expected failure.
+    pub fn success(&self) -> bool {
+        let s = self.summary();
+        s.unexpected == 0 && s.stale == 0
+    }
+
+    /// One line: `29 checks: 27 pass, 1 fail, 1 n-a, 0 error (1 expected)`.
+    pub fn summary_line(&self) -> String {
+        let s = self.summary();
+        let mut line = format!(
+            "{} checks: {} pass, {} fail, {} n-a, {} error",
+            self.checks.len(),
+            s.pass,
+            s.fail,
+            s.not_applicable,
+            s.error
+        );
+        let mut notes = Vec::new();
+        if s.expected > 0 {
+            notes.push(format!("{} expected failure(s)", s.expected));
+        }
+        if s.unexpected > 0 {
+            notes.push(format!("{} unexpected", s.unexpected));
+        }
+        if s.stale > 0 {
+            notes.push(format!("{} stale expected failure(s) now pass", s.stale));
+        }
+        if !notes.is_empty() {
+            line.push_str(&format!(" ({})", notes.join(", ")));
+        }
+        line
+    }
+}
+
+/// The output formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// A terminal table.
+    Table,
+    /// GitHub-flavoured Markdown.
+    Markdown,
+    /// JSON.
+    Json,
+    /// JUnit XML.
+    Junit,
+}
+
+impl From<crate::cli::FormatArg> for Format {
+    fn from(arg: crate::cli::FormatArg) -> Self {
+        match arg {
+            crate::cli::FormatArg::Table => Format::Table,
+            crate::cli::FormatArg::Markdown => Format::Markdown,
+            crate::cli::FormatArg::Json => Format::Json,
+            crate::cli::FormatArg::Junit => Format::Junit,
+        }
+    }
+}
+
+/// Renders `report` as `format`.
+pub fn render(report: &Report, format: Format, out: &mut dyn Write) -> std::io::Result<()> {
+    match format {
+        Format::Table => table::render(report, out),
+        Format::Markdown => markdown::render(report, out),
+        Format::Json => json::render(report, out),
+        Format::Junit => junit::render(report, out),
+    }
+}
+
+/// The verdict word with the baseline note (`fail (expected)`, `pass (stale)`).
+pub fn verdict_label(check: &CheckResult) -> String {
+    match check.baseline {
+        Baseline::Expected => format!("{} (expected)", check.verdict.word()),
+        Baseline::Stale => format!("{} (stale)", check.verdict.word()),
+        Baseline::Ok | Baseline::Unexpected => check.verdict.word().to_string(),
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// A report with every verdict and every baseline outcome, for the snapshot tests.
+    pub fn sample() -> Report {
+        let check = |id: &str, verdict, reason: &str, baseline, ms| CheckResult {
+            id: id.to_string(),
+            title: format!("title of {id}"),
+            rule: "step 5: same call ID + same request hash is redelivery".to_string(),
+            article: "Same call ID, same request hash: this is redelivery.".to_string(),
+            verdict,
+            reason: reason.to_string(),
+            baseline,
+            duration: Duration::from_millis(ms),
+        };
+        Report {
+            target: "callid reference router".to_string(),
+            checks: vec![
+                check("redelivery.same-connection", Verdict::Pass, "", Baseline::Ok, 41),
+                check(
+                    "new-call.same-arguments",
+                    Verdict::Fail,
+                    "steps[1] (call `second`): expected a handle different from `first`'s, got the same `hubu:public-operation:v1:1f0c` <&>",
+                    Baseline::Unexpected,
+                    12,
+                ),
+                check(
+                    "redelivery.after-restart",
+                    Verdict::NotApplicable,
+                    "the target cannot be restarted by the runner",
+                    Baseline::Ok,
+                    0,
+                ),
+                check(
+                    "crash.after-charge-before-reply",
+                    Verdict::Error,
+                    "steps[2] (redeliver): the router exited: the server closed the connection",
+                    Baseline::Expected,
+                    230,
+                ),
+                check("status.public-handle", Verdict::Pass, "", Baseline::Stale, 9),
+            ],
+            duration: Duration::from_millis(1234),
+        }
+    }
+}

@@ -1,0 +1,1063 @@
+//! Runs scenarios against one target and turns each into a verdict.
+//!
+//! For every scenario the runner starts the router on a fresh state directory (when it owns the
+//! process), drives it with [`crate::jsonrpc`] (chosen ids, exact `_meta`, redelivery with a new
+//! id), counts charges in its own provider's ledger, and checks every expectation of every step.
+//! Besides the written expectations, every step checks that no byte of any response contains the
+//! private key prefix, and that a `tools/call` is never answered with a JSON-RPC error.
+//!
+//! # Verdicts
+//! - `pass`: every expectation held.
+//! - `fail`: an expectation did not hold; the reason names the step and what differed.
+//! - `n-a`: the target lacks what the scenario needs (restart, kill, approval, a countable
+//!   ledger); never counted as passed.
+//! - `error`: the scenario could not finish (the router died outside a planned kill, a request
+//!   timed out, an operator command failed); the run goes on with the next scenario.
+
+use super::provider::RunnerProvider;
+use super::scenario::{
+    ArgumentSet, Arguments, CallIds, Expect, KillTrigger, Scenario, Step, expand,
+};
+use super::target::{Profile, Transport, Vars};
+use crate::jsonrpc::{Child, Connection, Response, RpcError};
+use serde_json::{Map, Value, json};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// How long one request may take before the scenario errors.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long a request whose router is to be killed may take before the kill counts as missed.
+const KILL_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long an HTTP router started by the runner may take to answer.
+const HTTP_START_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a router may take to exit after its stdin closes.
+const GRACEFUL_EXIT: Duration = Duration::from_secs(3);
+
+/// The outcome of one scenario.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Every expectation held.
+    Pass,
+    /// An expectation did not hold.
+    Fail(String),
+    /// The target cannot run it.
+    NotApplicable(String),
+    /// It could not finish.
+    Error(String),
+}
+
+/// A fatal setup problem: the router program could not be started at all.
+#[derive(Debug, thiserror::Error)]
+#[error("failed to start the router `{program}`: {source}")]
+pub struct StartError {
+    /// The program.
+    pub program: String,
+    /// The cause.
+    #[source]
+    pub source: std::io::Error,
+}
+
+/// Hands out scenario progress (scenario index, step) to whoever displays it.
+pub trait ProgressSink: Send + Sync {
+    /// A step of the current scenario starts.
+    fn step(&self, index: usize, kind: &str);
+}
+
+/// Why the scenario cannot be run against this target, if it cannot.
+pub fn not_applicable(profile: &Profile, scenario: &Scenario) -> Option<String> {
+    let mut missing: Vec<&str> = Vec::new();
+    let mut need = |cond: bool, what: &'static str| {
+        if !cond && !missing.contains(&what) {
+            missing.push(what);
+        }
+    };
+    for step in &scenario.steps {
+        match step {
+            Step::Restart(_) => need(profile.can_restart(), "restarting the router on the same state"),
+            Step::Reconnect(_) => need(
+                profile.transport == Transport::Http || profile.can_restart(),
+                "reconnecting (a stdio router must be restartable)",
+            ),
+            Step::Call(c) => {
+                need(c.kill.is_none() || profile.can_kill(), "killing the router (kill -9)");
+                need(c.arguments.set != Some(ArgumentSet::Approval) || profile.can_approve(), "an approval policy");
+            }
+            Step::Concurrent(c) => {
+                need(c.arguments.set != Some(ArgumentSet::Approval) || profile.can_approve(), "an approval policy");
+            }
+            Step::Approve(_) | Step::Deny(_) => need(profile.can_approve(), "approve and deny commands"),
+            Step::Status(_) => need(profile.tools.status.is_some(), "a status tool"),
+            Step::Resume(_) => need(profile.tools.resume.is_some(), "a resume tool"),
+            Step::Redeliver(_) | Step::ListTools(_) => {}
+        }
+        if step.expect().is_some_and(Expect::needs_ledger) {
+            need(profile.has_ledger(), "counting charges (the router must use the runner's provider)");
+        }
+    }
+    if missing.is_empty() {
+        None
+    } else {
+        Some(format!("the target does not support {}", missing.join(", ")))
+    }
+}
+
+/// What a named step left behind for later steps.
+#[derive(Debug, Clone, Default)]
+struct Done {
+    /// The `tools/call` params to redeliver.
+    params: Option<(String, Value, Option<Value>)>,
+    handle: Option<String>,
+    result: Option<Value>,
+}
+
+/// The router the runner drives: its connection and (when the runner owns it) its process.
+struct Router {
+    conn: Connection,
+    process: Option<Process>,
+}
+
+enum Process {
+    Stdio(Child),
+    Http(tokio::process::Child),
+}
+
+impl Process {
+    fn pid(&self) -> Option<u32> {
+        match self {
+            Process::Stdio(c) => c.pid(),
+            Process::Http(c) => c.id(),
+        }
+    }
+
+    async fn kill9(&mut self) {
+        let _ = match self {
+            Process::Stdio(c) => c.kill9().await,
+            Process::Http(c) => c.kill().await,
+        };
+    }
+
+    fn stderr_tail(&self) -> String {
+        match self {
+            Process::Stdio(c) => last_line(&c.stderr_text()),
+            Process::Http(_) => String::new(),
+        }
+    }
+}
+
+fn last_line(text: &str) -> String {
+    text.lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .map(|l| clip(l.trim(), 200))
+        .unwrap_or_default()
+}
+
+fn clip(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_string();
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
+}
+
+/// One scenario run's state.
+pub struct ScenarioRun<'a> {
+    profile: &'a Profile,
+    provider: Option<&'a RunnerProvider>,
+    scenario: &'a Scenario,
+    vars: Vars,
+    ids: CallIds,
+    next_id: i64,
+    router: Option<Router>,
+    done: HashMap<String, Done>,
+    baseline: u64,
+    _state: tempfile::TempDir,
+}
+
+/// A step's failure: a broken rule, or a scenario that could not go on.
+enum StepError {
+    Fail(String),
+    Error(String),
+}
+
+type StepResult<T = ()> = Result<T, StepError>;
+
+fn fail<T>(message: impl Into<String>) -> StepResult<T> {
+    Err(StepError::Fail(message.into()))
+}
+
+impl<'a> ScenarioRun<'a> {
+    /// Prepares a run: a fresh state directory and the placeholder values.
+    pub fn new(
+        profile: &'a Profile,
+        provider: Option<&'a RunnerProvider>,
+        scenario: &'a Scenario,
+        callid: &str,
+    ) -> std::io::Result<Self> {
+        let state = tempfile::Builder::new()
+            .prefix("callid-conform-state-")
+            .tempdir()?;
+        let vars = Vars {
+            callid: callid.to_string(),
+            state_dir: state.path().display().to_string(),
+            registry: state.path().join("registry.sqlite3").display().to_string(),
+            provider_url: provider.map(RunnerProvider::url).unwrap_or_default(),
+            port: free_port()?.to_string(),
+            profile_dir: profile.dir.display().to_string(),
+            handle: String::new(),
+        };
+        Ok(ScenarioRun {
+            profile,
+            provider,
+            scenario,
+            vars,
+            ids: CallIds::new(),
+            next_id: 1,
+            router: None,
+            done: HashMap::new(),
+            baseline: 0,
+            _state: state,
+        })
+    }
+
+    /// Runs every step; the router is killed at the end whatever happened.
+    pub async fn run(mut self, progress: &dyn ProgressSink) -> Result<Outcome, StartError> {
+        if let Some(provider) = self.provider {
+            provider.hooks().reset();
+            self.baseline = provider.charge_count().unwrap_or(0);
+        }
+        let outcome = match self.start().await {
+            Err(StepError::Error(e)) if e.starts_with("spawn:") => {
+                return Err(StartError {
+                    program: self.profile.command.clone().unwrap_or_default(),
+                    source: std::io::Error::other(e.trim_start_matches("spawn:").trim().to_string()),
+                });
+            }
+            Err(StepError::Error(e)) => Outcome::Error(format!("starting the router: {e}")),
+            Err(StepError::Fail(e)) => Outcome::Fail(format!("starting the router: {e}")),
+            Ok(()) => self.steps(progress).await,
+        };
+        self.stop().await;
+        Ok(outcome)
+    }
+
+    async fn steps(&mut self, progress: &dyn ProgressSink) -> Outcome {
+        let scenario = self.scenario;
+        for (i, step) in scenario.steps.iter().enumerate() {
+            progress.step(i, step.kind());
+            let label = step_label(i, step);
+            if let Err(e) = self.step(step).await {
+                return match e {
+                    StepError::Fail(m) => Outcome::Fail(format!("{label}: {m}")),
+                    StepError::Error(m) => Outcome::Error(format!("{label}: {m}")),
+                };
+            }
+        }
+        Outcome::Pass
+    }
+
+    async fn step(&mut self, step: &Step) -> StepResult {
+        match step {
+            Step::Call(s) => {
+                let params = self.params(&s.meta, &s.arguments, None);
+                let id = self.id(s.jsonrpc_id.clone());
+                let response = match s.kill {
+                    Some(trigger) => self.call_killed(trigger, id, &params).await?,
+                    None => Some(self.call(id, &params).await?),
+                };
+                if s.expect.no_reply == Some(true) && response.is_some() {
+                    return fail("expected no reply (the router is killed at the provider)");
+                }
+                self.after(s.name.as_deref(), Some(params), response.as_ref(), &s.expect)
+            }
+            Step::Redeliver(s) => {
+                let Some(params) = self.done.get(&s.of).and_then(|d| d.params.clone()) else {
+                    return Err(StepError::Error(format!("step `{}` sent no call to redeliver", s.of)));
+                };
+                let id = self.id(s.jsonrpc_id.clone());
+                let response = self.call(id, &params).await?;
+                self.after(s.name.as_deref(), Some(params), Some(&response), &s.expect)
+            }
+            Step::Concurrent(s) => self.concurrent(s).await,
+            Step::Status(s) | Step::Resume(s) => {
+                let tool = match step {
+                    Step::Status(_) => self.profile.tools.status.clone(),
+                    _ => self.profile.tools.resume.clone(),
+                }
+                .expect("checked by not_applicable");
+                let handle = match (&s.of, &s.handle) {
+                    (Some(of), _) => self.handle_of(of)?,
+                    (None, Some(h)) => h.clone(),
+                    (None, None) => unreachable!("validated on load"),
+                };
+                let params = (tool, json!({"handle": handle}), None);
+                let id = self.id(None);
+                let response = self.call(id, &params).await?;
+                self.after(s.name.as_deref(), None, Some(&response), &s.expect)
+            }
+            Step::Approve(s) | Step::Deny(s) => {
+                let handle = self.handle_of(&s.of)?;
+                let command = match step {
+                    Step::Approve(_) => self.profile.approve.clone(),
+                    _ => self.profile.deny.clone(),
+                }
+                .expect("checked by not_applicable");
+                self.operator(step.kind(), &command, &handle).await
+            }
+            Step::Restart(s) => {
+                self.stop_router(s.graceful).await;
+                self.start().await
+            }
+            Step::Reconnect(_) => {
+                if self.profile.transport == Transport::Http {
+                    if let Some(router) = &mut self.router {
+                        router.conn.close().await;
+                        router.conn = self_connect_http(self.profile, &self.vars).await?;
+                        let id = json!(self.next_id);
+                        self.next_id += 1;
+                        initialize(&router.conn, id, &self.scenario.protocol).await?;
+                    }
+                    Ok(())
+                } else {
+                    self.stop_router(true).await;
+                    self.start().await
+                }
+            }
+            Step::ListTools(s) => {
+                let id = self.id(None);
+                let response = self
+                    .conn()?
+                    .request(id, "tools/list", json!({}))
+                    .await
+                    .map_err(|e| self.transport_error(e))?;
+                self.scan(&response)?;
+                if s.expect.no_identity_fields == Some(true) {
+                    check_schemas(&response, &self.profile.tools.spend)?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    fn id(&mut self, explicit: Option<Value>) -> Value {
+        explicit.unwrap_or_else(|| {
+            let id = self.next_id;
+            self.next_id += 1;
+            json!(id)
+        })
+    }
+
+    fn conn(&self) -> StepResult<&Connection> {
+        self.router
+            .as_ref()
+            .map(|r| &r.conn)
+            .ok_or_else(|| StepError::Error("the router is not running (a killed router needs `do: restart`)".into()))
+    }
+
+    fn params(
+        &mut self,
+        meta: &Option<Map<String, Value>>,
+        arguments: &Arguments,
+        tool: Option<&str>,
+    ) -> (String, Value, Option<Value>) {
+        let args = match (&arguments.set, &arguments.literal) {
+            (_, Some(literal)) => literal.clone(),
+            (Some(set), None) => {
+                let sets = &self.profile.arguments;
+                let mut base = match set {
+                    ArgumentSet::Spend => sets.spend.clone(),
+                    ArgumentSet::Other => sets.other.clone(),
+                    ArgumentSet::Approval => sets.approval.clone().unwrap_or_default(),
+                };
+                for (k, v) in arguments.add.iter().flatten() {
+                    base.insert(k.clone(), v.clone());
+                }
+                Value::Object(base)
+            }
+            (None, None) => unreachable!("validated on load"),
+        };
+        let args = expand(&args, &mut self.ids);
+        let meta = meta.as_ref().map(|m| expand(&Value::Object(m.clone()), &mut self.ids));
+        (
+            tool.unwrap_or(&self.profile.tools.spend).to_string(),
+            args,
+            meta,
+        )
+    }
+
+    async fn call(&self, id: Value, params: &(String, Value, Option<Value>)) -> StepResult<Response> {
+        let (tool, args, meta) = params;
+        let response = self
+            .conn()?
+            .call_tool(id, tool, args.clone(), meta.clone())
+            .await
+            .map_err(|e| self.transport_error(e))?;
+        self.scan(&response)?;
+        Ok(response)
+    }
+
+    /// A call during which the provider kills the router; `None` when it died without replying.
+    async fn call_killed(
+        &mut self,
+        trigger: KillTrigger,
+        id: Value,
+        params: &(String, Value, Option<Value>),
+    ) -> StepResult<Option<Response>> {
+        let provider = self.provider.expect("checked by not_applicable");
+        let pid = self
+            .router
+            .as_ref()
+            .and_then(|r| r.process.as_ref())
+            .and_then(Process::pid)
+            .ok_or_else(|| StepError::Error("the router process has no pid to kill".into()))?;
+        provider.hooks().arm_kill(trigger, pid);
+        let (tool, args, meta) = params;
+        let mut conn = self.conn()?.clone();
+        conn.set_timeout(KILL_TIMEOUT);
+        let result = conn.call_tool(id, tool, args.clone(), meta.clone()).await;
+        let killed = provider.hooks().disarm_kill();
+        match result {
+            Ok(response) => {
+                self.scan(&response)?;
+                if killed {
+                    // The router died after writing this reply: possible only if it replied
+                    // before the provider answered, which is itself a broken rule.
+                    return fail(format!(
+                        "the router answered before the provider's reply reached it: {}",
+                        describe(&response, &self.profile.pointers.error)
+                    ));
+                }
+                fail(format!(
+                    "the router answered without reaching the provider's kill trigger `{}`: {}",
+                    trigger_name(trigger),
+                    describe(&response, &self.profile.pointers.error)
+                ))
+            }
+            Err(RpcError::Closed { .. }) if killed => {
+                if let Some(router) = &mut self.router
+                    && let Some(p) = &mut router.process
+                {
+                    p.kill9().await;
+                }
+                self.router = None;
+                Ok(None)
+            }
+            Err(e) => Err(self.transport_error(e)),
+        }
+    }
+
+    async fn concurrent(&mut self, s: &super::scenario::ConcurrentStep) -> StepResult {
+        let params = self.params(&s.meta, &s.arguments, None);
+        if s.hold_ms > 0
+            && let Some(p) = self.provider
+        {
+            p.hooks().hold_next(Duration::from_millis(s.hold_ms));
+        }
+        let conn = self.conn()?.clone();
+        let mut set = tokio::task::JoinSet::new();
+        for _ in 0..s.count {
+            let id = self.id(None);
+            let conn = conn.clone();
+            let (tool, args, meta) = params.clone();
+            set.spawn(async move { conn.call_tool(id, &tool, args, meta).await });
+        }
+        let mut responses = Vec::new();
+        while let Some(joined) = set.join_next().await {
+            let result = joined.map_err(|e| StepError::Error(format!("delivery task failed: {e}")))?;
+            let response = result.map_err(|e| self.transport_error(e))?;
+            self.scan(&response)?;
+            responses.push(response);
+        }
+        let pointers = &self.profile.pointers;
+        let mut handles: Vec<String> = Vec::new();
+        let mut successes = 0;
+        let mut first_ok: Option<&Response> = None;
+        for r in &responses {
+            if r.error.is_some() {
+                return fail(format!("a delivery got a JSON-RPC error instead of a tool result: {}", describe(r, &pointers.error)));
+            }
+            let handle = pointer_str(r, &pointers.handle);
+            if r.is_tool_error() {
+                let code = pointer_str(r, &pointers.error).unwrap_or_default();
+                if s.expect.one_operation == Some(true) && code != "operation_in_progress" {
+                    return fail(format!(
+                        "a delivery was refused with `{code}`; concurrent deliveries of one call may only succeed or answer `operation_in_progress`"
+                    ));
+                }
+            } else {
+                successes += 1;
+                first_ok.get_or_insert(r);
+            }
+            if let Some(h) = handle
+                && !handles.contains(&h)
+            {
+                handles.push(h);
+            }
+        }
+        if s.expect.one_operation == Some(true) {
+            if handles.len() > 1 {
+                return fail(format!(
+                    "{} deliveries of one call answered {} different handles: {} operations for one call",
+                    s.count,
+                    handles.len(),
+                    handles.len()
+                ));
+            }
+            if successes == 0 {
+                return fail(format!("none of {} deliveries succeeded", s.count));
+            }
+        }
+        let mut expect = s.expect.clone();
+        expect.one_operation = None;
+        self.check_ledger(&expect)?;
+        if let Some(name) = &s.name {
+            self.done.insert(
+                name.clone(),
+                Done {
+                    params: Some(params),
+                    handle: handles.first().cloned(),
+                    result: first_ok.and_then(|r| pointer(r, &pointers.result).cloned()),
+                },
+            );
+        }
+        Ok(())
+    }
+
+    fn handle_of(&self, name: &str) -> StepResult<String> {
+        self.done
+            .get(name)
+            .and_then(|d| d.handle.clone())
+            .ok_or_else(|| StepError::Fail(format!("step `{name}` got no handle to use")))
+    }
+
+    async fn operator(
+        &mut self,
+        verb: &str,
+        command: &super::target::OperatorCommand,
+        handle: &str,
+    ) -> StepResult {
+        let mut vars = self.vars.clone();
+        vars.handle = handle.to_string();
+        let program = vars.apply(&command.command);
+        let output = tokio::process::Command::new(&program)
+            .args(command.args.iter().map(|a| vars.apply(a)))
+            .envs(command.env.iter().map(|(k, v)| (k, vars.apply(v))))
+            .stdin(std::process::Stdio::null())
+            .output()
+            .await
+            .map_err(|e| StepError::Error(format!("failed to run the {verb} command `{program}`: {e}")))?;
+        if !output.status.success() {
+            return Err(StepError::Error(format!(
+                "the {verb} command exited with {}: {}",
+                output.status,
+                last_line(&String::from_utf8_lossy(&output.stderr))
+            )));
+        }
+        Ok(())
+    }
+
+    /// Checks `expect` against `response` and records the step under `name`.
+    fn after(
+        &mut self,
+        name: Option<&str>,
+        params: Option<(String, Value, Option<Value>)>,
+        response: Option<&Response>,
+        expect: &Expect,
+    ) -> StepResult {
+        let pointers = &self.profile.pointers;
+        let handle = response.and_then(|r| pointer_str(r, &pointers.handle));
+        let result = response.and_then(|r| pointer(r, &pointers.result).cloned());
+        if let Some(r) = response {
+            self.check_response(r, expect, handle.as_deref(), result.as_ref())?;
+        }
+        self.check_ledger_with(expect, response)?;
+        if let Some(name) = name {
+            self.done.insert(
+                name.to_string(),
+                Done {
+                    params,
+                    handle,
+                    result,
+                },
+            );
+        }
+        Ok(())
+    }
+
+    fn check_response(
+        &self,
+        r: &Response,
+        expect: &Expect,
+        handle: Option<&str>,
+        result: Option<&Value>,
+    ) -> StepResult {
+        let pointers = &self.profile.pointers;
+        if let Some(error) = &r.error {
+            return fail(format!(
+                "answered a JSON-RPC error ({}) where the contract requires a tool result",
+                clip(&error.to_string(), 200)
+            ));
+        }
+        if r.tool_result().is_none() {
+            return fail("the response has neither `result` nor `error`");
+        }
+        let code = pointer_str(r, &pointers.error);
+        if let Some(want) = expect.ok {
+            if want && r.is_tool_error() {
+                return fail(format!("expected success, got {}", describe(r, &pointers.error)));
+            }
+            if !want && !r.is_tool_error() {
+                return fail("expected a tool error, got success");
+            }
+        }
+        if let Some(want) = &expect.error {
+            if !r.is_tool_error() {
+                return fail(format!("expected the tool error `{want}`, got success{}", handle.map(|h| format!(" with handle `{h}`")).unwrap_or_default()));
+            }
+            if code.as_deref() != Some(want) {
+                return fail(format!("expected the tool error `{want}`, got {}", describe(r, &pointers.error)));
+            }
+        }
+        if let Some(want) = &expect.status {
+            let got = pointer_str(r, &pointers.status);
+            if got.as_deref() != Some(want) {
+                return fail(format!(
+                    "expected status `{want}`, got {}",
+                    got.map(|g| format!("`{g}`")).unwrap_or_else(|| format!("none at `{}`", pointers.status))
+                ));
+            }
+        }
+        if let Some(want) = expect.has_handle
+            && want != handle.is_some()
+        {
+            return fail(if want {
+                format!("expected a public handle at `{}`, found none", pointers.handle)
+            } else {
+                format!("expected no handle, got `{}`", handle.unwrap_or_default())
+            });
+        }
+        if let Some(other) = &expect.same_handle_as {
+            let theirs = self.done.get(other).and_then(|d| d.handle.as_deref());
+            match (handle, theirs) {
+                (Some(a), Some(b)) if a == b => {}
+                (Some(a), Some(b)) => {
+                    return fail(format!("expected the handle of `{other}` (`{b}`), got `{a}`: a second operation"));
+                }
+                (None, _) => return fail(format!("expected the handle of `{other}`, got no handle ({})", describe(r, &pointers.error))),
+                (Some(_), None) => return fail(format!("step `{other}` has no handle to compare with")),
+            }
+        }
+        for other in &expect.different_handle_from {
+            let theirs = self.done.get(other).and_then(|d| d.handle.as_deref());
+            match (handle, theirs) {
+                (Some(a), Some(b)) if a == b => {
+                    return fail(format!(
+                        "expected a new operation, got the handle of `{other}` (`{a}`): two calls collapsed into one"
+                    ));
+                }
+                (Some(_), Some(_)) => {}
+                (None, _) => return fail(format!("expected a new operation with its own handle, got no handle ({})", describe(r, &pointers.error))),
+                (Some(_), None) => return fail(format!("step `{other}` has no handle to compare with")),
+            }
+        }
+        if let Some(other) = &expect.result_equals {
+            let theirs = self.done.get(other).and_then(|d| d.result.as_ref());
+            match (result, theirs) {
+                (Some(a), Some(b)) if a == b => {}
+                (Some(a), Some(b)) => {
+                    return fail(format!(
+                        "the result differs from `{other}`'s: {}",
+                        first_difference(b, a, "")
+                    ));
+                }
+                _ => return fail(format!("no result at `{}` to compare with `{other}`'s", pointers.result)),
+            }
+        }
+        Ok(())
+    }
+
+    fn check_ledger(&self, expect: &Expect) -> StepResult {
+        self.check_ledger_with(expect, None)
+    }
+
+    fn check_ledger_with(&self, expect: &Expect, response: Option<&Response>) -> StepResult {
+        if !expect.needs_ledger() {
+            return Ok(());
+        }
+        let provider = self.provider.expect("checked by not_applicable");
+        let ledger_error = |e: String| StepError::Error(format!("reading the runner's ledger failed: {e}"));
+        if let Some(want) = expect.charges {
+            let got = provider.charge_count().map_err(ledger_error)? - self.baseline;
+            if got != want {
+                return fail(format!(
+                    "the provider recorded {got} charge(s) in this scenario, expected {want}"
+                ));
+            }
+        }
+        if expect.charge_in_ledger == Some(true) {
+            let pointer_at = &self.profile.pointers.charge_id;
+            let Some(charge) = response.and_then(|r| pointer_str(r, pointer_at)) else {
+                return fail(format!("no charge id at `{pointer_at}` in the result"));
+            };
+            let ids = provider.charge_ids().map_err(ledger_error)?;
+            if !ids.contains(&charge) {
+                return fail(format!(
+                    "the result's charge id `{charge}` is not a charge the provider recorded"
+                ));
+            }
+        }
+        if expect.provider_keys_not_private == Some(true) {
+            let prefix = &self.profile.private_key_prefix;
+            if let Some(key) = provider.hooks().keys_seen().iter().find(|k| k.contains(prefix.as_str())) {
+                return fail(format!(
+                    "the provider received the private operation key as its idempotency key (`{}`)",
+                    clip(key, 40)
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// No byte of any message the router sent may contain the private key prefix.
+    fn scan(&self, response: &Response) -> StepResult {
+        let prefix = &self.profile.private_key_prefix;
+        let unmatched = self.router.as_ref().map(|r| r.conn.take_unmatched()).unwrap_or_default();
+        for raw in std::iter::once(&response.raw).chain(unmatched.iter()) {
+            if let Some(at) = raw.find(prefix.as_str()) {
+                let end = (at + prefix.len() + 24).min(raw.len());
+                let mut end = end;
+                while !raw.is_char_boundary(end) {
+                    end -= 1;
+                }
+                return fail(format!(
+                    "a response contains the private key pattern `{prefix}` (`{}`…): the key must never reach the agent",
+                    &raw[at..end]
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn transport_error(&self, e: RpcError) -> StepError {
+        let stderr = self
+            .router
+            .as_ref()
+            .and_then(|r| r.process.as_ref())
+            .map(Process::stderr_tail)
+            .unwrap_or_default();
+        let message = match &e {
+            RpcError::Closed { .. } => "the router exited unexpectedly".to_string(),
+            RpcError::Timeout { method, timeout, .. } => {
+                format!("the router did not answer `{method}` within {timeout:?}")
+            }
+            other => clip(&other.to_string(), 200),
+        };
+        if stderr.is_empty() {
+            StepError::Error(message)
+        } else {
+            StepError::Error(format!("{message} (its stderr ends with: {stderr})"))
+        }
+    }
+
+    /// Starts (or restarts) the router on this scenario's state and initializes a connection.
+    async fn start(&mut self) -> StepResult {
+        let profile = self.profile;
+        let vars = &self.vars;
+        let env: Vec<(String, String)> = profile
+            .env
+            .iter()
+            .map(|(k, v)| (k.clone(), vars.apply(v)))
+            .collect();
+        let args: Vec<String> = profile.args.iter().map(|a| vars.apply(a)).collect();
+        let router = match (profile.transport, &profile.command) {
+            (Transport::Stdio, Some(command)) => {
+                let program = PathBuf::from(vars.apply(command));
+                let (mut conn, child) = Connection::spawn_stdio(&program, &args, &env)
+                    .await
+                    .map_err(|e| match e {
+                        RpcError::Spawn { program, source } => {
+                            StepError::Error(format!("spawn: `{program}`: {source}"))
+                        }
+                        other => StepError::Error(other.to_string()),
+                    })?;
+                conn.set_timeout(REQUEST_TIMEOUT);
+                Router {
+                    conn,
+                    process: Some(Process::Stdio(child)),
+                }
+            }
+            (Transport::Http, command) => {
+                let process = match command {
+                    Some(command) => {
+                        let program = vars.apply(command);
+                        let child = tokio::process::Command::new(&program)
+                            .args(&args)
+                            .envs(env.iter().map(|(k, v)| (k, v)))
+                            .stdin(std::process::Stdio::null())
+                            .stdout(std::process::Stdio::null())
+                            .stderr(std::process::Stdio::null())
+                            .kill_on_drop(true)
+                            .spawn()
+                            .map_err(|e| StepError::Error(format!("spawn: `{program}`: {e}")))?;
+                        Some(Process::Http(child))
+                    }
+                    None => None,
+                };
+                let conn = self_connect_http(profile, vars).await?;
+                Router { conn, process }
+            }
+            (Transport::Stdio, None) => unreachable!("validated on load"),
+        };
+        let id = self.id(None);
+        let wait_for_http = profile.transport == Transport::Http && router.process.is_some();
+        self.router = Some(router);
+        let conn = self.conn()?.clone();
+        if wait_for_http {
+            let deadline = tokio::time::Instant::now() + HTTP_START_TIMEOUT;
+            loop {
+                match initialize(&conn, id.clone(), &self.scenario.protocol).await {
+                    Ok(()) => break,
+                    Err(e) if tokio::time::Instant::now() >= deadline => return Err(e),
+                    Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+                }
+            }
+            Ok(())
+        } else {
+            initialize(&conn, id, &self.scenario.protocol)
+                .await
+                .map_err(|e| match e {
+                    StepError::Error(m) if self.router.as_ref().is_some_and(|r| r.process.is_some()) => {
+                        let tail = self.router.as_ref().and_then(|r| r.process.as_ref()).map(Process::stderr_tail).unwrap_or_default();
+                        StepError::Error(if tail.is_empty() { m } else { format!("{m} (its stderr ends with: {tail})") })
+                    }
+                    other => other,
+                })
+        }
+    }
+
+    async fn stop_router(&mut self, graceful: bool) {
+        let Some(mut router) = self.router.take() else {
+            return;
+        };
+        if graceful {
+            router.conn.close().await;
+            if let Some(Process::Stdio(child)) = &mut router.process
+                && tokio::time::timeout(GRACEFUL_EXIT, child.wait()).await.is_ok()
+            {
+                return;
+            }
+        }
+        if let Some(p) = &mut router.process {
+            p.kill9().await;
+        }
+    }
+
+    async fn stop(&mut self) {
+        if self.profile.runner_starts() {
+            self.stop_router(false).await;
+        } else if let Some(router) = self.router.take() {
+            router.conn.close().await;
+        }
+    }
+}
+
+async fn self_connect_http(profile: &Profile, vars: &Vars) -> StepResult<Connection> {
+    let url = vars.apply(profile.url.as_deref().expect("validated on load"));
+    let mut conn = Connection::http(&url)
+        .await
+        .map_err(|e| StepError::Error(e.to_string()))?;
+    conn.set_timeout(REQUEST_TIMEOUT);
+    Ok(conn)
+}
+
+async fn initialize(conn: &Connection, id: Value, protocol: &str) -> StepResult {
+    let response = conn
+        .initialize(id, protocol, "callid-conform", env!("CARGO_PKG_VERSION"))
+        .await
+        .map_err(|e| StepError::Error(format!("initialize failed: {}", clip(&e.to_string(), 300))))?;
+    if let Some(error) = response.error {
+        return fail(format!("initialize with protocol {protocol} was refused: {error}"));
+    }
+    Ok(())
+}
+
+fn free_port() -> std::io::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+fn step_label(i: usize, step: &Step) -> String {
+    let name = match step {
+        Step::Call(s) => s.name.as_deref(),
+        Step::Redeliver(s) => s.name.as_deref().or(Some(s.of.as_str())),
+        Step::Concurrent(s) => s.name.as_deref(),
+        Step::Status(s) | Step::Resume(s) => s.name.as_deref().or(s.of.as_deref()),
+        Step::Approve(s) | Step::Deny(s) => Some(s.of.as_str()),
+        _ => None,
+    };
+    match name {
+        Some(n) => format!("steps[{i}] ({} `{n}`)", step.kind()),
+        None => format!("steps[{i}] ({})", step.kind()),
+    }
+}
+
+fn trigger_name(t: KillTrigger) -> &'static str {
+    match t {
+        KillTrigger::BeforeCharge => "before_charge",
+        KillTrigger::AfterCharge => "after_charge",
+    }
+}
+
+fn pointer<'r>(r: &'r Response, at: &str) -> Option<&'r Value> {
+    r.tool_result()?.pointer(at)
+}
+
+fn pointer_str(r: &Response, at: &str) -> Option<String> {
+    pointer(r, at).and_then(Value::as_str).map(str::to_string)
+}
+
+/// `the tool error `code` ("message")`, `success`, or the JSON-RPC error, for reasons.
+fn describe(r: &Response, error_pointer: &str) -> String {
+    if let Some(e) = &r.error {
+        return format!("the JSON-RPC error {}", clip(&e.to_string(), 160));
+    }
+    if r.is_tool_error() {
+        let code = pointer_str(r, error_pointer).unwrap_or_else(|| "(no code)".into());
+        let text = r
+            .tool_result()
+            .and_then(|t| t.pointer("/content/0/text"))
+            .and_then(Value::as_str)
+            .map(|t| format!(" ({})", clip(t, 120)))
+            .unwrap_or_default();
+        return format!("the tool error `{code}`{text}");
+    }
+    "success".to_string()
+}
+
+/// The first place two JSON values differ, as `at /path: `a` vs `b``.
+fn first_difference(want: &Value, got: &Value, at: &str) -> String {
+    match (want, got) {
+        (Value::Object(a), Value::Object(b)) => {
+            for (k, v) in a {
+                let path = format!("{at}/{k}");
+                match b.get(k) {
+                    Some(w) if w == v => {}
+                    Some(w) => return first_difference(v, w, &path),
+                    None => return format!("at `{path}`: missing"),
+                }
+            }
+            if let Some(k) = b.keys().find(|k| !a.contains_key(*k)) {
+                return format!("at `{at}/{k}`: unexpected");
+            }
+            format!("at `{at}`")
+        }
+        (Value::Array(a), Value::Array(b)) if a.len() == b.len() => {
+            for (i, (v, w)) in a.iter().zip(b).enumerate() {
+                if v != w {
+                    return first_difference(v, w, &format!("{at}/{i}"));
+                }
+            }
+            format!("at `{at}`")
+        }
+        _ => format!(
+            "at `{}`: `{}` became `{}`",
+            if at.is_empty() { "/" } else { at },
+            clip(&want.to_string(), 60),
+            clip(&got.to_string(), 60)
+        ),
+    }
+}
+
+/// Fails when a tool's input schema names an identity-like property at any depth, or the spend
+/// tool is not listed.
+fn check_schemas(response: &Response, spend: &str) -> StepResult {
+    if let Some(error) = &response.error {
+        return fail(format!("`tools/list` failed: {error}"));
+    }
+    let tools = response
+        .result
+        .as_ref()
+        .and_then(|r| r.get("tools"))
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    if !tools.iter().any(|t| t.get("name").and_then(Value::as_str) == Some(spend)) {
+        return fail(format!("the spend tool `{spend}` is not listed"));
+    }
+    for tool in &tools {
+        let name = tool.get("name").and_then(Value::as_str).unwrap_or("?");
+        let Some(schema) = tool.get("inputSchema") else {
+            continue;
+        };
+        if let Some(path) = identity_property(schema, "") {
+            return fail(format!(
+                "tool `{name}` exposes the identity-like field `{path}` in its input schema: the model would write it"
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn identity_property(schema: &Value, at: &str) -> Option<String> {
+    match schema {
+        Value::Object(map) => {
+            for (key, value) in map {
+                if matches!(key.as_str(), "properties" | "patternProperties")
+                    && let Value::Object(props) = value
+                {
+                    for (prop, sub) in props {
+                        let path = format!("{at}/{prop}");
+                        if crate::identity::is_identity_like(prop) {
+                            return Some(path);
+                        }
+                        if let Some(found) = identity_property(sub, &path) {
+                            return Some(found);
+                        }
+                    }
+                } else if key == "required"
+                    && let Value::Array(names) = value
+                    && let Some(n) = names.iter().filter_map(Value::as_str).find(|n| crate::identity::is_identity_like(n))
+                {
+                    return Some(format!("{at}/{n}"));
+                } else if let Some(found) = identity_property(value, at) {
+                    return Some(found);
+                }
+            }
+            None
+        }
+        Value::Array(items) => items.iter().find_map(|v| identity_property(v, at)),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identity_properties_are_found_at_any_depth() {
+        let cases = [
+            (json!({"type": "object", "properties": {"prompt": {"type": "string"}}}), None),
+            (json!({"properties": {"prompt": {}, "callId": {}}}), Some("/callId")),
+            (json!({"properties": {"options": {"properties": {"idempotency_key": {}}}}}), Some("/options/idempotency_key")),
+            (json!({"properties": {"layers": {"items": {"properties": {"tool_use_id": {}}}}}}), Some("/layers/tool_use_id")),
+            (json!({"$defs": {"x": {"properties": {"_meta": {}}}}}), Some("/_meta")),
+            (json!({"required": ["operation_key"]}), Some("/operation_key")),
+        ];
+        for (schema, want) in cases {
+            assert_eq!(identity_property(&schema, "").as_deref(), want, "{schema}");
+        }
+    }
+
+    #[test]
+    fn first_difference_names_the_path() {
+        let a = json!({"handle": "h", "result": {"charge_id": "c1", "n": [1, 2]}});
+        let b = json!({"handle": "h", "result": {"charge_id": "c2", "n": [1, 2]}});
+        assert_eq!(first_difference(&a, &b, ""), "at `/result/charge_id`: `\"c1\"` became `\"c2\"`");
+        let c = json!({"handle": "h", "result": {"charge_id": "c1", "n": [1, 2]}, "x": 1});
+        assert_eq!(first_difference(&a, &c, ""), "at `/x`: unexpected");
+    }
+}

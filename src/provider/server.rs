@@ -1,0 +1,270 @@
+//! The provider's HTTP server ([`serve`], [`spawn`]) and its test hooks ([`ProviderHooks`]).
+
+use super::error::ProviderError;
+use super::ledger::Ledger;
+use super::types::{ChargesPage, ImageRequest, validate_key};
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Header that marks a replayed answer.
+pub const REPLAYED_HEADER: &str = "idempotent-replayed";
+/// Header that carries the idempotency key.
+pub const KEY_HEADER: &str = "idempotency-key";
+
+/// What a hook tells the server to do at its point of a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HookAction {
+    /// Go on as normal.
+    Proceed,
+    /// Answer now with this HTTP status and an `injected_failure` error body. Before the charge,
+    /// nothing is charged; after it, the charge stays recorded and the receipt is not sent.
+    Fail(u16),
+    /// Wait this long, then go on.
+    Hold(Duration),
+}
+
+/// Test hooks on `POST /v1/images`, used by the conformance runner to play a slow, failing or
+/// crashing world around a router. Both run on the request's task; keep them short or return
+/// [`HookAction::Hold`] rather than sleeping.
+pub trait ProviderHooks: Send + Sync {
+    /// Called for a valid request, before the ledger is touched.
+    fn before_charge(&self, key: &str) -> HookAction {
+        let _ = key;
+        HookAction::Proceed
+    }
+
+    /// Called after the ledger committed (or replayed) the charge and before the reply is sent.
+    fn after_charge(&self, key: &str, replayed: bool) -> HookAction {
+        let _ = (key, replayed);
+        HookAction::Proceed
+    }
+}
+
+#[derive(Clone)]
+struct AppState {
+    ledger: Ledger,
+    hooks: Option<Arc<dyn ProviderHooks>>,
+}
+
+/// The provider's routes, for embedding in another axum server.
+pub fn router(ledger: Ledger, hooks: Option<Arc<dyn ProviderHooks>>) -> Router {
+    Router::new()
+        .route("/v1/images", post(create_image))
+        .route("/v1/charges", get(list_charges))
+        .route("/healthz", get(health))
+        .fallback(not_found)
+        .with_state(AppState { ledger, hooks })
+}
+
+/// Serves the provider on `listener` until the future is dropped or the listener fails.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    ledger: Ledger,
+    hooks: Option<Arc<dyn ProviderHooks>>,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(ledger, hooks)).await
+}
+
+/// A provider running on a background task; dropping it stops accepting connections.
+#[derive(Debug)]
+pub struct ProviderHandle {
+    addr: SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl ProviderHandle {
+    /// The address it listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://<addr>`, the base URL for [`super::Client::new`].
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Stops accepting, lets requests in flight finish, and waits for the server to end.
+    pub async fn shutdown(mut self) -> std::io::Result<()> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        match (&mut self.task).await {
+            Ok(result) => result,
+            Err(join) => Err(std::io::Error::other(join)),
+        }
+    }
+}
+
+impl Drop for ProviderHandle {
+    fn drop(&mut self) {
+        if self.stop.is_some() {
+            self.task.abort();
+        }
+    }
+}
+
+/// Starts the provider on `listener` in a background task of the current tokio runtime.
+pub fn spawn(
+    listener: tokio::net::TcpListener,
+    ledger: Ledger,
+    hooks: Option<Arc<dyn ProviderHooks>>,
+) -> std::io::Result<ProviderHandle> {
+    let addr = listener.local_addr()?;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        axum::serve(listener, router(ledger, hooks))
+            .with_graceful_shutdown(async move {
+                let _ = stopped.await;
+            })
+            .await
+    });
+    Ok(ProviderHandle {
+        addr,
+        stop: Some(stop),
+        task,
+    })
+}
+
+fn error_response(err: &ProviderError) -> Response {
+    let status = StatusCode::from_u16(err.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    if err.status() >= 500 {
+        tracing::error!("provider request failed: {}", message_chain(err));
+    }
+    let body = serde_json::json!({
+        "error": { "code": err.code(), "message": message_chain(err) }
+    });
+    (status, axum::Json(body)).into_response()
+}
+
+/// The message with its causes, `: `-joined (what a client needs to act on).
+fn message_chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+fn key_from(headers: &HeaderMap) -> Result<String, ProviderError> {
+    let mut values = headers.get_all(KEY_HEADER).iter();
+    let value = values.next().ok_or(ProviderError::MissingKey)?;
+    if values.next().is_some() {
+        return Err(ProviderError::InvalidKey {
+            reason: "the header is sent more than once".into(),
+        });
+    }
+    let key = value.to_str().map_err(|_| ProviderError::InvalidKey {
+        reason: "it is not visible ASCII".into(),
+    })?;
+    validate_key(key)?;
+    Ok(key.to_owned())
+}
+
+fn request_from(body: &[u8]) -> Result<ImageRequest, ProviderError> {
+    let req: ImageRequest = serde_json::from_slice(body).map_err(|e| match e.classify() {
+        serde_json::error::Category::Data => ProviderError::InvalidRequest {
+            reason: e.to_string(),
+        },
+        _ => ProviderError::InvalidJson {
+            reason: e.to_string(),
+        },
+    })?;
+    req.validate()?;
+    Ok(req)
+}
+
+async fn run_hook(action: HookAction, when: &'static str) -> Result<(), ProviderError> {
+    match action {
+        HookAction::Proceed => Ok(()),
+        HookAction::Hold(duration) => {
+            tokio::time::sleep(duration).await;
+            Ok(())
+        }
+        HookAction::Fail(status) => Err(ProviderError::Injected { status, when }),
+    }
+}
+
+async fn create_image(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
+    match charge(&state, &headers, &body).await {
+        Ok((body, replayed)) => {
+            let mut response = (
+                StatusCode::OK,
+                [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))],
+                body,
+            )
+                .into_response();
+            if replayed {
+                response
+                    .headers_mut()
+                    .insert(REPLAYED_HEADER, HeaderValue::from_static("true"));
+            }
+            response
+        }
+        Err(err) => error_response(&err),
+    }
+}
+
+async fn charge(
+    state: &AppState,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<(String, bool), ProviderError> {
+    let key = key_from(headers)?;
+    let req = request_from(body)?;
+    if let Some(hooks) = &state.hooks {
+        run_hook(hooks.before_charge(&key), "nothing was charged").await?;
+    }
+    let ledger = state.ledger.clone();
+    let blocking_key = key.clone();
+    let (outcome, body) =
+        tokio::task::spawn_blocking(move || ledger.charge_with_body(&blocking_key, &req))
+            .await
+            .map_err(|join| ProviderError::Internal {
+                reason: format!("ledger task failed: {join}"),
+            })??;
+    if let Some(hooks) = &state.hooks {
+        run_hook(
+            hooks.after_charge(&key, outcome.replayed),
+            "the charge was recorded; retry with the same key to get its receipt",
+        )
+        .await?;
+    }
+    Ok((body, outcome.replayed))
+}
+
+async fn list_charges(State(state): State<AppState>) -> Response {
+    let ledger = state.ledger.clone();
+    match tokio::task::spawn_blocking(move || ledger.charges()).await {
+        Ok(Ok(charges)) => axum::Json(ChargesPage::new(charges)).into_response(),
+        Ok(Err(err)) => error_response(&err),
+        Err(join) => error_response(&ProviderError::Internal {
+            reason: format!("ledger task failed: {join}"),
+        }),
+    }
+}
+
+async fn health() -> Response {
+    axum::Json(serde_json::json!({ "status": "ok" })).into_response()
+}
+
+async fn not_found() -> Response {
+    let body = serde_json::json!({
+        "error": {
+            "code": "not_found",
+            "message": "no such endpoint; the provider serves `POST /v1/images`, \
+                        `GET /v1/charges` and `GET /healthz`"
+        }
+    });
+    (StatusCode::NOT_FOUND, axum::Json(body)).into_response()
+}
