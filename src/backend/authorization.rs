@@ -182,8 +182,9 @@ impl Authorization {
 
     /// Cents reserved by every decision of `account` (blocking).
     pub fn spent_cents(&self, account: &str) -> Result<u64, BackendError> {
-        self.store
-            .read(|conn| spent_in(conn, account).map_err(|e| BackendError::from(self.store.error(e))))
+        self.store.read(|conn| {
+            spent_in(conn, account).map_err(|e| BackendError::from(self.store.error(e)))
+        })
     }
 
     /// How many decisions are recorded (blocking).

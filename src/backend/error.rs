@@ -38,7 +38,9 @@ pub enum BackendError {
     #[error("{0}")]
     InvalidRequest(#[source] ProviderError),
     /// The provider could not be reached or failed transiently; retrying the same call is safe.
-    #[error("the image provider is unavailable; retry the same call later (it will not be charged twice)")]
+    #[error(
+        "the image provider is unavailable; retry the same call later (it will not be charged twice)"
+    )]
     ProviderUnavailable(#[source] ProviderError),
     /// The provider refused the charge.
     #[error("the image provider refused the request")]

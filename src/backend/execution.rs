@@ -133,11 +133,12 @@ impl Execution {
         req: &ImageRequest,
         provider: &dyn ProviderApi,
     ) -> Result<Executed, BackendError> {
-        let key = match self.blocking({
-            let (id, req) = (decision_id.to_owned(), req.clone());
-            move |this| this.begin(&id, &req)
-        })
-        .await?
+        let key = match self
+            .blocking({
+                let (id, req) = (decision_id.to_owned(), req.clone());
+                move |this| this.begin(&id, &req)
+            })
+            .await?
         {
             Begin::Done(executed) => return Ok(executed),
             Begin::Dispatch { key } => key,

@@ -52,7 +52,9 @@ impl StoreSpec {
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// The file or its directory could not be created or opened.
-    #[error("cannot create or open {kind} `{path}`; check that the directory exists and is writable")]
+    #[error(
+        "cannot create or open {kind} `{path}`; check that the directory exists and is writable"
+    )]
     Io {
         /// File kind.
         kind: &'static str,
@@ -250,12 +252,15 @@ fn inspect(path: &Path, spec: &StoreSpec) -> Result<(), StoreError> {
     let header = (|| -> rusqlite::Result<(i32, i64, i64)> {
         let app: i32 = conn.query_row("PRAGMA application_id", [], |r| r.get(0))?;
         let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
-        let objects: i64 = conn.query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get(0))?;
+        let objects: i64 =
+            conn.query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get(0))?;
         Ok((app, version, objects))
     })();
     let (app, version, objects) = match header {
         Ok(h) => h,
-        Err(rusqlite::Error::SqliteFailure(e, _)) if e.code == rusqlite::ErrorCode::NotADatabase => {
+        Err(rusqlite::Error::SqliteFailure(e, _))
+            if e.code == rusqlite::ErrorCode::NotADatabase =>
+        {
             return Err(foreign("not a SQLite database".into()));
         }
         Err(e) => return Err(sqlite(spec, path, e)),
@@ -355,9 +360,11 @@ mod tests {
             .unwrap();
         assert_eq!(version, 2);
         let tables: i64 = conn
-            .query_row("SELECT count(*) FROM sqlite_master WHERE type='table'", [], |r| {
-                r.get(0)
-            })
+            .query_row(
+                "SELECT count(*) FROM sqlite_master WHERE type='table'",
+                [],
+                |r| r.get(0),
+            )
             .unwrap();
         assert_eq!(tables, 2);
     }
@@ -378,9 +385,11 @@ mod tests {
         let (journal, sync, app): (String, i64, i32) = store
             .read(|c| {
                 Ok::<_, StoreError>((
-                    c.query_row("PRAGMA journal_mode", [], |r| r.get(0)).unwrap(),
+                    c.query_row("PRAGMA journal_mode", [], |r| r.get(0))
+                        .unwrap(),
                     c.query_row("PRAGMA synchronous", [], |r| r.get(0)).unwrap(),
-                    c.query_row("PRAGMA application_id", [], |r| r.get(0)).unwrap(),
+                    c.query_row("PRAGMA application_id", [], |r| r.get(0))
+                        .unwrap(),
                 ))
             })
             .unwrap();
@@ -416,7 +425,10 @@ mod tests {
             c.execute_batch("PRAGMA application_id = 1234; CREATE TABLE t (x);")
                 .unwrap();
         });
-        assert!(err.to_string().contains("application id 0x000004d2"), "{err}");
+        assert!(
+            err.to_string().contains("application id 0x000004d2"),
+            "{err}"
+        );
 
         let err = refused_unmodified(|p| {
             let c = Connection::open(p).unwrap();
@@ -425,7 +437,14 @@ mod tests {
             c.pragma_update(None, "user_version", 3).unwrap();
         });
         assert!(
-            matches!(err, StoreError::TooNew { found: 3, supported: 2, .. }),
+            matches!(
+                err,
+                StoreError::TooNew {
+                    found: 3,
+                    supported: 2,
+                    ..
+                }
+            ),
             "{err:?}"
         );
 

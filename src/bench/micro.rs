@@ -1,7 +1,8 @@
 //! In-process pairs: the rule core's per-call work beside the plain serde_json work it adds to.
 //!
-//! Each side runs in batches of many iterations (sized to take a few milliseconds each, so the
-//! clock's resolution does not matter), alternating figure and baseline batch after batch.
+//! Each side runs in batches of many iterations (sized to take a few milliseconds each),
+//! alternating figure and baseline batch after batch. Batches are timed in the thread's CPU time,
+//! so time the scheduler gives to other processes on a shared machine is not counted.
 
 use super::fixtures;
 use super::stats::{PairSummary, Pairs, Quantity};
@@ -9,7 +10,7 @@ use crate::{canonical, shape};
 use serde_json::Value;
 use sha2::{Digest as _, Sha256};
 use std::hint::black_box;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// How long each batch should take, and how many rounds to run.
 #[derive(Debug, Clone, Copy)]
@@ -74,23 +75,37 @@ pub fn paired(
 
 /// Iterations that take about `batch`, after a warm-up.
 fn calibrate(op: &mut impl FnMut(), batch: Duration) -> u64 {
-    let warm_up = batch / 4;
-    let start = Instant::now();
+    let warm_up = (batch / 4).as_secs_f64();
+    let start = thread_cpu_seconds();
     let mut n = 0u64;
-    while start.elapsed() < warm_up || n < 8 {
+    while thread_cpu_seconds() - start < warm_up || n < 8 {
         op();
         n += 1;
     }
-    let per_op = start.elapsed().as_secs_f64() / n as f64;
+    let per_op = ((thread_cpu_seconds() - start) / n as f64).max(1e-9);
     ((batch.as_secs_f64() / per_op) as u64).max(1)
 }
 
+/// Seconds per operation, in this thread's CPU time: a batch that the scheduler preempts on a
+/// busy machine is not charged for the time other processes ran.
 fn time_batch(op: &mut impl FnMut(), n: u64) -> f64 {
-    let start = Instant::now();
+    let start = thread_cpu_seconds();
     for _ in 0..n {
         op();
     }
-    start.elapsed().as_secs_f64() / n as f64
+    (thread_cpu_seconds() - start) / n as f64
+}
+
+/// CPU time consumed by the calling thread (`CLOCK_THREAD_CPUTIME_ID`, nanosecond resolution).
+fn thread_cpu_seconds() -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec and the clock id is a constant Linux defines.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    assert_eq!(rc, 0, "CLOCK_THREAD_CPUTIME_ID is available on Linux");
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
 }
 
 #[cfg(test)]

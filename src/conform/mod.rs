@@ -117,7 +117,10 @@ pub async fn run(options: &Options) -> Result<Report, ConformError> {
     } else {
         None
     };
-    let progress = Progress::start(options.progress && std::io::stderr().is_terminal(), scenarios.len());
+    let progress = Progress::start(
+        options.progress && std::io::stderr().is_terminal(),
+        scenarios.len(),
+    );
     let mut checks = Vec::with_capacity(scenarios.len());
     for (index, scenario) in scenarios.iter().enumerate() {
         progress.scenario(index, &scenario.id);

@@ -27,7 +27,9 @@ pub enum ProbeError {
         source: std::io::Error,
     },
     /// `--wrap` was given no command.
-    #[error("`--wrap` needs a server command after `--`, e.g. `callid probe --wrap -- npx my-server`")]
+    #[error(
+        "`--wrap` needs a server command after `--`, e.g. `callid probe --wrap -- npx my-server`"
+    )]
     NoCommand,
     /// Reading from or writing to a stream failed.
     #[error("i/o failed while {doing}")]

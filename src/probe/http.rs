@@ -108,7 +108,8 @@ async fn tap_layer(State(st): State<Arc<HttpTap>>, req: Request, next: Next) -> 
             }
             Some(Err(e)) => {
                 tracing::debug!("reading a request body failed: {e}");
-                return (StatusCode::BAD_REQUEST, "failed to read the request body").into_response();
+                return (StatusCode::BAD_REQUEST, "failed to read the request body")
+                    .into_response();
             }
         }
     }

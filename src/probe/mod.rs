@@ -63,17 +63,21 @@ pub async fn run(options: ProbeOptions) -> Result<i32, ProbeError> {
     });
     let server = ProbeServer::new(digester.clone());
     if !options.wrap.is_empty() {
-        let tap = Arc::new(Tap::new(digester, log, record::Transport::Wrap, Mode::Observe));
-        return wrap::run_wrap(
-            &options.wrap,
-            tokio::io::stdin(),
-            tokio::io::stdout(),
-            tap,
-        )
-        .await;
+        let tap = Arc::new(Tap::new(
+            digester,
+            log,
+            record::Transport::Wrap,
+            Mode::Observe,
+        ));
+        return wrap::run_wrap(&options.wrap, tokio::io::stdin(), tokio::io::stdout(), tap).await;
     }
     if let Some(addr) = options.http {
-        let tap = Arc::new(Tap::new(digester, log, record::Transport::Http, Mode::Serve));
+        let tap = Arc::new(Tap::new(
+            digester,
+            log,
+            record::Transport::Http,
+            Mode::Serve,
+        ));
         let (listener, bound) = http::bind(addr).await?;
         eprintln!(
             "callid probe: serving MCP over streamable HTTP at http://{bound}{}",
@@ -82,7 +86,12 @@ pub async fn run(options: ProbeOptions) -> Result<i32, ProbeError> {
         http::serve_http(listener, tap, server).await?;
         return Ok(0);
     }
-    let tap = Arc::new(Tap::new(digester, log, record::Transport::Stdio, Mode::Serve));
+    let tap = Arc::new(Tap::new(
+        digester,
+        log,
+        record::Transport::Stdio,
+        Mode::Serve,
+    ));
     stdio::serve_stdio(tokio::io::stdin(), tokio::io::stdout(), tap, server).await?;
     Ok(0)
 }

@@ -456,7 +456,9 @@ pub fn rfc3339(secs: i64, millis: u32) -> String {
 #[derive(Debug, thiserror::Error)]
 pub enum LogError {
     /// The log file could not be opened for appending.
-    #[error("failed to open the probe log `{path}` for appending; check the directory exists and is writable")]
+    #[error(
+        "failed to open the probe log `{path}` for appending; check the directory exists and is writable"
+    )]
     Open {
         /// The path.
         path: PathBuf,
@@ -549,15 +551,29 @@ mod tests {
             "arguments": {"prompt": "secret-arg"},
             "_meta": {"callId": "call_secret", "progressToken": 3},
         });
-        let r = record_for_request("tools/call", Some(&json!(7)), Some(&params), 99, &ctx, &Digester::Plain);
+        let r = record_for_request(
+            "tools/call",
+            Some(&json!(7)),
+            Some(&params),
+            99,
+            &ctx,
+            &Digester::Plain,
+        );
         assert_eq!(r.kind, Kind::Request);
         assert_eq!(r.tool.as_deref(), Some("capabilities"));
         assert_eq!(
             r.identity,
-            Some(IdentityVerdict::Accepted { platform: "codex".into(), source: "callId".into() })
+            Some(IdentityVerdict::Accepted {
+                platform: "codex".into(),
+                source: "callId".into()
+            })
         );
-        let hash = canonical::request_hash("capabilities", &json!({"prompt": "secret-arg"})).unwrap();
-        assert_eq!(r.request_digest, Some(Digester::Plain.bytes(hash.as_str().as_bytes())));
+        let hash =
+            canonical::request_hash("capabilities", &json!({"prompt": "secret-arg"})).unwrap();
+        assert_eq!(
+            r.request_digest,
+            Some(Digester::Plain.bytes(hash.as_str().as_bytes()))
+        );
         let text = serde_json::to_string(&r).unwrap();
         assert!(!text.contains("secret"), "{text}");
         let back: Record = serde_json::from_str(&text).unwrap();
@@ -568,7 +584,10 @@ mod tests {
     fn meta_variants() {
         let d = Digester::Plain;
         assert_eq!(MetaRecord::of(None, &d), MetaRecord::Absent);
-        assert!(matches!(MetaRecord::of(Some(&json!("x")), &d), MetaRecord::NotObject { .. }));
+        assert!(matches!(
+            MetaRecord::of(Some(&json!("x")), &d),
+            MetaRecord::NotObject { .. }
+        ));
         let text = serde_json::to_string(&MetaRecord::of(Some(&json!({"a": 1})), &d)).unwrap();
         assert!(text.starts_with(r#"{"status":"object","root""#), "{text}");
     }
@@ -579,18 +598,25 @@ mod tests {
         let r = record_for_request(
             "initialize",
             Some(&json!(0)),
-            Some(&json!({"protocolVersion": "2025-06-18", "clientInfo": {"name": "codex-mcp-client", "version": "0.171.0"}})),
+            Some(
+                &json!({"protocolVersion": "2025-06-18", "clientInfo": {"name": "codex-mcp-client", "version": "0.171.0"}}),
+            ),
             10,
             &ctx,
             &Digester::Plain,
         );
         let c = r.client.unwrap();
-        assert_eq!((c.name.as_str(), c.version.as_str(), c.from), ("codex-mcp-client", "0.171.0", ClientInfoFrom::Initialize));
+        assert_eq!(
+            (c.name.as_str(), c.version.as_str(), c.from),
+            ("codex-mcp-client", "0.171.0", ClientInfoFrom::Initialize)
+        );
         assert_eq!(r.protocol_version.as_deref(), Some("2025-06-18"));
         let r = record_for_request(
             "server/discover",
             Some(&json!("d")),
-            Some(&json!({"_meta": {CLIENT_INFO_META_KEY: {"name": "claude-code", "version": "2.1.332"}, PROTOCOL_VERSION_META_KEY: "2026-07-28"}})),
+            Some(
+                &json!({"_meta": {CLIENT_INFO_META_KEY: {"name": "claude-code", "version": "2.1.332"}, PROTOCOL_VERSION_META_KEY: "2026-07-28"}}),
+            ),
             10,
             &ctx,
             &Digester::Plain,

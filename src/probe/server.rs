@@ -12,9 +12,9 @@
 use crate::identity;
 use crate::shape::{self, Digester};
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, DiscoverRequestMethod,
-    DiscoverResult, Implementation, ListToolsResult, PaginatedRequestParams, ServerCapabilities,
-    ServerConfig, Tool, ToolAnnotations,
+    CallToolRequestParams, CallToolResponse, CallToolResult, DiscoverRequestMethod, DiscoverResult,
+    Implementation, ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig,
+    Tool, ToolAnnotations,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
@@ -110,7 +110,10 @@ fn pointer_key(path: &str) -> String {
 impl ServerHandler for ProbeServer {
     fn get_info(&self) -> ServerConfig {
         ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
-            .with_server_info(Implementation::new("callid-probe", env!("CARGO_PKG_VERSION")))
+            .with_server_info(Implementation::new(
+                "callid-probe",
+                env!("CARGO_PKG_VERSION"),
+            ))
             .with_instructions(
                 "callid probe: call the `capabilities` tool to see whether this client sends a \
                  trusted per-call ID in `_meta`.",
@@ -149,10 +152,7 @@ impl ServerHandler for ProbeServer {
         // rmcp moves the request's `_meta` into the context; an empty map means none was sent.
         let map = &context.meta.0.0;
         let meta = (!map.is_empty()).then(|| Value::Object(map.clone()));
-        let arguments = request
-            .arguments
-            .map(Value::Object)
-            .unwrap_or(Value::Null);
+        let arguments = request.arguments.map(Value::Object).unwrap_or(Value::Null);
         let answer = capabilities_answer(meta.as_ref(), &arguments, &self.digester);
         Ok(CallToolResult::structured(answer).into())
     }

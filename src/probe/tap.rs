@@ -228,7 +228,8 @@ impl TapConnection {
                 let (code, message, rpc) = if e.to_string().contains("recursion limit") {
                     (
                         "too_deep",
-                        "JSON nested deeper than 128 levels; the probe parses up to 128".to_string(),
+                        "JSON nested deeper than 128 levels; the probe parses up to 128"
+                            .to_string(),
                         codes::INVALID_REQUEST,
                     )
                 } else {
@@ -670,12 +671,28 @@ mod tests {
     #[test]
     fn skimmer_table() {
         let cases: Vec<(&str, Option<Value>, Option<&str>)> = vec![
-            (r#"{"jsonrpc":"2.0","id":7,"method":"tools/call"}"#, Some(json!(7)), Some("tools/call")),
-            (r#"{"method":"x","params":{"id":1,"method":"inner"},"id":"a\"b"}"#, Some(json!("a\"b")), Some("x")),
-            (r#"{ "id" : -1.5 , "method" : "m" }"#, Some(json!(-1.5)), Some("m")),
+            (
+                r#"{"jsonrpc":"2.0","id":7,"method":"tools/call"}"#,
+                Some(json!(7)),
+                Some("tools/call"),
+            ),
+            (
+                r#"{"method":"x","params":{"id":1,"method":"inner"},"id":"a\"b"}"#,
+                Some(json!("a\"b")),
+                Some("x"),
+            ),
+            (
+                r#"{ "id" : -1.5 , "method" : "m" }"#,
+                Some(json!(-1.5)),
+                Some("m"),
+            ),
             (r#"{"id":null}"#, Some(Value::Null), None),
             (r#"{"id":{"x":1},"method":"m"}"#, None, Some("m")),
-            (r#"{"params":{"_meta":[[[[[[]]]]]]},"id":3"#, Some(json!(3)), None),
+            (
+                r#"{"params":{"_meta":[[[[[[]]]]]]},"id":3"#,
+                Some(json!(3)),
+                None,
+            ),
             (r#"[{"id":1}]"#, None, None),
             (r#"not json"#, None, None),
         ];
@@ -703,7 +720,10 @@ mod tests {
     fn framer_bounds_lines() {
         let mut f = LineFramer::default();
         let mut out = Vec::new();
-        let big = format!(r#"{{"id":5,"method":"m","params":{{"x":"{}"}}}}"#, "a".repeat(MAX_MESSAGE_BYTES));
+        let big = format!(
+            r#"{{"id":5,"method":"m","params":{{"x":"{}"}}}}"#,
+            "a".repeat(MAX_MESSAGE_BYTES)
+        );
         f.push(b"{\"id\":1}\n\n  \n", &mut out);
         for chunk in big.as_bytes().chunks(8192) {
             f.push(chunk, &mut out);
@@ -740,18 +760,27 @@ mod tests {
     #[test]
     fn discover_is_answered_and_initialize_is_forwarded() {
         let (_tap, mut c) = serve_tap();
-        let o = c.client_frame(&msg(json!({"jsonrpc":"2.0","id":"d-1","method":"server/discover","params":{}})));
+        let o = c.client_frame(&msg(
+            json!({"jsonrpc":"2.0","id":"d-1","method":"server/discover","params":{}}),
+        ));
         assert!(!o.forward);
         let a = o.answer.unwrap();
         assert_eq!(a["id"], json!("d-1"));
         assert_eq!(a["error"]["code"], json!(-32601));
-        let o = c.client_frame(&msg(json!({"jsonrpc":"2.0","method":"notifications/initialized"})));
-        assert!(!o.forward, "a notification before the first request is not forwarded");
+        let o = c.client_frame(&msg(
+            json!({"jsonrpc":"2.0","method":"notifications/initialized"}),
+        ));
+        assert!(
+            !o.forward,
+            "a notification before the first request is not forwarded"
+        );
         let o = c.client_frame(&msg(json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{
             "protocolVersion":"2025-11-25","clientInfo":{"name":"claude-code","version":"2.1.332"}}})));
         assert!(o.forward && o.answer.is_none());
         c.server_message(br#"{"jsonrpc":"2.0","id":0,"result":{"protocolVersion":"2025-06-18"}}"#);
-        let o = c.client_frame(&msg(json!({"jsonrpc":"2.0","method":"notifications/initialized"})));
+        let o = c.client_frame(&msg(
+            json!({"jsonrpc":"2.0","method":"notifications/initialized"}),
+        ));
         assert!(o.forward);
         let r = &o.records[0];
         assert_eq!(r.client.as_ref().unwrap().name, "claude-code");
@@ -764,12 +793,19 @@ mod tests {
         let o = c.client_frame(&Frame::Message(b"{not json".to_vec()));
         assert_eq!(o.records[0].error.as_ref().unwrap().code, "malformed_json");
         assert_eq!(o.answer.unwrap()["error"]["code"], json!(-32700));
-        let deep = format!(r#"{{"jsonrpc":"2.0","id":11,"method":"tools/call","params":{{"_meta":{}{}}}}}"#, "[".repeat(1000), "]".repeat(1000));
+        let deep = format!(
+            r#"{{"jsonrpc":"2.0","id":11,"method":"tools/call","params":{{"_meta":{}{}}}}}"#,
+            "[".repeat(1000),
+            "]".repeat(1000)
+        );
         let o = c.client_frame(&Frame::Message(deep.into_bytes()));
         assert_eq!(o.records[0].error.as_ref().unwrap().code, "too_deep");
         assert_eq!(o.records[0].method.as_deref(), Some("tools/call"));
         let a = o.answer.unwrap();
-        assert_eq!((a["id"].clone(), a["error"]["code"].clone()), (json!(11), json!(-32600)));
+        assert_eq!(
+            (a["id"].clone(), a["error"]["code"].clone()),
+            (json!(11), json!(-32600))
+        );
         let o = c.client_frame(&Frame::Message(b"42".to_vec()));
         assert_eq!(o.records[0].error.as_ref().unwrap().code, "not_jsonrpc");
         assert!(!o.forward);

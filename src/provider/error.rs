@@ -58,7 +58,9 @@ pub enum ProviderError {
         when: &'static str,
     },
     /// The provider could not be reached, or did not answer in time (client side).
-    #[error("provider at `{url}` unreachable or did not answer; retrying with the same key is safe")]
+    #[error(
+        "provider at `{url}` unreachable or did not answer; retrying with the same key is safe"
+    )]
     Unavailable {
         /// The provider's base URL.
         url: String,

@@ -14,7 +14,7 @@
 //! `application_id` `0x434c504c` ("CLPL"), `user_version` 1; see [`crate::backend::store`].
 
 use super::error::ProviderError;
-use super::types::{ChargeOutcome, ChargeRecord, ImageRequest, Image, Receipt, validate_key};
+use super::types::{ChargeOutcome, ChargeRecord, Image, ImageRequest, Receipt, validate_key};
 use crate::backend::store::{Store, StoreSpec};
 use rusqlite::{OptionalExtension as _, params};
 use sha2::{Digest as _, Sha256};
@@ -219,7 +219,10 @@ mod tests {
         assert_eq!(ledger.charge_count().unwrap(), 2);
         let records = ledger.charges().unwrap();
         assert_eq!(
-            records.iter().map(|r| r.idempotency_key.as_str()).collect::<Vec<_>>(),
+            records
+                .iter()
+                .map(|r| r.idempotency_key.as_str())
+                .collect::<Vec<_>>(),
             ["k1", "k2"]
         );
     }
@@ -229,9 +232,15 @@ mod tests {
         let (_dir, ledger) = ledger();
         let mut bad_model = ImageRequest::new("x");
         bad_model.model = "nope".into();
-        assert_eq!(ledger.charge("k", &bad_model).unwrap_err().code(), "unknown_model");
         assert_eq!(
-            ledger.charge("bad key", &ImageRequest::new("x")).unwrap_err().code(),
+            ledger.charge("k", &bad_model).unwrap_err().code(),
+            "unknown_model"
+        );
+        assert_eq!(
+            ledger
+                .charge("bad key", &ImageRequest::new("x"))
+                .unwrap_err()
+                .code(),
             "invalid_idempotency_key"
         );
         assert_eq!(ledger.charge_count().unwrap(), 0);

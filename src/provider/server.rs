@@ -200,7 +200,10 @@ async fn create_image(State(state): State<AppState>, headers: HeaderMap, body: B
         Ok((body, replayed)) => {
             let mut response = (
                 StatusCode::OK,
-                [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))],
+                [(
+                    header::CONTENT_TYPE,
+                    HeaderValue::from_static("application/json"),
+                )],
                 body,
             )
                 .into_response();

@@ -211,20 +211,32 @@ mod tests {
         .unwrap();
         assert_eq!(short, full);
         assert_eq!(short.fingerprint(), full.fingerprint());
-        assert_ne!(
-            short.fingerprint(),
-            ImageRequest::new("fox ").fingerprint()
-        );
+        assert_ne!(short.fingerprint(), ImageRequest::new("fox ").fingerprint());
         assert_eq!(short.validate().unwrap(), 3);
         assert!(serde_json::from_str::<ImageRequest>(r#"{"prompt":"x","seed":1}"#).is_err());
 
         let mut r = ImageRequest::new("fox");
         for (edit, code) in [
-            (Box::new(|r: &mut ImageRequest| r.prompt = " ".into()) as Box<dyn Fn(&mut _)>, "invalid_request"),
-            (Box::new(|r: &mut ImageRequest| r.prompt = "x".repeat(4001)), "invalid_request"),
-            (Box::new(|r: &mut ImageRequest| r.width = 63), "invalid_request"),
-            (Box::new(|r: &mut ImageRequest| r.height = 4097), "invalid_request"),
-            (Box::new(|r: &mut ImageRequest| r.model = "dall-e".into()), "unknown_model"),
+            (
+                Box::new(|r: &mut ImageRequest| r.prompt = " ".into()) as Box<dyn Fn(&mut _)>,
+                "invalid_request",
+            ),
+            (
+                Box::new(|r: &mut ImageRequest| r.prompt = "x".repeat(4001)),
+                "invalid_request",
+            ),
+            (
+                Box::new(|r: &mut ImageRequest| r.width = 63),
+                "invalid_request",
+            ),
+            (
+                Box::new(|r: &mut ImageRequest| r.height = 4097),
+                "invalid_request",
+            ),
+            (
+                Box::new(|r: &mut ImageRequest| r.model = "dall-e".into()),
+                "unknown_model",
+            ),
         ] {
             let mut bad = r.clone();
             edit(&mut bad);
