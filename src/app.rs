@@ -7,6 +7,7 @@
 
 use crate::cli::{Cli, Command};
 use crate::exit_codes;
+use anyhow::Context as _;
 use std::process::ExitCode;
 
 /// Runs the parsed command line.
@@ -14,15 +15,53 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     init_tracing();
     match cli.command {
         Command::Probe(args) => run_probe(args),
-        Command::Classify(_) => anyhow::bail!("`callid classify` is not built yet"),
-        Command::Demo(_) => anyhow::bail!("`callid demo` is not built yet"),
-        Command::Router(_) => anyhow::bail!("`callid router` is not built yet"),
+        Command::Classify(args) => run_classify(args),
+        Command::Demo(args) => run_demo(args),
+        Command::Router(args) => run_router(args),
         Command::Provider(args) => run_provider(args),
         Command::Conform(args) => conform(args),
         Command::Matrix(_) => anyhow::bail!("`callid matrix` is not built yet"),
         Command::Measure(_) => anyhow::bail!("`callid measure` is not built yet"),
         Command::Bench(args) => bench(args),
     }
+}
+
+/// `callid provider`: opens the ledger, binds, prints `listening on http://ADDR`, serves until
+/// SIGINT or SIGTERM.
+fn run_provider(args: crate::cli::ProviderArgs) -> anyhow::Result<ExitCode> {
+    use anyhow::Context as _;
+    use std::io::Write as _;
+    if !args.listen.ip().is_loopback() {
+        anyhow::bail!(
+            "refusing to listen on `{}`: the provider has no authentication; use a loopback \
+             address such as 127.0.0.1:0",
+            args.listen
+        );
+    }
+    let ledger = crate::provider::Ledger::open(&args.ledger)
+        .with_context(|| format!("opening the provider ledger `{}`", args.ledger.display()))?;
+    let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(args.listen)
+            .await
+            .with_context(|| format!("binding `{}`", args.listen))?;
+        let addr = listener.local_addr().context("reading the bound address")?;
+        let handle = crate::provider::spawn(listener, ledger, None)
+            .context("starting the provider server")?;
+        let mut stdout = std::io::stdout().lock();
+        writeln!(stdout, "listening on http://{addr}")?;
+        stdout.flush()?;
+        drop(stdout);
+        let mut terminate =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                .context("installing the SIGTERM handler")?;
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = terminate.recv() => {}
+        }
+        handle.shutdown().await.context("serving the provider")?;
+        Ok(ExitCode::from(exit_codes::SUCCESS))
+    })
 }
 
 fn run_probe(args: crate::cli::ProbeArgs) -> anyhow::Result<ExitCode> {
@@ -38,6 +77,135 @@ fn run_probe(args: crate::cli::ProbeArgs) -> anyhow::Result<ExitCode> {
     runtime.shutdown_background();
     let code = result.map_err(anyhow::Error::from)?;
     Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)))
+}
+
+fn verdict_format(format: crate::cli::FormatArg) -> anyhow::Result<crate::classify::Format> {
+    use crate::cli::FormatArg;
+    match format {
+        FormatArg::Table => Ok(crate::classify::Format::Table),
+        FormatArg::Markdown => Ok(crate::classify::Format::Markdown),
+        FormatArg::Json => Ok(crate::classify::Format::Json),
+        FormatArg::Junit => {
+            anyhow::bail!("`--format junit` is not available here; use table, markdown or json")
+        }
+    }
+}
+
+fn run_classify(args: crate::cli::ClassifyArgs) -> anyhow::Result<ExitCode> {
+    let format = verdict_format(args.format)?;
+    let (records, bad) = crate::classify::read_logs(&args.logs)?;
+    for line in &bad {
+        eprintln!("warning: skipped {line}");
+    }
+    let verdicts = crate::classify::classify(&records);
+    let mut out = std::io::stdout().lock();
+    crate::classify::render(&verdicts, format, &mut out)?;
+    Ok(ExitCode::from(exit_codes::SUCCESS))
+}
+
+fn run_demo(args: crate::cli::DemoArgs) -> anyhow::Result<ExitCode> {
+    let format = verdict_format(args.format)?;
+    let runtime = tokio::runtime::Runtime::new()?;
+    let result = runtime.block_on(crate::probe::demo::run());
+    runtime.shutdown_background();
+    let outcome = result.context("running the demo")?;
+    let mut out = std::io::stdout().lock();
+    crate::classify::render(&outcome.verdicts, format, &mut out)?;
+    if outcome.mismatches.is_empty() {
+        Ok(ExitCode::from(exit_codes::SUCCESS))
+    } else {
+        for m in &outcome.mismatches {
+            eprintln!("demo: {m}");
+        }
+        Ok(ExitCode::from(exit_codes::CHECK_FAILED))
+    }
+}
+
+/// Prints `err` once, with its cause chain, and returns the exit code for it.
+pub fn report_error(err: &anyhow::Error) -> ExitCode {
+    if is_broken_pipe(err) {
+        return ExitCode::from(exit_codes::SUCCESS);
+    }
+    eprintln!("error: {err:#}");
+    ExitCode::from(exit_codes::SETUP_ERROR)
+}
+
+fn is_broken_pipe(err: &anyhow::Error) -> bool {
+    err.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
+/// Logs go to stderr (stdout may carry the MCP protocol), filtered by `CALLID_LOG` (default
+/// `warn`).
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("CALLID_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .try_init();
+}
+
+/// `callid router`: serve MCP, or run an operator command on the registry.
+fn run_router(args: crate::cli::RouterArgs) -> anyhow::Result<ExitCode> {
+    use crate::cli::{RegistryArg, RouterCommand};
+    use crate::router::{operator, policy::Policy, registry};
+    use anyhow::Context as _;
+    let registry_path = |arg: &RegistryArg| -> anyhow::Result<std::path::PathBuf> {
+        arg.registry
+            .clone()
+            .or_else(registry::default_path)
+            .context("no registry location: pass `--registry FILE` (or set XDG_DATA_HOME or HOME)")
+    };
+    let out = match args.command {
+        Some(RouterCommand::Approve { handle, registry }) => {
+            operator::approve(&registry_path(&registry)?, &handle)?
+        }
+        Some(RouterCommand::Deny {
+            handle,
+            reason,
+            registry,
+        }) => operator::deny(&registry_path(&registry)?, &handle, reason.as_deref())?,
+        Some(RouterCommand::Status { handle, registry }) => {
+            operator::status(&registry_path(&registry)?, &handle)?
+        }
+        Some(RouterCommand::Keys {
+            file,
+            count,
+            prefix,
+        }) => operator::keys(&file, count, &prefix)?,
+        None => {
+            let serve = args.serve;
+            let file_policy = match &serve.policy {
+                Some(path) => Policy::load(path)?,
+                None => Policy::default(),
+            };
+            let policy = file_policy.overridden_by(Policy {
+                approval_above_cents: serve.approval_above_cents,
+                approval_models: serve.approval_models,
+                budget_cents: serve.budget_cents,
+            });
+            let options = crate::router::RouterOptions {
+                registry: registry_path(&serve.registry)?,
+                provider_url: serve.provider_url,
+                policy,
+                preallocated_keys: serve.preallocated_keys,
+                key_prefix: serve.key_prefix,
+                handle_prefix: serve.handle_prefix,
+                diagnose_meta: serve.diagnose_meta,
+            };
+            let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+            runtime.block_on(crate::router::run(options, serve.http))?;
+            return Ok(ExitCode::from(exit_codes::SUCCESS));
+        }
+    };
+    use std::io::Write as _;
+    std::io::stdout().write_all(out.as_bytes())?;
+    Ok(ExitCode::from(exit_codes::SUCCESS))
 }
 
 /// `callid conform`: runs the scenarios and renders the report; 1 when a check failed unexpectedly
@@ -84,73 +252,6 @@ fn conform(args: crate::cli::ConformArgs) -> anyhow::Result<ExitCode> {
     } else {
         exit_codes::CHECK_FAILED
     }))
-}
-
-/// `callid provider`: opens the ledger, binds, prints `listening on http://ADDR`, serves until
-/// SIGINT or SIGTERM.
-fn run_provider(args: crate::cli::ProviderArgs) -> anyhow::Result<ExitCode> {
-    use anyhow::Context as _;
-    use std::io::Write as _;
-    if !args.listen.ip().is_loopback() {
-        anyhow::bail!(
-            "refusing to listen on `{}`: the provider has no authentication; use a loopback \
-             address such as 127.0.0.1:0",
-            args.listen
-        );
-    }
-    let ledger = crate::provider::Ledger::open(&args.ledger)
-        .with_context(|| format!("opening the provider ledger `{}`", args.ledger.display()))?;
-    let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
-    runtime.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(args.listen)
-            .await
-            .with_context(|| format!("binding `{}`", args.listen))?;
-        let addr = listener.local_addr().context("reading the bound address")?;
-        let handle = crate::provider::spawn(listener, ledger, None)
-            .context("starting the provider server")?;
-        let mut stdout = std::io::stdout().lock();
-        writeln!(stdout, "listening on http://{addr}")?;
-        stdout.flush()?;
-        drop(stdout);
-        let mut terminate =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-                .context("installing the SIGTERM handler")?;
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = terminate.recv() => {}
-        }
-        handle.shutdown().await.context("serving the provider")?;
-        Ok(ExitCode::from(exit_codes::SUCCESS))
-    })
-}
-
-/// Prints `err` once, with its cause chain, and returns the exit code for it.
-pub fn report_error(err: &anyhow::Error) -> ExitCode {
-    if is_broken_pipe(err) {
-        return ExitCode::from(exit_codes::SUCCESS);
-    }
-    eprintln!("error: {err:#}");
-    ExitCode::from(exit_codes::SETUP_ERROR)
-}
-
-fn is_broken_pipe(err: &anyhow::Error) -> bool {
-    err.chain().any(|cause| {
-        cause
-            .downcast_ref::<std::io::Error>()
-            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
-    })
-}
-
-/// Logs go to stderr (stdout may carry the MCP protocol), filtered by `CALLID_LOG` (default
-/// `warn`).
-fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("CALLID_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_target(false)
-        .try_init();
 }
 
 /// `callid bench`: exit 0 when every row was measured or skipped (a missed target is reported,

@@ -32,11 +32,11 @@ pub enum BackendError {
         remaining_cents: u64,
     },
     /// The provider does not sell this model.
-    #[error("{0}")]
-    UnknownModel(#[source] ProviderError),
+    #[error(transparent)]
+    UnknownModel(ProviderError),
     /// The request is out of the provider's bounds.
-    #[error("{0}")]
-    InvalidRequest(#[source] ProviderError),
+    #[error(transparent)]
+    InvalidRequest(ProviderError),
     /// The provider could not be reached or failed transiently; retrying the same call is safe.
     #[error(
         "the image provider is unavailable; retry the same call later (it will not be charged twice)"

@@ -307,3 +307,6 @@ fn join_error(join: tokio::task::JoinError) -> BackendError {
         source: store::other_error(format!("backend task failed: {join}")),
     })
 }
+
+#[cfg(test)]
+mod tests;

@@ -130,3 +130,95 @@ where
     let _ = server_out.await;
     writer.await.unwrap_or(Ok(()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::probe::record::{Kind, Record, ShapeLog, Transport};
+    use crate::probe::tap::Mode;
+    use crate::shape::Digester;
+    use rmcp::model::{CallToolRequestParams, MetaObject, RequestMetaObject};
+    use serde_json::{Value, json};
+    use std::io::Write;
+
+    /// A log sink the test can read back.
+    #[derive(Clone, Default)]
+    struct Shared(Arc<Mutex<Vec<u8>>>);
+    impl Write for Shared {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// A real rmcp client talks to the probe over an in-memory duplex: whatever lifecycle it
+    /// opens with (`server/discover` or `initialize`), it ends up calling the tool, and every
+    /// message it sent is in the log.
+    #[tokio::test]
+    async fn rmcp_client_over_duplex() {
+        let log = Shared::default();
+        let tap = Arc::new(Tap::new(
+            Digester::Plain,
+            Arc::new(ShapeLog::from_writer(Box::new(log.clone()))),
+            Transport::Stdio,
+            Mode::Serve,
+        ));
+        let (client_side, probe_side) = tokio::io::duplex(64 * 1024);
+        let (probe_in, probe_out) = tokio::io::split(probe_side);
+        let server = tokio::spawn(serve_stdio(
+            probe_in,
+            probe_out,
+            tap,
+            ProbeServer::new(Digester::Plain),
+        ));
+        let client = ().serve(tokio::io::split(client_side)).await.expect("initialized");
+        let tools = client.list_all_tools().await.unwrap();
+        assert_eq!(tools.len(), 1);
+        assert_eq!(tools[0].name, "capabilities");
+        let meta: serde_json::Map<String, Value> =
+            serde_json::from_value(json!({"callId": "call_inprocess-secret-1"})).unwrap();
+        let mut params = CallToolRequestParams::new("capabilities");
+        params.meta = Some(RequestMetaObject(MetaObject(meta)));
+        let result = client.call_tool(params).await.unwrap();
+        let answer = result.structured_content.unwrap();
+        assert_eq!(answer["identity"]["verdict"], json!("accepted"));
+        assert_eq!(answer["identity"]["source"], json!("callId"));
+        let no_meta = client
+            .call_tool(CallToolRequestParams::new("capabilities"))
+            .await
+            .unwrap()
+            .structured_content
+            .unwrap();
+        // rmcp always adds its own progressToken, so `_meta` is present but has no source.
+        assert_eq!(no_meta["identity"]["code"], json!("missing_identity"));
+        client.cancel().await.unwrap();
+        server.await.unwrap().unwrap();
+
+        let text = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
+        assert!(!text.contains("inprocess-secret"), "{text}");
+        let records: Vec<Record> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let methods: Vec<&str> = records
+            .iter()
+            .filter_map(|r| r.method.as_deref())
+            .collect();
+        assert!(methods.contains(&"tools/list"), "{methods:?}");
+        assert_eq!(
+            methods.iter().filter(|m| **m == "tools/call").count(),
+            2,
+            "{methods:?}"
+        );
+        let call = records
+            .iter()
+            .find(|r| r.method.as_deref() == Some("tools/call"))
+            .unwrap();
+        assert_eq!(call.kind, Kind::Request);
+        assert!(call.request_digest.is_some());
+        assert!(call.client.is_some(), "the client named itself: {call:?}");
+    }
+}

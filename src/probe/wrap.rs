@@ -2,8 +2,9 @@
 //!
 //! # Guarantees
 //! - Every byte the client writes reaches the wrapped server unchanged and in order, and every
-//!   byte the server writes reaches the client unchanged: chunks are forwarded as they are read,
-//!   before and independently of any parsing, so neither side can tell the proxy is there.
+//!   byte the server writes reaches the client unchanged: each chunk is forwarded as it was read
+//!   (parsing only looks at a copy, and never holds a chunk back waiting for a whole line), so
+//!   neither side can tell the proxy is there.
 //! - The client's messages are recorded through the tap in [`super::tap::Mode::Observe`]: it
 //!   never answers and never drops. The server's replies are read only to learn the agreed
 //!   protocol version.
@@ -74,7 +75,7 @@ where
     Ok(status.code().unwrap_or(1))
 }
 
-/// Copies `from` to `to` chunk by chunk, showing each chunk to `observe` after forwarding it.
+/// Copies `from` to `to` chunk by chunk, showing each chunk to `observe` just before forwarding it.
 /// At the end of `from`, flushes the framer and closes `to`.
 async fn pump<R, W, F>(mut from: R, mut to: W, mut observe: F)
 where
@@ -91,11 +92,13 @@ where
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
+        // Observed first, so what a reply teaches (the agreed protocol) is known before the
+        // client can send its next message; the bytes forwarded are the bytes read either way.
+        observe(&buf[..n], &mut framer, &mut frames);
         if open && (to.write_all(&buf[..n]).await.is_err() || to.flush().await.is_err()) {
             // Keep reading (and recording) even when the other side went away.
             open = false;
         }
-        observe(&buf[..n], &mut framer, &mut frames);
     }
     framer.finish(&mut frames);
     observe(&[], &mut framer, &mut frames);

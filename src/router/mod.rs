@@ -1,2 +1,52 @@
 //! The reference router: trusted identity, request hash, durable registry, private keys and
 //! public handles, scrubbing and approvals, in front of the backend layers.
+//!
+//! `callid router` is an MCP server (stdio, or streamable HTTP with `--http`) with one spend tool,
+//! `generate_image`, and three that spend nothing: `operation_status`, `resume_operation`,
+//! `capabilities`. It implements every rule of the design article, in its order, for every spend
+//! call (see [`spend`]): identity in the arguments refused, the trusted identity read from
+//! `_meta` (fail closed), the request hashed, the durable [`registry`] consulted, the call
+//! resolved (new, redelivery, or mismatch), then forwarded to the [`crate::backend`] layers with a
+//! private operation key that never leaves the router ([`scrub`]).
+//!
+//! # Layout
+//! - [`spend`]: [`Router`], the per-call pipeline and the tool replies.
+//! - [`registry`]: the SQLite registry, with its Durability, Concurrency, Compatibility and
+//!   Retention contract.
+//! - [`scrub`]: removes private keys from every reply.
+//! - [`policy`]: when a person must approve, and the budget.
+//! - [`preallocated`]: the operator-filled key pool of preallocated mode.
+//! - [`diagnose`]: `--diagnose-meta`, the shape of each call's `_meta`, never values.
+//! - [`server`]: the rmcp `ServerHandler`, stdio and streamable HTTP.
+//! - [`operator`]: `approve`, `deny`, `status`, `keys`.
+//!
+//! # Guarantees
+//! - No spend is dispatched before its registry row is committed; a registry that cannot be
+//!   opened or written makes every spend fail closed with `registry_unavailable`.
+//! - A call id answers one operation: redelivery returns the recorded result (marked
+//!   `_meta["callid/replayed"] = true`) or continues the same operation under the same key, so a
+//!   crash at any boundary never yields a second charge.
+//! - No reply contains a private operation key.
+
+pub mod diagnose;
+pub mod operator;
+pub mod policy;
+pub mod preallocated;
+pub mod registry;
+pub mod scrub;
+pub mod server;
+pub mod spend;
+
+pub use spend::{Router, RouterOptions};
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+/// Runs the router until its client goes away (stdio) or Ctrl-C (`http`).
+pub async fn run(options: RouterOptions, http: Option<SocketAddr>) -> anyhow::Result<()> {
+    let router = Arc::new(Router::new(options));
+    match http {
+        Some(addr) => server::serve_http(router, addr).await,
+        None => server::serve_stdio(router).await,
+    }
+}

@@ -1,0 +1,152 @@
+//! The spend policy: when a person must approve, and the account's budget.
+//!
+//! [`Policy`] comes from flags (`--approval-above-cents`, `--approval-model`, `--budget-cents`)
+//! and/or a YAML file (`--policy FILE`); a flag overrides the file's field. The policy only ever
+//! adds a person or a limit in front of a spend: [`Policy::needs_approval`] is a pure function of
+//! the quoted price and the model, decided once when the operation is recorded and stored with
+//! it, so a redelivery can never skip an approval that the original call needed.
+//!
+//! ```yaml
+//! approval_above_cents: 10      # spends above 10 cents need a person
+//! approval_models: [flux-pro]   # every spend with these models needs a person
+//! budget_cents: 500             # the account's budget (enforced by the authorization layer)
+//! ```
+
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+/// The spend policy.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Policy {
+    /// Spends strictly above this many cents need a person.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval_above_cents: Option<u64>,
+    /// Spends with any of these models need a person.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub approval_models: Vec<String>,
+    /// The account's budget in cents (`None`: unlimited).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget_cents: Option<u64>,
+}
+
+/// Why a policy file cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum PolicyError {
+    /// The file cannot be read.
+    #[error("cannot read policy file `{path}`: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not a valid policy.
+    #[error("policy file `{path}` is invalid at `{at}`: {message}")]
+    Parse {
+        /// The file.
+        path: String,
+        /// Where in the document.
+        at: String,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+impl Policy {
+    /// Reads a YAML policy file.
+    pub fn load(path: &Path) -> Result<Policy, PolicyError> {
+        let text = std::fs::read_to_string(path).map_err(|source| PolicyError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Self::parse(&text, &path.display().to_string())
+    }
+
+    /// Parses a YAML policy document (`origin` names it in errors).
+    pub fn parse(text: &str, origin: &str) -> Result<Policy, PolicyError> {
+        if text.trim().is_empty() {
+            return Ok(Policy::default());
+        }
+        let de = serde_yaml::Deserializer::from_str(text);
+        serde_path_to_error::deserialize(de).map_err(|e| PolicyError::Parse {
+            path: origin.to_string(),
+            at: e.path().to_string(),
+            message: e.inner().to_string(),
+        })
+    }
+
+    /// This policy with the fields that `flags` sets replacing its own.
+    pub fn overridden_by(mut self, flags: Policy) -> Policy {
+        if flags.approval_above_cents.is_some() {
+            self.approval_above_cents = flags.approval_above_cents;
+        }
+        if !flags.approval_models.is_empty() {
+            self.approval_models = flags.approval_models;
+        }
+        if flags.budget_cents.is_some() {
+            self.budget_cents = flags.budget_cents;
+        }
+        self
+    }
+
+    /// Whether a spend of `amount_cents` with `model` needs a person's approval.
+    pub fn needs_approval(&self, amount_cents: u64, model: &str) -> bool {
+        self.approval_above_cents
+            .is_some_and(|limit| amount_cents > limit)
+            || self.approval_models.iter().any(|m| m == model)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn approval_table() {
+        let p = Policy {
+            approval_above_cents: Some(5),
+            approval_models: vec!["flux-pro".into()],
+            budget_cents: None,
+        };
+        let cases = [
+            (3, "flux-schnell", false),
+            (5, "flux-schnell", false),
+            (6, "flux-schnell", true),
+            (1, "flux-pro", true),
+        ];
+        for (amount, model, want) in cases {
+            assert_eq!(p.needs_approval(amount, model), want, "{amount} {model}");
+        }
+        assert!(!Policy::default().needs_approval(u64::MAX, "any"));
+    }
+
+    #[test]
+    fn yaml_and_flags() {
+        let file = Policy::parse(
+            "approval_above_cents: 10\napproval_models: [flux-pro]\nbudget_cents: 50\n",
+            "p.yaml",
+        )
+        .unwrap();
+        let merged = file.clone().overridden_by(Policy {
+            approval_above_cents: Some(2),
+            ..Policy::default()
+        });
+        assert_eq!(merged.approval_above_cents, Some(2));
+        assert_eq!(merged.approval_models, vec!["flux-pro".to_string()]);
+        assert_eq!(merged.budget_cents, Some(50));
+        let err = Policy::parse("approval_above: 3\n", "p.yaml").unwrap_err();
+        let text = err.to_string();
+        assert_eq!(
+            text,
+            "policy file `p.yaml` is invalid at `approval_above`: unknown field `approval_above`, \
+             expected one of `approval_above_cents`, `approval_models`, `budget_cents`"
+        );
+        let err = Policy::parse("approval_above_cents: lots\n", "p.yaml").unwrap_err();
+        assert!(
+            err.to_string().contains("at `approval_above_cents`"),
+            "{err}"
+        );
+    }
+}

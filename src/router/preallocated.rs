@@ -1,0 +1,222 @@
+//! Preallocated operation keys: an operator-filled SQLite pool the router claims keys from.
+//!
+//! [`KeyPool`] is a small SQLite file (`callid router keys FILE --count N` creates or fills it)
+//! with one row per key. With `--preallocated-keys FILE`, a new operation claims one unclaimed key
+//! instead of generating one, and only Codex `callId` identities may start new operations (the
+//! article's rule); redeliveries of recorded operations need no key and work for every platform.
+//!
+//! # Guarantees
+//! - A key is claimed in an IMMEDIATE transaction and marked with the claiming handle before the
+//!   router records the operation, so no key is ever given to two operations. A crash between
+//!   the claim and the registry row wastes one key, never reuses it.
+//! - An empty pool fails closed: no key, no operation.
+//! - The file is created 0600, like the registry: it holds private keys.
+
+use crate::keys::OperationKey;
+use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
+use std::path::{Path, PathBuf};
+
+/// `PRAGMA application_id` of a key pool (`"cKey"`).
+pub const APPLICATION_ID: i32 = 0x634b_6579;
+
+/// Why the pool cannot give a key.
+#[derive(Debug, thiserror::Error)]
+pub enum KeyPoolError {
+    /// The file cannot be created or opened.
+    #[error("cannot open preallocated key database `{path}`: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// SQLite refused.
+    #[error("preallocated key database `{path}` failed while {doing}: {source}")]
+    Sqlite {
+        /// The file.
+        path: PathBuf,
+        /// What was being done.
+        doing: &'static str,
+        /// The cause.
+        #[source]
+        source: rusqlite::Error,
+    },
+    /// Not a key pool.
+    #[error(
+        "`{path}` is not a callid key database (application_id {found:#x}); it was left untouched"
+    )]
+    Foreign {
+        /// The file.
+        path: PathBuf,
+        /// Its application id.
+        found: i32,
+    },
+    /// No unclaimed key left.
+    #[error(
+        "preallocated key database `{path}` has no unclaimed key left; nothing was dispatched: an \
+         operator adds keys with `callid router keys {path} --count N`"
+    )]
+    Exhausted {
+        /// The file.
+        path: PathBuf,
+    },
+}
+
+/// An open key pool.
+#[derive(Debug)]
+pub struct KeyPool {
+    conn: Connection,
+    path: PathBuf,
+}
+
+impl KeyPool {
+    /// Opens (creating if absent, mode 0600) the pool at `path`.
+    pub fn open(path: &Path) -> Result<KeyPool, KeyPoolError> {
+        super::registry::create_private(path).map_err(|source| KeyPoolError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let err = |doing| {
+            move |source| KeyPoolError::Sqlite {
+                path: path.to_path_buf(),
+                doing,
+                source,
+            }
+        };
+        let conn = Connection::open(path).map_err(err("opening"))?;
+        conn.busy_timeout(super::registry::BUSY_TIMEOUT)
+            .map_err(err("setting the busy timeout"))?;
+        let found: i32 = conn
+            .query_row("PRAGMA application_id", [], |r| r.get(0))
+            .map_err(err("reading its header"))?;
+        let objects: i64 = conn
+            .query_row("SELECT count(*) FROM sqlite_schema", [], |r| r.get(0))
+            .map_err(err("reading its schema"))?;
+        if found != APPLICATION_ID && (found != 0 || objects > 0) {
+            return Err(KeyPoolError::Foreign {
+                path: path.to_path_buf(),
+                found,
+            });
+        }
+        conn.pragma_update(None, "journal_mode", "WAL")
+            .map_err(err("switching to WAL"))?;
+        conn.pragma_update(None, "synchronous", "FULL")
+            .map_err(err("setting synchronous=FULL"))?;
+        conn.execute_batch(&format!(
+            "BEGIN IMMEDIATE;
+             CREATE TABLE IF NOT EXISTS keys (
+                 operation_key TEXT PRIMARY KEY NOT NULL,
+                 claimed_by    TEXT,
+                 claimed_ms    INTEGER
+             ) STRICT;
+             PRAGMA application_id = {APPLICATION_ID};
+             PRAGMA user_version = 1;
+             COMMIT;"
+        ))
+        .map_err(err("creating its schema"))?;
+        Ok(KeyPool {
+            conn,
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// Adds `count` fresh random keys `<prefix>codex:<uuid>`; returns how many are unclaimed now.
+    pub fn fill(&mut self, count: u32, prefix: &str) -> Result<u64, KeyPoolError> {
+        let path = self.path.clone();
+        let err = |doing| {
+            let path = path.clone();
+            move |source| KeyPoolError::Sqlite {
+                path,
+                doing,
+                source,
+            }
+        };
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(err("adding keys"))?;
+        for _ in 0..count {
+            let key = OperationKey::generate(prefix, "codex");
+            tx.execute(
+                "INSERT INTO keys (operation_key) VALUES (?1)",
+                [key.expose()],
+            )
+            .map_err(err("adding keys"))?;
+        }
+        tx.commit().map_err(err("adding keys"))?;
+        self.unclaimed()
+    }
+
+    /// How many keys are still unclaimed.
+    pub fn unclaimed(&self) -> Result<u64, KeyPoolError> {
+        self.conn
+            .query_row(
+                "SELECT count(*) FROM keys WHERE claimed_by IS NULL",
+                [],
+                |r| r.get::<_, i64>(0),
+            )
+            .map(|n| n as u64)
+            .map_err(|source| KeyPoolError::Sqlite {
+                path: self.path.clone(),
+                doing: "counting keys",
+                source,
+            })
+    }
+
+    /// Claims one unclaimed key for the operation with public handle `handle`.
+    pub fn claim(&mut self, handle: &str) -> Result<OperationKey, KeyPoolError> {
+        let path = self.path.clone();
+        let err = |source| KeyPoolError::Sqlite {
+            path: path.clone(),
+            doing: "claiming a key",
+            source,
+        };
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(err)?;
+        let key: Option<String> = tx
+            .query_row(
+                "SELECT operation_key FROM keys WHERE claimed_by IS NULL ORDER BY rowid LIMIT 1",
+                [],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(err)?;
+        let Some(key) = key else {
+            return Err(KeyPoolError::Exhausted { path });
+        };
+        tx.execute(
+            "UPDATE keys SET claimed_by = ?2, claimed_ms = ?3 WHERE operation_key = ?1",
+            params![key, handle, super::registry::now_ms()],
+        )
+        .map_err(err)?;
+        tx.commit().map_err(err)?;
+        Ok(OperationKey::from_stored(key))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn claims_each_key_once_then_fails_closed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("keys.sqlite3");
+        let mut pool = KeyPool::open(&path).unwrap();
+        assert_eq!(pool.fill(2, "hubu:operation:v1:").unwrap(), 2);
+        let a = pool.claim("h1").unwrap();
+        let b = pool.claim("h2").unwrap();
+        assert_ne!(a, b);
+        assert!(a.expose().starts_with("hubu:operation:v1:codex:"));
+        assert!(matches!(
+            pool.claim("h3"),
+            Err(KeyPoolError::Exhausted { .. })
+        ));
+        drop(pool);
+        let pool = KeyPool::open(&path).unwrap();
+        assert_eq!(pool.unclaimed().unwrap(), 0);
+    }
+}

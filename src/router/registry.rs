@@ -1,0 +1,997 @@
+//! The router's durable registry: one row per (platform, installation, harness call id).
+//!
+//! [`Registry`] is a SQLite file (rusqlite, bundled SQLite) that maps each trusted call identity
+//! to its private operation key, its public handle, the hash of what it asked for, and, once the
+//! backend answered, its recorded result. The router consults it before any money moves: a call
+//! it has seen is answered from here, never dispatched twice.
+//!
+//! ## Durability
+//! - WAL journal with `synchronous=FULL`: a committed row survives a power cut, not only a crash.
+//! - A new operation's row (keys, request hash, state) is committed before anything is dispatched
+//!   ([`Registry::insert_or_get`]); the result is recorded after the backend answered and before
+//!   the reply is sent ([`Registry::record_result`]). A crash between the two leaves a `pending`
+//!   row, and redelivery continues that operation under the same private key, which every layer
+//!   behind the router treats as the same operation.
+//! - The file and its journal are created with mode 0600: the rows hold private operation keys.
+//!
+//! ## Concurrency
+//! - Every write runs in an `IMMEDIATE` transaction (the write lock is taken first, so two writers
+//!   never both read "absent" and both insert). Readers and writers from other processes wait up
+//!   to [`BUSY_TIMEOUT`] for a lock before the call fails closed.
+//! - Dispatch is guarded by a lease on the row ([`Registry::claim_lease`]): a process that is about
+//!   to call the backend writes its owner id and an expiry; another process that finds a live
+//!   lease answers `operation_in_progress` (safe to retry). A lease whose owner process is gone
+//!   (crash) or whose expiry passed is taken over. Within one process the router runs one flight
+//!   per call identity (see `spend.rs`), so the lease only arbitrates between processes.
+//!
+//! ## Compatibility
+//! - The file is identified by `PRAGMA application_id` ([`APPLICATION_ID`]) and versioned by
+//!   `PRAGMA user_version`. Migrations ([`MIGRATIONS`]) are append-only and run in one exclusive
+//!   transaction; a registry written by an older callid is upgraded in place.
+//! - A file with another application id, a non-empty file without one, a file that is not a
+//!   SQLite database, or a registry newer than this build knows is refused and never modified:
+//!   the checks run before any pragma that writes (such as switching to WAL).
+//!
+//! ## Retention
+//! Rows are never deleted by the router: a row is what lets a redelivery, even days later, get
+//! the original result instead of a second charge. Deleting the registry loses that recovery
+//! (and the installation id, so a new registry is a new installation). The operator may archive
+//! or delete old rows by hand once no client can redeliver them.
+
+use crate::canonical::RequestHash;
+use crate::keys::{OperationKey, PublicHandle};
+use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, params};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// `PRAGMA application_id` of a callid registry (`"cLiD"` in ASCII).
+pub const APPLICATION_ID: i32 = 0x634c_6944;
+/// How long a statement waits for another connection's lock before failing.
+pub const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+/// The schema, one migration per `user_version` step. Append only: never edit a shipped entry.
+pub const MIGRATIONS: &[&str] = &[
+    // 1: the installation id and the operations.
+    "CREATE TABLE settings (
+         name  TEXT PRIMARY KEY NOT NULL,
+         value TEXT NOT NULL
+     ) STRICT;
+     CREATE TABLE operations (
+         platform         TEXT NOT NULL,
+         installation_id  TEXT NOT NULL,
+         harness_call_id  TEXT NOT NULL,
+         handle           TEXT NOT NULL UNIQUE,
+         operation_key    TEXT NOT NULL UNIQUE,
+         tool             TEXT NOT NULL,
+         request_hash     TEXT NOT NULL,
+         arguments        TEXT NOT NULL,
+         amount_cents     INTEGER NOT NULL,
+         status           TEXT NOT NULL,
+         approval         TEXT NOT NULL,
+         result           TEXT,
+         error_code       TEXT,
+         error_message    TEXT,
+         lease_owner      TEXT,
+         lease_expires_ms INTEGER,
+         created_ms       INTEGER NOT NULL,
+         updated_ms       INTEGER NOT NULL,
+         PRIMARY KEY (platform, installation_id, harness_call_id)
+     ) STRICT;",
+];
+
+/// Why the registry cannot be used. Every spend fails closed with `registry_unavailable` on any
+/// of these, naming the file and the cause.
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    /// The file or its directory could not be created or opened.
+    #[error(
+        "cannot open registry `{path}`: {source}; check that its directory exists and is writable"
+    )]
+    Io {
+        /// The registry file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// SQLite refused an operation (not a database, locked too long, disk full, read-only...).
+    #[error("registry `{path}` failed while {doing}: {source}")]
+    Sqlite {
+        /// The registry file.
+        path: PathBuf,
+        /// What the router was doing, as a fragment.
+        doing: &'static str,
+        /// The cause.
+        #[source]
+        source: rusqlite::Error,
+    },
+    /// The file belongs to another program.
+    #[error(
+        "`{path}` is not a callid registry (application_id {found:#x}, expected {APPLICATION_ID:#x}); \
+         it was left untouched: point `--registry` at another file"
+    )]
+    Foreign {
+        /// The file.
+        path: PathBuf,
+        /// Its application id.
+        found: i32,
+    },
+    /// The file was written by a newer callid.
+    #[error(
+        "registry `{path}` has schema version {found}, newer than this callid knows ({known}); it \
+         was left untouched: upgrade callid"
+    )]
+    Newer {
+        /// The file.
+        path: PathBuf,
+        /// Its `user_version`.
+        found: i64,
+        /// The newest version this build knows.
+        known: i64,
+    },
+    /// The operator named a file that does not exist.
+    #[error("registry `{path}` does not exist; pass the `--registry` the router runs with")]
+    Missing {
+        /// The file.
+        path: PathBuf,
+    },
+    /// No operation has this handle.
+    #[error("no operation has handle `{handle}` in registry `{path}`")]
+    UnknownHandle {
+        /// The handle.
+        handle: String,
+        /// The registry file.
+        path: PathBuf,
+    },
+    /// An approval decision on an operation that is not waiting for one.
+    #[error("operation `{handle}` is `{status}`, not waiting for approval; nothing changed")]
+    NotAwaitingApproval {
+        /// The handle.
+        handle: String,
+        /// Its current status.
+        status: &'static str,
+    },
+    /// A stored row that this build cannot read back.
+    #[error("registry `{path}` holds an unreadable row: {detail}")]
+    Corrupt {
+        /// The registry file.
+        path: PathBuf,
+        /// What was wrong.
+        detail: String,
+    },
+}
+
+/// The state of an operation, as shown to the agent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    /// Recorded; not finished (never dispatched, in flight, or interrupted).
+    Pending,
+    /// Waiting for a person's decision; nothing dispatched.
+    AwaitingApproval,
+    /// Finished with a recorded result.
+    Completed,
+    /// A person denied it; nothing dispatched.
+    Denied,
+    /// Finished with a recorded, final error.
+    Failed,
+}
+
+impl Status {
+    /// Every status, in lifecycle order.
+    pub const ALL: [Status; 5] = [
+        Status::Pending,
+        Status::AwaitingApproval,
+        Status::Completed,
+        Status::Denied,
+        Status::Failed,
+    ];
+
+    /// The name on the wire and in the file.
+    pub fn name(self) -> &'static str {
+        match self {
+            Status::Pending => "pending",
+            Status::AwaitingApproval => "awaiting_approval",
+            Status::Completed => "completed",
+            Status::Denied => "denied",
+            Status::Failed => "failed",
+        }
+    }
+
+    fn parse(text: &str) -> Option<Status> {
+        Status::ALL.into_iter().find(|s| s.name() == text)
+    }
+}
+
+/// Whether a person had to decide, and what they decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Approval {
+    /// The policy did not ask for a person.
+    NotRequired,
+    /// Waiting for a person.
+    Required,
+    /// A person approved.
+    Approved,
+    /// A person denied.
+    Denied,
+}
+
+impl Approval {
+    /// The name in the file and in status answers.
+    pub fn name(self) -> &'static str {
+        match self {
+            Approval::NotRequired => "not_required",
+            Approval::Required => "required",
+            Approval::Approved => "approved",
+            Approval::Denied => "denied",
+        }
+    }
+
+    fn parse(text: &str) -> Option<Approval> {
+        [
+            Approval::NotRequired,
+            Approval::Required,
+            Approval::Approved,
+            Approval::Denied,
+        ]
+        .into_iter()
+        .find(|a| a.name() == text)
+    }
+}
+
+/// One operation as stored.
+#[derive(Debug, Clone)]
+pub struct Operation {
+    /// Platform of the identity (`codex`, `claude-code`, an envelope's platform).
+    pub platform: String,
+    /// The harness's call id.
+    pub harness_call_id: String,
+    /// The public handle given to the agent.
+    pub handle: PublicHandle,
+    /// The private key the backend layers use; never shown.
+    pub key: OperationKey,
+    /// The tool called.
+    pub tool: String,
+    /// Hash of the tool name and arguments.
+    pub request_hash: RequestHash,
+    /// The model-written arguments, as received (to resume the original request).
+    pub arguments: Value,
+    /// The quoted price.
+    pub amount_cents: u64,
+    /// Current state.
+    pub status: Status,
+    /// Approval state.
+    pub approval: Approval,
+    /// The recorded `structuredContent` of a completed operation.
+    pub result: Option<Value>,
+    /// The recorded final error (code, message) of a failed or denied operation.
+    pub error: Option<(String, String)>,
+}
+
+/// A new operation to record.
+#[derive(Debug)]
+pub struct NewOperation {
+    /// Platform of the identity.
+    pub platform: String,
+    /// The harness's call id.
+    pub harness_call_id: String,
+    /// A fresh public handle.
+    pub handle: PublicHandle,
+    /// A fresh (or claimed) private key.
+    pub key: OperationKey,
+    /// Tool name.
+    pub tool: String,
+    /// Request hash.
+    pub request_hash: RequestHash,
+    /// The arguments as received.
+    pub arguments: Value,
+    /// Quoted price.
+    pub amount_cents: u64,
+    /// Whether a person must approve first.
+    pub needs_approval: bool,
+}
+
+/// What [`Registry::claim_lease`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Lease {
+    /// This process may dispatch.
+    Granted,
+    /// Another live process is dispatching this operation.
+    HeldElsewhere,
+    /// The row is no longer pending (finished meanwhile, or waiting for a person).
+    NotPending(Status),
+}
+
+/// An open registry.
+pub struct Registry {
+    conn: Connection,
+    path: PathBuf,
+    installation_id: String,
+}
+
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registry")
+            .field("path", &self.path)
+            .field("installation_id", &self.installation_id)
+            .finish()
+    }
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// The default registry file: `$XDG_DATA_HOME/callid/registry.sqlite3`, else
+/// `~/.local/share/callid/registry.sqlite3`.
+pub fn default_path() -> Option<PathBuf> {
+    let base = std::env::var_os("XDG_DATA_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME")
+                .filter(|v| !v.is_empty())
+                .map(|h| PathBuf::from(h).join(".local/share"))
+        })?;
+    Some(base.join("callid").join("registry.sqlite3"))
+}
+
+impl Registry {
+    /// Opens the registry at `path`, creating it (mode 0600, and its directory) if absent, and
+    /// migrating it to the newest schema. A foreign, newer or corrupt file is refused untouched.
+    pub fn open(path: &Path) -> Result<Registry, RegistryError> {
+        let io = |source| RegistryError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(io)?;
+        }
+        create_private(path).map_err(io)?;
+        Self::open_file(path, OpenFlags::SQLITE_OPEN_READ_WRITE)
+    }
+
+    /// Opens an existing registry (operator commands): never creates one.
+    pub fn open_existing(path: &Path) -> Result<Registry, RegistryError> {
+        if !path.exists() {
+            return Err(RegistryError::Missing {
+                path: path.to_path_buf(),
+            });
+        }
+        Self::open_file(path, OpenFlags::SQLITE_OPEN_READ_WRITE)
+    }
+
+    /// Opens an in-memory registry (unit tests).
+    pub fn open_in_memory() -> Result<Registry, RegistryError> {
+        let path = PathBuf::from(":memory:");
+        let conn = Connection::open_in_memory().map_err(sqlite(&path, "opening"))?;
+        Self::init(conn, path)
+    }
+
+    fn open_file(path: &Path, flags: OpenFlags) -> Result<Registry, RegistryError> {
+        let flags = flags | OpenFlags::SQLITE_OPEN_NO_MUTEX | OpenFlags::SQLITE_OPEN_URI;
+        let conn = Connection::open_with_flags(path, flags).map_err(sqlite(path, "opening"))?;
+        Self::init(conn, path.to_path_buf())
+    }
+
+    fn init(conn: Connection, path: PathBuf) -> Result<Registry, RegistryError> {
+        conn.busy_timeout(BUSY_TIMEOUT)
+            .map_err(sqlite(&path, "setting the busy timeout"))?;
+        // Identify the file before anything writes to it.
+        let read = |sql: &str, doing| {
+            conn.query_row(sql, [], |r| r.get::<_, i64>(0))
+                .map_err(sqlite(&path, doing))
+        };
+        let app_id = read("PRAGMA application_id", "reading its header")? as i32;
+        let version = read("PRAGMA user_version", "reading its header")?;
+        let objects = read("SELECT count(*) FROM sqlite_schema", "reading its schema")?;
+        if app_id != APPLICATION_ID && (app_id != 0 || objects > 0 || version != 0) {
+            return Err(RegistryError::Foreign {
+                path,
+                found: app_id,
+            });
+        }
+        let known = MIGRATIONS.len() as i64;
+        if version > known {
+            return Err(RegistryError::Newer {
+                path,
+                found: version,
+                known,
+            });
+        }
+        if path.as_os_str() != ":memory:" {
+            let mode: String = conn
+                .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
+                .map_err(sqlite(&path, "switching to WAL"))?;
+            if !mode.eq_ignore_ascii_case("wal") {
+                return Err(RegistryError::Corrupt {
+                    path,
+                    detail: format!("journal mode stayed `{mode}`, WAL is required"),
+                });
+            }
+        }
+        conn.pragma_update(None, "synchronous", "FULL")
+            .map_err(sqlite(&path, "setting synchronous=FULL"))?;
+        let mut registry = Registry {
+            conn,
+            path,
+            installation_id: String::new(),
+        };
+        registry.migrate()?;
+        registry.installation_id = registry.ensure_installation_id()?;
+        Ok(registry)
+    }
+
+    /// Applies every migration above the file's `user_version` in one exclusive transaction.
+    /// Running it again is a no-op.
+    pub fn migrate(&mut self) -> Result<(), RegistryError> {
+        let path = self.path.clone();
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Exclusive)
+            .map_err(sqlite(&path, "starting a migration"))?;
+        let version: i64 = tx
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .map_err(sqlite(&path, "reading its schema version"))?;
+        for (i, sql) in MIGRATIONS.iter().enumerate().skip(version as usize) {
+            tx.execute_batch(sql)
+                .map_err(sqlite(&path, "migrating its schema"))?;
+            tx.pragma_update(None, "user_version", (i + 1) as i64)
+                .map_err(sqlite(&path, "migrating its schema"))?;
+        }
+        tx.pragma_update(None, "application_id", APPLICATION_ID)
+            .map_err(sqlite(&path, "writing its application id"))?;
+        tx.commit().map_err(sqlite(&path, "committing a migration"))
+    }
+
+    fn ensure_installation_id(&mut self) -> Result<String, RegistryError> {
+        let path = self.path.clone();
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(sqlite(&path, "reading the installation id"))?;
+        tx.execute(
+            "INSERT OR IGNORE INTO settings (name, value) VALUES ('installation_id', ?1)",
+            [uuid::Uuid::new_v4().to_string()],
+        )
+        .map_err(sqlite(&path, "recording the installation id"))?;
+        let id: String = tx
+            .query_row(
+                "SELECT value FROM settings WHERE name = 'installation_id'",
+                [],
+                |r| r.get(0),
+            )
+            .map_err(sqlite(&path, "reading the installation id"))?;
+        tx.commit()
+            .map_err(sqlite(&path, "recording the installation id"))?;
+        Ok(id)
+    }
+
+    /// This router installation's id, generated on first open and kept.
+    pub fn installation_id(&self) -> &str {
+        &self.installation_id
+    }
+
+    /// The registry file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The schema version of the open file.
+    pub fn schema_version(&self) -> Result<i64, RegistryError> {
+        self.conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .map_err(sqlite(&self.path, "reading its schema version"))
+    }
+
+    /// The operation recorded for a call identity of this installation.
+    pub fn find(
+        &self,
+        platform: &str,
+        harness_call_id: &str,
+    ) -> Result<Option<Operation>, RegistryError> {
+        self.conn
+            .query_row(
+                &format!(
+                    "{SELECT} WHERE platform = ?1 AND installation_id = ?2 AND harness_call_id = ?3"
+                ),
+                params![platform, self.installation_id, harness_call_id],
+                row_to_raw,
+            )
+            .optional()
+            .map_err(sqlite(&self.path, "looking up a call"))?
+            .map(|raw| raw.into_operation(&self.path))
+            .transpose()
+    }
+
+    /// The operation with this public handle.
+    pub fn find_by_handle(&self, handle: &str) -> Result<Option<Operation>, RegistryError> {
+        self.conn
+            .query_row(
+                &format!("{SELECT} WHERE handle = ?1 AND installation_id = ?2"),
+                params![handle, self.installation_id],
+                row_to_raw,
+            )
+            .optional()
+            .map_err(sqlite(&self.path, "looking up a handle"))?
+            .map(|raw| raw.into_operation(&self.path))
+            .transpose()
+    }
+
+    /// Records `new` unless its call identity already has a row, in one IMMEDIATE transaction;
+    /// returns the row now stored and whether it was created by this call. The row is committed
+    /// (durably, `synchronous=FULL`) when this returns.
+    pub fn insert_or_get(&mut self, new: NewOperation) -> Result<(Operation, bool), RegistryError> {
+        let path = self.path.clone();
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(sqlite(&path, "recording a new operation"))?;
+        let existing = tx
+            .query_row(
+                &format!(
+                    "{SELECT} WHERE platform = ?1 AND installation_id = ?2 AND harness_call_id = ?3"
+                ),
+                params![new.platform, self.installation_id, new.harness_call_id],
+                row_to_raw,
+            )
+            .optional()
+            .map_err(sqlite(&path, "looking up a call"))?;
+        if let Some(raw) = existing {
+            drop(tx);
+            return Ok((raw.into_operation(&path)?, false));
+        }
+        let now = now_ms();
+        let (status, approval) = if new.needs_approval {
+            (Status::AwaitingApproval, Approval::Required)
+        } else {
+            (Status::Pending, Approval::NotRequired)
+        };
+        tx.execute(
+            "INSERT INTO operations (platform, installation_id, harness_call_id, handle,
+                 operation_key, tool, request_hash, arguments, amount_cents, status, approval,
+                 created_ms, updated_ms)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?12)",
+            params![
+                new.platform,
+                self.installation_id,
+                new.harness_call_id,
+                new.handle.as_str(),
+                new.key.expose(),
+                new.tool,
+                new.request_hash.as_str(),
+                new.arguments.to_string(),
+                new.amount_cents as i64,
+                status.name(),
+                approval.name(),
+                now,
+            ],
+        )
+        .map_err(sqlite(&path, "recording a new operation"))?;
+        tx.commit()
+            .map_err(sqlite(&path, "committing a new operation"))?;
+        Ok((
+            Operation {
+                platform: new.platform,
+                harness_call_id: new.harness_call_id,
+                handle: new.handle,
+                key: new.key,
+                tool: new.tool,
+                request_hash: new.request_hash,
+                arguments: new.arguments,
+                amount_cents: new.amount_cents,
+                status,
+                approval,
+                result: None,
+                error: None,
+            },
+            true,
+        ))
+    }
+
+    /// Takes the dispatch lease of a pending operation for `owner` until `now + ttl`. A lease
+    /// held by another owner is taken over only if it expired or its process is gone.
+    pub fn claim_lease(
+        &mut self,
+        handle: &PublicHandle,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<Lease, RegistryError> {
+        let path = self.path.clone();
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(sqlite(&path, "taking a dispatch lease"))?;
+        let (status, lease_owner, expires): (String, Option<String>, Option<i64>) = tx
+            .query_row(
+                "SELECT status, lease_owner, lease_expires_ms FROM operations WHERE handle = ?1",
+                [handle.as_str()],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )
+            .map_err(sqlite(&path, "taking a dispatch lease"))?;
+        let status = Status::parse(&status).ok_or_else(|| RegistryError::Corrupt {
+            path: path.clone(),
+            detail: format!("unknown status `{status}`"),
+        })?;
+        if status != Status::Pending {
+            return Ok(Lease::NotPending(status));
+        }
+        let now = now_ms();
+        if let Some(other) = lease_owner.filter(|o| o != owner) {
+            let expired = expires.is_none_or(|e| e <= now);
+            if !expired && owner_alive(&other) {
+                return Ok(Lease::HeldElsewhere);
+            }
+        }
+        tx.execute(
+            "UPDATE operations SET lease_owner = ?2, lease_expires_ms = ?3 WHERE handle = ?1",
+            params![handle.as_str(), owner, now + ttl.as_millis() as i64],
+        )
+        .map_err(sqlite(&path, "taking a dispatch lease"))?;
+        tx.commit()
+            .map_err(sqlite(&path, "taking a dispatch lease"))?;
+        Ok(Lease::Granted)
+    }
+
+    /// Gives up a dispatch lease without recording a result (a retryable failure).
+    pub fn release_lease(
+        &mut self,
+        handle: &PublicHandle,
+        owner: &str,
+    ) -> Result<(), RegistryError> {
+        self.write(
+            "releasing a dispatch lease",
+            "UPDATE operations SET lease_owner = NULL, lease_expires_ms = NULL
+             WHERE handle = ?1 AND lease_owner = ?2",
+            params![handle.as_str(), owner],
+        )
+        .map(|_| ())
+    }
+
+    /// Records the result of a completed operation and drops its lease.
+    pub fn record_result(
+        &mut self,
+        handle: &PublicHandle,
+        result: &Value,
+    ) -> Result<(), RegistryError> {
+        self.write(
+            "recording a result",
+            "UPDATE operations SET status = 'completed', result = ?2, lease_owner = NULL,
+                 lease_expires_ms = NULL, updated_ms = ?3
+             WHERE handle = ?1 AND status = 'pending'",
+            params![handle.as_str(), result.to_string(), now_ms()],
+        )
+        .map(|_| ())
+    }
+
+    /// Records a final error of an operation (it will be answered again on redelivery).
+    pub fn record_failure(
+        &mut self,
+        handle: &PublicHandle,
+        code: &str,
+        message: &str,
+    ) -> Result<(), RegistryError> {
+        self.write(
+            "recording a failure",
+            "UPDATE operations SET status = 'failed', error_code = ?2, error_message = ?3,
+                 lease_owner = NULL, lease_expires_ms = NULL, updated_ms = ?4
+             WHERE handle = ?1 AND status = 'pending'",
+            params![handle.as_str(), code, message, now_ms()],
+        )
+        .map(|_| ())
+    }
+
+    /// A person's decision on an operation waiting for approval. Approving makes it `pending`
+    /// (it runs on `resume_operation` or redelivery); denying makes it `denied` for good.
+    pub fn decide(
+        &mut self,
+        handle: &str,
+        approve: bool,
+        reason: Option<&str>,
+    ) -> Result<Operation, RegistryError> {
+        let path = self.path.clone();
+        let op = self
+            .find_by_handle(handle)?
+            .ok_or_else(|| RegistryError::UnknownHandle {
+                handle: handle.to_string(),
+                path: path.clone(),
+            })?;
+        if op.status != Status::AwaitingApproval {
+            return Err(RegistryError::NotAwaitingApproval {
+                handle: handle.to_string(),
+                status: op.status.name(),
+            });
+        }
+        let changed = if approve {
+            self.write(
+                "recording an approval",
+                "UPDATE operations SET status = 'pending', approval = 'approved', updated_ms = ?2
+                 WHERE handle = ?1 AND status = 'awaiting_approval'",
+                params![handle, now_ms()],
+            )?
+        } else {
+            let message = match reason {
+                Some(r) => format!("a person denied this operation: {r}"),
+                None => "a person denied this operation".to_string(),
+            };
+            self.write(
+                "recording a denial",
+                "UPDATE operations SET status = 'denied', approval = 'denied',
+                     error_code = 'operation_denied', error_message = ?2, updated_ms = ?3
+                 WHERE handle = ?1 AND status = 'awaiting_approval'",
+                params![handle, message, now_ms()],
+            )?
+        };
+        if changed == 0 {
+            return Err(RegistryError::NotAwaitingApproval {
+                handle: handle.to_string(),
+                status: "changed meanwhile",
+            });
+        }
+        self.find_by_handle(handle)?
+            .ok_or_else(|| RegistryError::UnknownHandle {
+                handle: handle.to_string(),
+                path,
+            })
+    }
+
+    /// Every operation, oldest first (operator listing).
+    pub fn all(&self) -> Result<Vec<Operation>, RegistryError> {
+        let mut stmt = self
+            .conn
+            .prepare(&format!("{SELECT} ORDER BY created_ms, handle"))
+            .map_err(sqlite(&self.path, "listing operations"))?;
+        let raws = stmt
+            .query_map([], row_to_raw)
+            .map_err(sqlite(&self.path, "listing operations"))?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(sqlite(&self.path, "listing operations"))?;
+        raws.into_iter()
+            .map(|r| r.into_operation(&self.path))
+            .collect()
+    }
+
+    fn write(
+        &mut self,
+        doing: &'static str,
+        sql: &str,
+        params: impl rusqlite::Params,
+    ) -> Result<usize, RegistryError> {
+        let path = self.path.clone();
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(sqlite(&path, doing))?;
+        let n = tx.execute(sql, params).map_err(sqlite(&path, doing))?;
+        tx.commit().map_err(sqlite(&path, doing))?;
+        Ok(n)
+    }
+}
+
+const SELECT: &str = "SELECT platform, harness_call_id, handle, operation_key, tool, request_hash,
+    arguments, amount_cents, status, approval, result, error_code, error_message FROM operations";
+
+struct RawRow {
+    platform: String,
+    harness_call_id: String,
+    handle: String,
+    key: String,
+    tool: String,
+    request_hash: String,
+    arguments: String,
+    amount_cents: i64,
+    status: String,
+    approval: String,
+    result: Option<String>,
+    error_code: Option<String>,
+    error_message: Option<String>,
+}
+
+fn row_to_raw(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawRow> {
+    Ok(RawRow {
+        platform: r.get(0)?,
+        harness_call_id: r.get(1)?,
+        handle: r.get(2)?,
+        key: r.get(3)?,
+        tool: r.get(4)?,
+        request_hash: r.get(5)?,
+        arguments: r.get(6)?,
+        amount_cents: r.get(7)?,
+        status: r.get(8)?,
+        approval: r.get(9)?,
+        result: r.get(10)?,
+        error_code: r.get(11)?,
+        error_message: r.get(12)?,
+    })
+}
+
+impl RawRow {
+    fn into_operation(self, path: &Path) -> Result<Operation, RegistryError> {
+        let corrupt = |detail: String| RegistryError::Corrupt {
+            path: path.to_path_buf(),
+            detail,
+        };
+        let json = |text: &str, what: &str| {
+            serde_json::from_str::<Value>(text)
+                .map_err(|e| corrupt(format!("{what} of `{}` is not JSON: {e}", self.handle)))
+        };
+        Ok(Operation {
+            arguments: json(&self.arguments, "arguments")?,
+            result: self
+                .result
+                .as_deref()
+                .map(|r| json(r, "result"))
+                .transpose()?,
+            status: Status::parse(&self.status)
+                .ok_or_else(|| corrupt(format!("unknown status `{}`", self.status)))?,
+            approval: Approval::parse(&self.approval)
+                .ok_or_else(|| corrupt(format!("unknown approval `{}`", self.approval)))?,
+            error: self
+                .error_code
+                .map(|c| (c, self.error_message.unwrap_or_default())),
+            platform: self.platform,
+            harness_call_id: self.harness_call_id,
+            handle: PublicHandle::from_stored(self.handle),
+            key: OperationKey::from_stored(self.key),
+            tool: self.tool,
+            request_hash: RequestHash::from_stored(self.request_hash),
+            amount_cents: self.amount_cents.max(0) as u64,
+        })
+    }
+}
+
+fn sqlite<'a>(
+    path: &'a Path,
+    doing: &'static str,
+) -> impl Fn(rusqlite::Error) -> RegistryError + 'a {
+    move |source| RegistryError::Sqlite {
+        path: path.to_path_buf(),
+        doing,
+        source,
+    }
+}
+
+/// Creates `path` with mode 0600 if it does not exist yet (SQLite then gives its journal files
+/// the same mode). An existing file is left as it is.
+pub fn create_private(path: &Path) -> std::io::Result<()> {
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.mode(0o600);
+    }
+    match options.open(path) {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// A lease owner id for this process: `<pid>:<random>`.
+pub fn process_owner() -> String {
+    format!("{}:{}", std::process::id(), uuid::Uuid::new_v4())
+}
+
+/// Whether the process named by a lease owner id may still be running. Where liveness cannot be
+/// told (no `/proc`), the owner is assumed alive and only the lease's expiry frees it.
+fn owner_alive(owner: &str) -> bool {
+    let Some(pid) = owner.split(':').next().and_then(|p| p.parse::<u32>().ok()) else {
+        return false;
+    };
+    if pid == std::process::id() {
+        return true;
+    }
+    let proc_root = Path::new("/proc");
+    if !proc_root.join("self").exists() {
+        return true;
+    }
+    proc_root.join(pid.to_string()).exists()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::keys::{DEFAULT_HANDLE_PREFIX, DEFAULT_KEY_PREFIX};
+    use serde_json::json;
+
+    fn new_op(call: &str) -> NewOperation {
+        NewOperation {
+            platform: "codex".into(),
+            harness_call_id: call.into(),
+            handle: PublicHandle::generate(DEFAULT_HANDLE_PREFIX),
+            key: OperationKey::generate(DEFAULT_KEY_PREFIX, "codex"),
+            tool: "generate_image".into(),
+            request_hash: crate::canonical::request_hash("generate_image", &json!({"prompt": "x"}))
+                .unwrap(),
+            arguments: json!({"prompt": "x"}),
+            amount_cents: 3,
+            needs_approval: false,
+        }
+    }
+
+    #[test]
+    fn migrate_twice_is_a_no_op() {
+        let mut reg = Registry::open_in_memory().unwrap();
+        assert_eq!(reg.schema_version().unwrap(), MIGRATIONS.len() as i64);
+        let id = reg.installation_id().to_string();
+        reg.migrate().unwrap();
+        reg.migrate().unwrap();
+        assert_eq!(reg.schema_version().unwrap(), MIGRATIONS.len() as i64);
+        assert_eq!(reg.ensure_installation_id().unwrap(), id);
+    }
+
+    #[test]
+    fn insert_is_once_per_identity_and_lease_is_exclusive() {
+        let mut reg = Registry::open_in_memory().unwrap();
+        let (a, created) = reg.insert_or_get(new_op("c1")).unwrap();
+        assert!(created);
+        let (b, created) = reg.insert_or_get(new_op("c1")).unwrap();
+        assert!(!created);
+        assert_eq!(a.handle, b.handle);
+        assert_eq!(a.key, b.key);
+        let me = process_owner();
+        let other = format!("{}:x", std::process::id());
+        assert_eq!(
+            reg.claim_lease(&a.handle, &me, Duration::from_secs(60))
+                .unwrap(),
+            Lease::Granted
+        );
+        // Same pid is alive by definition, so a different owner id in this process is refused.
+        assert_eq!(
+            reg.claim_lease(&a.handle, &other, Duration::from_secs(60))
+                .unwrap(),
+            Lease::HeldElsewhere
+        );
+        reg.record_result(&a.handle, &json!({"ok": 1})).unwrap();
+        assert_eq!(
+            reg.claim_lease(&a.handle, &me, Duration::from_secs(60))
+                .unwrap(),
+            Lease::NotPending(Status::Completed)
+        );
+        let got = reg.find("codex", "c1").unwrap().unwrap();
+        assert_eq!(got.result, Some(json!({"ok": 1})));
+        assert!(reg.find("claude-code", "c1").unwrap().is_none());
+    }
+
+    #[test]
+    fn dead_owner_lease_is_taken_over() {
+        let mut reg = Registry::open_in_memory().unwrap();
+        let (a, _) = reg.insert_or_get(new_op("c2")).unwrap();
+        // pid 0x7fffffff is never a live process.
+        let dead = "2147483647:gone";
+        assert_eq!(
+            reg.claim_lease(&a.handle, dead, Duration::from_secs(60))
+                .unwrap(),
+            Lease::Granted
+        );
+        assert_eq!(
+            reg.claim_lease(&a.handle, &process_owner(), Duration::from_secs(60))
+                .unwrap(),
+            Lease::Granted
+        );
+    }
+
+    #[test]
+    fn approval_decisions() {
+        let mut reg = Registry::open_in_memory().unwrap();
+        let mut op = new_op("c3");
+        op.needs_approval = true;
+        let (a, _) = reg.insert_or_get(op).unwrap();
+        assert_eq!(a.status, Status::AwaitingApproval);
+        let approved = reg.decide(a.handle.as_str(), true, None).unwrap();
+        assert_eq!(
+            (approved.status, approved.approval),
+            (Status::Pending, Approval::Approved)
+        );
+        let err = reg.decide(a.handle.as_str(), false, None).unwrap_err();
+        assert!(matches!(err, RegistryError::NotAwaitingApproval { .. }));
+        let err = reg
+            .decide("hubu:public-operation:v1:nope", true, None)
+            .unwrap_err();
+        assert!(matches!(err, RegistryError::UnknownHandle { .. }));
+    }
+}

@@ -1,0 +1,177 @@
+//! The MCP front of the router: an rmcp `ServerHandler` written by hand, over stdio or
+//! streamable HTTP.
+//!
+//! [`RouterServer`] lists the four tools with hand-written JSON schemas (none has an identity
+//! field) and hands each `tools/call` to [`Router::call_tool`] with the raw arguments and the
+//! whole request `_meta` (rmcp moves `params._meta` into `RequestContext::meta`). Every tool
+//! outcome is a `CallToolResult`; only an unknown tool is a JSON-RPC error. stdout carries the
+//! protocol only; logs go to stderr.
+
+use super::spend::{CAPABILITIES, GENERATE_IMAGE, OPERATION_STATUS, RESUME_OPERATION, Router};
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, Implementation, ListToolsResult,
+    PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
+};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData as McpError, RoleServer, ServerHandler, ServiceExt};
+use serde_json::{Map, Value, json};
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+/// The router as an MCP server; cheap to clone (one shared [`Router`]).
+#[derive(Clone, Debug)]
+pub struct RouterServer {
+    router: Arc<Router>,
+}
+
+impl RouterServer {
+    /// Wraps a router.
+    pub fn new(router: Arc<Router>) -> Self {
+        RouterServer { router }
+    }
+}
+
+fn schema(value: Value) -> Arc<Map<String, Value>> {
+    match value {
+        Value::Object(map) => Arc::new(map),
+        _ => unreachable!("schemas are objects"),
+    }
+}
+
+/// The four tools with their input schemas. No schema exposes an identity field.
+pub fn tools() -> Vec<Tool> {
+    let handle = json!({
+        "type": "object",
+        "properties": {"handle": {
+            "type": "string",
+            "description": "The public operation handle (`hubu:public-operation:v1:...`) a spend returned."
+        }},
+        "required": ["handle"],
+        "additionalProperties": false
+    });
+    vec![
+        Tool::new(
+            GENERATE_IMAGE,
+            "Generate an image (a paid spend: the price comes from the provider's price table, \
+             3 cents for the default model). Each call is charged once, however often it is \
+             delivered; the result carries a public handle for `operation_status`.",
+            schema(json!({
+                "type": "object",
+                "properties": {
+                    "prompt": {"type": "string", "description": "What the image shows."},
+                    "width": {"type": "integer", "description": "Width in pixels (default 1024)."},
+                    "height": {"type": "integer", "description": "Height in pixels (default 1024)."},
+                    "model": {"type": "string", "description": "Model name (default `flux-schnell`)."}
+                },
+                "required": ["prompt"],
+                "additionalProperties": false
+            })),
+        ),
+        Tool::new(
+            OPERATION_STATUS,
+            "The state of an operation by public handle (pending, awaiting_approval, completed, \
+             denied, failed) and its recorded result. Spends nothing.",
+            schema(handle.clone()),
+        ),
+        Tool::new(
+            RESUME_OPERATION,
+            "Run an operation a person approved, by public handle: it runs the original request \
+             exactly once; later calls return its recorded result.",
+            schema(handle),
+        ),
+        Tool::new(
+            CAPABILITIES,
+            "What this router accepts: identity sources, limits, approval policy, retention. \
+             Spends nothing.",
+            schema(json!({"type": "object", "properties": {}, "additionalProperties": false})),
+        ),
+    ]
+}
+
+impl ServerHandler for RouterServer {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new(
+                "callid-router",
+                env!("CARGO_PKG_VERSION"),
+            ))
+            .with_instructions(
+                "Spend tools need a trusted per-call id in `_meta` from the harness (Codex \
+                 `callId`, Claude Code `claudecode/toolUseId`, or the \
+                 `hubu.dev/platform-invocation` envelope); never put identity in arguments.",
+            )
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, McpError> {
+        Ok(ListToolsResult::with_all_items(tools()))
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, McpError> {
+        let meta = context.meta.0.0;
+        let name = request.name.to_string();
+        match self.router.call_tool(&name, request.arguments, &meta).await {
+            Some(value) => serde_json::from_value::<CallToolResult>(value)
+                .map(CallToolResponse::from)
+                .map_err(|e| {
+                    McpError::internal_error(format!("cannot encode a result: {e}"), None)
+                }),
+            None => {
+                let mut message = Value::String(format!(
+                    "unknown tool `{name}`; this router has {GENERATE_IMAGE}, {OPERATION_STATUS}, \
+                     {RESUME_OPERATION} and {CAPABILITIES}"
+                ));
+                self.router.scrub(&mut message);
+                Err(McpError::invalid_params(
+                    message.as_str().unwrap_or_default().to_string(),
+                    None,
+                ))
+            }
+        }
+    }
+}
+
+/// Serves MCP over stdin/stdout until the client closes it.
+pub async fn serve_stdio(router: Arc<Router>) -> anyhow::Result<()> {
+    let service = RouterServer::new(router)
+        .serve(rmcp::transport::stdio())
+        .await
+        .map_err(|e| anyhow::anyhow!("starting the MCP server on stdio: {e}"))?;
+    service
+        .waiting()
+        .await
+        .map_err(|e| anyhow::anyhow!("serving MCP on stdio: {e}"))?;
+    Ok(())
+}
+
+/// Serves streamable HTTP at `http://ADDR/mcp` until Ctrl-C; prints the bound address on stderr.
+pub async fn serve_http(router: Arc<Router>, addr: SocketAddr) -> anyhow::Result<()> {
+    use anyhow::Context as _;
+    use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+    use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
+    let server = RouterServer::new(router);
+    let service = StreamableHttpService::new(
+        move || Ok(server.clone()),
+        Arc::new(LocalSessionManager::default()),
+        StreamableHttpServerConfig::default(),
+    );
+    let app = axum::Router::new().nest_service("/mcp", service);
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding `{addr}`"))?;
+    let local = listener.local_addr().context("reading the bound address")?;
+    eprintln!("callid router: listening on http://{local}/mcp");
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await
+        .context("serving streamable HTTP")
+}
