@@ -441,7 +441,10 @@ fn per_call_ids(accepted: &[(&Record, &str, &str)]) -> PerCallIds {
     let mut by_id: BTreeMap<String, Vec<Option<&str>>> = BTreeMap::new();
     for (r, _, key) in accepted {
         let id_path = if *key == crate::identity::ENVELOPE_KEY {
-            format!("/{}/invocation_id", key.replace('~', "~0").replace('/', "~1"))
+            format!(
+                "/{}/invocation_id",
+                key.replace('~', "~0").replace('/', "~1")
+            )
         } else {
             format!("/{}", key.replace('~', "~0").replace('/', "~1"))
         };
@@ -626,7 +629,14 @@ mod tests {
         }
 
         fn send(&mut self, method: &str, id: Value, params: Value) -> Record {
-            let r = record_for_request(method, Some(&id), Some(&params), 1, &self.ctx, &Digester::Plain);
+            let r = record_for_request(
+                method,
+                Some(&id),
+                Some(&params),
+                1,
+                &self.ctx,
+                &Digester::Plain,
+            );
             self.records.push(r.clone());
             r
         }
@@ -649,11 +659,27 @@ mod tests {
     #[test]
     fn key_split_and_ids() {
         let mut c = Client::new("codex-like");
-        c.call(1, json!({"p": "fox"}), json!({"callId": "c1", "session": "s", "progressToken": 0}));
-        c.call(2, json!({"p": "fox"}), json!({"callId": "c2", "session": "s", "progressToken": 1}));
+        c.call(
+            1,
+            json!({"p": "fox"}),
+            json!({"callId": "c1", "session": "s", "progressToken": 0}),
+        );
+        c.call(
+            2,
+            json!({"p": "fox"}),
+            json!({"callId": "c2", "session": "s", "progressToken": 1}),
+        );
         // Redelivery of c2, and c1 reused for different work.
-        c.call(3, json!({"p": "fox"}), json!({"callId": "c2", "session": "s", "progressToken": 2}));
-        c.call(4, json!({"p": "crane"}), json!({"callId": "c1", "session": "s", "progressToken": 3}));
+        c.call(
+            3,
+            json!({"p": "fox"}),
+            json!({"callId": "c2", "session": "s", "progressToken": 2}),
+        );
+        c.call(
+            4,
+            json!({"p": "crane"}),
+            json!({"callId": "c1", "session": "s", "progressToken": 3}),
+        );
         let v = c.verdict();
         assert_eq!(v.verdict, Verdict::Accepted);
         assert_eq!(v.source.as_deref(), Some("codex"));
@@ -676,8 +702,18 @@ mod tests {
     #[test]
     fn verdicts_table() {
         let cases: Vec<(Vec<Value>, Verdict, Option<&str>, KeySplit)> = vec![
-            (vec![], Verdict::Unknown, Some("no_tool_calls"), KeySplit::Unknown),
-            (vec![json!({"callId": "a"})], Verdict::Accepted, None, KeySplit::Unknown),
+            (
+                vec![],
+                Verdict::Unknown,
+                Some("no_tool_calls"),
+                KeySplit::Unknown,
+            ),
+            (
+                vec![json!({"callId": "a"})],
+                Verdict::Accepted,
+                None,
+                KeySplit::Unknown,
+            ),
             (
                 vec![json!({"callId": "a"}), json!({"x": 1})],
                 Verdict::Rejected,
@@ -690,7 +726,12 @@ mod tests {
                 Some("ambiguous_identity"),
                 KeySplit::Unknown,
             ),
-            (vec![json!({"callId": ""})], Verdict::Rejected, Some("invalid_identity"), KeySplit::Unknown),
+            (
+                vec![json!({"callId": ""})],
+                Verdict::Rejected,
+                Some("invalid_identity"),
+                KeySplit::Unknown,
+            ),
         ];
         for (metas, verdict, reason, split) in cases {
             let mut c = Client::new("t");
@@ -698,7 +739,11 @@ mod tests {
                 c.call(i as i64 + 1, json!({}), m.clone());
             }
             let v = c.verdict();
-            assert_eq!((v.verdict, v.reason.as_deref(), v.key_split), (verdict, reason, split), "{metas:?}");
+            assert_eq!(
+                (v.verdict, v.reason.as_deref(), v.key_split),
+                (verdict, reason, split),
+                "{metas:?}"
+            );
             if v.key_split == KeySplit::Unknown {
                 assert!(v.call_level_keys.is_empty() && v.context_keys.is_empty());
             }
@@ -708,7 +753,15 @@ mod tests {
     #[test]
     fn records_without_client_join_their_connection() {
         let mut c = Client::new("named");
-        let mut stray = Record::new(Kind::Malformed, 3, &RecordContext { client: None, ..c.ctx.clone() }, &Digester::Plain);
+        let mut stray = Record::new(
+            Kind::Malformed,
+            3,
+            &RecordContext {
+                client: None,
+                ..c.ctx.clone()
+            },
+            &Digester::Plain,
+        );
         stray.error = None;
         c.records.insert(0, stray);
         let v = c.verdict();

@@ -14,7 +14,10 @@ pub fn render(verdicts: &[ClientVerdict], out: &mut dyn Write) -> std::io::Resul
         if k.is_empty() {
             "none".to_string()
         } else {
-            k.iter().map(|k| format!("`{}`", cell(k))).collect::<Vec<_>>().join(", ")
+            k.iter()
+                .map(|k| format!("`{}`", cell(k)))
+                .collect::<Vec<_>>()
+                .join(", ")
         }
     };
     for v in verdicts {
@@ -75,7 +78,10 @@ pub fn render(verdicts: &[ClientVerdict], out: &mut dyn Write) -> std::io::Resul
             continue;
         }
         writeln!(out)?;
-        writeln!(out, "| `_meta` path | Type | Length | In calls | Distinct | Class |")?;
+        writeln!(
+            out,
+            "| `_meta` path | Type | Length | In calls | Distinct | Class |"
+        )?;
         writeln!(out, "|---|---|---|---|---|---|")?;
         for k in &v.keys {
             let types: Vec<&str> = k.types.iter().map(|t| t.name()).collect();

@@ -104,7 +104,10 @@ pub(crate) fn notes(v: &ClientVerdict) -> Vec<String> {
         ));
     }
     if v.bad_messages > 0 {
-        notes.push(format!("{} malformed or oversize message(s)", v.bad_messages));
+        notes.push(format!(
+            "{} malformed or oversize message(s)",
+            v.bad_messages
+        ));
     }
     notes
 }

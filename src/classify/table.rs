@@ -38,7 +38,12 @@ pub fn render(verdicts: &[ClientVerdict], out: &mut dyn Write) -> std::io::Resul
         let (call_level, context) = match v.key_split {
             super::KeySplit::Inferred => (
                 keys(&other_call_level(v)),
-                keys(&v.context_keys.iter().map(String::as_str).collect::<Vec<_>>()),
+                keys(
+                    &v.context_keys
+                        .iter()
+                        .map(String::as_str)
+                        .collect::<Vec<_>>(),
+                ),
             ),
             super::KeySplit::Unknown => ("unknown".to_string(), "unknown".to_string()),
         };

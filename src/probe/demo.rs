@@ -45,7 +45,9 @@ pub enum DemoError {
         source: crate::jsonrpc::RpcError,
     },
     /// The HTTP probe never said where it listens.
-    #[error("`callid probe --http 127.0.0.1:0` did not print its address within 10 s; its stderr: {0}")]
+    #[error(
+        "`callid probe --http 127.0.0.1:0` did not print its address within 10 s; its stderr: {0}"
+    )]
     NoAddress(String),
     /// A temporary directory or log could not be used.
     #[error("failed to prepare the demo's temporary directory")]
@@ -153,13 +155,13 @@ fn check_answer(client: &str, response: &crate::jsonrpc::Response, want: &str) -
 fn alnum(n: usize) -> String {
     let mut out = String::new();
     while out.len() < n {
-        out.extend(
-            uuid::Uuid::new_v4()
-                .simple()
-                .to_string()
-                .chars()
-                .map(|c| if c.is_ascii_digit() { c } else { c.to_ascii_uppercase() }),
-        );
+        out.extend(uuid::Uuid::new_v4().simple().to_string().chars().map(|c| {
+            if c.is_ascii_digit() {
+                c
+            } else {
+                c.to_ascii_uppercase()
+            }
+        }));
     }
     out.truncate(n);
     out

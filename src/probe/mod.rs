@@ -13,7 +13,7 @@
 //! - [`server`]: the rmcp server with the read-only `capabilities` tool.
 //! - [`stdio`], [`http`], [`wrap`]: the three transports, each feeding raw messages to the tap.
 //! - [`demo`]: `callid demo`, three scripted clients against real probe processes.
-//! - [`error`]: [`ProbeError`].
+//! - [`error`]: the transports' error type, [`ProbeError`].
 //!
 //! # Design
 //! Recording happens at the message level, before rmcp parses anything, so every message is

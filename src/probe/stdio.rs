@@ -203,10 +203,7 @@ mod tests {
             .lines()
             .map(|l| serde_json::from_str(l).unwrap())
             .collect();
-        let methods: Vec<&str> = records
-            .iter()
-            .filter_map(|r| r.method.as_deref())
-            .collect();
+        let methods: Vec<&str> = records.iter().filter_map(|r| r.method.as_deref()).collect();
         assert!(methods.contains(&"tools/list"), "{methods:?}");
         assert_eq!(
             methods.iter().filter(|m| **m == "tools/call").count(),

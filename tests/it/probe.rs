@@ -56,7 +56,11 @@ fn read_records(path: &Path) -> Vec<Record> {
 fn methods(records: &[Record]) -> Vec<String> {
     records
         .iter()
-        .map(|r| r.method.clone().unwrap_or_else(|| format!("<{:?}>", r.kind)))
+        .map(|r| {
+            r.method
+                .clone()
+                .unwrap_or_else(|| format!("<{:?}>", r.kind))
+        })
         .collect()
 }
 
@@ -67,7 +71,11 @@ fn methods(records: &[Record]) -> Vec<String> {
 fn classify_table_snapshot() {
     let out = classify_fixtures("table");
     assert_eq!(out.status.code(), Some(0), "{out:?}");
-    assert!(out.stderr.is_empty(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     insta::assert_snapshot!(String::from_utf8(out.stdout).unwrap());
 }
 
@@ -87,20 +95,44 @@ fn classify_json_snapshot_and_fields() {
     let summary: Vec<Value> = verdicts
         .iter()
         .map(|v| {
-            json!([v["client"]["name"], v["client"]["version"], v["verdict"], v["source"], v["reason"], v["calls"]])
+            json!([
+                v["client"]["name"],
+                v["client"]["version"],
+                v["verdict"],
+                v["source"],
+                v["reason"],
+                v["calls"]
+            ])
         })
         .collect();
     assert_eq!(
         summary,
         [
-            json!(["ambiguous-client", "0.1.0", "rejected", null, "ambiguous_identity", 1]),
-            json!(["chat-like-client", "1.0.0", "rejected", null, "missing_identity", 2]),
+            json!([
+                "ambiguous-client",
+                "0.1.0",
+                "rejected",
+                null,
+                "ambiguous_identity",
+                1
+            ]),
+            json!([
+                "chat-like-client",
+                "1.0.0",
+                "rejected",
+                null,
+                "missing_identity",
+                2
+            ]),
             json!(["claude-code", "2.1.332", "accepted", "claude-code", null, 2]),
             json!(["codex-mcp-client", "0.171.0", "accepted", "codex", null, 4]),
         ]
     );
     for v in &verdicts {
-        assert!(v["call_level_keys"].is_array() && v["context_keys"].is_array(), "{v}");
+        assert!(
+            v["call_level_keys"].is_array() && v["context_keys"].is_array(),
+            "{v}"
+        );
     }
     insta::assert_snapshot!(text);
 }
@@ -109,10 +141,15 @@ fn classify_json_snapshot_and_fields() {
 fn classify_reports_bad_lines_and_unreadable_input() {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("mixed.log");
-    let good = std::fs::read_to_string(repo().join("tests/fixtures/probe/ambiguous-0.1.0.jsonl")).unwrap();
+    let good =
+        std::fs::read_to_string(repo().join("tests/fixtures/probe/ambiguous-0.1.0.jsonl")).unwrap();
     std::fs::write(&log, format!("{{broken\n{good}[1,2]\n")).unwrap();
     let out = callid(&["classify", log.to_str().unwrap(), "--format", "json"]);
-    assert_eq!(out.status.code(), Some(0), "a verdict is data, not a failure: {out:?}");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "a verdict is data, not a failure: {out:?}"
+    );
     let stderr = String::from_utf8(out.stderr)
         .unwrap()
         .replace(dir.path().to_str().unwrap(), "[TMP]");
@@ -121,26 +158,44 @@ fn classify_reports_bad_lines_and_unreadable_input() {
     let missing = dir.path().join("missing.log");
     let out = callid(&["classify", missing.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(2));
-    let stderr = String::from_utf8(out.stderr).unwrap().replace(dir.path().to_str().unwrap(), "[TMP]");
-    assert!(stderr.starts_with("error: failed to read the probe log `[TMP]/missing.log`"), "{stderr}");
+    let stderr = String::from_utf8(out.stderr)
+        .unwrap()
+        .replace(dir.path().to_str().unwrap(), "[TMP]");
+    assert!(
+        stderr.starts_with("error: failed to read the probe log `[TMP]/missing.log`"),
+        "{stderr}"
+    );
 
     let empty = dir.path().join("empty.log");
     std::fs::write(&empty, "not a record\n").unwrap();
     let out = callid(&["classify", empty.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("no probe records in"), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no probe records in"),
+        "{out:?}"
+    );
 }
 
 #[test]
 fn demo_prints_the_three_verdicts() {
     let started = std::time::Instant::now();
     let out = callid(&["demo", "--format", "json"]);
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(started.elapsed() < Duration::from_secs(20));
     let verdicts: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
     let got: Vec<(String, String)> = verdicts
         .iter()
-        .map(|v| (v["client"]["name"].as_str().unwrap().to_string(), v["verdict"].as_str().unwrap().to_string()))
+        .map(|v| {
+            (
+                v["client"]["name"].as_str().unwrap().to_string(),
+                v["verdict"].as_str().unwrap().to_string(),
+            )
+        })
         .collect();
     assert_eq!(
         got,
@@ -182,11 +237,28 @@ async fn stdio_probe_records_every_request() {
         .await
         .unwrap();
     assert_eq!(discover.id, json!("discover-1"));
-    assert_eq!(discover.error.as_ref().unwrap()["code"], json!(-32601), "{}", discover.raw);
-    let init = conn.initialize(json!(0), "2025-11-25", "claude-code", "2.1.332").await.unwrap();
-    assert_eq!(init.result.as_ref().unwrap()["serverInfo"]["name"], json!("callid-probe"));
-    let tools = conn.request(json!(1), "tools/list", json!({})).await.unwrap();
-    assert_eq!(tools.result.unwrap()["tools"][0]["annotations"]["readOnlyHint"], json!(true));
+    assert_eq!(
+        discover.error.as_ref().unwrap()["code"],
+        json!(-32601),
+        "{}",
+        discover.raw
+    );
+    let init = conn
+        .initialize(json!(0), "2025-11-25", "claude-code", "2.1.332")
+        .await
+        .unwrap();
+    assert_eq!(
+        init.result.as_ref().unwrap()["serverInfo"]["name"],
+        json!("callid-probe")
+    );
+    let tools = conn
+        .request(json!(1), "tools/list", json!({}))
+        .await
+        .unwrap();
+    assert_eq!(
+        tools.result.unwrap()["tools"][0]["annotations"]["readOnlyHint"],
+        json!(true)
+    );
     let call = conn
         .call_tool(
             json!(2),
@@ -197,29 +269,66 @@ async fn stdio_probe_records_every_request() {
         .await
         .unwrap();
     let answer = call.structured().unwrap();
-    assert_eq!(answer["identity"], json!({"verdict": "accepted", "platform": "claude-code", "source": "claudecode/toolUseId"}));
-    assert_eq!(answer["meta_keys"][0], json!({"key": "claudecode/toolUseId", "type": "string", "len": 29, "identity_source": true}));
-    assert!(!call.raw.contains("SECRET"), "the answer echoes no value: {}", call.raw);
+    assert_eq!(
+        answer["identity"],
+        json!({"verdict": "accepted", "platform": "claude-code", "source": "claudecode/toolUseId"})
+    );
+    assert_eq!(
+        answer["meta_keys"][0],
+        json!({"key": "claudecode/toolUseId", "type": "string", "len": 29, "identity_source": true})
+    );
+    assert!(
+        !call.raw.contains("SECRET"),
+        "the answer echoes no value: {}",
+        call.raw
+    );
     let smuggled = conn
-        .call_tool(json!(3), "capabilities", json!({"idempotency_key": "k"}), Some(json!({"callId": "call_x"})))
+        .call_tool(
+            json!(3),
+            "capabilities",
+            json!({"idempotency_key": "k"}),
+            Some(json!({"callId": "call_x"})),
+        )
         .await
         .unwrap();
     // The schema takes no arguments; the answer still names the smuggled identity.
-    assert_eq!(smuggled.structured().map(|s| s["arguments_identity_error"].clone()), Some(json!("identity_in_arguments")), "{}", smuggled.raw);
+    assert_eq!(
+        smuggled
+            .structured()
+            .map(|s| s["arguments_identity_error"].clone()),
+        Some(json!("identity_in_arguments")),
+        "{}",
+        smuggled.raw
+    );
     conn.close().await;
-    assert_eq!(child.wait().await.unwrap().code(), Some(0), "{}", child.stderr_text());
+    assert_eq!(
+        child.wait().await.unwrap().code(),
+        Some(0),
+        "{}",
+        child.stderr_text()
+    );
 
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt as _;
-        assert_eq!(std::fs::metadata(&log).unwrap().permissions().mode() & 0o777, 0o600);
+        assert_eq!(
+            std::fs::metadata(&log).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
     }
     let text = std::fs::read_to_string(&log).unwrap();
     assert!(!text.contains("SECRET"), "{text}");
     let records = read_records(&log);
     assert_eq!(
         methods(&records),
-        ["server/discover", "initialize", "notifications/initialized", "tools/list", "tools/call", "tools/call"]
+        [
+            "server/discover",
+            "initialize",
+            "notifications/initialized",
+            "tools/list",
+            "tools/call",
+            "tools/call"
+        ]
     );
     for r in &records {
         assert_eq!(r.transport, Transport::Stdio);
@@ -228,8 +337,19 @@ async fn stdio_probe_records_every_request() {
     }
     assert_eq!(records[0].protocol_version.as_deref(), Some("2026-07-28"));
     assert_eq!(records[4].protocol_version.as_deref(), Some("2025-11-25"));
-    assert_eq!(records[4].id.as_ref().unwrap().digest, Digester::Plain.value(&json!(2)));
-    assert_eq!(records[5].arguments.as_ref().unwrap().identity_error.as_deref(), Some("identity_in_arguments"));
+    assert_eq!(
+        records[4].id.as_ref().unwrap().digest,
+        Digester::Plain.value(&json!(2))
+    );
+    assert_eq!(
+        records[5]
+            .arguments
+            .as_ref()
+            .unwrap()
+            .identity_error
+            .as_deref(),
+        Some("identity_in_arguments")
+    );
     assert!(records[4].request_digest.is_some());
 }
 
@@ -238,11 +358,20 @@ async fn http_probe_records_sessions_and_answers_discover() {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("http.log");
     let (_stdin, mut child) = spawn_probe(&[
-        "probe", "--http", "127.0.0.1:0", "--log", log.to_str().unwrap(), "--digest-salt", "pepper",
+        "probe",
+        "--http",
+        "127.0.0.1:0",
+        "--log",
+        log.to_str().unwrap(),
+        "--digest-salt",
+        "pepper",
     ])
     .await;
     let url = callid::probe::demo::http_url(&child).await.unwrap();
-    assert!(url.starts_with("http://127.0.0.1:") && url.ends_with("/mcp"), "{url}");
+    assert!(
+        url.starts_with("http://127.0.0.1:") && url.ends_with("/mcp"),
+        "{url}"
+    );
 
     let discover = Connection::http(&url).await.unwrap();
     let r = discover
@@ -257,12 +386,24 @@ async fn http_probe_records_sessions_and_answers_discover() {
 
     for (n, call_id) in ["call_one", "call_two"].iter().enumerate() {
         let conn = Connection::http(&url).await.unwrap();
-        conn.initialize(json!(0), "2025-06-18", "codex-mcp-client", "0.171.0").await.unwrap();
-        let r = conn
-            .call_tool(json!(n + 1), "capabilities", json!({}), Some(json!({"callId": call_id, "threadId": "t"})))
+        conn.initialize(json!(0), "2025-06-18", "codex-mcp-client", "0.171.0")
             .await
             .unwrap();
-        assert_eq!(r.structured().unwrap()["identity"]["verdict"], json!("accepted"), "{}", r.raw);
+        let r = conn
+            .call_tool(
+                json!(n + 1),
+                "capabilities",
+                json!({}),
+                Some(json!({"callId": call_id, "threadId": "t"})),
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            r.structured().unwrap()["identity"]["verdict"],
+            json!("accepted"),
+            "{}",
+            r.raw
+        );
         conn.close().await;
     }
     let bad = Connection::http(&url).await.unwrap();
@@ -275,18 +416,37 @@ async fn http_probe_records_sessions_and_answers_discover() {
     let records = read_records(&log);
     assert_eq!(
         methods(&records),
-        ["server/discover", "initialize", "notifications/initialized", "tools/call", "initialize", "notifications/initialized", "tools/call", "<Malformed>"]
+        [
+            "server/discover",
+            "initialize",
+            "notifications/initialized",
+            "tools/call",
+            "initialize",
+            "notifications/initialized",
+            "tools/call",
+            "<Malformed>"
+        ]
     );
-    assert!(records.iter().all(|r| r.transport == Transport::Http && r.digest == "hmac-sha256"));
+    assert!(
+        records
+            .iter()
+            .all(|r| r.transport == Transport::Http && r.digest == "hmac-sha256")
+    );
     // One connection per session, and the session's client labels every request in it.
     assert_eq!(records[1].connection, records[3].connection);
     assert_ne!(records[3].connection, records[6].connection);
     assert_eq!(records[3].client.as_ref().unwrap().name, "codex-mcp-client");
     assert_eq!(records[3].protocol_version.as_deref(), Some("2025-06-18"));
     // Salted: the id digest of `1` is not the plain one.
-    assert_ne!(records[3].id.as_ref().unwrap().digest, Digester::Plain.value(&json!(1)));
+    assert_ne!(
+        records[3].id.as_ref().unwrap().digest,
+        Digester::Plain.value(&json!(1))
+    );
     let verdicts = callid::classify::classify(&records);
-    let codex = verdicts.iter().find(|v| v.client.name.as_deref() == Some("codex-mcp-client")).unwrap();
+    let codex = verdicts
+        .iter()
+        .find(|v| v.client.name.as_deref() == Some("codex-mcp-client"))
+        .unwrap();
     assert_eq!(codex.call_level_keys, ["callId"]);
     assert_eq!(codex.context_keys, ["threadId"]);
 }
@@ -296,42 +456,108 @@ async fn bad_input_gets_an_error_and_a_record_never_a_crash() {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("bad.log");
     let (conn, mut child) = spawn_probe(&["probe", "--log", log.to_str().unwrap()]).await;
-    conn.initialize(json!(0), "2025-11-25", "bad-input-client", "1").await.unwrap();
+    conn.initialize(json!(0), "2025-11-25", "bad-input-client", "1")
+        .await
+        .unwrap();
 
-    conn.send_raw("{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"tools/call\",\"params\":{\"x\":\"CANARY-trunc").await.unwrap();
+    conn.send_raw(
+        "{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"tools/call\",\"params\":{\"x\":\"CANARY-trunc",
+    )
+    .await
+    .unwrap();
 
     let big = json!({"blob": format!("CANARY-big-{}", "x".repeat(10 * 1024 * 1024))});
-    let r = conn.call_tool(json!(2), "capabilities", json!({}), Some(big)).await.unwrap();
+    let r = conn
+        .call_tool(json!(2), "capabilities", json!({}), Some(big))
+        .await
+        .unwrap();
     let e = r.error.expect("an error for 10 MB");
     assert_eq!((r.id, e["code"].clone()), (json!(2), json!(-32600)));
-    assert!(e["message"].as_str().unwrap().contains("exceeds the probe's limit of 1048576 bytes"), "{e}");
+    assert!(
+        e["message"]
+            .as_str()
+            .unwrap()
+            .contains("exceeds the probe's limit of 1048576 bytes"),
+        "{e}"
+    );
 
     let mut deep = json!("CANARY-deep");
     for _ in 0..1000 {
         deep = json!([deep]);
     }
-    let r = conn.call_tool(json!(3), "capabilities", json!({}), Some(json!({"d": deep}))).await.unwrap();
-    assert_eq!((r.id, r.error.unwrap()["code"].clone()), (json!(3), json!(-32600)));
+    let r = conn
+        .call_tool(
+            json!(3),
+            "capabilities",
+            json!({}),
+            Some(json!({"d": deep})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (r.id, r.error.unwrap()["code"].clone()),
+        (json!(3), json!(-32600))
+    );
 
-    let r = conn.call_tool(json!(4), "capabilities", json!({}), Some(json!("CANARY-string-meta"))).await.unwrap();
+    let r = conn
+        .call_tool(
+            json!(4),
+            "capabilities",
+            json!({}),
+            Some(json!("CANARY-string-meta")),
+        )
+        .await
+        .unwrap();
     let e = r.error.unwrap();
     assert_eq!((r.id, e["code"].clone()), (json!(4), json!(-32602)));
-    assert_eq!(e["message"], json!("invalid params: `_meta` must be a JSON object; got string"));
+    assert_eq!(
+        e["message"],
+        json!("invalid params: `_meta` must be a JSON object; got string")
+    );
 
-    let r = conn.call_tool(json!(5), "capabilities", json!({}), Some(json!({"callId": "call_ok"}))).await.unwrap();
-    assert_eq!(r.structured().unwrap()["identity"]["verdict"], json!("accepted"), "still serving");
+    let r = conn
+        .call_tool(
+            json!(5),
+            "capabilities",
+            json!({}),
+            Some(json!({"callId": "call_ok"})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        r.structured().unwrap()["identity"]["verdict"],
+        json!("accepted"),
+        "still serving"
+    );
     let unmatched = conn.take_unmatched();
-    assert!(unmatched.iter().any(|m| m.contains("-32700")), "{unmatched:?}");
+    assert!(
+        unmatched.iter().any(|m| m.contains("-32700")),
+        "{unmatched:?}"
+    );
     conn.close().await;
-    assert_eq!(child.wait().await.unwrap().code(), Some(0), "{}", child.stderr_text());
+    assert_eq!(
+        child.wait().await.unwrap().code(),
+        Some(0),
+        "{}",
+        child.stderr_text()
+    );
 
     let text = std::fs::read_to_string(&log).unwrap();
     assert!(!text.contains("CANARY"), "no raw value in the log");
-    assert!(text.len() < 64 * 1024, "the log stays small: {} bytes", text.len());
+    assert!(
+        text.len() < 64 * 1024,
+        "the log stays small: {} bytes",
+        text.len()
+    );
     let records = read_records(&log);
     let errors: Vec<(Option<String>, Option<String>)> = records
         .iter()
-        .filter(|r| r.error.is_some() || r.meta.as_ref().is_some_and(|m| matches!(m, callid::probe::record::MetaRecord::NotObject { .. })))
+        .filter(|r| {
+            r.error.is_some()
+                || r.meta.as_ref().is_some_and(|m| {
+                    matches!(m, callid::probe::record::MetaRecord::NotObject { .. })
+                })
+        })
         .map(|r| (r.method.clone(), r.error.as_ref().map(|e| e.code.clone())))
         .collect();
     assert_eq!(
@@ -343,9 +569,15 @@ async fn bad_input_gets_an_error_and_a_record_never_a_crash() {
             (Some("tools/call".into()), None),
         ]
     );
-    let oversize = records.iter().find(|r| r.error.as_ref().is_some_and(|e| e.code == "oversize")).unwrap();
+    let oversize = records
+        .iter()
+        .find(|r| r.error.as_ref().is_some_and(|e| e.code == "oversize"))
+        .unwrap();
     assert!(oversize.bytes > 10 * 1024 * 1024);
-    assert_eq!(oversize.id.as_ref().unwrap().digest, Digester::Plain.value(&json!(2)));
+    assert_eq!(
+        oversize.id.as_ref().unwrap().digest,
+        Digester::Plain.value(&json!(2))
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -353,7 +585,11 @@ async fn bad_input_gets_an_error_and_a_record_never_a_crash() {
 
 /// Sends `lines` one at a time to a child, reading one reply line after each request, and
 /// returns every byte the child wrote to stdout, and its exit code.
-async fn transcript(program: &Path, args: &[String], lines: &[(&str, bool)]) -> (Vec<u8>, Option<i32>) {
+async fn transcript(
+    program: &Path,
+    args: &[String],
+    lines: &[(&str, bool)],
+) -> (Vec<u8>, Option<i32>) {
     let mut child = tokio::process::Command::new(program)
         .args(args)
         .stdin(Stdio::piped())
@@ -384,17 +620,40 @@ async fn transcript(program: &Path, args: &[String], lines: &[(&str, bool)]) -> 
 async fn wrap_is_byte_for_byte_transparent() {
     let dir = tempfile::tempdir().unwrap();
     let lines: Vec<(&str, bool)> = vec![
-        (r#"{"jsonrpc":"2.0","id":"discover-0","method":"server/discover","params":{"_meta":{"io.modelcontextprotocol/clientInfo":{"name":"codex-mcp-client","version":"0.171.0"}}}}"#, true),
-        (r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"codex-mcp-client","version":"0.171.0"}}}"#, true),
-        (r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#, false),
+        (
+            r#"{"jsonrpc":"2.0","id":"discover-0","method":"server/discover","params":{"_meta":{"io.modelcontextprotocol/clientInfo":{"name":"codex-mcp-client","version":"0.171.0"}}}}"#,
+            true,
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"codex-mcp-client","version":"0.171.0"}}}"#,
+            true,
+        ),
+        (
+            r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+            false,
+        ),
         (r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#, true),
-        (r#"{ "jsonrpc" : "2.0", "id" : 2, "method" : "tools/call", "params" : { "name" : "capabilities", "arguments" : {}, "_meta" : { "callId" : "call_é\u00e9", "progressToken" : 0 } } }"#, true),
+        (
+            r#"{ "jsonrpc" : "2.0", "id" : 2, "method" : "tools/call", "params" : { "name" : "capabilities", "arguments" : {}, "_meta" : { "callId" : "call_é\u00e9", "progressToken" : 0 } } }"#,
+            true,
+        ),
         ("{oops", true),
-        (r#"{"jsonrpc":"2.0","id":"three","method":"tools/call","params":{"name":"capabilities","_meta":{"callId":"call_3"}}}"#, true),
+        (
+            r#"{"jsonrpc":"2.0","id":"three","method":"tools/call","params":{"name":"capabilities","_meta":{"callId":"call_3"}}}"#,
+            true,
+        ),
     ];
     let direct_log = dir.path().join("direct.log");
-    let (direct, direct_code) =
-        transcript(&bin(), &["probe".into(), "--log".into(), direct_log.display().to_string()], &lines).await;
+    let (direct, direct_code) = transcript(
+        &bin(),
+        &[
+            "probe".into(),
+            "--log".into(),
+            direct_log.display().to_string(),
+        ],
+        &lines,
+    )
+    .await;
 
     let wrap_log = dir.path().join("wrap.log");
     let inner_log = dir.path().join("inner.log");
@@ -414,20 +673,37 @@ async fn wrap_is_byte_for_byte_transparent() {
     ];
     let (wrapped, wrapped_code) = transcript(&bin(), &args, &lines).await;
 
-    assert_eq!(String::from_utf8_lossy(&wrapped), String::from_utf8_lossy(&direct));
+    assert_eq!(
+        String::from_utf8_lossy(&wrapped),
+        String::from_utf8_lossy(&direct)
+    );
     assert_eq!(wrapped, direct, "the client sees the same bytes");
     assert_eq!((direct_code, wrapped_code), (Some(0), Some(0)));
-    let sent: Vec<u8> = lines.iter().flat_map(|(l, _)| format!("{l}\n").into_bytes()).collect();
-    assert_eq!(std::fs::read(&server_saw).unwrap(), sent, "the server sees the same bytes");
+    let sent: Vec<u8> = lines
+        .iter()
+        .flat_map(|(l, _)| format!("{l}\n").into_bytes())
+        .collect();
+    assert_eq!(
+        std::fs::read(&server_saw).unwrap(),
+        sent,
+        "the server sees the same bytes"
+    );
 
     let direct_records = read_records(&direct_log);
     let wrap_records = read_records(&wrap_log);
     assert_eq!(methods(&wrap_records), methods(&direct_records));
     assert!(wrap_records.iter().all(|r| r.transport == Transport::Wrap));
-    let digests = |rs: &[Record]| rs.iter().map(|r| (r.request_digest.clone(), r.id.clone())).collect::<Vec<_>>();
+    let digests = |rs: &[Record]| {
+        rs.iter()
+            .map(|r| (r.request_digest.clone(), r.id.clone()))
+            .collect::<Vec<_>>()
+    };
     assert_eq!(digests(&wrap_records), digests(&direct_records));
     // The wrap learned the agreed protocol from the server's reply.
-    assert_eq!(wrap_records[3].protocol_version.as_deref(), Some("2025-06-18"));
+    assert_eq!(
+        wrap_records[3].protocol_version.as_deref(),
+        Some("2025-06-18")
+    );
 }
 
 #[test]
@@ -435,12 +711,26 @@ fn wrap_exits_with_the_servers_code_and_needs_a_command() {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("w.log");
     let mut child = Command::new(bin())
-        .args(["probe", "--log", log.to_str().unwrap(), "--wrap", "--", "sh", "-c", "cat >/dev/null; exit 7"])
+        .args([
+            "probe",
+            "--log",
+            log.to_str().unwrap(),
+            "--wrap",
+            "--",
+            "sh",
+            "-c",
+            "cat >/dev/null; exit 7",
+        ])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    child.stdin.take().unwrap().write_all(b"{\"jsonrpc\":\"2.0\",\"method\":\"x\"}\n").unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"{\"jsonrpc\":\"2.0\",\"method\":\"x\"}\n")
+        .unwrap();
     assert_eq!(child.wait().unwrap().code(), Some(7));
     assert_eq!(methods(&read_records(&log)), ["x"]);
 
@@ -448,7 +738,11 @@ fn wrap_exits_with_the_servers_code_and_needs_a_command() {
     assert_eq!(out.status.code(), Some(2));
     let out = callid(&["probe", "--wrap", "--", "/nonexistent/server"]);
     assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("failed to start the wrapped server `/nonexistent/server`"), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("failed to start the wrapped server `/nonexistent/server`"),
+        "{out:?}"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -480,7 +774,11 @@ impl Rng {
             (3, _) => json!(self.canary(tag)),
             (4 | 5, _) => {
                 let n = self.below(4);
-                Value::Object((0..n).map(|i| (format!("k{i}"), self.value(depth + 1, tag))).collect())
+                Value::Object(
+                    (0..n)
+                        .map(|i| (format!("k{i}"), self.value(depth + 1, tag)))
+                        .collect(),
+                )
             }
             _ => {
                 let n = self.below(4);
@@ -511,7 +809,8 @@ fn random_meta(rng: &mut Rng) -> Option<Value> {
             let mut meta = serde_json::Map::new();
             for _ in 0..rng.below(8) {
                 let key = META_KEYS[rng.below(META_KEYS.len() as u64) as usize];
-                let value = if matches!(key, "callId" | "claudecode/toolUseId") && rng.below(2) == 0 {
+                let value = if matches!(key, "callId" | "claudecode/toolUseId") && rng.below(2) == 0
+                {
                     json!(rng.canary("CANARY"))
                 } else {
                     rng.value(0, "CANARY")
@@ -566,12 +865,21 @@ fn no_leak_property() {
             let args = rng.value(0, "ARGVAL");
             params.insert(
                 "arguments".into(),
-                if rng.below(3) == 0 { args } else { json!({"prompt": rng.canary("ARGVAL"), "more": args}) },
+                if rng.below(3) == 0 {
+                    args
+                } else {
+                    json!({"prompt": rng.canary("ARGVAL"), "more": args})
+                },
             );
             if let Some(meta) = random_meta(&mut rng) {
                 params.insert("_meta".into(), meta);
             }
-            let method = ["tools/call", "tools/call", "initialize", "notifications/progress"][rng.below(4) as usize];
+            let method = [
+                "tools/call",
+                "tools/call",
+                "initialize",
+                "notifications/progress",
+            ][rng.below(4) as usize];
             let message = if method.starts_with("notifications/") {
                 json!({"jsonrpc": "2.0", "method": method, "params": params})
             } else {
@@ -603,8 +911,14 @@ fn no_leak_property() {
         }
     }
     // The records are well-formed and some of each kind were exercised.
-    let records: Vec<Record> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let records: Vec<Record> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     assert!(records.iter().any(|r| r.error.is_some()));
     assert!(records.iter().any(|r| r.request_digest.is_some()));
-    assert!(records.iter().any(|r| matches!(r.identity, Some(callid::probe::record::IdentityVerdict::Accepted { .. }))));
+    assert!(records.iter().any(|r| matches!(
+        r.identity,
+        Some(callid::probe::record::IdentityVerdict::Accepted { .. })
+    )));
 }
