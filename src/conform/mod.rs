@@ -23,6 +23,7 @@ pub mod target;
 
 use expected::ExpectedFailures;
 use report::{CheckResult, Report, Verdict};
+use scenario::Scenario;
 use runner::{Outcome, ProgressSink, ScenarioRun};
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -75,6 +76,9 @@ pub enum ConformError {
     /// The router program could not be started at all.
     #[error(transparent)]
     Start(#[from] runner::StartError),
+    /// The router started in no scenario at all: a setup problem, not a verdict.
+    #[error("the router never started: {0}; check the target's command and arguments")]
+    NeverStarted(String),
     /// This binary's path (for the reference router) or a temporary directory.
     #[error("failed to prepare the run: {0}")]
     Io(#[from] std::io::Error),
@@ -88,11 +92,16 @@ impl ConformError {
             ConformError::Target(e) => e.code(),
             ConformError::Expected(e) => e.code(),
             ConformError::Provider(_) => "provider_unavailable",
-            ConformError::Start(_) => "router_start_failed",
+            ConformError::Start(_) | ConformError::NeverStarted(_) => "router_start_failed",
             ConformError::Io(_) => "setup_io",
         }
     }
 }
+
+/// How many scenarios run at once when each gets its own provider (`CALLID_CONFORM_JOBS`
+/// overrides). Scenarios are isolated (own state directory, own router, own ledger), so the only
+/// limit is the machine: most of a scenario's time is spent waiting on fsync and process start.
+pub const DEFAULT_JOBS: usize = 4;
 
 /// Runs the selected scenarios against the target and returns the report.
 pub async fn run(options: &Options) -> Result<Report, ConformError> {
@@ -104,53 +113,92 @@ pub async fn run(options: &Options) -> Result<Report, ConformError> {
         None => ExpectedFailures::default(),
     };
     let scenarios = scenario::select(all.clone(), &options.only)?;
-    let profile = match &options.target {
+    let profile = Arc::new(match &options.target {
         TargetSpec::Reference => target::Profile::reference(),
         TargetSpec::Profile(file) => target::Profile::load(file)?,
         TargetSpec::Stdio(command) => target::Profile::stdio_command(command)?,
         TargetSpec::Url(url) => target::Profile::url(url),
-    };
+    });
     let callid = std::env::current_exe()?.display().to_string();
-    let provider = if profile.has_ledger() {
-        let listen = profile.provider_listen.as_deref().unwrap_or("127.0.0.1:0");
-        Some(provider::RunnerProvider::start(listen).await?)
-    } else {
-        None
+    // A router the runner does not start is pointed at one fixed provider address: its charges
+    // can only be told apart by running one scenario at a time against one shared ledger.
+    let shared = match &profile.provider_listen {
+        Some(listen) => Some(Arc::new(provider::RunnerProvider::start(listen).await?)),
+        None => None,
     };
-    let progress = Progress::start(
+    let jobs = if profile.provider_listen.is_some() || !profile.runner_starts() {
+        1
+    } else {
+        std::env::var("CALLID_CONFORM_JOBS")
+            .ok()
+            .and_then(|j| j.parse::<usize>().ok())
+            .filter(|j| *j > 0)
+            .unwrap_or(DEFAULT_JOBS)
+    };
+    let progress = Arc::new(Progress::start(
         options.progress && std::io::stderr().is_terminal(),
         scenarios.len(),
-    );
-    let mut checks = Vec::with_capacity(scenarios.len());
-    for (index, scenario) in scenarios.iter().enumerate() {
-        progress.scenario(index, &scenario.id);
-        let begun = Instant::now();
-        let outcome = match runner::not_applicable(&profile, scenario) {
-            Some(reason) => Outcome::NotApplicable(reason),
-            None => {
-                ScenarioRun::new(&profile, provider.as_ref(), scenario, &callid)?
-                    .run(&progress)
-                    .await?
-            }
+    ));
+    let mut pending = scenarios.into_iter().enumerate();
+    let mut running = tokio::task::JoinSet::new();
+    let mut results: Vec<(usize, Scenario, Outcome, Duration)> = Vec::new();
+    loop {
+        while running.len() < jobs {
+            let Some((index, scenario)) = pending.next() else {
+                break;
+            };
+            let profile = profile.clone();
+            let shared = shared.clone();
+            let callid = callid.clone();
+            let progress = progress.clone();
+            running.spawn(async move {
+                let begun = Instant::now();
+                let outcome = run_one(&profile, shared, &scenario, &callid, &progress).await;
+                outcome.map(|o| (index, scenario, o, begun.elapsed()))
+            });
+        }
+        let Some(joined) = running.join_next().await else {
+            break;
         };
-        let (verdict, reason) = match outcome {
-            Outcome::Pass => (Verdict::Pass, String::new()),
-            Outcome::Fail(r) => (Verdict::Fail, r),
-            Outcome::NotApplicable(r) => (Verdict::NotApplicable, r),
-            Outcome::Error(r) => (Verdict::Error, r),
-        };
-        checks.push(CheckResult {
-            id: scenario.id.clone(),
-            title: scenario.title.clone(),
-            rule: scenario.rule.clone(),
-            article: scenario.article.clone(),
-            baseline: expected.classify(&scenario.id, verdict),
-            verdict,
-            reason,
-            duration: begun.elapsed(),
-        });
+        let done = joined.map_err(|e| ConformError::Io(std::io::Error::other(e)))??;
+        progress.done();
+        results.push(done);
     }
-    progress.finish();
+    results.sort_by_key(|(index, ..)| *index);
+    let ran: Vec<&Outcome> = results
+        .iter()
+        .map(|(_, _, o, _)| o)
+        .filter(|o| !matches!(o, Outcome::NotApplicable(_)))
+        .collect();
+    if let Some(Outcome::Error(first)) = ran.first()
+        && ran
+            .iter()
+            .all(|o| matches!(o, Outcome::Error(r) if r.starts_with(runner::START_FAILED)))
+    {
+        return Err(ConformError::NeverStarted(first.clone()));
+    }
+    let checks = results
+        .into_iter()
+        .map(|(_, scenario, outcome, duration)| {
+            let (verdict, reason) = match outcome {
+                Outcome::Pass => (Verdict::Pass, String::new()),
+                Outcome::Fail(r) => (Verdict::Fail, r),
+                Outcome::NotApplicable(r) => (Verdict::NotApplicable, r),
+                Outcome::Error(r) => (Verdict::Error, r),
+            };
+            CheckResult {
+                baseline: expected.classify(&scenario.id, verdict),
+                id: scenario.id,
+                title: scenario.title,
+                rule: scenario.rule,
+                article: scenario.article,
+                verdict,
+                reason,
+                duration,
+            }
+        })
+        .collect();
+    drop(progress);
     Ok(Report {
         target: profile.name.clone(),
         checks,
@@ -158,7 +206,35 @@ pub async fn run(options: &Options) -> Result<Report, ConformError> {
     })
 }
 
-/// The live progress line on stderr: `[3/29] redelivery.after-restart · step 2 restart · 4.1 s`.
+/// One scenario, with its own provider unless one is shared.
+async fn run_one(
+    profile: &target::Profile,
+    shared: Option<Arc<provider::RunnerProvider>>,
+    scenario: &Scenario,
+    callid: &str,
+    progress: &Progress,
+) -> Result<Outcome, ConformError> {
+    if let Some(reason) = runner::not_applicable(profile, scenario) {
+        return Ok(Outcome::NotApplicable(reason));
+    }
+    let provider = match shared {
+        Some(shared) => Some(shared),
+        None if profile.runner_starts() => {
+            Some(Arc::new(provider::RunnerProvider::start("127.0.0.1:0").await?))
+        }
+        None => None,
+    };
+    let sink = ScenarioProgress {
+        progress,
+        id: &scenario.id,
+    };
+    Ok(ScenarioRun::new(profile, provider.as_deref(), scenario, callid)?
+        .run(&sink)
+        .await?)
+}
+
+/// The live progress line on stderr: `[3/29] redelivery.after-restart · step 2 restart · 4.1 s`
+/// (the scenario that moved last, and the run's elapsed time), redrawn every 200 ms.
 struct Progress {
     state: Option<Arc<Mutex<ProgressState>>>,
     ticker: Option<tokio::task::JoinHandle<()>>,
@@ -166,7 +242,7 @@ struct Progress {
 
 struct ProgressState {
     total: usize,
-    index: usize,
+    done: usize,
     id: String,
     step: String,
     started: Instant,
@@ -177,7 +253,7 @@ impl ProgressState {
         use std::io::Write;
         let line = format!(
             "[{}/{}] {} · {} · {:.1} s",
-            self.index + 1,
+            self.done,
             self.total,
             self.id,
             self.step,
@@ -199,7 +275,7 @@ impl Progress {
         }
         let state = Arc::new(Mutex::new(ProgressState {
             total,
-            index: 0,
+            done: 0,
             id: String::new(),
             step: "starting".into(),
             started: Instant::now(),
@@ -217,17 +293,20 @@ impl Progress {
         }
     }
 
-    fn scenario(&self, index: usize, id: &str) {
+    fn update(&self, id: &str, step: String) {
         if let Some(state) = &self.state {
             let mut s = state.lock().expect("progress lock");
-            s.index = index;
             s.id = id.to_string();
-            s.step = "starting".into();
+            s.step = step;
             s.draw();
         }
     }
 
-    fn finish(self) {}
+    fn done(&self) {
+        if let Some(state) = &self.state {
+            state.lock().expect("progress lock").done += 1;
+        }
+    }
 }
 
 impl Drop for Progress {
@@ -239,12 +318,13 @@ impl Drop for Progress {
     }
 }
 
-impl ProgressSink for Progress {
+struct ScenarioProgress<'a> {
+    progress: &'a Progress,
+    id: &'a str,
+}
+
+impl ProgressSink for ScenarioProgress<'_> {
     fn step(&self, index: usize, kind: &str) {
-        if let Some(state) = &self.state {
-            let mut s = state.lock().expect("progress lock");
-            s.step = format!("step {} {kind}", index + 1);
-            s.draw();
-        }
+        self.progress.update(self.id, format!("step {} {kind}", index + 1));
     }
 }
