@@ -38,8 +38,7 @@ fn run_provider(args: crate::cli::ProviderArgs) -> anyhow::Result<ExitCode> {
             args.listen
         );
     }
-    let ledger = crate::provider::Ledger::open(&args.ledger)
-        .with_context(|| format!("opening the provider ledger `{}`", args.ledger.display()))?;
+    let ledger = crate::provider::Ledger::open(&args.ledger).context("starting the provider")?;
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind(args.listen)

@@ -251,7 +251,8 @@ mod tests {
         let (_dir, auth) = store();
         let key = "hubu:operation:v1:codex:0b5f";
         auth.authorize(&request(key)).unwrap();
-        let cases: [(&str, fn(&mut AuthorizationRequest<'static>)); 5] = [
+        type Edit = fn(&mut AuthorizationRequest<'static>);
+        let cases: [(&str, Edit); 5] = [
             ("amount", |r| r.amount_cents = 5),
             ("account", |r| r.account = "other"),
             ("scope", |r| r.scope = "generate_image:flux-pro:1024x1024"),

@@ -65,6 +65,15 @@ pub struct Executed {
     pub attempts: u64,
 }
 
+/// One `executions` row as `begin` reads it.
+struct Row {
+    request: String,
+    state: String,
+    attempts: i64,
+    receipt: Option<String>,
+    provider_replayed: Option<i64>,
+}
+
 enum Begin {
     Done(Executed),
     Dispatch { key: String },
@@ -171,12 +180,20 @@ impl Execution {
         let sql = |e| BackendError::from(self.store.error(e));
         let request = serde_json::to_string(req).expect("an ImageRequest always serializes");
         self.store.write(|tx| {
-            let row: Option<(String, String, i64, Option<String>, Option<i64>)> = tx
+            let row: Option<Row> = tx
                 .query_row(
                     "SELECT request, state, attempts, receipt, provider_replayed \
                      FROM executions WHERE decision_id = ?1",
                     [decision_id],
-                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)),
+                    |r| {
+                        Ok(Row {
+                            request: r.get(0)?,
+                            state: r.get(1)?,
+                            attempts: r.get(2)?,
+                            receipt: r.get(3)?,
+                            provider_replayed: r.get(4)?,
+                        })
+                    },
                 )
                 .optional()
                 .map_err(sql)?;
@@ -192,12 +209,16 @@ impl Execution {
                     .map_err(sql)?;
                     Ok(Begin::Dispatch { key })
                 }
-                Some((stored, _, _, _, _)) if stored != request => {
-                    Err(BackendError::CreateNewOperation {
-                        differs: "request".into(),
-                    })
-                }
-                Some((_, state, attempts, Some(receipt), replayed)) if state == "completed" => {
+                Some(row) if row.request != request => Err(BackendError::CreateNewOperation {
+                    differs: "request".into(),
+                }),
+                Some(Row {
+                    state,
+                    attempts,
+                    receipt: Some(receipt),
+                    provider_replayed,
+                    ..
+                }) if state == "completed" => {
                     let receipt = serde_json::from_str(&receipt).map_err(|e| {
                         sql(super::store::other_error(format!(
                             "stored receipt of a decision does not parse: {e}"
@@ -205,7 +226,7 @@ impl Execution {
                     })?;
                     Ok(Begin::Done(Executed {
                         receipt,
-                        provider_replayed: replayed == Some(1),
+                        provider_replayed: provider_replayed == Some(1),
                         from_record: true,
                         attempts: attempts as u64,
                     }))

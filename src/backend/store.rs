@@ -30,6 +30,9 @@ use std::time::Duration;
 /// How long a connection waits for another writer before failing.
 pub const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How many idle connections a store keeps for reuse.
+const MAX_IDLE: usize = 8;
+
 /// What a kind of store file is: its name in messages, its `application_id`, its migrations.
 #[derive(Debug)]
 pub struct StoreSpec {
@@ -151,10 +154,10 @@ impl Store {
         let result = f(&mut conn);
         // A connection left inside a transaction (a panic is the only way) is dropped, not reused.
         if conn.is_autocommit() {
-            self.idle
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push(conn);
+            let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+            if idle.len() < MAX_IDLE {
+                idle.push(conn);
+            }
         }
         result
     }
@@ -270,7 +273,7 @@ fn inspect(path: &Path, spec: &StoreSpec) -> Result<(), StoreError> {
     }
     if app != spec.application_id {
         return Err(foreign(if app == 0 {
-            format!("a SQLite database with {objects} schema objects and no application id")
+            "a SQLite database of another program: it has tables but no application id".to_owned()
         } else {
             format!("a SQLite database with application id {app:#010x}")
         }));

@@ -92,7 +92,10 @@ async fn identical_retry_returns_the_same_receipt_and_charges_once() {
     assert_eq!(again, first);
     assert_eq!(charges(&f), 1);
     let text = serde_json::to_string(&first).unwrap();
-    assert!(!text.contains(key.expose()), "receipt leaks the key: {text}");
+    assert!(
+        !text.contains(key.expose()),
+        "receipt leaks the key: {text}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -159,12 +162,20 @@ async fn unknown_model_and_bad_size_are_refused_before_anything_is_recorded() {
     let mut req = ImageRequest::new("fox");
     req.model = "dall-e".into();
     assert_eq!(f.backend.quote(&req).unwrap_err().code(), "unknown_model");
-    let err = f.backend.spend(&key(), &req, &hash_of(&req)).await.unwrap_err();
+    let err = f
+        .backend
+        .spend(&key(), &req, &hash_of(&req))
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), "unknown_model");
     req.model = "flux-pro".into();
     assert_eq!(f.backend.quote(&req).unwrap(), 25);
     req.width = 1;
-    let err = f.backend.spend(&key(), &req, &hash_of(&req)).await.unwrap_err();
+    let err = f
+        .backend
+        .spend(&key(), &req, &hash_of(&req))
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), "invalid_request");
     assert_eq!(f.provider.calls.load(Ordering::SeqCst), 0);
     assert_eq!(f.backend.budget().await.unwrap().spent_cents, 0);
@@ -193,15 +204,17 @@ async fn completed_retry_returns_the_record_without_calling_the_provider() {
     let (key, req) = (key(), ImageRequest::new("fox"));
     let first = {
         let backend =
-            Backend::with_provider(dir.path(), provider.clone(), BackendConfig::default())
-                .unwrap();
+            Backend::with_provider(dir.path(), provider.clone(), BackendConfig::default()).unwrap();
         backend.spend(&key, &req, &hash_of(&req)).await.unwrap()
     };
     // A restart: new backend on the same state directory.
     let backend =
         Backend::with_provider(dir.path(), provider.clone(), BackendConfig::default()).unwrap();
     for _ in 0..3 {
-        assert_eq!(backend.spend(&key, &req, &hash_of(&req)).await.unwrap(), first);
+        assert_eq!(
+            backend.spend(&key, &req, &hash_of(&req)).await.unwrap(),
+            first
+        );
     }
     assert_eq!(provider.calls.load(Ordering::SeqCst), 1);
 }
@@ -212,7 +225,11 @@ async fn dispatched_retry_calls_again_with_the_same_key_and_charges_once() {
     f.provider.lose_replies.store(2, Ordering::SeqCst);
     let (key, req) = (key(), ImageRequest::new("fox"));
     for _ in 0..2 {
-        let err = f.backend.spend(&key, &req, &hash_of(&req)).await.unwrap_err();
+        let err = f
+            .backend
+            .spend(&key, &req, &hash_of(&req))
+            .await
+            .unwrap_err();
         assert_eq!(err.code(), "provider_unavailable");
         assert!(err.is_retryable());
         assert_eq!(charges(&f), 1);
@@ -220,12 +237,18 @@ async fn dispatched_retry_calls_again_with_the_same_key_and_charges_once() {
     let receipt = f.backend.spend(&key, &req, &hash_of(&req)).await.unwrap();
     assert!(receipt.provider_replayed);
     assert_eq!(charges(&f), 1);
-    assert_eq!(receipt.charge_id, f.provider.ledger.charges().unwrap()[0].charge_id);
+    assert_eq!(
+        receipt.charge_id,
+        f.provider.ledger.charges().unwrap()[0].charge_id
+    );
     let keys = f.provider.keys.lock().unwrap().clone();
     assert_eq!(keys.len(), 3);
     assert!(keys.iter().all(|k| k == &keys[0]));
     // Now completed: the next retry does not call the provider.
-    assert_eq!(f.backend.spend(&key, &req, &hash_of(&req)).await.unwrap(), receipt);
+    assert_eq!(
+        f.backend.spend(&key, &req, &hash_of(&req)).await.unwrap(),
+        receipt
+    );
     assert_eq!(f.provider.calls.load(Ordering::SeqCst), 3);
 }
 
@@ -245,7 +268,11 @@ async fn thirty_two_concurrent_spends_of_one_key_charge_once() {
     }
     assert!(receipts.iter().all(|r| r == &receipts[0]));
     assert_eq!(charges(&f), 1);
-    assert_eq!(f.provider.calls.load(Ordering::SeqCst), 1, "single flight per decision");
+    assert_eq!(
+        f.provider.calls.load(Ordering::SeqCst),
+        1,
+        "single flight per decision"
+    );
 }
 
 struct FailAfterChargeOnce(AtomicUsize);
@@ -261,8 +288,7 @@ impl ProviderHooks for FailAfterChargeOnce {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn over_http_a_lost_reply_is_retried_into_one_charge_and_a_completed_one_needs_no_provider()
-{
+async fn over_http_a_lost_reply_is_retried_into_one_charge_and_a_completed_one_needs_no_provider() {
     let dir = tempfile::tempdir().unwrap();
     let ledger = Ledger::open(&dir.path().join("remote-ledger.sqlite3")).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -291,8 +317,14 @@ async fn over_http_a_lost_reply_is_retried_into_one_charge_and_a_completed_one_n
     assert_eq!(ledger.charge_count().unwrap(), 1);
 
     server.shutdown().await.unwrap();
-    assert_eq!(backend.spend(&key, &req, &hash_of(&req)).await.unwrap(), receipt);
-    let err = backend.spend(&self::key(), &req, &hash_of(&req)).await.unwrap_err();
+    assert_eq!(
+        backend.spend(&key, &req, &hash_of(&req)).await.unwrap(),
+        receipt
+    );
+    let err = backend
+        .spend(&self::key(), &req, &hash_of(&req))
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), "provider_unavailable");
     assert!(err.to_string().contains("retry the same call"), "{err}");
 }
@@ -300,8 +332,12 @@ async fn over_http_a_lost_reply_is_retried_into_one_charge_and_a_completed_one_n
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_process_target_keeps_its_ledger_beside_the_state() {
     let dir = tempfile::tempdir().unwrap();
-    let backend =
-        Backend::open(dir.path(), ProviderTarget::InProcess, BackendConfig::default()).unwrap();
+    let backend = Backend::open(
+        dir.path(),
+        ProviderTarget::InProcess,
+        BackendConfig::default(),
+    )
+    .unwrap();
     let req = ImageRequest::new("fox");
     backend.spend(&key(), &req, &hash_of(&req)).await.unwrap();
     for file in [AUTHORIZATION_FILE, EXECUTION_FILE, PROVIDER_LEDGER_FILE] {
@@ -313,9 +349,17 @@ async fn in_process_target_keeps_its_ledger_beside_the_state() {
 #[test]
 fn a_foreign_state_file_is_backend_state_unavailable() {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join(EXECUTION_FILE), b"not a database, not at all").unwrap();
-    let err =
-        Backend::open(dir.path(), ProviderTarget::InProcess, BackendConfig::default()).unwrap_err();
+    std::fs::write(
+        dir.path().join(EXECUTION_FILE),
+        b"not a database, not at all",
+    )
+    .unwrap();
+    let err = Backend::open(
+        dir.path(),
+        ProviderTarget::InProcess,
+        BackendConfig::default(),
+    )
+    .unwrap_err();
     assert_eq!(err.code(), "backend_state_unavailable");
     assert_eq!(
         std::fs::read(dir.path().join(EXECUTION_FILE)).unwrap(),

@@ -40,7 +40,7 @@ pub enum ProviderError {
     )]
     KeyReused,
     /// The ledger could not be opened, read or written; nothing was charged by this request.
-    #[error("provider ledger unavailable")]
+    #[error(transparent)]
     Ledger(#[from] StoreError),
     /// The provider failed inside (a task panicked); whether it charged is unknown, so retry
     /// with the same key.
