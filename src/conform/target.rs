@@ -253,10 +253,7 @@ impl Profile {
         profile.dir = dir;
         match profile.transport {
             Transport::Stdio if profile.command.is_none() => {
-                return Err(invalid(
-                    "command".into(),
-                    "a stdio target needs `command`".into(),
-                ));
+                return Err(invalid("command".into(), "a stdio target needs `command`".into()));
             }
             Transport::Http if profile.url.is_none() => {
                 return Err(invalid("url".into(), "an http target needs `url`".into()));
@@ -299,12 +296,8 @@ impl Profile {
 
     /// The reference router's profile.
     pub fn reference() -> Profile {
-        Profile::parse(
-            REFERENCE_PROFILE,
-            "scenarios/targets/reference.yaml",
-            PathBuf::from("."),
-        )
-        .expect("the shipped reference profile is valid")
+        Profile::parse(REFERENCE_PROFILE, "scenarios/targets/reference.yaml", PathBuf::from("."))
+            .expect("the shipped reference profile is valid")
     }
 
     /// The reference profile with the router started as `command` (`--stdio 'CMD ARGS'`): the
@@ -481,14 +474,8 @@ mod tests {
     #[test]
     fn split_words_follows_shell_quoting() {
         let cases: &[(&str, Option<&[&str]>)] = &[
-            (
-                "python3 router.py --flaw x",
-                Some(&["python3", "router.py", "--flaw", "x"]),
-            ),
-            (
-                "  a   'b c'  \"d \\\" e\" f\\ g ",
-                Some(&["a", "b c", "d \" e", "f g"]),
-            ),
+            ("python3 router.py --flaw x", Some(&["python3", "router.py", "--flaw", "x"])),
+            ("  a   'b c'  \"d \\\" e\" f\\ g ", Some(&["a", "b c", "d \" e", "f g"])),
             ("''", Some(&[""])),
             ("", Some(&[])),
             ("a 'b", None),
@@ -497,8 +484,7 @@ mod tests {
         for (line, want) in cases {
             let got = split_words(line);
             assert_eq!(
-                got.as_deref()
-                    .map(|w| w.iter().map(String::as_str).collect::<Vec<_>>()),
+                got.as_deref().map(|w| w.iter().map(String::as_str).collect::<Vec<_>>()),
                 want.map(|w| w.to_vec()),
                 "{line:?}"
             );
@@ -520,15 +506,7 @@ mod tests {
         assert!(p.args.contains(&"{provider_url}".to_string()));
         assert_eq!(
             p.approve.unwrap().args,
-            [
-                "my router.py",
-                "--flaw",
-                "session-key",
-                "approve",
-                "{handle}",
-                "--registry",
-                "{registry}"
-            ]
+            ["my router.py", "--flaw", "session-key", "approve", "{handle}", "--registry", "{registry}"]
         );
     }
 
@@ -547,16 +525,9 @@ mod tests {
         )
         .unwrap_err()
         .to_string();
-        assert!(
-            bad.starts_with("p.yaml: capabilitie: unknown field")
-                || bad.starts_with("p.yaml: .: unknown field `capabilitie`"),
-            "{bad}"
-        );
+        assert!(bad.starts_with("p.yaml: capabilitie: unknown field") || bad.starts_with("p.yaml: .: unknown field `capabilitie`"), "{bad}");
         let bad = Profile::parse(
-            &REFERENCE_PROFILE.replace(
-                "handle: /structuredContent/handle",
-                "handle: structuredContent.handle",
-            ),
+            &REFERENCE_PROFILE.replace("handle: /structuredContent/handle", "handle: structuredContent.handle"),
             "p.yaml",
             PathBuf::new(),
         )
