@@ -33,6 +33,13 @@ mod shape_vs_parse {
         bencher.bench_local(|| shape::meta_shape(black_box(&meta), &digester));
     }
 
+    /// One SHA-256 over the `_meta` text: the floor of any digest of it.
+    #[divan::bench]
+    fn sha256_of_text(bencher: divan::Bencher) {
+        let text = fixtures::codex_meta_text(7);
+        bencher.bench_local(|| Sha256::digest(black_box(text.as_bytes())));
+    }
+
     #[divan::bench]
     fn serde_json_parse(bencher: divan::Bencher) {
         let text = fixtures::codex_meta_text(7);

@@ -70,17 +70,15 @@ impl Digester {
     /// The short digest of raw bytes.
     pub fn bytes(&self, bytes: &[u8]) -> String {
         let full = match self {
-            Digester::Plain => Sha256::digest(bytes).to_vec(),
+            Digester::Plain => Sha256::digest(bytes),
             Digester::Keyed(key) => {
                 let mut mac =
                     Hmac::<Sha256>::new_from_slice(key).expect("HMAC takes a key of any size");
                 mac.update(bytes);
-                mac.finalize().into_bytes().to_vec()
+                mac.finalize().into_bytes()
             }
         };
-        let mut hex = canonical::hex(&full);
-        hex.truncate(DIGEST_HEX_CHARS);
-        hex
+        canonical::hex(&full[..DIGEST_HEX_CHARS / 2])
     }
 }
 
