@@ -20,47 +20,55 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Router(args) => run_router(args),
         Command::Provider(args) => run_provider(args),
         Command::Conform(args) => conform(args),
-        Command::Matrix(_) => anyhow::bail!("`callid matrix` is not built yet"),
-        Command::Measure(_) => anyhow::bail!("`callid measure` is not built yet"),
+        Command::Matrix(args) => matrix_command(args),
+        Command::Measure(args) => measure_command(args),
         Command::Bench(args) => bench(args),
     }
 }
 
-/// `callid provider`: opens the ledger, binds, prints `listening on http://ADDR`, serves until
-/// SIGINT or SIGTERM.
-fn run_provider(args: crate::cli::ProviderArgs) -> anyhow::Result<ExitCode> {
-    use anyhow::Context as _;
-    use std::io::Write as _;
-    if !args.listen.ip().is_loopback() {
-        anyhow::bail!(
-            "refusing to listen on `{}`: the provider has no authentication; use a loopback \
-             address such as 127.0.0.1:0",
-            args.listen
-        );
-    }
-    let ledger = crate::provider::Ledger::open(&args.ledger).context("starting the provider")?;
-    let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
-    runtime.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(args.listen)
-            .await
-            .with_context(|| format!("binding `{}`", args.listen))?;
-        let addr = listener.local_addr().context("reading the bound address")?;
-        let handle = crate::provider::spawn(listener, ledger, None)
-            .context("starting the provider server")?;
-        let mut stdout = std::io::stdout().lock();
-        writeln!(stdout, "listening on http://{addr}")?;
-        stdout.flush()?;
-        drop(stdout);
-        let mut terminate =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-                .context("installing the SIGTERM handler")?;
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = terminate.recv() => {}
+/// `callid conform`: runs the scenarios and renders the report; 1 when a check failed unexpectedly
+/// or an expected failure is stale.
+fn conform(args: crate::cli::ConformArgs) -> anyhow::Result<ExitCode> {
+    use crate::conform::{Options, TargetSpec, report};
+    let target = match (args.target, args.stdio, args.url) {
+        (Some(file), None, None) => TargetSpec::Profile(file),
+        (None, Some(command), None) => TargetSpec::Stdio(command),
+        (None, None, Some(url)) => TargetSpec::Url(url),
+        (None, None, None) => TargetSpec::Reference,
+        _ => anyhow::bail!("give at most one of `--target`, `--stdio` and `--url`"),
+    };
+    let options = Options {
+        target,
+        scenarios: args.scenarios,
+        only: args.only,
+        expected_failures: args.expected_failures,
+        progress: true,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("failed to start the async runtime")?;
+    let report = runtime.block_on(crate::conform::run(&options))?;
+    let format = report::Format::from(args.format);
+    match &args.out {
+        Some(path) => {
+            let mut file = std::fs::File::create(path)
+                .with_context(|| format!("failed to create `{}`", path.display()))?;
+            report::render(&report, format, &mut file)
+                .with_context(|| format!("failed to write `{}`", path.display()))?;
+            eprintln!("{}", report.summary_line());
         }
-        handle.shutdown().await.context("serving the provider")?;
-        Ok(ExitCode::from(exit_codes::SUCCESS))
-    })
+        None => {
+            let mut out = std::io::stdout().lock();
+            report::render(&report, format, &mut out).context("failed to write the report")?;
+        }
+    }
+    runtime.shutdown_background();
+    Ok(ExitCode::from(if report.success() {
+        exit_codes::SUCCESS
+    } else {
+        exit_codes::CHECK_FAILED
+    }))
 }
 
 fn run_probe(args: crate::cli::ProbeArgs) -> anyhow::Result<ExitCode> {
@@ -118,6 +126,43 @@ fn run_demo(args: crate::cli::DemoArgs) -> anyhow::Result<ExitCode> {
         }
         Ok(ExitCode::from(exit_codes::CHECK_FAILED))
     }
+}
+
+/// `callid provider`: opens the ledger, binds, prints `listening on http://ADDR`, serves until
+/// SIGINT or SIGTERM.
+fn run_provider(args: crate::cli::ProviderArgs) -> anyhow::Result<ExitCode> {
+    use anyhow::Context as _;
+    use std::io::Write as _;
+    if !args.listen.ip().is_loopback() {
+        anyhow::bail!(
+            "refusing to listen on `{}`: the provider has no authentication; use a loopback \
+             address such as 127.0.0.1:0",
+            args.listen
+        );
+    }
+    let ledger = crate::provider::Ledger::open(&args.ledger).context("starting the provider")?;
+    let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(args.listen)
+            .await
+            .with_context(|| format!("binding `{}`", args.listen))?;
+        let addr = listener.local_addr().context("reading the bound address")?;
+        let handle = crate::provider::spawn(listener, ledger, None)
+            .context("starting the provider server")?;
+        let mut stdout = std::io::stdout().lock();
+        writeln!(stdout, "listening on http://{addr}")?;
+        stdout.flush()?;
+        drop(stdout);
+        let mut terminate =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                .context("installing the SIGTERM handler")?;
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = terminate.recv() => {}
+        }
+        handle.shutdown().await.context("serving the provider")?;
+        Ok(ExitCode::from(exit_codes::SUCCESS))
+    })
 }
 
 /// Prints `err` once, with its cause chain, and returns the exit code for it.
@@ -207,50 +252,175 @@ fn run_router(args: crate::cli::RouterArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::from(exit_codes::SUCCESS))
 }
 
-/// `callid conform`: runs the scenarios and renders the report; 1 when a check failed unexpectedly
-/// or an expected failure is stale.
-fn conform(args: crate::cli::ConformArgs) -> anyhow::Result<ExitCode> {
-    use crate::conform::{Options, TargetSpec, report};
-    use anyhow::Context;
-    let target = match (args.target, args.stdio, args.url) {
-        (Some(file), None, None) => TargetSpec::Profile(file),
-        (None, Some(command), None) => TargetSpec::Stdio(command),
-        (None, None, Some(url)) => TargetSpec::Url(url),
-        (None, None, None) => TargetSpec::Reference,
-        _ => anyhow::bail!("give at most one of `--target`, `--stdio` and `--url`"),
-    };
-    let options = Options {
-        target,
-        scenarios: args.scenarios,
-        only: args.only,
-        expected_failures: args.expected_failures,
-        progress: true,
-    };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("failed to start the async runtime")?;
-    let report = runtime.block_on(crate::conform::run(&options))?;
-    let format = report::Format::from(args.format);
-    match &args.out {
-        Some(path) => {
-            let mut file = std::fs::File::create(path)
-                .with_context(|| format!("failed to create `{}`", path.display()))?;
-            report::render(&report, format, &mut file)
-                .with_context(|| format!("failed to write `{}`", path.display()))?;
-            eprintln!("{}", report.summary_line());
+fn matrix_command(args: crate::cli::MatrixArgs) -> anyhow::Result<ExitCode> {
+    use crate::cli::MatrixCommand;
+    use crate::matrix::RenderOutcome;
+    match args.command {
+        MatrixCommand::Render { check, dir } => {
+            let path = dir.join(crate::matrix::data::SUPPORT_FILE);
+            match crate::matrix::render_dir(&dir, check)
+                .with_context(|| format!("rendering the matrix in `{}`", dir.display()))?
+            {
+                RenderOutcome::Written { changed } => {
+                    let what = if changed { "wrote" } else { "unchanged:" };
+                    eprintln!("{what} {}", path.display());
+                    Ok(ExitCode::from(exit_codes::SUCCESS))
+                }
+                RenderOutcome::UpToDate => {
+                    eprintln!(
+                        "{} matches its data, and every measured row agrees with its evidence",
+                        path.display()
+                    );
+                    Ok(ExitCode::from(exit_codes::SUCCESS))
+                }
+                RenderOutcome::Differs(diff) => {
+                    eprintln!(
+                        "error: `{}` differs from what the data in `{}` renders: {diff}\n\
+                         hint: run `callid matrix render --dir {}` and commit the result",
+                        path.display(),
+                        dir.display(),
+                        dir.display()
+                    );
+                    Ok(ExitCode::from(exit_codes::CHECK_FAILED))
+                }
+                RenderOutcome::EvidenceDisagrees(err) => {
+                    eprintln!("error [{}]: {err}", err.code());
+                    Ok(ExitCode::from(exit_codes::CHECK_FAILED))
+                }
+            }
         }
-        None => {
-            let mut out = std::io::stdout().lock();
-            report::render(&report, format, &mut out).context("failed to write the report")?;
+        MatrixCommand::Add { logs, dir } => {
+            let today = crate::measure::today();
+            let (reports, logs): (Vec<_>, Vec<_>) = logs.into_iter().partition(|p| {
+                std::fs::read_to_string(p).is_ok_and(|t| crate::matrix::is_conform_report(&t))
+            });
+            for report in &reports {
+                let row =
+                    crate::matrix::add_conform_report(&dir, report, &today).with_context(|| {
+                        format!("adding the conformance report `{}`", report.display())
+                    })?;
+                eprintln!("added router `{}` ({} checks)", row.id, row.checks.len());
+            }
+            if logs.is_empty() {
+                return Ok(ExitCode::from(exit_codes::SUCCESS));
+            }
+            let rows = crate::matrix::add_logs(&dir, &logs, &today)
+                .with_context(|| format!("adding rows to the matrix in `{}`", dir.display()))?;
+            if rows.is_empty() {
+                anyhow::bail!(
+                    "no client in {} made a `tools/call`, so no row was added",
+                    logs.iter()
+                        .map(|l| format!("`{}`", l.display()))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+            }
+            for row in &rows {
+                eprintln!(
+                    "added `{}` ({} {}): {}",
+                    row.id,
+                    row.client,
+                    row.version.as_deref().unwrap_or(""),
+                    row.verdict.name()
+                );
+            }
+            Ok(ExitCode::from(exit_codes::SUCCESS))
         }
     }
-    runtime.shutdown_background();
-    Ok(ExitCode::from(if report.success() {
-        exit_codes::SUCCESS
-    } else {
-        exit_codes::CHECK_FAILED
-    }))
+}
+
+fn measure_command(args: crate::cli::MeasureArgs) -> anyhow::Result<ExitCode> {
+    use crate::matrix::data::{CLIENTS_FILE, ClientsFile};
+    use crate::measure::client::Client;
+    use crate::measure::sdk::SdkClient;
+    let agent = match args.client {
+        crate::cli::ClientArg::Codex => Ok(Client::Codex),
+        crate::cli::ClientArg::ClaudeCode => Ok(Client::ClaudeCode),
+        crate::cli::ClientArg::InspectorCli => Err(SdkClient::Inspector),
+        crate::cli::ClientArg::TsSdk => Err(SdkClient::TsSdk),
+        crate::cli::ClientArg::PythonSdk => Err(SdkClient::PythonSdk),
+        crate::cli::ClientArg::Rmcp => Err(SdkClient::Rmcp),
+    };
+    let callid = std::env::current_exe().context("locating the `callid` binary for the probe")?;
+    let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    let (measurement, slug) = match agent {
+        Ok(client) => {
+            let bin = client.locate(args.bin.as_deref(), &args.dir)?;
+            let m = rt
+                .block_on(crate::measure::measure(client, &bin, &callid))
+                .with_context(|| format!("measuring `{}`", bin.display()))?;
+            (m, client.slug())
+        }
+        Err(sdk) => {
+            if args.bin.is_some() {
+                anyhow::bail!("`--bin` applies to agent clients (codex, claude-code) only");
+            }
+            let m = rt
+                .block_on(crate::measure::sdk::measure_sdk(sdk, &args.dir, &callid))
+                .with_context(|| format!("measuring the {} client", sdk.slug()))?;
+            (m, sdk.slug())
+        }
+    };
+    let row = &measurement.row;
+    print!(
+        "{}",
+        serde_yaml::to_string(&vec![row]).context("printing the row")?
+    );
+    let clients_path = args.dir.join(CLIENTS_FILE);
+    if args.check {
+        let committed = ClientsFile::load(&clients_path)?;
+        let Some(old) = committed.clients.iter().find(|r| r.id == row.id) else {
+            eprintln!(
+                "error: `{}` has no row `{}` to compare with; run `callid measure --client {} --update`",
+                clients_path.display(),
+                row.id,
+                slug
+            );
+            return Ok(ExitCode::from(exit_codes::CHECK_FAILED));
+        };
+        let diffs = crate::matrix::evidence::row_differences(old, row);
+        if diffs.is_empty() {
+            eprintln!(
+                "{} {}: measured row matches the committed row `{}`",
+                row.client,
+                row.version.as_deref().unwrap_or(""),
+                row.id
+            );
+            return Ok(ExitCode::from(exit_codes::SUCCESS));
+        }
+        eprintln!(
+            "error: the measured row differs from the committed row `{}` in `{}`:",
+            row.id,
+            clients_path.display()
+        );
+        for d in diffs {
+            eprintln!("  {d}");
+        }
+        return Ok(ExitCode::from(exit_codes::CHECK_FAILED));
+    }
+    if args.update {
+        for (name, bytes) in &measurement.evidence {
+            let path = args.dir.join(name);
+            if let Some(parent) = path.parent() {
+                std::fs::create_dir_all(parent)
+                    .with_context(|| format!("creating `{}`", parent.display()))?;
+            }
+            std::fs::write(&path, bytes)
+                .with_context(|| format!("writing `{}`", path.display()))?;
+        }
+        let mut file = ClientsFile::load(&clients_path)?;
+        file.upsert(row.clone());
+        file.save(&clients_path)?;
+        match crate::matrix::render_dir(&args.dir, false)? {
+            crate::matrix::RenderOutcome::EvidenceDisagrees(e) => return Err(e.into()),
+            _ => eprintln!(
+                "updated `{}`, its evidence and `{}`",
+                clients_path.display(),
+                args.dir.join(crate::matrix::data::SUPPORT_FILE).display()
+            ),
+        }
+    }
+    Ok(ExitCode::from(exit_codes::SUCCESS))
 }
 
 /// `callid bench`: exit 0 when every row was measured or skipped (a missed target is reported,

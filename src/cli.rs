@@ -268,9 +268,10 @@ pub enum MatrixCommand {
         #[arg(long, value_name = "DIR", default_value = "matrices")]
         dir: PathBuf,
     },
-    /// Turn probe logs into rows of `matrices/clients.yaml`.
+    /// Turn probe logs into rows of `matrices/clients.yaml`, and `callid conform --format json`
+    /// reports into rows of `matrices/routers.yaml`.
     Add {
-        /// Probe log files.
+        /// Probe log files or conformance reports.
         #[arg(required = true, value_name = "LOG")]
         logs: Vec<PathBuf>,
         /// The matrix directory.
@@ -286,6 +287,14 @@ pub enum ClientArg {
     Codex,
     /// Anthropic Claude Code (`claude -p`).
     ClaudeCode,
+    /// MCP Inspector's CLI (`mcp-inspector --cli`), no model.
+    InspectorCli,
+    /// The MCP TypeScript SDK's client, no model.
+    TsSdk,
+    /// The MCP Python SDK's client, no model.
+    PythonSdk,
+    /// rmcp's client, no model.
+    Rmcp,
 }
 
 /// `callid measure`
@@ -294,12 +303,15 @@ pub struct MeasureArgs {
     /// The client program to measure.
     #[arg(long, value_enum)]
     pub client: ClientArg,
-    /// Path of the client binary (default: found on PATH or in node_modules/.bin).
+    /// Path of the agent client's binary (default: `DIR/clients/node_modules/.bin`, then PATH).
     #[arg(long, value_name = "PATH")]
     pub bin: Option<PathBuf>,
-    /// Write the row to `matrices/clients.yaml` and the evidence file.
-    #[arg(long)]
+    /// Write the row to `matrices/clients.yaml` and the evidence files, and render SUPPORT.md.
+    #[arg(long, conflicts_with = "check")]
     pub update: bool,
+    /// Exit 1 if the measured row differs from the committed one (CI); write nothing.
+    #[arg(long)]
+    pub check: bool,
     /// The matrix directory.
     #[arg(long, value_name = "DIR", default_value = "matrices")]
     pub dir: PathBuf,

@@ -26,7 +26,7 @@
 //! - [`conform`]: the conformance runner that replays `scenarios/*.yaml` against any router.
 //! - [`matrix`]: the support matrix data in `matrices/` and its Markdown rendering.
 //! - [`measure`]: drives real agent clients offline against the probe to measure a matrix row.
-//! - [`bench`]: end-to-end benchmarks that run each figure beside its baseline.
+//! - [`mod@bench`]: end-to-end benchmarks that run each figure beside its baseline.
 #![warn(missing_docs)]
 
 pub mod app;

@@ -239,6 +239,38 @@ fn create_private_file(path: &Path) -> std::io::Result<()> {
     }
 }
 
+/// What identifies a SQLite file: its `application_id`, its `user_version`, and how many schema
+/// objects it has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Header {
+    /// `PRAGMA application_id` (0 when unset).
+    pub application_id: i32,
+    /// `PRAGMA user_version` (0 when unset).
+    pub user_version: i64,
+    /// Rows of `sqlite_schema`: 0 for a fresh, empty file.
+    pub objects: i64,
+}
+
+/// Reads a file's [`Header`] in ONE statement, so all three values come from the same snapshot.
+/// Read separately, a migration committed by another process between the reads makes a fresh
+/// file look like "tables but no application id", that is, foreign. Every store, the router's
+/// registry and the key pool identify their files through this function.
+pub fn read_header(conn: &Connection) -> rusqlite::Result<Header> {
+    conn.query_row(
+        "SELECT (SELECT application_id FROM pragma_application_id), \
+                (SELECT user_version FROM pragma_user_version), \
+                (SELECT count(*) FROM sqlite_schema)",
+        [],
+        |r| {
+            Ok(Header {
+                application_id: r.get(0)?,
+                user_version: r.get(1)?,
+                objects: r.get(2)?,
+            })
+        },
+    )
+}
+
 /// Refuses foreign and newer files before any connection that could write to them is opened.
 fn inspect(path: &Path, spec: &StoreSpec) -> Result<(), StoreError> {
     let foreign = |detail: String| StoreError::Foreign {
@@ -252,15 +284,8 @@ fn inspect(path: &Path, spec: &StoreSpec) -> Result<(), StoreError> {
     )
     .map_err(|e| sqlite(spec, path, e))?;
     let _ = conn.busy_timeout(BUSY_TIMEOUT);
-    let header = (|| -> rusqlite::Result<(i32, i64, i64)> {
-        let app: i32 = conn.query_row("PRAGMA application_id", [], |r| r.get(0))?;
-        let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
-        let objects: i64 =
-            conn.query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get(0))?;
-        Ok((app, version, objects))
-    })();
-    let (app, version, objects) = match header {
-        Ok(h) => h,
+    let (app, version, objects) = match read_header(&conn) {
+        Ok(h) => (h.application_id, h.user_version, h.objects),
         Err(rusqlite::Error::SqliteFailure(e, _))
             if e.code == rusqlite::ErrorCode::NotADatabase =>
         {
@@ -401,6 +426,36 @@ mod tests {
         assert_eq!(app, SPEC.application_id);
         drop(store);
         Store::open(&path, &SPEC).expect("reopening our own file works");
+    }
+
+    #[test]
+    fn many_processes_creating_one_file_at_once_all_succeed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("fresh.sqlite3");
+        let barrier = std::sync::Barrier::new(16);
+        std::thread::scope(|s| {
+            for _ in 0..16 {
+                let (path, barrier) = (&path, &barrier);
+                s.spawn(move || {
+                    barrier.wait();
+                    let store = Store::open(path, &SPEC).unwrap();
+                    store
+                        .write(|tx| {
+                            tx.execute("INSERT INTO b (y) VALUES ('x')", [])
+                                .map_err(|e| store.error(e))
+                        })
+                        .unwrap();
+                });
+            }
+        });
+        let store = Store::open(&path, &SPEC).unwrap();
+        let rows: i64 = store
+            .read(|c| {
+                c.query_row("SELECT count(*) FROM b", [], |r| r.get(0))
+                    .map_err(|e| store.error(e))
+            })
+            .unwrap();
+        assert_eq!(rows, 16);
     }
 
     fn refused_unmodified(prepare: impl FnOnce(&Path)) -> StoreError {

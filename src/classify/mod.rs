@@ -111,3 +111,75 @@ pub(crate) fn notes(v: &ClientVerdict) -> Vec<String> {
     }
     notes
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::probe::record::{RecordContext, Transport, record_for_request};
+    use crate::shape::Digester;
+    use serde_json::json;
+
+    /// Every verdict and every rejection code, rendered in every format, in one snapshot.
+    #[test]
+    fn every_verdict_in_every_format() {
+        let d = Digester::Plain;
+        let clients: [(&str, &[serde_json::Value]); 6] = [
+            (
+                "accepted-codex",
+                &[json!({"callId": "call_1"}), json!({"callId": "call_2"})],
+            ),
+            (
+                "accepted-envelope",
+                &[
+                    json!({"hubu.dev/platform-invocation": {"platform": "hubu", "invocation_id": "i1"}}),
+                ],
+            ),
+            (
+                "rejected-missing",
+                &[
+                    json!({"openai/session": "s"}),
+                    json!({"openai/session": "s"}),
+                ],
+            ),
+            (
+                "rejected-ambiguous",
+                &[json!({"callId": "a", "claudecode/toolUseId": "b"})],
+            ),
+            ("rejected-invalid", &[json!({"callId": " padded "})]),
+            ("unknown-no-calls", &[]),
+        ];
+        let mut records = Vec::new();
+        for (name, metas) in clients {
+            let ctx = RecordContext::new(Transport::Stdio);
+            let init = json!({"protocolVersion": "2025-11-25", "clientInfo": {"name": name, "version": "1.0"}});
+            let r = record_for_request("initialize", Some(&json!(0)), Some(&init), 0, &ctx, &d);
+            let ctx = RecordContext {
+                client: r.client.clone(),
+                ..ctx
+            };
+            records.push(r);
+            for (i, meta) in metas.iter().enumerate() {
+                let params = json!({"name": "buy", "arguments": {"n": i}, "_meta": meta});
+                records.push(record_for_request(
+                    "tools/call",
+                    Some(&json!(i + 1)),
+                    Some(&params),
+                    0,
+                    &ctx,
+                    &d,
+                ));
+            }
+        }
+        let verdicts = classify(&records);
+        let mut text = String::new();
+        for format in [Format::Table, Format::Markdown, Format::Json] {
+            let mut out = Vec::new();
+            render(&verdicts, format, &mut out).unwrap();
+            text.push_str(&format!(
+                "===== {format:?}\n{}\n",
+                String::from_utf8(out).unwrap()
+            ));
+        }
+        insta::assert_snapshot!(text);
+    }
+}

@@ -6,7 +6,7 @@ use comfy_table::{ContentArrangement, Table, presets};
 use std::io::Write;
 
 /// Width the table is laid out to.
-pub const TABLE_WIDTH: u16 = 120;
+pub const TABLE_WIDTH: u16 = 132;
 
 /// Writes the verdict table.
 pub fn render(verdicts: &[ClientVerdict], out: &mut dyn Write) -> std::io::Result<()> {

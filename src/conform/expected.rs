@@ -115,7 +115,9 @@ mod tests {
 
     #[test]
     fn classify_is_strict_both_ways() {
-        let list = ExpectedFailures::parse("# known\na.b  # flaky\n\n", Path::new("f"), &["a.b", "c.d"]).unwrap();
+        let list =
+            ExpectedFailures::parse("# known\na.b  # flaky\n\n", Path::new("f"), &["a.b", "c.d"])
+                .unwrap();
         let cases = [
             ("c.d", Verdict::Pass, Baseline::Ok),
             ("c.d", Verdict::NotApplicable, Baseline::Ok),
@@ -134,7 +136,10 @@ mod tests {
     #[test]
     fn refuses_unknown_ids_and_junk() {
         let e = ExpectedFailures::parse("a.b\nz.z\n", Path::new("f"), &["a.b"]).unwrap_err();
-        assert_eq!(e.to_string(), "f:2: no scenario has the check id `z.z`; fix or remove the line");
+        assert_eq!(
+            e.to_string(),
+            "f:2: no scenario has the check id `z.z`; fix or remove the line"
+        );
         let e = ExpectedFailures::parse("a.b c.d\n", Path::new("f"), &["a.b"]).unwrap_err();
         assert_eq!(e.code(), "expected_failures_invalid");
     }

@@ -23,8 +23,8 @@ pub mod target;
 
 use expected::ExpectedFailures;
 use report::{CheckResult, Report, Verdict};
-use scenario::Scenario;
 use runner::{Outcome, ProgressSink, ScenarioRun};
+use scenario::Scenario;
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -219,18 +219,20 @@ async fn run_one(
     }
     let provider = match shared {
         Some(shared) => Some(shared),
-        None if profile.runner_starts() => {
-            Some(Arc::new(provider::RunnerProvider::start("127.0.0.1:0").await?))
-        }
+        None if profile.runner_starts() => Some(Arc::new(
+            provider::RunnerProvider::start("127.0.0.1:0").await?,
+        )),
         None => None,
     };
     let sink = ScenarioProgress {
         progress,
         id: &scenario.id,
     };
-    Ok(ScenarioRun::new(profile, provider.as_deref(), scenario, callid)?
-        .run(&sink)
-        .await?)
+    Ok(
+        ScenarioRun::new(profile, provider.as_deref(), scenario, callid)?
+            .run(&sink)
+            .await?,
+    )
 }
 
 /// The live progress line on stderr: `[3/29] redelivery.after-restart · step 2 restart · 4.1 s`
@@ -325,6 +327,7 @@ struct ScenarioProgress<'a> {
 
 impl ProgressSink for ScenarioProgress<'_> {
     fn step(&self, index: usize, kind: &str) {
-        self.progress.update(self.id, format!("step {} {kind}", index + 1));
+        self.progress
+            .update(self.id, format!("step {} {kind}", index + 1));
     }
 }

@@ -77,31 +77,51 @@ pub fn not_applicable(profile: &Profile, scenario: &Scenario) -> Option<String> 
     };
     for step in &scenario.steps {
         match step {
-            Step::Restart(_) => need(profile.can_restart(), "restarting the router on the same state"),
+            Step::Restart(_) => need(
+                profile.can_restart(),
+                "restarting the router on the same state",
+            ),
             Step::Reconnect(_) => need(
                 profile.transport == Transport::Http || profile.can_restart(),
                 "reconnecting (a stdio router must be restartable)",
             ),
             Step::Call(c) => {
-                need(c.kill.is_none() || profile.can_kill(), "killing the router (kill -9)");
-                need(c.arguments.set != Some(ArgumentSet::Approval) || profile.can_approve(), "an approval policy");
+                need(
+                    c.kill.is_none() || profile.can_kill(),
+                    "killing the router (kill -9)",
+                );
+                need(
+                    c.arguments.set != Some(ArgumentSet::Approval) || profile.can_approve(),
+                    "an approval policy",
+                );
             }
             Step::Concurrent(c) => {
-                need(c.arguments.set != Some(ArgumentSet::Approval) || profile.can_approve(), "an approval policy");
+                need(
+                    c.arguments.set != Some(ArgumentSet::Approval) || profile.can_approve(),
+                    "an approval policy",
+                );
             }
-            Step::Approve(_) | Step::Deny(_) => need(profile.can_approve(), "approve and deny commands"),
+            Step::Approve(_) | Step::Deny(_) => {
+                need(profile.can_approve(), "approve and deny commands")
+            }
             Step::Status(_) => need(profile.tools.status.is_some(), "a status tool"),
             Step::Resume(_) => need(profile.tools.resume.is_some(), "a resume tool"),
             Step::Redeliver(_) | Step::ListTools(_) => {}
         }
         if step.expect().is_some_and(Expect::needs_ledger) {
-            need(profile.has_ledger(), "counting charges (the router must use the runner's provider)");
+            need(
+                profile.has_ledger(),
+                "counting charges (the router must use the runner's provider)",
+            );
         }
     }
     if missing.is_empty() {
         None
     } else {
-        Some(format!("the target does not support {}", missing.join(", ")))
+        Some(format!(
+            "the target does not support {}",
+            missing.join(", ")
+        ))
     }
 }
 
@@ -237,7 +257,9 @@ impl<'a> ScenarioRun<'a> {
             Err(StepError::Error(e)) if e.starts_with("spawn:") => {
                 return Err(StartError {
                     program: self.profile.command.clone().unwrap_or_default(),
-                    source: std::io::Error::other(e.trim_start_matches("spawn:").trim().to_string()),
+                    source: std::io::Error::other(
+                        e.trim_start_matches("spawn:").trim().to_string(),
+                    ),
                 });
             }
             Err(StepError::Error(e)) => Outcome::Error(format!("{START_FAILED}: {e}")),
@@ -275,11 +297,19 @@ impl<'a> ScenarioRun<'a> {
                 if s.expect.no_reply == Some(true) && response.is_some() {
                     return fail("expected no reply (the router is killed at the provider)");
                 }
-                self.after(s.name.as_deref(), Some(params), response.as_ref(), &s.expect)
+                self.after(
+                    s.name.as_deref(),
+                    Some(params),
+                    response.as_ref(),
+                    &s.expect,
+                )
             }
             Step::Redeliver(s) => {
                 let Some(params) = self.done.get(&s.of).and_then(|d| d.params.clone()) else {
-                    return Err(StepError::Error(format!("step `{}` sent no call to redeliver", s.of)));
+                    return Err(StepError::Error(format!(
+                        "step `{}` sent no call to redeliver",
+                        s.of
+                    )));
                 };
                 let id = self.id(s.jsonrpc_id.clone());
                 let response = self.call(id, &params).await?;
@@ -355,10 +385,11 @@ impl<'a> ScenarioRun<'a> {
     }
 
     fn conn(&self) -> StepResult<&Connection> {
-        self.router
-            .as_ref()
-            .map(|r| &r.conn)
-            .ok_or_else(|| StepError::Error("the router is not running (a killed router needs `do: restart`)".into()))
+        self.router.as_ref().map(|r| &r.conn).ok_or_else(|| {
+            StepError::Error(
+                "the router is not running (a killed router needs `do: restart`)".into(),
+            )
+        })
     }
 
     fn params(
@@ -384,7 +415,9 @@ impl<'a> ScenarioRun<'a> {
             (None, None) => unreachable!("validated on load"),
         };
         let args = expand(&args, &mut self.ids);
-        let meta = meta.as_ref().map(|m| expand(&Value::Object(m.clone()), &mut self.ids));
+        let meta = meta
+            .as_ref()
+            .map(|m| expand(&Value::Object(m.clone()), &mut self.ids));
         (
             tool.unwrap_or(&self.profile.tools.spend).to_string(),
             args,
@@ -392,7 +425,11 @@ impl<'a> ScenarioRun<'a> {
         )
     }
 
-    async fn call(&self, id: Value, params: &(String, Value, Option<Value>)) -> StepResult<Response> {
+    async fn call(
+        &self,
+        id: Value,
+        params: &(String, Value, Option<Value>),
+    ) -> StepResult<Response> {
         let (tool, args, meta) = params;
         let response = self
             .conn()?
@@ -440,7 +477,8 @@ impl<'a> ScenarioRun<'a> {
                     describe(&response, &self.profile.pointers.error)
                 ))
             }
-            Err(RpcError::Closed { .. }) if killed => {
+            // Over stdio the pipe closes; over HTTP the response body breaks off.
+            Err(RpcError::Closed { .. } | RpcError::Http { .. } | RpcError::Io(_)) if killed => {
                 if let Some(router) = &mut self.router
                     && let Some(p) = &mut router.process
                 {
@@ -470,7 +508,8 @@ impl<'a> ScenarioRun<'a> {
         }
         let mut responses = Vec::new();
         while let Some(joined) = set.join_next().await {
-            let result = joined.map_err(|e| StepError::Error(format!("delivery task failed: {e}")))?;
+            let result =
+                joined.map_err(|e| StepError::Error(format!("delivery task failed: {e}")))?;
             let response = result.map_err(|e| self.transport_error(e))?;
             self.scan(&response)?;
             responses.push(response);
@@ -481,7 +520,10 @@ impl<'a> ScenarioRun<'a> {
         let mut first_ok: Option<&Response> = None;
         for r in &responses {
             if r.error.is_some() {
-                return fail(format!("a delivery got a JSON-RPC error instead of a tool result: {}", describe(r, &pointers.error)));
+                return fail(format!(
+                    "a delivery got a JSON-RPC error instead of a tool result: {}",
+                    describe(r, &pointers.error)
+                ));
             }
             let handle = pointer_str(r, &pointers.handle);
             if r.is_tool_error() {
@@ -552,7 +594,9 @@ impl<'a> ScenarioRun<'a> {
             .stdin(std::process::Stdio::null())
             .output()
             .await
-            .map_err(|e| StepError::Error(format!("failed to run the {verb} command `{program}`: {e}")))?;
+            .map_err(|e| {
+                StepError::Error(format!("failed to run the {verb} command `{program}`: {e}"))
+            })?;
         if !output.status.success() {
             return Err(StepError::Error(format!(
                 "the {verb} command exited with {}: {}",
@@ -611,7 +655,10 @@ impl<'a> ScenarioRun<'a> {
         let code = pointer_str(r, &pointers.error);
         if let Some(want) = expect.ok {
             if want && r.is_tool_error() {
-                return fail(format!("expected success, got {}", describe(r, &pointers.error)));
+                return fail(format!(
+                    "expected success, got {}",
+                    describe(r, &pointers.error)
+                ));
             }
             if !want && !r.is_tool_error() {
                 return fail("expected a tool error, got success");
@@ -619,10 +666,18 @@ impl<'a> ScenarioRun<'a> {
         }
         if let Some(want) = &expect.error {
             if !r.is_tool_error() {
-                return fail(format!("expected the tool error `{want}`, got success{}", handle.map(|h| format!(" with handle `{h}`")).unwrap_or_default()));
+                return fail(format!(
+                    "expected the tool error `{want}`, got success{}",
+                    handle
+                        .map(|h| format!(" with handle `{h}`"))
+                        .unwrap_or_default()
+                ));
             }
             if code.as_deref() != Some(want) {
-                return fail(format!("expected the tool error `{want}`, got {}", describe(r, &pointers.error)));
+                return fail(format!(
+                    "expected the tool error `{want}`, got {}",
+                    describe(r, &pointers.error)
+                ));
             }
         }
         if let Some(want) = &expect.status {
@@ -630,7 +685,19 @@ impl<'a> ScenarioRun<'a> {
             if got.as_deref() != Some(want) {
                 return fail(format!(
                     "expected status `{want}`, got {}",
-                    got.map(|g| format!("`{g}`")).unwrap_or_else(|| format!("none at `{}`", pointers.status))
+                    got.map(|g| format!("`{g}`"))
+                        .unwrap_or_else(|| format!("none at `{}`", pointers.status))
+                ));
+            }
+        }
+        if let Some(want) = expect.replayed {
+            let got = pointer(r, &pointers.replayed);
+            if got.and_then(Value::as_bool) != Some(want) {
+                return fail(format!(
+                    "expected the replay flag at `{}` to be {want}, got {}",
+                    pointers.replayed,
+                    got.map(|g| format!("`{g}`"))
+                        .unwrap_or_else(|| "none".into())
                 ));
             }
         }
@@ -638,7 +705,10 @@ impl<'a> ScenarioRun<'a> {
             && want != handle.is_some()
         {
             return fail(if want {
-                format!("expected a public handle at `{}`, found none", pointers.handle)
+                format!(
+                    "expected a public handle at `{}`, found none",
+                    pointers.handle
+                )
             } else {
                 format!("expected no handle, got `{}`", handle.unwrap_or_default())
             });
@@ -648,10 +718,19 @@ impl<'a> ScenarioRun<'a> {
             match (handle, theirs) {
                 (Some(a), Some(b)) if a == b => {}
                 (Some(a), Some(b)) => {
-                    return fail(format!("expected the handle of `{other}` (`{b}`), got `{a}`: a second operation"));
+                    return fail(format!(
+                        "expected the handle of `{other}` (`{b}`), got `{a}`: a second operation"
+                    ));
                 }
-                (None, _) => return fail(format!("expected the handle of `{other}`, got no handle ({})", describe(r, &pointers.error))),
-                (Some(_), None) => return fail(format!("step `{other}` has no handle to compare with")),
+                (None, _) => {
+                    return fail(format!(
+                        "expected the handle of `{other}`, got no handle ({})",
+                        describe(r, &pointers.error)
+                    ));
+                }
+                (Some(_), None) => {
+                    return fail(format!("step `{other}` has no handle to compare with"));
+                }
             }
         }
         for other in &expect.different_handle_from {
@@ -663,8 +742,15 @@ impl<'a> ScenarioRun<'a> {
                     ));
                 }
                 (Some(_), Some(_)) => {}
-                (None, _) => return fail(format!("expected a new operation with its own handle, got no handle ({})", describe(r, &pointers.error))),
-                (Some(_), None) => return fail(format!("step `{other}` has no handle to compare with")),
+                (None, _) => {
+                    return fail(format!(
+                        "expected a new operation with its own handle, got no handle ({})",
+                        describe(r, &pointers.error)
+                    ));
+                }
+                (Some(_), None) => {
+                    return fail(format!("step `{other}` has no handle to compare with"));
+                }
             }
         }
         if let Some(other) = &expect.result_equals {
@@ -677,7 +763,12 @@ impl<'a> ScenarioRun<'a> {
                         first_difference(b, a, "")
                     ));
                 }
-                _ => return fail(format!("no result at `{}` to compare with `{other}`'s", pointers.result)),
+                _ => {
+                    return fail(format!(
+                        "no result at `{}` to compare with `{other}`'s",
+                        pointers.result
+                    ));
+                }
             }
         }
         Ok(())
@@ -692,7 +783,8 @@ impl<'a> ScenarioRun<'a> {
             return Ok(());
         }
         let provider = self.provider.expect("checked by not_applicable");
-        let ledger_error = |e: String| StepError::Error(format!("reading the runner's ledger failed: {e}"));
+        let ledger_error =
+            |e: String| StepError::Error(format!("reading the runner's ledger failed: {e}"));
         if let Some(want) = expect.charges {
             let got = provider.charge_count().map_err(ledger_error)? - self.baseline;
             if got != want {
@@ -715,7 +807,12 @@ impl<'a> ScenarioRun<'a> {
         }
         if expect.provider_keys_not_private == Some(true) {
             let prefix = &self.profile.private_key_prefix;
-            if let Some(key) = provider.hooks().keys_seen().iter().find(|k| k.contains(prefix.as_str())) {
+            if let Some(key) = provider
+                .hooks()
+                .keys_seen()
+                .iter()
+                .find(|k| k.contains(prefix.as_str()))
+            {
                 return fail(format!(
                     "the provider received the private operation key as its idempotency key (`{}`)",
                     clip(key, 40)
@@ -728,7 +825,11 @@ impl<'a> ScenarioRun<'a> {
     /// No byte of any message the router sent may contain the private key prefix.
     fn scan(&self, response: &Response) -> StepResult {
         let prefix = &self.profile.private_key_prefix;
-        let unmatched = self.router.as_ref().map(|r| r.conn.take_unmatched()).unwrap_or_default();
+        let unmatched = self
+            .router
+            .as_ref()
+            .map(|r| r.conn.take_unmatched())
+            .unwrap_or_default();
         for raw in std::iter::once(&response.raw).chain(unmatched.iter()) {
             if let Some(at) = raw.find(prefix.as_str()) {
                 let end = (at + prefix.len() + 24).min(raw.len());
@@ -754,7 +855,9 @@ impl<'a> ScenarioRun<'a> {
             .unwrap_or_default();
         let message = match &e {
             RpcError::Closed { .. } => "the router exited unexpectedly".to_string(),
-            RpcError::Timeout { method, timeout, .. } => {
+            RpcError::Timeout {
+                method, timeout, ..
+            } => {
                 format!("the router did not answer `{method}` within {timeout:?}")
             }
             other => clip(&other.to_string(), 200),
@@ -833,9 +936,20 @@ impl<'a> ScenarioRun<'a> {
             initialize(&conn, id, &self.scenario.protocol)
                 .await
                 .map_err(|e| match e {
-                    StepError::Error(m) if self.router.as_ref().is_some_and(|r| r.process.is_some()) => {
-                        let tail = self.router.as_ref().and_then(|r| r.process.as_ref()).map(Process::stderr_tail).unwrap_or_default();
-                        StepError::Error(if tail.is_empty() { m } else { format!("{m} (its stderr ends with: {tail})") })
+                    StepError::Error(m)
+                        if self.router.as_ref().is_some_and(|r| r.process.is_some()) =>
+                    {
+                        let tail = self
+                            .router
+                            .as_ref()
+                            .and_then(|r| r.process.as_ref())
+                            .map(Process::stderr_tail)
+                            .unwrap_or_default();
+                        StepError::Error(if tail.is_empty() {
+                            m
+                        } else {
+                            format!("{m} (its stderr ends with: {tail})")
+                        })
                     }
                     other => other,
                 })
@@ -849,7 +963,9 @@ impl<'a> ScenarioRun<'a> {
         if graceful {
             router.conn.close().await;
             if let Some(Process::Stdio(child)) = &mut router.process
-                && tokio::time::timeout(GRACEFUL_EXIT, child.wait()).await.is_ok()
+                && tokio::time::timeout(GRACEFUL_EXIT, child.wait())
+                    .await
+                    .is_ok()
             {
                 return;
             }
@@ -888,13 +1004,17 @@ async fn initialize(conn: &Connection, id: Value, protocol: &str) -> StepResult 
             })
         })?;
     if let Some(error) = response.error {
-        return fail(format!("initialize with protocol {protocol} was refused: {error}"));
+        return fail(format!(
+            "initialize with protocol {protocol} was refused: {error}"
+        ));
     }
     Ok(())
 }
 
 fn free_port() -> std::io::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
 }
 
 fn step_label(i: usize, step: &Step) -> String {
@@ -992,7 +1112,10 @@ fn check_schemas(response: &Response, spend: &str) -> StepResult {
         .and_then(Value::as_array)
         .cloned()
         .unwrap_or_default();
-    if !tools.iter().any(|t| t.get("name").and_then(Value::as_str) == Some(spend)) {
+    if !tools
+        .iter()
+        .any(|t| t.get("name").and_then(Value::as_str) == Some(spend))
+    {
         return fail(format!("the spend tool `{spend}` is not listed"));
     }
     for tool in &tools {
@@ -1027,7 +1150,10 @@ fn identity_property(schema: &Value, at: &str) -> Option<String> {
                     }
                 } else if key == "required"
                     && let Value::Array(names) = value
-                    && let Some(n) = names.iter().filter_map(Value::as_str).find(|n| crate::identity::is_identity_like(n))
+                    && let Some(n) = names
+                        .iter()
+                        .filter_map(Value::as_str)
+                        .find(|n| crate::identity::is_identity_like(n))
                 {
                     return Some(format!("{at}/{n}"));
                 } else if let Some(found) = identity_property(value, at) {
@@ -1048,12 +1174,30 @@ mod tests {
     #[test]
     fn identity_properties_are_found_at_any_depth() {
         let cases = [
-            (json!({"type": "object", "properties": {"prompt": {"type": "string"}}}), None),
-            (json!({"properties": {"prompt": {}, "callId": {}}}), Some("/callId")),
-            (json!({"properties": {"options": {"properties": {"idempotency_key": {}}}}}), Some("/options/idempotency_key")),
-            (json!({"properties": {"layers": {"items": {"properties": {"tool_use_id": {}}}}}}), Some("/layers/tool_use_id")),
-            (json!({"$defs": {"x": {"properties": {"_meta": {}}}}}), Some("/_meta")),
-            (json!({"required": ["operation_key"]}), Some("/operation_key")),
+            (
+                json!({"type": "object", "properties": {"prompt": {"type": "string"}}}),
+                None,
+            ),
+            (
+                json!({"properties": {"prompt": {}, "callId": {}}}),
+                Some("/callId"),
+            ),
+            (
+                json!({"properties": {"options": {"properties": {"idempotency_key": {}}}}}),
+                Some("/options/idempotency_key"),
+            ),
+            (
+                json!({"properties": {"layers": {"items": {"properties": {"tool_use_id": {}}}}}}),
+                Some("/layers/tool_use_id"),
+            ),
+            (
+                json!({"$defs": {"x": {"properties": {"_meta": {}}}}}),
+                Some("/_meta"),
+            ),
+            (
+                json!({"required": ["operation_key"]}),
+                Some("/operation_key"),
+            ),
         ];
         for (schema, want) in cases {
             assert_eq!(identity_property(&schema, "").as_deref(), want, "{schema}");
@@ -1061,10 +1205,75 @@ mod tests {
     }
 
     #[test]
+    fn not_applicable_names_every_missing_capability() {
+        use crate::conform::scenario::parse;
+        use std::path::Path;
+        let scenario = |steps: &str| {
+            parse(
+                &format!("id: a.b\ntitle: t\nrule: r\narticle: q\nsteps:\n{steps}"),
+                Path::new("x.yaml"),
+            )
+            .unwrap()
+        };
+        let reference = Profile::reference();
+        let url = Profile::url("http://127.0.0.1:9/mcp");
+        let mut stdio_no_restart = Profile::reference();
+        stdio_no_restart.capabilities.restart = false;
+        let cases: Vec<(&Profile, &str, Option<&str>)> = vec![
+            (
+                &reference,
+                "  - do: restart\n  - {do: call, kill: after_charge}\n",
+                None,
+            ),
+            (&url, "  - do: list_tools\n", None),
+            (
+                &url,
+                "  - {do: call, expect: {error: missing_identity}}\n",
+                None,
+            ),
+            (
+                &url,
+                "  - {do: call, expect: {charges: 0}}\n",
+                Some(
+                    "the target does not support counting charges (the router must use the runner's provider)",
+                ),
+            ),
+            (&url, "  - do: reconnect\n", None),
+            (
+                &stdio_no_restart,
+                "  - do: reconnect\n  - do: restart\n",
+                Some(
+                    "the target does not support reconnecting (a stdio router must be restartable), restarting the router on the same state",
+                ),
+            ),
+            (
+                &url,
+                "  - {do: call, name: a, arguments: {set: approval}}\n  - {do: approve, of: a}\n",
+                Some("the target does not support an approval policy, approve and deny commands"),
+            ),
+            (
+                &url,
+                "  - {do: call, kill: before_charge}\n",
+                Some("the target does not support killing the router (kill -9)"),
+            ),
+        ];
+        for (profile, steps, want) in cases {
+            assert_eq!(
+                not_applicable(profile, &scenario(steps)).as_deref(),
+                want,
+                "{steps}"
+            );
+        }
+    }
+
+    #[test]
     fn first_difference_names_the_path() {
         let a = json!({"handle": "h", "result": {"charge_id": "c1", "n": [1, 2]}});
         let b = json!({"handle": "h", "result": {"charge_id": "c2", "n": [1, 2]}});
-        assert_eq!(first_difference(&a, &b, ""), "at `/result/charge_id`: `\"c1\"` became `\"c2\"`");
+        assert_eq!(
+            first_difference(&a, &b, ""),
+            "at `/result/charge_id`: `\"c1\"` became `\"c2\"`"
+        );
         let c = json!({"handle": "h", "result": {"charge_id": "c1", "n": [1, 2]}, "x": 1});
         assert_eq!(first_difference(&a, &c, ""), "at `/x`: unexpected");
     }

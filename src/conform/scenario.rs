@@ -291,6 +291,9 @@ pub struct Expect {
     /// The result (profile pointer `result`) equals that of this step.
     #[serde(default)]
     pub result_equals: Option<String>,
+    /// The result is marked replayed (profile pointer `replayed`), or not.
+    #[serde(default)]
+    pub replayed: Option<bool>,
     /// Charges the runner's provider recorded since the scenario started.
     #[serde(default)]
     pub charges: Option<u64>,
@@ -425,7 +428,10 @@ pub fn select(scenarios: Vec<Scenario>, only: &[String]) -> Result<Vec<Scenario>
     if only.is_empty() {
         return Ok(scenarios);
     }
-    if let Some(unknown) = only.iter().find(|id| !scenarios.iter().any(|s| &&s.id == id)) {
+    if let Some(unknown) = only
+        .iter()
+        .find(|id| !scenarios.iter().any(|s| &&s.id == id))
+    {
         return Err(ScenarioError::UnknownId(unknown.clone()));
     }
     Ok(scenarios
@@ -502,12 +508,22 @@ fn is_check_id(id: &str) -> bool {
 
 fn parse_step(value: serde_yaml::Value, file: &Path, at: &str) -> Result<Step, ScenarioError> {
     let serde_yaml::Value::Mapping(mut map) = value else {
-        return Err(invalid(file, at, "a step must be a mapping with a `do:` key"));
+        return Err(invalid(
+            file,
+            at,
+            "a step must be a mapping with a `do:` key",
+        ));
     };
     let kind = match map.remove("do") {
         Some(serde_yaml::Value::String(kind)) => kind,
         Some(_) => return Err(invalid(file, format!("{at}.do"), "`do` must be a string")),
-        None => return Err(invalid(file, at, "missing `do:` (call, redeliver, concurrent, status, resume, approve, deny, restart, reconnect, list_tools)")),
+        None => {
+            return Err(invalid(
+                file,
+                at,
+                "missing `do:` (call, redeliver, concurrent, status, resume, approve, deny, restart, reconnect, list_tools)",
+            ));
+        }
     };
     let rest = serde_yaml::Value::Mapping(map);
     Ok(match kind.as_str() {
@@ -525,7 +541,9 @@ fn parse_step(value: serde_yaml::Value, file: &Path, at: &str) -> Result<Step, S
             return Err(invalid(
                 file,
                 format!("{at}.do"),
-                format!("unknown step `{other}`, expected one of call, redeliver, concurrent, status, resume, approve, deny, restart, reconnect, list_tools"),
+                format!(
+                    "unknown step `{other}`, expected one of call, redeliver, concurrent, status, resume, approve, deny, restart, reconnect, list_tools"
+                ),
             ));
         }
     })
@@ -541,19 +559,17 @@ fn validate(scenario: &Scenario) -> Result<(), ScenarioError> {
             let mut r: Vec<(&str, &str)> = Vec::new();
             match step {
                 Step::Redeliver(s) => r.push(("of", &s.of)),
-                Step::Status(s) | Step::Resume(s) => {
-                    match (&s.of, &s.handle) {
-                        (Some(of), None) => r.push(("of", of)),
-                        (None, Some(_)) => {}
-                        _ => {
-                            return Err(invalid(
-                                file,
-                                at,
-                                "give exactly one of `of` (a step's handle) and `handle`",
-                            ));
-                        }
+                Step::Status(s) | Step::Resume(s) => match (&s.of, &s.handle) {
+                    (Some(of), None) => r.push(("of", of)),
+                    (None, Some(_)) => {}
+                    _ => {
+                        return Err(invalid(
+                            file,
+                            at,
+                            "give exactly one of `of` (a step's handle) and `handle`",
+                        ));
                     }
-                }
+                },
                 Step::Approve(s) | Step::Deny(s) => r.push(("of", &s.of)),
                 _ => {}
             }
@@ -657,7 +673,9 @@ fn expand_str(text: &str, ids: &mut CallIds) -> String {
         let token = &after[1..end];
         if let Some(name) = token.strip_prefix("call:") {
             out.push_str(&ids.get(name));
-        } else if let Some(n) = token.strip_prefix("long:").and_then(|n| n.parse::<usize>().ok())
+        } else if let Some(n) = token
+            .strip_prefix("long:")
+            .and_then(|n| n.parse::<usize>().ok())
         {
             out.extend(std::iter::repeat_n('x', n));
         } else {
@@ -741,7 +759,10 @@ mod tests {
                 "steps:\n  - do: call\n    arguments: {set: lavish}\n",
                 "scenarios/x.yaml: steps[0].arguments.set: unknown variant `lavish`",
             ),
-            ("steps: []\n", "scenarios/x.yaml: steps: a scenario needs at least one step"),
+            (
+                "steps: []\n",
+                "scenarios/x.yaml: steps: a scenario needs at least one step",
+            ),
             (
                 "steps:\n  - {do: concurrent, count: 1}\n",
                 "scenarios/x.yaml: steps[0].count: `count` must be between 2 and 256",
@@ -751,8 +772,12 @@ mod tests {
             let got = err(&format!("{HEAD}{body}"));
             assert!(got.starts_with(want), "got {got:?}\nwant {want:?}");
         }
-        let got = err("id: a.b\ntitle: t\nrule: r\narticle: q\nsteps: [{do: reconnect}]\nextra: 1\n");
-        assert!(got.starts_with("scenarios/x.yaml: extra: unknown field `extra`"), "{got}");
+        let got =
+            err("id: a.b\ntitle: t\nrule: r\narticle: q\nsteps: [{do: reconnect}]\nextra: 1\n");
+        assert!(
+            got.starts_with("scenarios/x.yaml: extra: unknown field `extra`"),
+            "{got}"
+        );
     }
 
     #[test]

@@ -129,6 +129,9 @@ pub struct Pointers {
     /// The provider's charge id.
     #[serde(default = "p_charge")]
     pub charge_id: String,
+    /// The boolean that marks a replayed result.
+    #[serde(default = "p_replayed")]
+    pub replayed: String,
 }
 
 fn p_handle() -> String {
@@ -146,6 +149,9 @@ fn p_result() -> String {
 fn p_charge() -> String {
     "/structuredContent/result/charge_id".into()
 }
+fn p_replayed() -> String {
+    "/_meta/callid~1replayed".into()
+}
 
 impl Default for Pointers {
     fn default() -> Self {
@@ -155,6 +161,7 @@ impl Default for Pointers {
             status: p_status(),
             result: p_result(),
             charge_id: p_charge(),
+            replayed: p_replayed(),
         }
     }
 }
@@ -253,7 +260,10 @@ impl Profile {
         profile.dir = dir;
         match profile.transport {
             Transport::Stdio if profile.command.is_none() => {
-                return Err(invalid("command".into(), "a stdio target needs `command`".into()));
+                return Err(invalid(
+                    "command".into(),
+                    "a stdio target needs `command`".into(),
+                ));
             }
             Transport::Http if profile.url.is_none() => {
                 return Err(invalid("url".into(), "an http target needs `url`".into()));
@@ -277,6 +287,7 @@ impl Profile {
             ("pointers.status", &profile.pointers.status),
             ("pointers.result", &profile.pointers.result),
             ("pointers.charge_id", &profile.pointers.charge_id),
+            ("pointers.replayed", &profile.pointers.replayed),
         ] {
             if !(pointer.is_empty() || pointer.starts_with('/')) {
                 return Err(invalid(
@@ -296,8 +307,12 @@ impl Profile {
 
     /// The reference router's profile.
     pub fn reference() -> Profile {
-        Profile::parse(REFERENCE_PROFILE, "scenarios/targets/reference.yaml", PathBuf::from("."))
-            .expect("the shipped reference profile is valid")
+        Profile::parse(
+            REFERENCE_PROFILE,
+            "scenarios/targets/reference.yaml",
+            PathBuf::from("."),
+        )
+        .expect("the shipped reference profile is valid")
     }
 
     /// The reference profile with the router started as `command` (`--stdio 'CMD ARGS'`): the
@@ -474,8 +489,14 @@ mod tests {
     #[test]
     fn split_words_follows_shell_quoting() {
         let cases: &[(&str, Option<&[&str]>)] = &[
-            ("python3 router.py --flaw x", Some(&["python3", "router.py", "--flaw", "x"])),
-            ("  a   'b c'  \"d \\\" e\" f\\ g ", Some(&["a", "b c", "d \" e", "f g"])),
+            (
+                "python3 router.py --flaw x",
+                Some(&["python3", "router.py", "--flaw", "x"]),
+            ),
+            (
+                "  a   'b c'  \"d \\\" e\" f\\ g ",
+                Some(&["a", "b c", "d \" e", "f g"]),
+            ),
             ("''", Some(&[""])),
             ("", Some(&[])),
             ("a 'b", None),
@@ -484,7 +505,8 @@ mod tests {
         for (line, want) in cases {
             let got = split_words(line);
             assert_eq!(
-                got.as_deref().map(|w| w.iter().map(String::as_str).collect::<Vec<_>>()),
+                got.as_deref()
+                    .map(|w| w.iter().map(String::as_str).collect::<Vec<_>>()),
                 want.map(|w| w.to_vec()),
                 "{line:?}"
             );
@@ -506,7 +528,15 @@ mod tests {
         assert!(p.args.contains(&"{provider_url}".to_string()));
         assert_eq!(
             p.approve.unwrap().args,
-            ["my router.py", "--flaw", "session-key", "approve", "{handle}", "--registry", "{registry}"]
+            [
+                "my router.py",
+                "--flaw",
+                "session-key",
+                "approve",
+                "{handle}",
+                "--registry",
+                "{registry}"
+            ]
         );
     }
 
@@ -525,9 +555,16 @@ mod tests {
         )
         .unwrap_err()
         .to_string();
-        assert!(bad.starts_with("p.yaml: capabilitie: unknown field") || bad.starts_with("p.yaml: .: unknown field `capabilitie`"), "{bad}");
+        assert!(
+            bad.starts_with("p.yaml: capabilitie: unknown field")
+                || bad.starts_with("p.yaml: .: unknown field `capabilitie`"),
+            "{bad}"
+        );
         let bad = Profile::parse(
-            &REFERENCE_PROFILE.replace("handle: /structuredContent/handle", "handle: structuredContent.handle"),
+            &REFERENCE_PROFILE.replace(
+                "handle: /structuredContent/handle",
+                "handle: structuredContent.handle",
+            ),
             "p.yaml",
             PathBuf::new(),
         )

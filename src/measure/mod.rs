@@ -1,1 +1,246 @@
-//! Measures real agent clients offline against the probe.
+//! Measures real agent clients offline: the real client program, a scripted model endpoint on
+//! loopback instead of the vendor's API, and `callid probe` as its MCP server.
+//!
+//! [`measure`] runs every [`Scenario`](run::Scenario) in a fresh temporary home, classifies the
+//! main probe log with [`crate::classify`], reads the ID stability findings from all three, and
+//! returns the matrix row with the exact client version and the evidence logs.
+//!
+//! - [`endpoint`]: the scripted model (Responses API SSE for Codex, Messages API SSE for Claude
+//!   Code).
+//! - [`client`]: how to run each client non-interactively with a temporary home and config.
+//! - [`run`]: one bounded scenario run, leaving the probe's shape log.
+//! - [`analyze`]: the stability findings read out of a shape log.
+//! - [`sdk`]: MCP client libraries and tools without a model (Inspector CLI, TypeScript and
+//!   Python SDKs, rmcp), measured with two plain calls.
+//!
+//! # Guarantees
+//! - Nothing leaves the machine: the only model endpoint is on 127.0.0.1, and each client runs
+//!   with a cleared environment and a temporary home.
+//! - Bounded: at most [`endpoint::MAX_MODEL_REQUESTS`] scripted answers per run and
+//!   [`run::SCENARIO_TIMEOUT`] per scenario, after which the client's process group is killed.
+
+pub mod analyze;
+pub mod client;
+pub mod endpoint;
+pub mod run;
+pub mod sdk;
+
+use crate::matrix::data::{ClientRow, How, Stability};
+use crate::matrix::evidence::{self, EvidenceError};
+use client::{Client, ClientError};
+use run::{RunError, Scenario, ScenarioRun};
+use std::path::{Path, PathBuf};
+
+/// Why a measurement failed.
+#[derive(Debug, thiserror::Error)]
+pub enum MeasureError {
+    /// The client could not be found or prepared.
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    /// A scenario could not run.
+    #[error(transparent)]
+    Run(#[from] RunError),
+    /// A scenario ran but the client never called the probe.
+    #[error(
+        "{client} {version} made no `tools/call` to the probe in the `{scenario}` run (exit code \
+         {exit}, {timed_out}); its last output:\n{tail}"
+    )]
+    NoCall {
+        /// The client.
+        client: &'static str,
+        /// Its version.
+        version: String,
+        /// The scenario.
+        scenario: &'static str,
+        /// Exit code or `killed`.
+        exit: String,
+        /// Whether the scenario timed out.
+        timed_out: &'static str,
+        /// The end of its output.
+        tail: String,
+    },
+    /// The probe log could not be classified.
+    #[error(transparent)]
+    Evidence(#[from] EvidenceError),
+    /// A client driver failed.
+    #[error("failed to run {what}: {detail}")]
+    Driver {
+        /// Which driver.
+        what: String,
+        /// What went wrong.
+        detail: String,
+    },
+    /// The client's `--version` and the version it gave the probe differ.
+    #[error(
+        "`{bin}` says it is version {cli} but told the probe {mcp}; measure one binary at a time"
+    )]
+    VersionMismatch {
+        /// The binary.
+        bin: PathBuf,
+        /// From `--version`.
+        cli: String,
+        /// From MCP `clientInfo`.
+        mcp: String,
+    },
+}
+
+impl MeasureError {
+    /// Stable machine code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            MeasureError::Client(e) => e.code(),
+            MeasureError::Run(_) => "measure_run",
+            MeasureError::NoCall { .. } => "measure_no_call",
+            MeasureError::Evidence(e) => e.code(),
+            MeasureError::VersionMismatch { .. } => "measure_version_mismatch",
+            MeasureError::Driver { .. } => "measure_driver",
+        }
+    }
+}
+
+/// A finished measurement: the row and its evidence.
+#[derive(Debug)]
+pub struct Measurement {
+    /// The matrix row, ready for `clients.yaml`.
+    pub row: ClientRow,
+    /// Evidence files: name relative to the matrix directory, and the probe log's bytes.
+    pub evidence: Vec<(String, Vec<u8>)>,
+}
+
+/// The row id of a measured client.
+pub fn row_id(client: Client) -> String {
+    format!("{}-cli", client.slug())
+}
+
+/// Measures `client` (binary `bin`) with `callid` as the probe.
+pub async fn measure(
+    client: Client,
+    bin: &Path,
+    callid: &Path,
+) -> Result<Measurement, MeasureError> {
+    let version = client.version(bin)?;
+    let mut runs: Vec<ScenarioRun> = Vec::new();
+    for scenario in Scenario::ALL {
+        tracing::info!(client = client.slug(), ?scenario, "running scenario");
+        let run = run::run_scenario(client, bin, callid, scenario).await?;
+        let records = evidence::read_evidence(&row_id(client), &run.log).ok();
+        let calls = records
+            .as_deref()
+            .map(analyze::tool_calls)
+            .unwrap_or_default();
+        if calls.is_empty() {
+            return Err(MeasureError::NoCall {
+                client: client.slug(),
+                version,
+                scenario: match scenario {
+                    Scenario::TwoCalls => "two-calls",
+                    Scenario::DuplicateModelId => "duplicate-id",
+                    Scenario::Timeout => "timeout",
+                    Scenario::ServerDies => "server-dies",
+                },
+                exit: run
+                    .exit_code
+                    .map(|c| c.to_string())
+                    .unwrap_or_else(|| "killed".into()),
+                timed_out: if run.timed_out {
+                    "timed out"
+                } else {
+                    "in time"
+                },
+                tail: run.output_tail.clone(),
+            });
+        }
+        runs.push(run);
+    }
+    let base = format!("{}-{version}", client.slug());
+    let mut files = Vec::new();
+    let mut stability = Stability::default();
+    let mut observed = None;
+    for run in &runs {
+        let name = match run.scenario.tag() {
+            "" => format!("{}/{base}.jsonl", crate::matrix::data::EVIDENCE_DIR),
+            tag => format!("{}/{base}.{tag}.jsonl", crate::matrix::data::EVIDENCE_DIR),
+        };
+        let records = evidence::read_evidence(&row_id(client), &run.log)?;
+        let calls = analyze::tool_calls(&records);
+        match run.scenario {
+            Scenario::TwoCalls => {
+                stability.distinct_ids = analyze::distinct_ids(&calls);
+                stability.id_origin = analyze::id_origin(&calls, &run.scenario.model_ids(client));
+                observed = Some(evidence::single_client(&run.log, &records)?);
+            }
+            Scenario::DuplicateModelId => {
+                stability.duplicate_model_id = analyze::duplicate_model_id(&calls);
+            }
+            Scenario::Timeout => stability.on_timeout = analyze::on_timeout(&calls),
+            Scenario::ServerDies => stability.on_server_death = analyze::on_timeout(&calls),
+        }
+        let bytes = std::fs::read(&run.log).map_err(|source| RunError::Io {
+            what: format!("read the probe log `{}`", run.log.display()),
+            source,
+        })?;
+        files.push((name, bytes));
+    }
+    let observed = observed.expect("the two-calls scenario always runs");
+    if observed.version != version {
+        return Err(MeasureError::VersionMismatch {
+            bin: bin.to_owned(),
+            cli: version,
+            mcp: observed.version,
+        });
+    }
+    let (name, surface) = client.display();
+    let mut row = evidence::row_from_observed(
+        &observed,
+        row_id(client),
+        surface.to_owned(),
+        today(),
+        How::Measured {
+            command: format!("callid measure --client {}", client.slug()),
+            evidence: files.iter().map(|(n, _)| n.clone()).collect(),
+        },
+    );
+    row.client = name.to_owned();
+    row.stability = stability;
+    Ok(Measurement {
+        row,
+        evidence: files,
+    })
+}
+
+/// Today's date in UTC, `YYYY-MM-DD`.
+pub fn today() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    civil_date(secs / 86_400)
+}
+
+/// The proleptic Gregorian date of a day count since 1970-01-01 (Howard Hinnant's algorithm).
+pub fn civil_date(days: u64) -> String {
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}")
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn civil_dates() {
+        for (days, want) in [
+            (0, "1970-01-01"),
+            (11_016, "2000-02-29"),
+            (20_786, "2026-11-29"),
+        ] {
+            assert_eq!(super::civil_date(days), want);
+        }
+    }
+}

@@ -57,6 +57,18 @@ pub enum DemoError {
     Classify(#[from] crate::classify::ClassifyError),
 }
 
+impl DemoError {
+    /// Stable machine code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            DemoError::Client { .. } => "demo_client",
+            DemoError::NoAddress(_) => "demo_no_address",
+            DemoError::Io(_) => "demo_io",
+            DemoError::Classify(e) => e.code(),
+        }
+    }
+}
+
 const TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Runs the three clients and classifies their logs.

@@ -12,6 +12,11 @@
 //! request without a session (a 2026-07-28 stateless request, or a client that skipped
 //! `initialize`) is recorded on a fresh connection, labelled by its own `_meta` client info.
 //! The `mcp-protocol-version` header is the protocol version when nothing better is known.
+//!
+//! The tap's answers (see [`super::tap`]) are sent as the HTTP reply: status 200 when the answer
+//! carries the request's id, 400 when the id is unknown. Its other decision, to hold back
+//! notifications sent before a first request, matters only on stdio, where rmcp would end the
+//! session; over HTTP rmcp answers every POST it is given, so everything else is forwarded.
 
 use super::error::ProbeError;
 use super::server::ProbeServer;
@@ -139,8 +144,12 @@ async fn tap_layer(State(st): State<Arc<HttpTap>>, req: Request, next: Next) -> 
         )
             .into_response();
     }
-    let Frame::Message(bytes) = frame else {
-        unreachable!("an oversize body is always answered by the tap");
+    let bytes = match frame {
+        Frame::Message(bytes) => bytes,
+        // An oversize notification: recorded, refused, nothing to answer at the JSON-RPC level.
+        Frame::Oversize { .. } => {
+            return (StatusCode::PAYLOAD_TOO_LARGE, "message exceeds 1 MiB").into_response();
+        }
     };
     let response = next
         .run(Request::from_parts(parts, Body::from(Bytes::from(bytes))))

@@ -31,7 +31,7 @@ pub mod tap;
 pub mod wrap;
 
 pub use error::ProbeError;
-pub use record::{Record, RecordContext, ShapeLog, record_for_request};
+pub use record::{Record, RecordContext, ShapeLog, record_for_request, record_for_tool_call};
 pub use server::ProbeServer;
 pub use tap::{Mode, Tap};
 

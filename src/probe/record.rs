@@ -407,6 +407,36 @@ pub fn record_for_request(
     record
 }
 
+/// The record of one `tools/call` known by its parts (for callers that have already parsed the
+/// request, such as the router's `--diagnose-meta`): the same record [`record_for_request`]
+/// writes for the message `{"method": "tools/call", "id": id, "params": {"name": tool,
+/// "arguments": arguments, "_meta": meta}}`.
+pub fn record_for_tool_call(
+    tool: &str,
+    arguments: &Value,
+    meta: Option<&Value>,
+    id: Option<&Value>,
+    ctx: &RecordContext,
+    digester: &Digester,
+) -> Record {
+    let mut params = serde_json::Map::new();
+    params.insert("name".into(), Value::String(tool.to_string()));
+    params.insert("arguments".into(), arguments.clone());
+    if let Some(meta) = meta {
+        params.insert("_meta".into(), meta.clone());
+    }
+    let params = Value::Object(params);
+    let bytes = serde_json::to_vec(&params).map(|v| v.len()).unwrap_or(0);
+    record_for_request(
+        "tools/call",
+        Some(id.unwrap_or(&Value::Null)),
+        Some(&params),
+        bytes,
+        ctx,
+        digester,
+    )
+}
+
 /// A name copied into a record: itself when it is at most [`MAX_LABEL_BYTES`] of printable text,
 /// otherwise `<N bytes, digest D>` so no long or binary value is ever copied.
 pub fn label(text: &str, digester: &Digester) -> String {
@@ -578,6 +608,31 @@ mod tests {
         assert!(!text.contains("secret"), "{text}");
         let back: Record = serde_json::from_str(&text).unwrap();
         assert_eq!(back, r);
+    }
+
+    #[test]
+    fn tool_call_parts_match_the_message() {
+        let ctx = RecordContext::new(Transport::Router);
+        let d = Digester::new(Some("salt"));
+        let args = json!({"prompt": "fox"});
+        let meta = json!({"callId": "call_1"});
+        let a = record_for_tool_call("buy", &args, Some(&meta), Some(&json!(4)), &ctx, &d);
+        let params = json!({"name": "buy", "arguments": args, "_meta": meta});
+        let b = record_for_request("buy-ignored", Some(&json!(4)), Some(&params), 0, &ctx, &d);
+        assert_eq!(
+            a.request_digest,
+            record_for_request("tools/call", Some(&json!(4)), Some(&params), 0, &ctx, &d)
+                .request_digest
+        );
+        assert_eq!(a.meta, b.meta);
+        assert_eq!(
+            a.identity,
+            Some(IdentityVerdict::Accepted {
+                platform: "codex".into(),
+                source: "callId".into()
+            })
+        );
+        assert_eq!(a.transport, Transport::Router);
     }
 
     #[test]

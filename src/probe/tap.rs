@@ -17,7 +17,10 @@
 //! The tap decides what the MCP server behind it sees:
 //! - `server/discover` is answered here with `-32601` (method not found), whatever its `_meta`,
 //!   so a client such as Claude Code 2.1 falls back to `initialize`.
-//! - A request whose `params` or `params._meta` is not an object gets `-32602`.
+//! - A request whose `params` or `params._meta` is not an object, or a `tools/call` whose
+//!   `arguments` is not an object, gets `-32602` (rmcp could not parse it, and would answer
+//!   without the request's id).
+//! - A JSON-RPC batch (an array) gets `-32600`; each element is still recorded.
 //! - Malformed JSON gets `-32700`, an oversize or too-deep message or a non-object `-32600`,
 //!   each with the message's id when it could be found; none reach the server.
 //! - Notifications and responses sent before the client's first request are recorded and
@@ -253,7 +256,16 @@ impl TapConnection {
                     let size = serde_json::to_vec(item).map(|v| v.len()).unwrap_or(0);
                     obs.records.extend(self.one_message(item, size).records);
                 }
-                obs.forward = self.tap.mode == Mode::Observe || self.started;
+                if self.tap.mode == Mode::Serve {
+                    // MCP dropped JSON-RPC batches in 2025-06-18; rmcp cannot answer one by id.
+                    obs.forward = false;
+                    obs.answer = Some(error_response(
+                        &Value::Null,
+                        codes::INVALID_REQUEST,
+                        "invalid request: JSON-RPC batches are not supported; send one message \
+                         per line",
+                    ));
+                }
                 obs
             }
             other => {
@@ -352,6 +364,22 @@ impl TapConnection {
                     &format!(
                         "invalid params: `_meta` must be a JSON object; got {}",
                         shape::JsonType::of(meta.unwrap_or(&Value::Null)).name()
+                    ),
+                ));
+            }
+            Some(id)
+                if method == "tools/call"
+                    && params
+                        .and_then(|p| p.get("arguments"))
+                        .is_some_and(|a| !a.is_object() && !a.is_null()) =>
+            {
+                obs.forward = false;
+                obs.answer = Some(error_response(
+                    id,
+                    codes::INVALID_PARAMS,
+                    &format!(
+                        "invalid params: `arguments` must be a JSON object; got {}",
+                        shape::JsonType::of(&params.unwrap_or(&Value::Null)["arguments"]).name()
                     ),
                 ));
             }
@@ -806,6 +834,18 @@ mod tests {
             (a["id"].clone(), a["error"]["code"].clone()),
             (json!(11), json!(-32600))
         );
+        let o = c.client_frame(&msg(json!({"jsonrpc":"2.0","id":"a","method":"tools/call","params":{"name":"t","arguments":[1]}})));
+        let a = o.answer.unwrap();
+        assert_eq!(
+            (a["id"].clone(), a["error"]["code"].clone()),
+            (json!("a"), json!(-32602))
+        );
+        let o = c.client_frame(&msg(
+            json!([{"jsonrpc":"2.0","id":1,"method":"ping"},{"jsonrpc":"2.0","method":"n"}]),
+        ));
+        assert_eq!(o.records.len(), 2);
+        assert!(!o.forward);
+        assert_eq!(o.answer.unwrap()["error"]["code"], json!(-32600));
         let o = c.client_frame(&Frame::Message(b"42".to_vec()));
         assert_eq!(o.records[0].error.as_ref().unwrap().code, "not_jsonrpc");
         assert!(!o.forward);

@@ -135,7 +135,10 @@ pub fn spawn(
 
 fn error_response(err: &ProviderError) -> Response {
     let status = StatusCode::from_u16(err.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    if err.status() >= 500 {
+    // A failure a hook asked for is the test going to plan, not an incident.
+    if matches!(err, ProviderError::Injected { .. }) {
+        tracing::debug!("provider request failed: {}", message_chain(err));
+    } else if err.status() >= 500 {
         tracing::error!("provider request failed: {}", message_chain(err));
     }
     let body = serde_json::json!({
@@ -270,4 +273,95 @@ async fn not_found() -> Response {
         }
     });
     (StatusCode::NOT_FOUND, axum::Json(body)).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::provider::{Client, ProviderApi as _};
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// Fails the first request before charging, holds the second, and records what it saw.
+    #[derive(Default)]
+    struct Script {
+        before: AtomicUsize,
+        seen: Mutex<Vec<(String, bool)>>,
+    }
+
+    impl ProviderHooks for Script {
+        fn before_charge(&self, _key: &str) -> HookAction {
+            match self.before.fetch_add(1, Ordering::SeqCst) {
+                0 => HookAction::Fail(503),
+                1 => HookAction::Hold(Duration::from_millis(300)),
+                _ => HookAction::Proceed,
+            }
+        }
+
+        fn after_charge(&self, key: &str, replayed: bool) -> HookAction {
+            self.seen.lock().unwrap().push((key.to_owned(), replayed));
+            HookAction::Proceed
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn hooks_fail_hold_and_observe_and_the_client_maps_every_answer() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = Ledger::open(&dir.path().join("ledger.sqlite3")).unwrap();
+        let script = Arc::new(Script::default());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let server = spawn(listener, ledger.clone(), Some(script.clone())).unwrap();
+        let client = Client::new(format!("{}/", server.base_url())).unwrap();
+        assert_eq!(client.base_url(), server.base_url());
+        let req = ImageRequest::new("fox");
+
+        let err = client.create_image("k", &req).await.unwrap_err();
+        assert!(
+            matches!(&err, ProviderError::Http { status: 503, code, .. } if code == "injected_failure"),
+            "{err:?}"
+        );
+        assert!(err.is_transient());
+        assert_eq!(
+            ledger.charge_count().unwrap(),
+            0,
+            "failed before the charge"
+        );
+
+        let started = std::time::Instant::now();
+        let first = client.create_image("k", &req).await.unwrap();
+        assert!(started.elapsed() >= Duration::from_millis(300), "held");
+        assert!(!first.replayed);
+        let again = client.create_image("k", &req).await.unwrap();
+        assert!(again.replayed);
+        assert_eq!(again.receipt, first.receipt);
+        assert_eq!(
+            *script.seen.lock().unwrap(),
+            [("k".to_owned(), false), ("k".to_owned(), true)]
+        );
+
+        let mut other = req.clone();
+        other.prompt = "wolf".into();
+        assert!(matches!(
+            client.create_image("k", &other).await,
+            Err(ProviderError::KeyReused)
+        ));
+        other.model = "dall-e".into();
+        let err = client.create_image("k2", &other).await.unwrap_err();
+        assert_eq!(err.code(), "unknown_model");
+        let err = client.create_image("bad key", &req).await.unwrap_err();
+        assert!(
+            matches!(&err, ProviderError::Http { status: 400, code, .. } if code == "invalid_idempotency_key"),
+            "{err:?}"
+        );
+        assert!(!err.is_transient());
+
+        let page = client.charges().await.unwrap();
+        assert_eq!((page.count, page.total_cents), (1, 3));
+        assert_eq!(page.charges[0].charge_id, first.receipt.charge_id);
+
+        server.shutdown().await.unwrap();
+        let err = client.create_image("k", &req).await.unwrap_err();
+        assert_eq!(err.code(), "provider_unavailable");
+        assert!(err.is_transient());
+    }
 }

@@ -44,6 +44,14 @@ use std::sync::Arc;
 
 /// Runs the router until its client goes away (stdio) or Ctrl-C (`http`).
 pub async fn run(options: RouterOptions, http: Option<SocketAddr>) -> anyhow::Result<()> {
+    if let Some(addr) = http
+        && !addr.ip().is_loopback()
+    {
+        anyhow::bail!(
+            "refusing to serve on `{addr}`: the router trusts the identity in `_meta` from \
+             whoever connects, so it listens on loopback only; use 127.0.0.1:PORT"
+        );
+    }
     let router = Arc::new(Router::new(options));
     match http {
         Some(addr) => server::serve_http(router, addr).await,

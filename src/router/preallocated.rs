@@ -87,12 +87,9 @@ impl KeyPool {
         let conn = Connection::open(path).map_err(err("opening"))?;
         conn.busy_timeout(super::registry::BUSY_TIMEOUT)
             .map_err(err("setting the busy timeout"))?;
-        let found: i32 = conn
-            .query_row("PRAGMA application_id", [], |r| r.get(0))
-            .map_err(err("reading its header"))?;
-        let objects: i64 = conn
-            .query_row("SELECT count(*) FROM sqlite_schema", [], |r| r.get(0))
-            .map_err(err("reading its schema"))?;
+        let header =
+            crate::backend::store::read_header(&conn).map_err(err("reading its header"))?;
+        let (found, objects) = (header.application_id, header.objects);
         if found != APPLICATION_ID && (found != 0 || objects > 0) {
             return Err(KeyPoolError::Foreign {
                 path: path.to_path_buf(),

@@ -381,13 +381,10 @@ impl Registry {
         conn.busy_timeout(BUSY_TIMEOUT)
             .map_err(sqlite(&path, "setting the busy timeout"))?;
         // Identify the file before anything writes to it.
-        let read = |sql: &str, doing| {
-            conn.query_row(sql, [], |r| r.get::<_, i64>(0))
-                .map_err(sqlite(&path, doing))
-        };
-        let app_id = read("PRAGMA application_id", "reading its header")? as i32;
-        let version = read("PRAGMA user_version", "reading its header")?;
-        let objects = read("SELECT count(*) FROM sqlite_schema", "reading its schema")?;
+        let header = crate::backend::store::read_header(&conn)
+            .map_err(sqlite(&path, "reading its header"))?;
+        let (app_id, version, objects) =
+            (header.application_id, header.user_version, header.objects);
         if app_id != APPLICATION_ID && (app_id != 0 || objects > 0 || version != 0) {
             return Err(RegistryError::Foreign {
                 path,

@@ -7,6 +7,7 @@
 //! outcome is a `CallToolResult`; only an unknown tool is a JSON-RPC error. stdout carries the
 //! protocol only; logs go to stderr.
 
+use super::diagnose::CallInfo;
 use super::spend::{CAPABILITIES, GENERATE_IMAGE, OPERATION_STATUS, RESUME_OPERATION, Router};
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, Implementation, ListToolsResult,
@@ -117,7 +118,18 @@ impl ServerHandler for RouterServer {
     ) -> Result<CallToolResponse, McpError> {
         let meta = context.meta.0.0;
         let name = request.name.to_string();
-        match self.router.call_tool(&name, request.arguments, &meta).await {
+        let call = CallInfo {
+            request_id: serde_json::to_value(&context.id).ok(),
+            initialize: context
+                .peer
+                .peer_info()
+                .and_then(|info| serde_json::to_value(&*info).ok()),
+        };
+        match self
+            .router
+            .call_tool(&call, &name, request.arguments, &meta)
+            .await
+        {
             Some(value) => serde_json::from_value::<CallToolResult>(value)
                 .map(CallToolResponse::from)
                 .map_err(|e| {

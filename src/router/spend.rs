@@ -20,6 +20,7 @@
 //! delivery that finds another live process dispatching gets `operation_in_progress`, which is
 //! safe to retry (see `registry.rs`).
 
+use super::diagnose::{CallInfo, Diagnostics};
 use super::policy::Policy;
 use super::preallocated::{KeyPool, KeyPoolError};
 use super::registry::{
@@ -217,6 +218,7 @@ pub struct Router {
     flights: Mutex<HashMap<(String, String), Flight>>,
     owner: String,
     scrubber: Scrubber,
+    diagnostics: Option<Diagnostics>,
 }
 
 impl std::fmt::Debug for Router {
@@ -243,7 +245,13 @@ impl Router {
                 None
             }
         };
+        let diagnostics = opts.diagnose_meta.as_ref().and_then(|path| {
+            Diagnostics::open(path)
+                .map_err(|e| tracing::warn!("--diagnose-meta is off: {e}"))
+                .ok()
+        });
         Router {
+            diagnostics,
             pool: opts
                 .preallocated_keys
                 .as_ref()
@@ -266,11 +274,14 @@ impl Router {
     /// tool (a JSON-RPC error, since no tool ran).
     pub async fn call_tool(
         &self,
+        call: &CallInfo,
         name: &str,
         arguments: Option<Map<String, Value>>,
         meta: &Map<String, Value>,
     ) -> Option<Value> {
-        self.diagnose(name, meta);
+        if let Some(d) = &self.diagnostics {
+            d.record(call, name, arguments.as_ref(), meta);
+        }
         let args = Value::Object(arguments.unwrap_or_default());
         let (reply, keys) = match name {
             GENERATE_IMAGE => self.generate_image(args, meta).await,
@@ -300,15 +311,6 @@ impl Router {
         self.scrubber.scrub(value, &[]);
     }
 
-    fn diagnose(&self, tool: &str, meta: &Map<String, Value>) {
-        let Some(path) = &self.opts.diagnose_meta else {
-            return;
-        };
-        if let Err(e) = super::diagnose::record(path, tool, meta) {
-            tracing::warn!("cannot append to diagnose file `{}`: {e}", path.display());
-        }
-    }
-
     async fn generate_image(
         &self,
         args: Value,
@@ -334,7 +336,7 @@ impl Router {
             .map_err(|e| ToolError::new(e.code(), format!("{e}; nothing was dispatched")))?;
         let request = image_request(&args)?;
 
-        let flight = self.flight(&id);
+        let flight = self.flight(&id.platform, &id.harness_call_id);
         let guard = flight.lock().await;
         let (platform, call_id) = (id.platform.clone(), id.harness_call_id.clone());
         let existing = self.registry(move |r| r.find(&platform, &call_id)).await;
@@ -347,7 +349,7 @@ impl Router {
             Err(e) => Err(e),
         };
         drop(guard);
-        self.forget_flight(&id, flight);
+        self.forget_flight(&id.platform, &id.harness_call_id, flight);
         result
     }
 
@@ -543,14 +545,7 @@ impl Router {
             Err(e) => return (e.into(), vec![]),
         };
         let keys = vec![op.key.clone()];
-        let id = Identity {
-            platform: op.platform.clone(),
-            harness_call_id: op.harness_call_id.clone(),
-            source: Source::PlatformInvocation,
-            installation_id: None,
-            task_id: None,
-        };
-        let flight = self.flight(&id);
+        let flight = self.flight(&op.platform, &op.harness_call_id);
         let guard = flight.lock().await;
         let handle = op.handle.clone();
         let result = match self
@@ -562,7 +557,7 @@ impl Router {
             Err(e) => Err(e),
         };
         drop(guard);
-        self.forget_flight(&id, flight);
+        self.forget_flight(&op.platform, &op.harness_call_id, flight);
         (result.unwrap_or_else(Reply::Err), keys)
     }
 
@@ -638,17 +633,18 @@ impl Router {
         }
     }
 
-    fn flight(&self, id: &Identity) -> Flight {
+    /// The single-flight lock of one call identity (this process's installation).
+    fn flight(&self, platform: &str, call_id: &str) -> Flight {
         let mut map = self.flights.lock().unwrap_or_else(|p| p.into_inner());
-        map.entry((id.platform.clone(), id.harness_call_id.clone()))
+        map.entry((platform.to_string(), call_id.to_string()))
             .or_default()
             .clone()
     }
 
-    fn forget_flight(&self, id: &Identity, flight: Flight) {
+    fn forget_flight(&self, platform: &str, call_id: &str, flight: Flight) {
         drop(flight);
         let mut map = self.flights.lock().unwrap_or_else(|p| p.into_inner());
-        let k = (id.platform.clone(), id.harness_call_id.clone());
+        let k = (platform.to_string(), call_id.to_string());
         if map.get(&k).is_some_and(|f| Arc::strong_count(f) == 1) {
             map.remove(&k);
         }
@@ -921,4 +917,113 @@ fn receipt_json(receipt: &SpendReceipt) -> Value {
         "model": receipt.model,
         "image": receipt.image,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn image_request_table() {
+        let ok = |args: Value, want: (&str, u32, u32, &str)| {
+            let r = image_request(&args).unwrap();
+            assert_eq!(
+                (r.prompt.as_str(), r.width, r.height, r.model.as_str()),
+                want,
+                "{args}"
+            );
+        };
+        ok(
+            json!({"prompt": "fox"}),
+            ("fox", 1024, 1024, "flux-schnell"),
+        );
+        ok(
+            json!({"prompt": "fox", "width": 512.0, "height": 256, "model": "flux-pro"}),
+            ("fox", 512, 256, "flux-pro"),
+        );
+        for bad in [
+            json!({}),
+            json!({"prompt": 3}),
+            json!({"prompt": "fox", "width": -1}),
+            json!({"prompt": "fox", "width": 1.5}),
+            json!({"prompt": "fox", "height": "tall"}),
+            json!({"prompt": "fox", "model": 1}),
+            json!({"prompt": "fox", "seed": 1}),
+            json!([1]),
+        ] {
+            assert_eq!(
+                image_request(&bad).unwrap_err().code,
+                "invalid_arguments",
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn replies_render_the_contract_shapes() {
+        let handle = PublicHandle::from_stored(
+            "hubu:public-operation:v1:00000000-0000-4000-8000-000000000000".into(),
+        );
+        let ok = Reply::Ok {
+            structured: json!({"handle": handle.as_str(), "status": "completed", "result": {"charge_id": "ch_1", "amount_cents": 3}}),
+            text: "Generated image".into(),
+            replayed: Some(true),
+        };
+        let mut err = ToolError::new("awaiting_approval", "needs a person");
+        err.handle = Some(handle);
+        err.status = Some(Status::AwaitingApproval);
+        let bare = ToolError::new("missing_identity", "no identity");
+        insta::assert_json_snapshot!(
+            "reply_shapes",
+            json!({
+                "success": ok.to_value(),
+                "error_with_operation": Reply::Err(err).to_value(),
+                "error_without_operation": Reply::Err(bare).to_value(),
+            })
+        );
+    }
+
+    #[test]
+    fn backend_errors_map_onto_contract_codes_and_finality() {
+        use crate::provider::ProviderError;
+        let cases: Vec<(BackendError, &str, bool)> = vec![
+            (
+                BackendError::CreateNewOperation {
+                    differs: "amount".into(),
+                },
+                "create_new_operation",
+                true,
+            ),
+            (
+                BackendError::BudgetExceeded {
+                    account: "default".into(),
+                    amount_cents: 3,
+                    budget_cents: 4,
+                    remaining_cents: 1,
+                },
+                "budget_exceeded",
+                true,
+            ),
+            (
+                BackendError::UnknownModel(ProviderError::UnknownModel { model: "x".into() }),
+                "unknown_model",
+                true,
+            ),
+            (
+                BackendError::InvalidRequest(ProviderError::InvalidRequest { reason: "r".into() }),
+                "invalid_arguments",
+                true,
+            ),
+            (
+                BackendError::ProviderError(ProviderError::KeyReused),
+                "provider_error",
+                true,
+            ),
+        ];
+        for (err, code, last) in cases {
+            assert_eq!(backend_code(&err), code, "{err}");
+            assert_eq!(is_final(&err), last, "{err}");
+            assert!(ERROR_CODES.contains(&backend_code(&err)));
+        }
+    }
 }

@@ -1,1 +1,373 @@
-//! Integration tests of `callid matrix`.
+//! Integration tests of `callid matrix` and `callid measure`: each runs the real binary on a copy
+//! of fixture data (or on the repository's own `matrices/`).
+
+use crate::common::{bin, repo};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).unwrap();
+        }
+    }
+}
+
+/// A temporary copy of `tests/fixtures/matrix`.
+fn fixture() -> (tempfile::TempDir, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("matrices");
+    copy_dir(&repo().join("tests/fixtures/matrix"), &dir);
+    (tmp, dir)
+}
+
+fn callid(args: &[&str]) -> Output {
+    Command::new(bin())
+        .args(args)
+        .env_remove("CALLID_LOG")
+        .output()
+        .unwrap()
+}
+
+/// Exit code, stdout and stderr, with the temporary directory replaced.
+fn transcript(out: &Output, tmp: &Path) -> String {
+    let redact = |s: &[u8]| String::from_utf8_lossy(s).replace(&tmp.display().to_string(), "[TMP]");
+    format!(
+        "exit_code: {:?}\n----- stdout -----\n{}----- stderr -----\n{}",
+        out.status.code(),
+        redact(&out.stdout),
+        redact(&out.stderr)
+    )
+}
+
+#[test]
+fn render_is_deterministic_and_snapshotted() {
+    let (tmp, dir) = fixture();
+    let d = dir.to_str().unwrap();
+    let out = callid(&["matrix", "render", "--dir", d]);
+    assert!(out.status.success(), "{}", transcript(&out, tmp.path()));
+    let first = std::fs::read(dir.join("SUPPORT.md")).unwrap();
+    // A second render of the same data, from a second copy, gives the same bytes.
+    let (tmp2, dir2) = fixture();
+    let out = callid(&["matrix", "render", "--dir", dir2.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", transcript(&out, tmp2.path()));
+    assert_eq!(first, std::fs::read(dir2.join("SUPPORT.md")).unwrap());
+    let out = callid(&["matrix", "render", "--dir", d]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unchanged"));
+    insta::assert_snapshot!("support_md", String::from_utf8(first).unwrap());
+}
+
+#[test]
+fn check_detects_a_one_byte_difference() {
+    let (tmp, dir) = fixture();
+    let d = dir.to_str().unwrap();
+    assert!(callid(&["matrix", "render", "--dir", d]).status.success());
+    let ok = callid(&["matrix", "render", "--check", "--dir", d]);
+    assert_eq!(ok.status.code(), Some(0), "{}", transcript(&ok, tmp.path()));
+    let path = dir.join("SUPPORT.md");
+    let mut bytes = std::fs::read(&path).unwrap();
+    let at = bytes.iter().position(|b| *b == b'|').unwrap();
+    bytes[at + 2] ^= 0x20; // flip the case of one letter in the first table row
+    std::fs::write(&path, &bytes).unwrap();
+    let before = std::fs::read(&path).unwrap();
+    let out = callid(&["matrix", "render", "--check", "--dir", d]);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        transcript(&out, tmp.path())
+    );
+    assert_eq!(
+        before,
+        std::fs::read(&path).unwrap(),
+        "--check writes nothing"
+    );
+    insta::assert_snapshot!("check_one_byte", transcript(&out, tmp.path()));
+    // A missing final newline is a difference too.
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[at + 2] ^= 0x20;
+    bytes.pop();
+    std::fs::write(&path, &bytes).unwrap();
+    let out = callid(&["matrix", "render", "--check", "--dir", d]);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        transcript(&out, tmp.path())
+    );
+}
+
+#[test]
+fn the_committed_matrix_matches_its_data_and_evidence() {
+    let dir = repo().join("matrices");
+    let out = callid(&[
+        "matrix",
+        "render",
+        "--check",
+        "--dir",
+        dir.to_str().unwrap(),
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn strict_yaml_errors_name_the_path() {
+    let cases = [
+        (
+            "verdict: accepted",
+            "verdict: sometimes",
+            "clients[1].verdict",
+        ),
+        (
+            "per_call_id: callId",
+            "per_call_id: callId\n  colour: red",
+            "clients[1]: unknown field `colour`",
+        ),
+        (
+            "duplicate_model_id: passed-through",
+            "duplicate_model_id: twice",
+            "clients[1].stability.duplicate_model_id",
+        ),
+    ];
+    for (from, to, want) in cases {
+        let (tmp, dir) = fixture();
+        let path = dir.join("clients.yaml");
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.contains(from), "fixture lacks {from:?}");
+        std::fs::write(&path, text.replacen(from, to, 1)).unwrap();
+        let out = callid(&[
+            "matrix",
+            "render",
+            "--check",
+            "--dir",
+            dir.to_str().unwrap(),
+        ]);
+        let stderr = String::from_utf8_lossy(&out.stderr)
+            .replace(&tmp.path().display().to_string(), "[TMP]");
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert!(stderr.contains(want), "want {want:?} in {stderr}");
+        assert!(stderr.contains("[TMP]/matrices/clients.yaml"), "{stderr}");
+    }
+}
+
+#[test]
+fn a_row_that_disagrees_with_its_evidence_fails_the_check() {
+    let cases = [
+        (
+            "on_timeout: no-retry",
+            "on_timeout: retried-same-id",
+            "stability.on_timeout",
+        ),
+        ("  - itemId\n", "", "call_level_keys"),
+        ("version: 0.171.0", "version: 0.172.0", "`version`"),
+    ];
+    for (from, to, want) in cases {
+        let (tmp, dir) = fixture();
+        let path = dir.join("clients.yaml");
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.contains(from), "fixture lacks {from:?}");
+        std::fs::write(&path, text.replacen(from, to, 1)).unwrap();
+        let out = callid(&["matrix", "render", "--dir", dir.to_str().unwrap()]);
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(
+            out.status.code(),
+            Some(1),
+            "{}",
+            transcript(&out, tmp.path())
+        );
+        assert!(
+            stderr.contains("evidence_disagrees") && stderr.contains(want),
+            "{want}: {stderr}"
+        );
+        assert!(!dir.join("SUPPORT.md").exists(), "nothing is written");
+    }
+}
+
+#[test]
+fn add_turns_a_probe_log_into_a_row() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("m");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("clients.yaml"), "version: 1\nclients: []\n").unwrap();
+    let log = repo().join("tests/fixtures/matrix/evidence/codex-0.171.0.jsonl");
+    let out = callid(&[
+        "matrix",
+        "add",
+        log.to_str().unwrap(),
+        "--dir",
+        dir.to_str().unwrap(),
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        transcript(&out, tmp.path())
+    );
+    let today = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        today.contains("added `codex-mcp-client-0.171.0`"),
+        "{today}"
+    );
+    let yaml = std::fs::read_to_string(dir.join("clients.yaml")).unwrap();
+    let date_line = yaml
+        .lines()
+        .find(|l| l.trim_start().starts_with("date:"))
+        .unwrap();
+    let yaml = yaml.replace(date_line, "  date: '[DATE]'");
+    insta::assert_snapshot!("add_codex_row", yaml);
+    assert_eq!(
+        std::fs::read(dir.join("evidence/codex-mcp-client-0.171.0.jsonl")).unwrap(),
+        std::fs::read(&log).unwrap(),
+        "one client's log is its evidence, unchanged"
+    );
+    let check = callid(&[
+        "matrix",
+        "render",
+        "--check",
+        "--dir",
+        dir.to_str().unwrap(),
+    ]);
+    assert_eq!(
+        check.status.code(),
+        Some(0),
+        "{}",
+        transcript(&check, tmp.path())
+    );
+}
+
+#[test]
+fn add_refuses_a_log_without_tool_calls() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("m");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("clients.yaml"), "version: 1\nclients: []\n").unwrap();
+    let src =
+        std::fs::read_to_string(repo().join("tests/fixtures/matrix/evidence/codex-0.171.0.jsonl"))
+            .unwrap();
+    let log = tmp.path().join("no-calls.jsonl");
+    let kept: String = src
+        .lines()
+        .filter(|l| !l.contains("\"tools/call\""))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    std::fs::write(&log, kept).unwrap();
+    let out = callid(&[
+        "matrix",
+        "add",
+        log.to_str().unwrap(),
+        "--dir",
+        dir.to_str().unwrap(),
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{}",
+        transcript(&out, tmp.path())
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("made a `tools/call`"));
+}
+
+/// Runs `callid measure --check` against the real client when it is installed (`npm ci --prefix
+/// matrices/clients`), and says why not otherwise.
+fn measure_real(client: &str, program: &str) {
+    let installed = repo()
+        .join("matrices/clients/node_modules/.bin")
+        .join(program);
+    if !installed.exists() {
+        eprintln!(
+            "SKIP: {client} is not installed at {}; run `npm ci --prefix matrices/clients`",
+            installed.display()
+        );
+        return;
+    }
+    let out = Command::new(bin())
+        .args(["measure", "--client", client, "--check", "--dir"])
+        .arg(repo().join("matrices"))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "stdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    assert!(stdout.contains("verdict: accepted"), "{stdout}");
+    assert!(stderr.contains("matches the committed row"), "{stderr}");
+}
+
+#[test]
+fn measure_codex_matches_the_committed_row() {
+    measure_real("codex", "codex");
+}
+
+#[test]
+fn measure_claude_code_matches_the_committed_row() {
+    measure_real("claude-code", "claude");
+}
+
+#[test]
+fn add_turns_a_conformance_report_into_a_router_row() {
+    let (tmp, dir) = fixture();
+    let report = repo().join("tests/fixtures/matrix-conform-report.json");
+    let out = callid(&[
+        "matrix",
+        "add",
+        report.to_str().unwrap(),
+        "--dir",
+        dir.to_str().unwrap(),
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        transcript(&out, tmp.path())
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("added router `callid-reference-router` (29 checks)")
+    );
+    let routers = std::fs::read_to_string(dir.join("routers.yaml")).unwrap();
+    assert!(
+        routers.contains("- id: fixture-router"),
+        "other rows are kept"
+    );
+    assert!(routers.contains("- id: callid-reference-router"));
+    let md = std::fs::read_to_string(dir.join("SUPPORT.md")).unwrap();
+    let row = md
+        .lines()
+        .find(|l| l.starts_with("| callid reference router |"))
+        .unwrap();
+    // Columns are the union of both routers' checks: the fixture router's three made-up ids,
+    // then the 29 real ones; each router shows `not run` where it has no verdict.
+    assert_eq!(row.matches("| pass ").count(), 29, "{row}");
+    assert_eq!(row.matches("not run").count(), 3, "{row}");
+    let fixture_row = md
+        .lines()
+        .find(|l| l.starts_with("| fixture router"))
+        .unwrap();
+    assert_eq!(fixture_row.matches("not run").count(), 29, "{fixture_row}");
+    let check = callid(&[
+        "matrix",
+        "render",
+        "--check",
+        "--dir",
+        dir.to_str().unwrap(),
+    ]);
+    assert_eq!(
+        check.status.code(),
+        Some(0),
+        "{}",
+        transcript(&check, tmp.path())
+    );
+}

@@ -922,3 +922,32 @@ fn no_leak_property() {
         Some(callid::probe::record::IdentityVerdict::Accepted { .. })
     )));
 }
+
+#[test]
+fn probe_setup_errors_exit_2_with_a_clear_message() {
+    let out = callid(&["probe", "--log", "/nonexistent-dir/probe.log"]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.starts_with(
+            "error: failed to open the probe log `/nonexistent-dir/probe.log` for appending"
+        ),
+        "{stderr}"
+    );
+
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = busy.local_addr().unwrap().to_string();
+    let out = callid(&["probe", "--http", &addr]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.starts_with(&format!("error: failed to listen on `{addr}`")),
+        "{stderr}"
+    );
+
+    let out = callid(&["classify", "--format", "junit", "x.log"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("`--format junit` is not available here")
+    );
+}

@@ -27,6 +27,9 @@ struct World {
     provider: Option<ProviderHandle>,
     provider_addr: std::net::SocketAddr,
     ledger: PathBuf,
+    /// Routers run the provider in-process (no `--provider-url`), its ledger beside the default
+    /// registry.
+    in_process: bool,
 }
 
 impl World {
@@ -42,7 +45,17 @@ impl World {
             provider: Some(provider),
             provider_addr,
             ledger,
+            in_process: false,
         }
+    }
+
+    async fn in_process() -> World {
+        let mut w = World::new().await;
+        w.in_process = true;
+        w.ledger = w
+            .registry()
+            .with_file_name(callid::backend::PROVIDER_LEDGER_FILE);
+        w
     }
 
     fn path(&self, name: &str) -> PathBuf {
@@ -65,6 +78,9 @@ impl World {
     }
 
     fn charges(&self) -> u64 {
+        if !self.ledger.exists() {
+            return 0;
+        }
         Ledger::open(&self.ledger).unwrap().charge_count().unwrap()
     }
 
@@ -99,9 +115,10 @@ impl World {
             "router".to_string(),
             "--registry".into(),
             registry.display().to_string(),
-            "--provider-url".into(),
-            self.provider_url(),
         ];
+        if !self.in_process {
+            args.extend(["--provider-url".into(), self.provider_url()]);
+        }
         args.extend(extra.iter().map(|s| s.to_string()));
         let mut env: Vec<(String, String)> = vec![("CALLID_LOG".into(), "debug".into())];
         env.extend(envs.iter().map(|(k, v)| (k.to_string(), v.to_string())));
@@ -484,9 +501,25 @@ fn registry_handle(registry: &Path, call_id: &str) -> Option<String> {
 
 #[tokio::test]
 async fn a_crash_at_any_boundary_never_charges_twice() {
-    for boundary in Boundary::ALL {
+    for (boundary, in_process) in Boundary::ALL
+        .into_iter()
+        .flat_map(|b| [(b, false), (b, true)])
+    {
+        let label = format!(
+            "{} ({})",
+            boundary.name(),
+            if in_process {
+                "in-process provider"
+            } else {
+                "provider over HTTP"
+            }
+        );
         let name = boundary.name();
-        let w = World::new().await;
+        let w = if in_process {
+            World::in_process().await
+        } else {
+            World::new().await
+        };
         let mut r = w
             .router_on(&w.registry(), &[], &[(callid::crashpoint::ENV, name)])
             .await;
@@ -496,36 +529,40 @@ async fn a_crash_at_any_boundary_never_charges_twice() {
             .await;
         assert!(
             matches!(err, Err(RpcError::Closed { .. })),
-            "{name}: the router should have died, got {err:?}"
+            "{label}: the router should have died, got {err:?}"
         );
         let status = r.child.wait().await.unwrap();
-        assert!(!status.success(), "{name}: {status:?}");
+        assert!(!status.success(), "{label}: {status:?}");
         let stderr = r.child.stderr_text();
-        assert!(stderr.contains(name), "{name}: {stderr}");
-        assert!(!stderr.contains(KEY_PREFIX), "{name}: {stderr}");
+        assert!(stderr.contains(name), "{label}: {stderr}");
+        assert!(!stderr.contains(KEY_PREFIX), "{label}: {stderr}");
         let before = registry_handle(&w.registry(), "crash");
         assert!(
             before.is_some(),
-            "{name}: the row is committed before any dispatch"
+            "{label}: the row is committed before any dispatch"
         );
-        assert!(w.charges() <= 1, "{name}");
+        assert!(w.charges() <= 1, "{label}");
 
         let r = w.router(&[]).await;
         let again = r.spend(fox(), codex("crash")).await;
         let s = completed(&again).clone();
-        assert_eq!(Some(handle(&again)), before, "{name}: same handle");
-        assert_eq!(w.charges(), 1, "{name}: one charge in the ledger");
-        assert_eq!(s["result"]["charge_id"], json!(w.charge_ids()[0]), "{name}");
+        assert_eq!(Some(handle(&again)), before, "{label}: same handle");
+        assert_eq!(w.charges(), 1, "{label}: one charge in the ledger");
+        assert_eq!(
+            s["result"]["charge_id"],
+            json!(w.charge_ids()[0]),
+            "{label}"
+        );
         // The reply was lost only at `before_reply`, where the result was already recorded.
         assert_eq!(
             replayed(&again),
             boundary == Boundary::BeforeReply,
-            "{name}: replayed flag"
+            "{label}: replayed flag"
         );
         let third = r.spend(fox(), codex("crash")).await;
-        assert_eq!(completed(&third), &s, "{name}");
+        assert_eq!(completed(&third), &s, "{label}");
         assert!(replayed(&third));
-        assert_eq!(w.charges(), 1, "{name}");
+        assert_eq!(w.charges(), 1, "{label}");
         r.stop().await;
     }
 }
@@ -943,8 +980,16 @@ async fn the_registry_file_is_private_wal_and_identified() {
     r.spend(fox(), codex("f1")).await;
     r.stop().await;
     let reg = w.registry();
-    let mode = std::fs::metadata(&reg).unwrap().permissions().mode() & 0o777;
-    assert_eq!(mode, 0o600);
+    // The router was killed, so its journal files are still there: SQLite gives them the
+    // database file's mode.
+    for file in [
+        reg.clone(),
+        reg.with_extension("sqlite3-wal"),
+        reg.with_extension("sqlite3-shm"),
+    ] {
+        let mode = std::fs::metadata(&file).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{}", file.display());
+    }
     let c = rusqlite::Connection::open(&reg).unwrap();
     let get = |sql: &str| -> i64 { c.query_row(sql, [], |r| r.get(0)).unwrap() };
     assert_eq!(
@@ -1028,8 +1073,28 @@ async fn budget_model_and_argument_errors() {
         )
         .await;
     assert_eq!(code(&unknown), "unknown_operation");
+    // An unknown tool is a JSON-RPC error (no tool ran); malformed input gets no tool either.
+    let unknown = r
+        .call("generate_images", fox(), Some(codex("bad-tool")))
+        .await;
+    assert!(
+        unknown.error.is_some() && unknown.result.is_none(),
+        "{}",
+        unknown.raw
+    );
+    r.conn
+        .send_raw("{\"jsonrpc\":\"2.0\",\"id\":77,\"method\":\"tools/call\",\"params\":7}")
+        .await
+        .unwrap();
     assert_eq!(w.charges(), 1);
     r.stop().await;
+    let out = std::process::Command::new(bin())
+        .args(["router", "--http", "0.0.0.0:0", "--registry"])
+        .arg(w.registry())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("loopback only"));
 }
 
 #[tokio::test]
@@ -1068,6 +1133,21 @@ async fn capabilities_and_diagnose_meta_record_shapes_never_values() {
     assert!(
         text.contains("/openai~1session") && text.contains("/callId"),
         "{text}"
+    );
+    // The probe's own record format (`callid classify` reads it like a probe log); the
+    // capabilities call had no identity and was answered all the same.
+    let verdicts: Vec<Value> = text
+        .lines()
+        .map(|line| {
+            let r: callid::probe::Record = serde_json::from_str(line).unwrap();
+            assert_eq!(r.transport, callid::probe::record::Transport::Router);
+            assert_eq!(r.client.as_ref().unwrap().name, "callid-tests");
+            serde_json::to_value(&r.identity).unwrap()["verdict"].clone()
+        })
+        .collect();
+    assert_eq!(
+        verdicts,
+        ["rejected", "rejected", "accepted"].map(|v| json!(v))
     );
 }
 
@@ -1134,4 +1214,98 @@ async fn runs_on_its_own_with_the_provider_in_process() {
     }
     let ledger = registry.with_file_name(callid::backend::PROVIDER_LEDGER_FILE);
     assert_eq!(Ledger::open(&ledger).unwrap().charge_count().unwrap(), 1);
+}
+
+#[tokio::test]
+async fn policy_file_and_operator_errors_say_what_to_fix() {
+    let w = World::new().await;
+    let policy = w.path("policy.yaml");
+    std::fs::write(&policy, "approval_models: [flux-dev]\nbudget_cents: 100\n").unwrap();
+    let r = w.router(&["--policy", &policy.display().to_string()]).await;
+    let dev = r
+        .spend(
+            json!({"prompt": "fox", "model": "flux-dev"}),
+            codex("pol-1"),
+        )
+        .await;
+    assert_eq!(code(&dev), "awaiting_approval");
+    let caps = r.call("capabilities", json!({}), None).await;
+    assert_eq!(
+        caps.structured().unwrap()["approval"]["models"],
+        json!(["flux-dev"])
+    );
+    assert_eq!(caps.structured().unwrap()["budget_cents"], 100);
+    r.stop().await;
+
+    let tmp = w.dir.path().display().to_string();
+    let redact = |out: &std::process::Output| {
+        format!(
+            "exit {:?}\nstdout: {}stderr: {}",
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+        .replace(&tmp, "<TMP>")
+    };
+    let bad_policy = w.path("bad.yaml");
+    std::fs::write(&bad_policy, "approval_above_cents: lots\n").unwrap();
+    let reg = w.registry().display().to_string();
+    let missing = w.path("none/registry.sqlite3").display().to_string();
+    let mut report = String::new();
+    for (name, args) in [
+        (
+            "invalid policy file",
+            vec![
+                "router",
+                "--registry",
+                &reg,
+                "--policy",
+                bad_policy.to_str().unwrap(),
+            ],
+        ),
+        (
+            "approve an unknown handle",
+            vec![
+                "router",
+                "approve",
+                "hubu:public-operation:v1:nope",
+                "--registry",
+                &reg,
+            ],
+        ),
+        (
+            "approve against a registry that does not exist",
+            vec![
+                "router",
+                "approve",
+                "hubu:public-operation:v1:nope",
+                "--registry",
+                &missing,
+            ],
+        ),
+        (
+            "deny a completed operation",
+            vec!["router", "deny", "HANDLE", "--registry", &reg],
+        ),
+    ] {
+        let mut args: Vec<String> = args.into_iter().map(String::from).collect();
+        if name == "deny a completed operation" {
+            let r = w.router(&[]).await;
+            let done = r.spend(fox(), codex("pol-2")).await;
+            r.stop().await;
+            args[2] = handle(&done);
+        }
+        let out = std::process::Command::new(bin())
+            .args(&args)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{name}");
+        let mut text = redact(&out);
+        if name == "deny a completed operation" {
+            text = text.replace(&args[2], "<HANDLE>");
+        }
+        report.push_str(&format!("## {name}\n{text}\n"));
+    }
+    insta::assert_snapshot!("operator_errors", report);
 }

@@ -43,7 +43,9 @@ pub fn render(report: &Report, out: &mut dyn Write) -> std::io::Result<()> {
         let body = match (c.baseline, c.verdict) {
             (Baseline::Stale, _) => Some(format!(
                 r#"<failure message="{}" type="stale-expected-failure"/>"#,
-                xml("listed as an expected failure but passed: remove it from the expected-failures file")
+                xml(
+                    "listed as an expected failure but passed: remove it from the expected-failures file"
+                )
             )),
             (Baseline::Expected, v) => Some(format!(
                 "<system-out>{}</system-out>",
@@ -109,6 +111,9 @@ mod tests {
 
     #[test]
     fn xml_escapes_markup_and_control_characters() {
-        assert_eq!(super::xml("a<b>&\"'\n\u{1}"), "a&lt;b&gt;&amp;&quot;&apos;&#10;\u{FFFD}");
+        assert_eq!(
+            super::xml("a<b>&\"'\n\u{1}"),
+            "a&lt;b&gt;&amp;&quot;&apos;&#10;\u{FFFD}"
+        );
     }
 }

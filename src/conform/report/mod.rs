@@ -226,7 +226,13 @@ pub(crate) mod tests {
         Report {
             target: "callid reference router".to_string(),
             checks: vec![
-                check("redelivery.same-connection", Verdict::Pass, "", Baseline::Ok, 41),
+                check(
+                    "redelivery.same-connection",
+                    Verdict::Pass,
+                    "",
+                    Baseline::Ok,
+                    41,
+                ),
                 check(
                     "new-call.same-arguments",
                     Verdict::Fail,
@@ -248,7 +254,13 @@ pub(crate) mod tests {
                     Baseline::Expected,
                     230,
                 ),
-                check("status.public-handle", Verdict::Pass, "", Baseline::Stale, 9),
+                check(
+                    "status.public-handle",
+                    Verdict::Pass,
+                    "",
+                    Baseline::Stale,
+                    9,
+                ),
             ],
             duration: Duration::from_millis(1234),
         }

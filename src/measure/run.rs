@@ -1,0 +1,225 @@
+//! Runs one scenario: a scripted endpoint, the real client program with a temporary home, and
+//! `callid probe --log` as its MCP server, all bounded in time.
+//!
+//! The MCP server is started through a two-line shell wrapper that records its process id and
+//! then `exec`s the probe, so the probe is the very process the client talks to and the endpoint
+//! can freeze it for the timeout scenario.
+
+use super::client::{Client, ClientError};
+use super::endpoint::{Endpoint, Hook, Script, Seen, Step};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Longest one scenario may run before the client is killed.
+pub const SCENARIO_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// The scenarios `measure` runs, each in a fresh home with a fresh probe log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scenario {
+    /// Two distinct model tool calls, then final text: the verdict, the keys, (a) and the
+    /// origin of the ID.
+    TwoCalls,
+    /// The model returns the same tool-call id twice: (b).
+    DuplicateModelId,
+    /// The probe is frozen while the first call is in flight: (c), timeout.
+    Timeout,
+    /// The server behind the probe dies while the first call is in flight: (c), death.
+    ServerDies,
+}
+
+impl Scenario {
+    /// Every scenario, in the order they run.
+    pub const ALL: [Scenario; 4] = [
+        Scenario::TwoCalls,
+        Scenario::DuplicateModelId,
+        Scenario::Timeout,
+        Scenario::ServerDies,
+    ];
+
+    /// Name used in evidence file names (empty for the main evidence).
+    pub fn tag(self) -> &'static str {
+        match self {
+            Scenario::TwoCalls => "",
+            Scenario::DuplicateModelId => "duplicate-id",
+            Scenario::Timeout => "timeout",
+            Scenario::ServerDies => "server-dies",
+        }
+    }
+
+    /// The model's tool-call ids of this scenario, in order.
+    pub fn model_ids(self, client: Client) -> Vec<String> {
+        match self {
+            Scenario::TwoCalls => vec![
+                client.model_call_id("twocalls", 1),
+                client.model_call_id("twocalls", 2),
+            ],
+            Scenario::DuplicateModelId => {
+                let id = client.model_call_id("duplicate", 1);
+                vec![id.clone(), id]
+            }
+            Scenario::Timeout => vec![client.model_call_id("timeout", 1)],
+            Scenario::ServerDies => vec![client.model_call_id("dies", 1)],
+        }
+    }
+
+    /// The script the endpoint plays.
+    pub fn script(self, client: Client) -> Script {
+        let mut steps: Vec<Step> = self
+            .model_ids(client)
+            .into_iter()
+            .map(|id| Step::ToolCall { id })
+            .collect();
+        steps.push(Step::Text);
+        Script {
+            steps,
+            tool: client.tool_name(),
+            hook: match self {
+                Scenario::Timeout => Hook::FreezeServerDuringFirstCall,
+                Scenario::ServerDies => Hook::KillServerDuringFirstCall,
+                _ => Hook::None,
+            },
+        }
+    }
+}
+
+/// What one scenario run left behind.
+#[derive(Debug)]
+pub struct ScenarioRun {
+    /// Which scenario.
+    pub scenario: Scenario,
+    /// The probe's shape log (inside `home`).
+    pub log: PathBuf,
+    /// Requests the scripted endpoint saw.
+    pub seen: Vec<Seen>,
+    /// The client's exit code (`None` when killed).
+    pub exit_code: Option<i32>,
+    /// Whether the scenario hit [`SCENARIO_TIMEOUT`].
+    pub timed_out: bool,
+    /// The end of the client's stderr and stdout, for error messages.
+    pub output_tail: String,
+    /// The temporary home; removed on drop.
+    pub home: tempfile::TempDir,
+}
+
+/// Why a scenario could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// Preparing the client failed.
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    /// A process or socket could not be set up.
+    #[error("failed to {what}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> RunError {
+    let what = what.into();
+    move |source| RunError::Io { what, source }
+}
+
+/// Runs `scenario` for `client` (binary `bin`) with `callid` as the probe binary.
+pub async fn run_scenario(
+    client: Client,
+    bin: &Path,
+    callid: &Path,
+    scenario: Scenario,
+) -> Result<ScenarioRun, RunError> {
+    let home = tempfile::Builder::new()
+        .prefix("callid-measure-")
+        .tempdir()
+        .map_err(io("create a temporary home"))?;
+    let log = home.path().join("probe.jsonl");
+    let pids = home.path().join("probe.pids");
+    let wrapper = home.path().join("probe.sh");
+    // Clients start MCP servers with a pruned environment, so the paths are baked in.
+    let script = if scenario == Scenario::ServerDies {
+        // The logging probe proxies (`--wrap`) to a second, silent probe; only that inner one
+        // is frozen and killed, so the call is recorded before its server dies.
+        let inner = home.path().join("inner.sh");
+        std::fs::write(
+            &inner,
+            format!(
+                "#!/bin/sh\necho $$ >> {}\nexec {} probe\n",
+                sh_quote(&pids),
+                sh_quote(callid)
+            ),
+        )
+        .map_err(io("write the inner probe wrapper"))?;
+        format!(
+            "#!/bin/sh\nexec {} probe --log {} --wrap -- /bin/sh {}\n",
+            sh_quote(callid),
+            sh_quote(&log),
+            sh_quote(&inner)
+        )
+    } else {
+        format!(
+            "#!/bin/sh\necho $$ >> {}\nexec {} probe --log {}\n",
+            sh_quote(&pids),
+            sh_quote(callid),
+            sh_quote(&log)
+        )
+    };
+    std::fs::write(&wrapper, script).map_err(io("write the probe wrapper"))?;
+    let server = vec!["/bin/sh".to_owned(), wrapper.display().to_string()];
+    let endpoint = Endpoint::start(client.wire(), scenario.script(client), Some(pids.clone()))
+        .await
+        .map_err(io("start the scripted model endpoint on 127.0.0.1"))?;
+    let invocation = client.prepare(bin, home.path(), &endpoint.base, &server)?;
+    let out_path = home.path().join("client.out");
+    let out = std::fs::File::create(&out_path).map_err(io("create the client's output file"))?;
+    let err = out
+        .try_clone()
+        .map_err(io("share the client's output file"))?;
+    let mut cmd = tokio::process::Command::new(&invocation.program);
+    cmd.args(&invocation.args)
+        .env_clear()
+        .envs(invocation.envs.iter().map(|(k, v)| (k, v)))
+        .current_dir(&invocation.cwd)
+        .stdin(std::process::Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .process_group(0)
+        .kill_on_drop(true);
+    let mut child = cmd
+        .spawn()
+        .map_err(io(format!("start `{}`", invocation.program.display())))?;
+    let pgid = child.id();
+    let (exit_code, timed_out) = match tokio::time::timeout(SCENARIO_TIMEOUT, child.wait()).await {
+        Ok(status) => (status.map_err(io("wait for the client"))?.code(), false),
+        Err(_) => (None, true),
+    };
+    endpoint.thaw();
+    // Whatever the client left running (its MCP servers, helpers) goes with its process group.
+    if let Some(pgid) = pgid {
+        let _ = std::process::Command::new("kill")
+            .args(["-s", "KILL", "--", &format!("-{pgid}")])
+            .stderr(std::process::Stdio::null())
+            .status();
+    }
+    let _ = child.wait().await;
+    // A probe still draining its queue gets a moment to finish its last line.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let text = std::fs::read_to_string(&out_path).unwrap_or_default();
+    let tail: Vec<&str> = text.lines().rev().take(15).collect();
+    let output_tail = tail.into_iter().rev().collect::<Vec<_>>().join("\n");
+    Ok(ScenarioRun {
+        scenario,
+        log,
+        seen: endpoint.seen(),
+        exit_code,
+        timed_out,
+        output_tail,
+        home,
+    })
+}
+
+/// `path` quoted for a POSIX shell.
+fn sh_quote(path: &Path) -> String {
+    format!("'{}'", path.display().to_string().replace('\'', "'\\''"))
+}
