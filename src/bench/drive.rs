@@ -246,13 +246,12 @@ impl Server {
     /// Stops the server: closes its stdin (or kills an HTTP server) and waits for it.
     pub async fn stop(mut self) {
         self.conn.close().await;
-        if let Some(mut child) = self.child.take() {
-            if tokio::time::timeout(Duration::from_secs(3), child.wait())
+        if let Some(mut child) = self.child.take()
+            && tokio::time::timeout(Duration::from_secs(3), child.wait())
                 .await
                 .is_err()
-            {
-                let _ = child.kill9().await;
-            }
+        {
+            let _ = child.kill9().await;
         }
         if let Some(mut child) = self.http_child.take() {
             let _ = child.kill().await;
