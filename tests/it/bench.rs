@@ -141,3 +141,35 @@ async fn bench_baseline_is_a_bare_mcp_server_with_the_probe_tool_and_echo() {
     let status = child.wait().await.expect("exits");
     assert!(status.success(), "{status}");
 }
+
+#[test]
+fn bench_end_to_end_rows_measure_the_real_probe_and_router() {
+    let (code, stdout, stderr) = bench(&[
+        "--quick",
+        "--only",
+        "probe_round_trip",
+        "router_new_operation",
+        "router_replay",
+        "probe_rss",
+        "--format",
+        "json",
+    ]);
+    assert_eq!(code, 0, "stdout: {stdout}\nstderr: {stderr}");
+    let rows = rows(&stdout);
+    let ids: Vec<&str> = rows.iter().map(|r| r["id"].as_str().unwrap()).collect();
+    assert_eq!(
+        ids,
+        [
+            "probe_round_trip",
+            "router_new_operation",
+            "router_replay",
+            "probe_rss"
+        ]
+    );
+    for row in &rows {
+        assert_eq!(row["outcome"], "measured", "{row}");
+        assert!(row["value"].as_f64().unwrap() > 0.0, "{row}");
+    }
+    let mb = rows[3]["value"].as_f64().unwrap();
+    assert!((1.0..500.0).contains(&mb), "a plausible peak RSS: {mb} MB");
+}
