@@ -22,7 +22,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Conform(args) => conform(args),
         Command::Matrix(args) => matrix_command(args),
         Command::Measure(args) => measure_command(args),
-        Command::Bench(_) => anyhow::bail!("`callid bench` is not built yet"),
+        Command::Bench(args) => bench(args),
     }
 }
 
@@ -421,4 +421,51 @@ fn measure_command(args: crate::cli::MeasureArgs) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::from(exit_codes::SUCCESS))
+}
+
+/// `callid bench`: exit 0 when every row was measured or skipped (a missed target is reported,
+/// not an error: the figures are for people to read), 1 when a row could not be measured.
+fn bench(args: crate::cli::BenchArgs) -> anyhow::Result<ExitCode> {
+    use crate::bench;
+    use crate::cli::FormatArg;
+    use anyhow::Context as _;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("failed to start the async runtime")?;
+    if args.serve_baseline {
+        runtime.block_on(bench::baseline::serve_stdio())?;
+        return Ok(ExitCode::from(exit_codes::SUCCESS));
+    }
+    let only = args
+        .only
+        .iter()
+        .map(|id| {
+            bench::RowId::from_id(id).with_context(|| {
+                let known: Vec<&str> = bench::RowId::ALL.iter().map(|r| r.id()).collect();
+                format!("unknown bench row `{id}` (known: {})", known.join(", "))
+            })
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let options = bench::Options {
+        quick: args.quick,
+        only,
+        python: args.python,
+    };
+    let report = runtime.block_on(bench::run(&options));
+    let mut out = std::io::stdout().lock();
+    match args.format {
+        FormatArg::Table => bench::render_table(&report, &mut out),
+        FormatArg::Markdown => bench::render_markdown(&report, &mut out),
+        FormatArg::Json => bench::render_json(&report, &mut out),
+        FormatArg::Junit => {
+            anyhow::bail!("`callid bench` prints table, markdown or json, not junit")
+        }
+    }
+    .context("failed to write the report")?;
+    Ok(ExitCode::from(if report.has_errors() {
+        exit_codes::CHECK_FAILED
+    } else {
+        exit_codes::SUCCESS
+    }))
 }

@@ -326,4 +326,16 @@ pub struct BenchArgs {
     /// Output format: table, markdown or json.
     #[arg(long, value_enum, default_value = "table")]
     pub format: FormatArg,
+    /// Run only these rows (repeatable): probe_round_trip, probe_throughput, shape_extraction,
+    /// request_hash, router_new_operation, router_concurrent, router_replay, conform_suite,
+    /// probe_rss, router_rss.
+    #[arg(long, value_name = "ID", num_args = 1..)]
+    pub only: Vec<String>,
+    /// The Python that runs the `mcp` SDK probe baseline (default: `target/bench-venv` under the
+    /// current directory, then `python3`).
+    #[arg(long, value_name = "PATH", env = "CALLID_BENCH_PYTHON")]
+    pub python: Option<PathBuf>,
+    /// Serve the bare rmcp baseline server on stdio (started by `callid bench` itself).
+    #[arg(long, hide = true, conflicts_with_all = ["quick", "only", "python"])]
+    pub serve_baseline: bool,
 }

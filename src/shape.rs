@@ -70,17 +70,15 @@ impl Digester {
     /// The short digest of raw bytes.
     pub fn bytes(&self, bytes: &[u8]) -> String {
         let full = match self {
-            Digester::Plain => Sha256::digest(bytes).to_vec(),
+            Digester::Plain => Sha256::digest(bytes),
             Digester::Keyed(key) => {
                 let mut mac =
                     Hmac::<Sha256>::new_from_slice(key).expect("HMAC takes a key of any size");
                 mac.update(bytes);
-                mac.finalize().into_bytes().to_vec()
+                mac.finalize().into_bytes()
             }
         };
-        let mut hex = canonical::hex(&full);
-        hex.truncate(DIGEST_HEX_CHARS);
-        hex
+        canonical::hex(&full[..DIGEST_HEX_CHARS / 2])
     }
 }
 
@@ -189,6 +187,72 @@ impl MetaShape {
 
 /// The shape of one value.
 pub fn value_shape(value: &Value, digester: &Digester) -> ValueShape {
+    ValueShape {
+        digest: digester.value(value),
+        ..value_shape_without_digest(value)
+    }
+}
+
+/// The shape of a request's `_meta`.
+pub fn meta_shape(meta: &Value, digester: &Digester) -> MetaShape {
+    // One canonical serialization of the whole `_meta` serves every digest: each sub-value's
+    // canonical text is a span of it. Without a canonical form (an unsafe number somewhere),
+    // each value is digested on its own, as `Digester::value` does.
+    let digests = match canonical::canonical_json_with_spans(meta) {
+        Ok((text, spans)) => Digests::Spans {
+            spans: spans.into_iter().collect(),
+            text,
+        },
+        Err(_) => Digests::PerValue,
+    };
+    let mut shape = MetaShape {
+        root: digests.shape(meta, digester),
+        entries: Vec::new(),
+        truncated: false,
+    };
+    if let Value::Object(map) = meta {
+        let mut path = String::new();
+        for (key, value) in map {
+            if !walk(
+                key, value, 1, true, &mut path, &digests, digester, &mut shape,
+            ) {
+                break;
+            }
+        }
+    }
+    shape
+}
+
+/// How [`meta_shape`] finds each value's digest.
+enum Digests {
+    /// Spans of one canonical text, by value address.
+    Spans {
+        text: String,
+        spans: std::collections::HashMap<*const Value, std::ops::Range<usize>>,
+    },
+    /// Each value serialized on its own.
+    PerValue,
+}
+
+impl Digests {
+    fn shape(&self, value: &Value, digester: &Digester) -> ValueShape {
+        let span = match self {
+            Digests::Spans { text, spans } => spans
+                .get(&(value as *const Value))
+                .map(|range| &text.as_bytes()[range.clone()]),
+            Digests::PerValue => None,
+        };
+        match span {
+            Some(bytes) => ValueShape {
+                digest: digester.bytes(bytes),
+                ..value_shape_without_digest(value)
+            },
+            None => value_shape(value, digester),
+        }
+    }
+}
+
+fn value_shape_without_digest(value: &Value) -> ValueShape {
     let len = match value {
         Value::String(s) => Some(s.len()),
         Value::Array(a) => Some(a.len()),
@@ -198,35 +262,19 @@ pub fn value_shape(value: &Value, digester: &Digester) -> ValueShape {
     ValueShape {
         kind: JsonType::of(value),
         len,
-        digest: digester.value(value),
+        digest: String::new(),
     }
-}
-
-/// The shape of a request's `_meta`.
-pub fn meta_shape(meta: &Value, digester: &Digester) -> MetaShape {
-    let mut shape = MetaShape {
-        root: value_shape(meta, digester),
-        entries: Vec::new(),
-        truncated: false,
-    };
-    if let Value::Object(map) = meta {
-        let mut path = String::new();
-        for (key, value) in map {
-            if !walk(key, value, 1, true, &mut path, digester, &mut shape) {
-                break;
-            }
-        }
-    }
-    shape
 }
 
 /// Records `key: value` under `path`; false when the entry bound stops the walk.
+#[allow(clippy::too_many_arguments)]
 fn walk(
     key: &str,
     value: &Value,
     depth: usize,
     top: bool,
     path: &mut String,
+    digests: &Digests,
     digester: &Digester,
     shape: &mut MetaShape,
 ) -> bool {
@@ -243,7 +291,7 @@ fn walk(
     canonical::push_pointer_token(path, key_cut);
     shape.entries.push(ShapeEntry {
         path: path.clone(),
-        value: value_shape(value, digester),
+        value: digests.shape(value, digester),
         valid_key: top.then(|| is_valid_meta_key(key)),
         reserved_prefix: top && is_reserved_prefix(key),
         identity_source: if top {
@@ -258,7 +306,7 @@ fn walk(
             shape.truncated |= !map.is_empty();
         } else {
             for (k, v) in map {
-                if !walk(k, v, depth + 1, false, path, digester, shape) {
+                if !walk(k, v, depth + 1, false, path, digests, digester, shape) {
                     go_on = false;
                     break;
                 }
@@ -399,6 +447,36 @@ mod tests {
         let shape = meta_shape(&json!({ long_key: 1 }), &Digester::Plain);
         assert!(shape.truncated);
         assert_eq!(shape.entries[0].path.len(), 1 + MAX_KEY_BYTES);
+    }
+
+    #[test]
+    fn span_digests_equal_per_value_digests() {
+        // meta_shape digests every value from one canonical serialization; each digest must be
+        // the one the value gets on its own, with and without a salt, and with an unsafe number
+        // (no canonical form: every value is then digested on its own).
+        let cases = [
+            json!({"callId": "call_1", "x": {"b": [1, 2.0, {"z": null}], "a": "é\n\u{1}"}}),
+            json!({"k": {"deep": {"deeper": {"n": -0.0, "t": true}}}, "e": {}, "l": []}),
+            json!({"big": 9_007_199_254_740_993_u64, "ok": {"s": "v"}}),
+            json!({"\u{10000}": 1, "\u{e000}": 2, "a/b~c": {"q": "r"}}),
+        ];
+        for digester in [Digester::Plain, Digester::new(Some("salt"))] {
+            for meta in &cases {
+                let shape = meta_shape(meta, &digester);
+                assert_eq!(shape.root.digest, digester.value(meta), "root of {meta}");
+                for entry in &shape.entries {
+                    let pointer = &entry.path;
+                    let value = meta
+                        .pointer(pointer)
+                        .expect("the path points into the meta");
+                    assert_eq!(
+                        entry.value.digest,
+                        digester.value(value),
+                        "{pointer} of {meta}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]

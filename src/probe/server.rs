@@ -70,17 +70,20 @@ pub fn capabilities_answer(meta: Option<&Value>, arguments: &Value, digester: &D
         }),
         Err(e) => json!({"verdict": "rejected", "code": e.code(), "message": e.to_string()}),
     };
+    // Top-level keys only, read straight from the map: the answer carries no digest, so a full
+    // `meta_shape` here (the tap has already recorded one for the log) would hash every value
+    // a second time per call for nothing (`callid bench --only probe_round_trip`, callgrind).
     let keys: Vec<Value> = match meta {
-        Some(m @ Value::Object(_)) => shape::meta_shape(m, digester)
-            .entries
+        Some(Value::Object(map)) => map
             .iter()
-            .filter(|e| e.valid_key.is_some())
-            .map(|e| {
+            .take(shape::MAX_ENTRIES)
+            .map(|(key, value)| {
+                let shown = value_shape_len(value);
                 json!({
-                    "key": crate::probe::record::label(&pointer_key(&e.path), digester),
-                    "type": e.value.kind.name(),
-                    "len": e.value.len,
-                    "identity_source": e.identity_source.is_some(),
+                    "key": crate::probe::record::label(cut_key(key), digester),
+                    "type": shape::JsonType::of(value).name(),
+                    "len": shown,
+                    "identity_source": crate::identity::Source::from_key(key).is_some(),
                 })
             })
             .collect(),
@@ -100,11 +103,23 @@ pub fn capabilities_answer(meta: Option<&Value>, arguments: &Value, digester: &D
     })
 }
 
-/// The key name of a top-level JSON pointer (`/a~1b` → `a/b`).
-fn pointer_key(path: &str) -> String {
-    path.trim_start_matches('/')
-        .replace("~1", "/")
-        .replace("~0", "~")
+/// A key name cut to [`shape::MAX_KEY_BYTES`] at a character boundary, as shapes record it.
+fn cut_key(key: &str) -> &str {
+    let mut end = key.len().min(shape::MAX_KEY_BYTES);
+    while !key.is_char_boundary(end) {
+        end -= 1;
+    }
+    &key[..end]
+}
+
+/// The length a shape records: bytes of a string, items of an array, keys of an object.
+fn value_shape_len(value: &Value) -> Option<usize> {
+    match value {
+        Value::String(s) => Some(s.len()),
+        Value::Array(a) => Some(a.len()),
+        Value::Object(o) => Some(o.len()),
+        _ => None,
+    }
 }
 
 impl ServerHandler for ProbeServer {

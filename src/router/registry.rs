@@ -490,15 +490,20 @@ impl Registry {
         platform: &str,
         harness_call_id: &str,
     ) -> Result<Option<Operation>, RegistryError> {
+        // Cached: every spend call (and every redelivery) looks its call up first, and preparing
+        // the statement each time cost more than running it (`callid bench --only router_replay`).
         self.conn
-            .query_row(
-                &format!(
-                    "{SELECT} WHERE platform = ?1 AND installation_id = ?2 AND harness_call_id = ?3"
-                ),
-                params![platform, self.installation_id, harness_call_id],
-                row_to_raw,
-            )
-            .optional()
+            .prepare_cached(&format!(
+                "{SELECT} WHERE platform = ?1 AND installation_id = ?2 AND harness_call_id = ?3"
+            ))
+            .and_then(|mut statement| {
+                statement
+                    .query_row(
+                        params![platform, self.installation_id, harness_call_id],
+                        row_to_raw,
+                    )
+                    .optional()
+            })
             .map_err(sqlite(&self.path, "looking up a call"))?
             .map(|raw| raw.into_operation(&self.path))
             .transpose()
@@ -507,12 +512,14 @@ impl Registry {
     /// The operation with this public handle.
     pub fn find_by_handle(&self, handle: &str) -> Result<Option<Operation>, RegistryError> {
         self.conn
-            .query_row(
-                &format!("{SELECT} WHERE handle = ?1 AND installation_id = ?2"),
-                params![handle, self.installation_id],
-                row_to_raw,
-            )
-            .optional()
+            .prepare_cached(&format!(
+                "{SELECT} WHERE handle = ?1 AND installation_id = ?2"
+            ))
+            .and_then(|mut statement| {
+                statement
+                    .query_row(params![handle, self.installation_id], row_to_raw)
+                    .optional()
+            })
             .map_err(sqlite(&self.path, "looking up a handle"))?
             .map(|raw| raw.into_operation(&self.path))
             .transpose()

@@ -1,0 +1,529 @@
+//! The result of one `callid bench` run, [`Report`], and its three renderings (terminal table,
+//! Markdown, JSON), all from the same rows.
+
+use super::stats::{Quantity, format_seconds};
+use comfy_table::{ContentArrangement, Table, presets::UTF8_FULL_CONDENSED};
+use serde::Serialize;
+use std::fmt::Write as _;
+use std::io::Write;
+
+/// The figures `callid bench` measures, in the order of issue 6's table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RowId {
+    /// Probe `tools/call` round trip over stdio against a bare rmcp echo server.
+    ProbeRoundTrip,
+    /// Probe throughput against a probe written with the Python `mcp` SDK.
+    ProbeThroughput,
+    /// Shape extraction of a Codex-sized `_meta` against parsing it.
+    ShapeExtraction,
+    /// Request hash against `serde_json::to_vec` + SHA-256.
+    RequestHash,
+    /// Router new durable operations against raw SQLite insert + commit.
+    RouterNewOperation,
+    /// Router new operations from 16 concurrent clients against 1 client.
+    RouterConcurrent,
+    /// Router replayed result against a bare echo round trip.
+    RouterReplay,
+    /// The whole conformance suite against the reference router (wall time).
+    ConformSuite,
+    /// Probe peak resident memory under load.
+    ProbeRss,
+    /// Router peak resident memory under load.
+    RouterRss,
+}
+
+impl RowId {
+    /// Every row, in report order.
+    pub const ALL: [RowId; 10] = [
+        RowId::ProbeRoundTrip,
+        RowId::ProbeThroughput,
+        RowId::ShapeExtraction,
+        RowId::RequestHash,
+        RowId::RouterNewOperation,
+        RowId::RouterConcurrent,
+        RowId::RouterReplay,
+        RowId::ConformSuite,
+        RowId::ProbeRss,
+        RowId::RouterRss,
+    ];
+
+    /// The stable id (`--only` takes it).
+    pub fn id(self) -> &'static str {
+        match self {
+            RowId::ProbeRoundTrip => "probe_round_trip",
+            RowId::ProbeThroughput => "probe_throughput",
+            RowId::ShapeExtraction => "shape_extraction",
+            RowId::RequestHash => "request_hash",
+            RowId::RouterNewOperation => "router_new_operation",
+            RowId::RouterConcurrent => "router_concurrent",
+            RowId::RouterReplay => "router_replay",
+            RowId::ConformSuite => "conform_suite",
+            RowId::ProbeRss => "probe_rss",
+            RowId::RouterRss => "router_rss",
+        }
+    }
+
+    /// The row with this id.
+    pub fn from_id(id: &str) -> Option<RowId> {
+        RowId::ALL.into_iter().find(|row| row.id() == id)
+    }
+
+    /// What is measured.
+    pub fn figure(self) -> &'static str {
+        match self {
+            RowId::ProbeRoundTrip => "probe tools/call round trip over stdio",
+            RowId::ProbeThroughput => "probe throughput (16 calls in flight)",
+            RowId::ShapeExtraction => "shape extraction of a Codex-sized _meta",
+            RowId::RequestHash => "request hash (canonical JSON + SHA-256)",
+            RowId::RouterNewOperation => "router: new operation, durable",
+            RowId::RouterConcurrent => "router: new operations from 16 concurrent clients",
+            RowId::RouterReplay => "router: replayed result",
+            RowId::ConformSuite => "whole conformance suite against the reference router",
+            RowId::ProbeRss => "probe resident memory under load",
+            RowId::RouterRss => "router resident memory under load",
+        }
+    }
+
+    /// What it runs beside.
+    pub fn baseline(self) -> &'static str {
+        match self {
+            RowId::ProbeRoundTrip => "bare rmcp echo server, same tool",
+            RowId::ProbeThroughput => "probe written with the Python mcp SDK",
+            RowId::ShapeExtraction => "serde_json parsing the same _meta",
+            RowId::RequestHash => "serde_json::to_vec + SHA-256 of the same arguments",
+            RowId::RouterNewOperation => "raw SQLite insert + commit, same pragmas",
+            RowId::RouterConcurrent => "the same router with 1 client",
+            RowId::RouterReplay => "bare rmcp echo round trip",
+            RowId::ConformSuite => "(absolute, this machine)",
+            RowId::ProbeRss | RowId::RouterRss => "(absolute)",
+        }
+    }
+
+    /// The target of issue 6.
+    pub fn target(self) -> Target {
+        match self {
+            RowId::ProbeRoundTrip => Target::RatioAtMost(1.1),
+            RowId::ProbeThroughput => Target::RatioAtLeast(10.0),
+            RowId::ShapeExtraction => Target::RatioAtMost(2.0),
+            RowId::RequestHash => Target::RatioAtMost(3.0),
+            RowId::RouterNewOperation => Target::RatioAtLeast(0.7),
+            RowId::RouterConcurrent => Target::RatioAtLeast(3.0),
+            RowId::RouterReplay => Target::RatioAtMost(1.3),
+            RowId::ConformSuite => Target::SecondsAtMost(20.0),
+            RowId::ProbeRss => Target::MegabytesAtMost(20.0),
+            RowId::RouterRss => Target::MegabytesAtMost(40.0),
+        }
+    }
+}
+
+/// A row's target.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[serde(tag = "kind", content = "limit", rename_all = "snake_case")]
+pub enum Target {
+    /// figure / baseline must be at most this.
+    RatioAtMost(f64),
+    /// figure / baseline must be at least this.
+    RatioAtLeast(f64),
+    /// Wall time in seconds, at most.
+    SecondsAtMost(f64),
+    /// Resident memory in MB (10^6 bytes), at most.
+    MegabytesAtMost(f64),
+}
+
+impl Target {
+    /// Whether `value` meets the target.
+    pub fn is_met(self, value: f64) -> bool {
+        match self {
+            Target::RatioAtMost(limit)
+            | Target::SecondsAtMost(limit)
+            | Target::MegabytesAtMost(limit) => value <= limit,
+            Target::RatioAtLeast(limit) => value >= limit,
+        }
+    }
+
+    /// `≤ 1.1x`, `≥ 10x`, `≤ 20 s`, `≤ 40 MB`.
+    pub fn display(self) -> String {
+        match self {
+            Target::RatioAtMost(l) => format!("≤ {l}x"),
+            Target::RatioAtLeast(l) => format!("≥ {l}x"),
+            Target::SecondsAtMost(l) => format!("≤ {l} s"),
+            Target::MegabytesAtMost(l) => format!("≤ {l} MB"),
+        }
+    }
+
+    /// How a measured value of this target reads: `1.04x`, `7.9 s`, `12.3 MB`.
+    pub fn display_value(self, value: f64) -> String {
+        match self {
+            Target::RatioAtMost(_) | Target::RatioAtLeast(_) => format!("{value:.2}x"),
+            Target::SecondsAtMost(_) => format_seconds(value),
+            Target::MegabytesAtMost(_) => format!("{value:.1} MB"),
+        }
+    }
+}
+
+/// What one row measured.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Measurement {
+    /// The ratio figure / baseline, or the absolute value (seconds, MB).
+    pub value: f64,
+    /// Median of the figure's rounds (ratio rows).
+    pub figure_median: Option<Quantity>,
+    /// Median of the baseline's rounds (ratio rows).
+    pub baseline_median: Option<Quantity>,
+    /// Rounds per side (runs, for absolute rows).
+    pub rounds: usize,
+    /// What a reader needs to interpret the figure (e.g. how a miss is explained).
+    pub note: Option<String>,
+}
+
+/// How a row ended.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum Outcome {
+    /// Measured.
+    Measured(Measurement),
+    /// Not measured, for a reason that is not a fault of the thing measured (e.g. no Python
+    /// with `mcp`): never counted as a pass.
+    Skipped {
+        /// Why, and how to make it run.
+        reason: String,
+    },
+    /// The measurement failed: the thing measured or its baseline did not work.
+    Failed {
+        /// The error, with its cause chain.
+        error: String,
+    },
+}
+
+/// One row of the report.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Row {
+    /// Which figure.
+    pub id: RowId,
+    /// What is measured.
+    pub figure: &'static str,
+    /// What it runs beside.
+    pub baseline: &'static str,
+    /// The target.
+    pub target: Target,
+    /// The verdict word: `met`, `missed`, `skipped` or `error`.
+    pub verdict: &'static str,
+    /// What happened.
+    #[serde(flatten)]
+    pub outcome: Outcome,
+    /// The command that reproduces this row alone.
+    pub command: String,
+}
+
+impl Row {
+    /// A row for `id` with `outcome`, its verdict derived from the target.
+    pub fn new(id: RowId, outcome: Outcome, command: String) -> Row {
+        let target = id.target();
+        let verdict = match &outcome {
+            Outcome::Measured(m) if target.is_met(m.value) => "met",
+            Outcome::Measured(_) => "missed",
+            Outcome::Skipped { .. } => "skipped",
+            Outcome::Failed { .. } => "error",
+        };
+        Row {
+            id,
+            figure: id.figure(),
+            baseline: id.baseline(),
+            target,
+            verdict,
+            outcome,
+            command,
+        }
+    }
+}
+
+/// The machine a run was made on, so a reader can judge the figures.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Machine {
+    /// CPU model (from `/proc/cpuinfo`).
+    pub cpu: String,
+    /// Logical cores available.
+    pub cores: usize,
+    /// Kernel (`/proc/sys/kernel/osrelease`).
+    pub kernel: String,
+    /// One-minute load average when the run started.
+    pub load_at_start: Option<f64>,
+    /// One-minute load average when the run ended.
+    pub load_at_end: Option<f64>,
+}
+
+impl Machine {
+    /// Reads what this machine says about itself (fields it cannot read are left `unknown`).
+    pub fn current() -> Machine {
+        let cpu = std::fs::read_to_string("/proc/cpuinfo")
+            .ok()
+            .and_then(|text| {
+                text.lines()
+                    .find(|l| l.starts_with("model name"))
+                    .and_then(|l| l.split_once(':'))
+                    .map(|(_, v)| v.trim().to_string())
+            })
+            .unwrap_or_else(|| "unknown".to_string());
+        let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .map(|s| s.trim().to_string())
+            .unwrap_or_else(|_| "unknown".to_string());
+        Machine {
+            cpu,
+            cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            kernel,
+            load_at_start: load_average(),
+            load_at_end: None,
+        }
+    }
+}
+
+/// The one-minute load average, where `/proc/loadavg` exists.
+pub fn load_average() -> Option<f64> {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// Everything one run measured.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Report {
+    /// `release` or `debug`: figures from a debug build say little about a release build.
+    pub profile: &'static str,
+    /// Whether this was a `--quick` smoke run (fewer rounds).
+    pub quick: bool,
+    /// The machine.
+    pub machine: Machine,
+    /// The rows, in [`RowId::ALL`] order.
+    pub rows: Vec<Row>,
+}
+
+impl Report {
+    /// Whether any row failed to measure.
+    pub fn has_errors(&self) -> bool {
+        self.rows.iter().any(|r| r.verdict == "error")
+    }
+}
+
+fn cells(row: &Row) -> [String; 4] {
+    match &row.outcome {
+        Outcome::Measured(m) => [
+            m.figure_median.map_or("-".into(), Quantity::display),
+            m.baseline_median.map_or("-".into(), Quantity::display),
+            row.target.display_value(m.value),
+            row.verdict.to_string(),
+        ],
+        Outcome::Skipped { .. } => ["-".into(), "-".into(), "-".into(), "skipped".into()],
+        Outcome::Failed { .. } => ["-".into(), "-".into(), "-".into(), "error".into()],
+    }
+}
+
+fn explanation(row: &Row) -> Option<String> {
+    match &row.outcome {
+        Outcome::Measured(m) => m.note.clone(),
+        Outcome::Skipped { reason } => Some(format!("skipped: {reason}")),
+        Outcome::Failed { error } => Some(format!("error: {error}")),
+    }
+}
+
+fn header_line(report: &Report) -> String {
+    let load = |l: Option<f64>| l.map_or("?".to_string(), |l| format!("{l:.2}"));
+    format!(
+        "{} build{}, {} ({} cores, Linux {}), load {} -> {}",
+        report.profile,
+        if report.quick { ", --quick" } else { "" },
+        report.machine.cpu,
+        report.machine.cores,
+        report.machine.kernel,
+        load(report.machine.load_at_start),
+        load(report.machine.load_at_end),
+    )
+}
+
+/// The terminal table, then one line per note, skip or error.
+pub fn render_table(report: &Report, out: &mut dyn Write) -> std::io::Result<()> {
+    let mut table = Table::new();
+    table
+        .load_preset(UTF8_FULL_CONDENSED)
+        .set_content_arrangement(ContentArrangement::Dynamic)
+        .set_width(140)
+        .set_header([
+            "id",
+            "figure",
+            "baseline",
+            "figure median",
+            "baseline median",
+            "measured",
+            "target",
+            "verdict",
+        ]);
+    for row in &report.rows {
+        let [f, b, measured, verdict] = cells(row);
+        table.add_row([
+            row.id.id().to_string(),
+            row.figure.to_string(),
+            row.baseline.to_string(),
+            f,
+            b,
+            measured,
+            row.target.display(),
+            verdict,
+        ]);
+    }
+    writeln!(out, "{}", header_line(report))?;
+    writeln!(out, "{table}")?;
+    for row in &report.rows {
+        if let Some(text) = explanation(row) {
+            writeln!(out, "{}: {text}", row.id.id())?;
+        }
+    }
+    Ok(())
+}
+
+/// GitHub-flavoured Markdown: the table with the command of each row, then the notes.
+pub fn render_markdown(report: &Report, out: &mut dyn Write) -> std::io::Result<()> {
+    let mut text = String::new();
+    let _ = writeln!(text, "_{}_\n", header_line(report));
+    let _ = writeln!(
+        text,
+        "| figure | baseline run beside it | figure median | baseline median | measured | target | verdict | command |"
+    );
+    let _ = writeln!(text, "|---|---|---|---|---|---|---|---|");
+    for row in &report.rows {
+        let [f, b, measured, verdict] = cells(row);
+        let _ = writeln!(
+            text,
+            "| {} | {} | {f} | {b} | {measured} | {} | {verdict} | `{}` |",
+            row.figure,
+            row.baseline,
+            row.target.display(),
+            row.command
+        );
+    }
+    let notes: Vec<String> = report
+        .rows
+        .iter()
+        .filter_map(|row| explanation(row).map(|t| format!("- `{}`: {t}", row.id.id())))
+        .collect();
+    if !notes.is_empty() {
+        let _ = writeln!(text, "\n{}", notes.join("\n"));
+    }
+    out.write_all(text.as_bytes())
+}
+
+/// The report as one JSON document.
+pub fn render_json(report: &Report, out: &mut dyn Write) -> std::io::Result<()> {
+    serde_json::to_writer_pretty(&mut *out, report)?;
+    writeln!(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Report {
+        let measured = |value: f64, f: Quantity, b: Quantity, note: Option<&str>| {
+            Outcome::Measured(Measurement {
+                value,
+                figure_median: Some(f),
+                baseline_median: Some(b),
+                rounds: 21,
+                note: note.map(str::to_string),
+            })
+        };
+        let absolute = |value: f64| {
+            Outcome::Measured(Measurement {
+                value,
+                figure_median: None,
+                baseline_median: None,
+                rounds: 3,
+                note: None,
+            })
+        };
+        let rows = RowId::ALL
+            .into_iter()
+            .map(|id| {
+                let outcome = match id {
+                    RowId::ProbeRoundTrip => measured(
+                        1.04,
+                        Quantity::SecondsPerOp(52e-6),
+                        Quantity::SecondsPerOp(50e-6),
+                        None,
+                    ),
+                    RowId::ProbeThroughput => Outcome::Skipped {
+                        reason: "`python3` cannot `import mcp`".into(),
+                    },
+                    RowId::RouterNewOperation => measured(
+                        0.25,
+                        Quantity::OpsPerSecond(250.0),
+                        Quantity::OpsPerSecond(1000.0),
+                        Some("four commits per operation"),
+                    ),
+                    RowId::RouterConcurrent => Outcome::Failed {
+                        error: "the server closed the connection".into(),
+                    },
+                    RowId::ConformSuite => absolute(7.25),
+                    RowId::ProbeRss | RowId::RouterRss => absolute(12.5),
+                    _ => measured(
+                        1.5,
+                        Quantity::SecondsPerOp(3e-6),
+                        Quantity::SecondsPerOp(2e-6),
+                        None,
+                    ),
+                };
+                Row::new(id, outcome, format!("callid bench --only {}", id.id()))
+            })
+            .collect();
+        Report {
+            profile: "release",
+            quick: false,
+            machine: Machine {
+                cpu: "Test CPU".into(),
+                cores: 2,
+                kernel: "6.1.0".into(),
+                load_at_start: Some(0.5),
+                load_at_end: Some(0.75),
+            },
+            rows,
+        }
+    }
+
+    fn render(f: fn(&Report, &mut dyn Write) -> std::io::Result<()>) -> String {
+        let mut out = Vec::new();
+        f(&sample(), &mut out).expect("renders");
+        String::from_utf8(out).expect("utf-8")
+    }
+
+    #[test]
+    fn every_verdict_in_every_format() {
+        insta::assert_snapshot!("table", render(render_table));
+        insta::assert_snapshot!("markdown", render(render_markdown));
+        insta::assert_snapshot!("json", render(render_json));
+    }
+
+    #[test]
+    fn targets_compare_in_the_right_direction() {
+        let cases = [
+            (Target::RatioAtMost(1.1), 1.1, true),
+            (Target::RatioAtMost(1.1), 1.11, false),
+            (Target::RatioAtLeast(10.0), 10.0, true),
+            (Target::RatioAtLeast(10.0), 9.9, false),
+            (Target::SecondsAtMost(20.0), 19.0, true),
+            (Target::MegabytesAtMost(40.0), 41.0, false),
+        ];
+        for (target, value, met) in cases {
+            assert_eq!(target.is_met(value), met, "{target:?} with {value}");
+        }
+    }
+
+    #[test]
+    fn ids_round_trip() {
+        for id in RowId::ALL {
+            assert_eq!(RowId::from_id(id.id()), Some(id));
+        }
+        assert_eq!(RowId::from_id("nope"), None);
+    }
+}

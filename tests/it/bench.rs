@@ -1,0 +1,175 @@
+//! Integration tests of `callid bench`: the real binary, its real baseline server, and a smoke
+//! run of every row. Timing targets are not asserted here (a debug build on a shared machine says
+//! nothing about them); that every row measures, skips with a reason, or fails loudly is.
+
+use crate::common;
+use callid::jsonrpc::Connection;
+use serde_json::{Value, json};
+use std::process::Command;
+
+fn bench(args: &[&str]) -> (i32, String, String) {
+    let output = Command::new(common::bin())
+        .arg("bench")
+        .args(args)
+        .current_dir(common::repo())
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .expect("callid runs");
+    (
+        output.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+fn rows(stdout: &str) -> Vec<Value> {
+    let report: Value = serde_json::from_str(stdout).expect("the json format is JSON");
+    report["rows"].as_array().expect("rows").clone()
+}
+
+#[test]
+fn bench_in_process_rows_measure_paired_ratios() {
+    let (code, stdout, stderr) = bench(&[
+        "--quick",
+        "--only",
+        "shape_extraction",
+        "request_hash",
+        "--format",
+        "json",
+    ]);
+    assert_eq!(code, 0, "stderr: {stderr}");
+    let rows = rows(&stdout);
+    let ids: Vec<&str> = rows.iter().map(|r| r["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["shape_extraction", "request_hash"]);
+    for row in &rows {
+        assert_eq!(row["outcome"], "measured", "{row}");
+        assert!(
+            matches!(row["verdict"].as_str(), Some("met" | "missed")),
+            "{row}"
+        );
+        assert_eq!(row["rounds"], 11, "{row}");
+        let ratio = row["value"].as_f64().expect("a ratio");
+        let figure = row["figure_median"]["seconds_per_op"].as_f64().unwrap();
+        let baseline = row["baseline_median"]["seconds_per_op"].as_f64().unwrap();
+        assert!(ratio > 0.0 && figure > 0.0 && baseline > 0.0, "{row}");
+        assert_eq!(
+            row["command"],
+            format!(
+                "callid bench --only {} --quick",
+                row["id"].as_str().unwrap()
+            )
+        );
+    }
+}
+
+#[test]
+fn bench_unknown_row_is_a_usage_error_naming_the_known_rows() {
+    let (code, stdout, stderr) = bench(&["--only", "nope"]);
+    assert_eq!(code, 2);
+    assert_eq!(stdout, "");
+    insta::assert_snapshot!(stderr, @"error: unknown bench row `nope` (known: probe_round_trip, probe_throughput, shape_extraction, request_hash, router_new_operation, router_concurrent, router_replay, conform_suite, probe_rss, router_rss)");
+}
+
+#[test]
+fn bench_without_python_mcp_skips_the_throughput_row_with_the_reason() {
+    let (code, stdout, stderr) = bench(&[
+        "--quick",
+        "--only",
+        "probe_throughput",
+        "--python",
+        "/nonexistent/python3",
+        "--format",
+        "json",
+    ]);
+    assert_eq!(code, 0, "a skip is not an error; stderr: {stderr}");
+    let rows = rows(&stdout);
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0]["verdict"], "skipped");
+    let reason = rows[0]["reason"].as_str().expect("a reason");
+    assert!(
+        reason.contains("`/nonexistent/python3` cannot be started"),
+        "{reason}"
+    );
+    assert!(reason.contains("pip install mcp"), "{reason}");
+}
+
+#[tokio::test]
+async fn bench_baseline_is_a_bare_mcp_server_with_the_probe_tool_and_echo() {
+    let (conn, mut child) = Connection::spawn_stdio(
+        &common::bin(),
+        &["bench".to_string(), "--serve-baseline".to_string()],
+        &[],
+    )
+    .await
+    .expect("starts");
+    let init = conn
+        .initialize(json!(0), "2025-06-18", "test", "1")
+        .await
+        .expect("initializes");
+    assert_eq!(
+        init.result.as_ref().unwrap()["serverInfo"]["name"],
+        "callid-bench-baseline"
+    );
+    let tools = conn
+        .request(json!(1), "tools/list", json!({}))
+        .await
+        .expect("lists");
+    let names: Vec<&str> = tools.result.as_ref().unwrap()["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["capabilities", "echo"]);
+
+    let meta = callid::bench::fixtures::codex_meta(1);
+    let caps = conn
+        .call_tool(json!(2), "capabilities", json!({}), Some(meta.clone()))
+        .await
+        .expect("answers");
+    let keys = caps.structured().expect("structured")["keys"].clone();
+    let expected: Vec<&String> = meta.as_object().unwrap().keys().collect();
+    assert_eq!(keys, json!(expected));
+
+    let arguments = callid::bench::fixtures::generate_image_arguments();
+    let echo = conn
+        .call_tool(json!(3), "echo", arguments.clone(), Some(meta))
+        .await
+        .expect("answers");
+    assert_eq!(echo.structured(), Some(&arguments));
+    conn.close().await;
+    let status = child.wait().await.expect("exits");
+    assert!(status.success(), "{status}");
+}
+
+#[test]
+fn bench_end_to_end_rows_measure_the_real_probe_and_router() {
+    let (code, stdout, stderr) = bench(&[
+        "--quick",
+        "--only",
+        "probe_round_trip",
+        "router_new_operation",
+        "router_replay",
+        "probe_rss",
+        "--format",
+        "json",
+    ]);
+    assert_eq!(code, 0, "stdout: {stdout}\nstderr: {stderr}");
+    let rows = rows(&stdout);
+    let ids: Vec<&str> = rows.iter().map(|r| r["id"].as_str().unwrap()).collect();
+    assert_eq!(
+        ids,
+        [
+            "probe_round_trip",
+            "router_new_operation",
+            "router_replay",
+            "probe_rss"
+        ]
+    );
+    for row in &rows {
+        assert_eq!(row["outcome"], "measured", "{row}");
+        assert!(row["value"].as_f64().unwrap() > 0.0, "{row}");
+    }
+    let mb = rows[3]["value"].as_f64().unwrap();
+    assert!((1.0..500.0).contains(&mb), "a plausible peak RSS: {mb} MB");
+}
