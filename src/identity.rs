@@ -356,19 +356,30 @@ fn walk_arguments(value: &Value, path: &mut String) -> Result<(), IdentityError>
 
 /// Whether an argument name is identity-like (see [`FORBIDDEN_ARGUMENT_NAMES`]).
 pub fn is_identity_like(key: &str) -> bool {
-    let normalize = |s: &str| -> String {
-        s.chars()
-            .filter(|c| !matches!(c, '_' | '-' | '.' | '/'))
-            .flat_map(char::to_lowercase)
-            .collect()
-    };
-    let whole = normalize(key);
-    let last = key.rsplit('/').next().map(normalize).unwrap_or_default();
+    let whole = normalize_name(key);
+    let last = key
+        .rsplit('/')
+        .next()
+        .map(normalize_name)
+        .unwrap_or_default();
     FORBIDDEN_ARGUMENT_NAMES
         .iter()
+        .chain(NORMALIZED_SOURCE_KEYS.iter())
         .any(|f| *f == whole || *f == last)
-        || SOURCE_KEYS.iter().any(|s| normalize(s) == whole)
 }
+
+/// An argument name as it is compared: lowercase, with `_`, `-`, `.` and `/` removed.
+fn normalize_name(name: &str) -> String {
+    name.chars()
+        .filter(|c| !matches!(c, '_' | '-' | '.' | '/'))
+        .flat_map(char::to_lowercase)
+        .collect()
+}
+
+/// [`SOURCE_KEYS`] normalized as [`is_identity_like`] normalizes argument names (checked by a
+/// test), so no argument can carry a source key under another spelling.
+const NORMALIZED_SOURCE_KEYS: [&str; 3] =
+    ["callid", "claudecodetooluseid", "hubudevplatforminvocation"];
 
 /// The JSON type of a value, as named in messages and shape records.
 pub fn type_name(value: &Value) -> &'static str {
@@ -550,6 +561,12 @@ mod tests {
                 "{fine}"
             );
         }
+    }
+
+    #[test]
+    fn normalized_source_keys_match_the_source_keys() {
+        let want: Vec<String> = SOURCE_KEYS.iter().map(|k| normalize_name(k)).collect();
+        assert_eq!(NORMALIZED_SOURCE_KEYS.to_vec(), want);
     }
 
     #[test]
