@@ -419,19 +419,7 @@ impl ClientsFile {
                 row: row.id.clone(),
                 rule,
             };
-            if !is_slug(&row.id) {
-                return Err(fail(
-                    "`id` must be 1 to 64 of lowercase letters, digits, `.` and `-`".into(),
-                ));
-            }
-            if !seen.insert(row.id.as_str()) {
-                return Err(fail("`id` appears twice; each row needs its own".into()));
-            }
-            if let Some(date) = &row.date
-                && !is_date(date)
-            {
-                return Err(fail(format!("`date` `{date}` is not `YYYY-MM-DD`")));
-            }
+            check_id_and_date(&mut seen, &row.id, row.date.as_deref()).map_err(fail)?;
             match row.verdict {
                 Verdict::Accepted => {
                     let Some(key) = &row.per_call_id else {
@@ -535,19 +523,7 @@ impl RoutersFile {
                 row: row.id.clone(),
                 rule,
             };
-            if !is_slug(&row.id) {
-                return Err(fail(
-                    "`id` must be 1 to 64 of lowercase letters, digits, `.` and `-`".into(),
-                ));
-            }
-            if !seen.insert(row.id.as_str()) {
-                return Err(fail("`id` appears twice; each row needs its own".into()));
-            }
-            if let Some(date) = &row.date
-                && !is_date(date)
-            {
-                return Err(fail(format!("`date` `{date}` is not `YYYY-MM-DD`")));
-            }
+            check_id_and_date(&mut seen, &row.id, row.date.as_deref()).map_err(fail)?;
             let mut checks = std::collections::BTreeSet::new();
             for c in &row.checks {
                 if !checks.insert(c.id.as_str()) {
@@ -623,6 +599,26 @@ pub fn slug(parts: &[&str]) -> String {
     }
     out.truncate(64);
     out
+}
+
+/// The rules every row shares: a slug `id`, unique in its file, and an ISO `date` if any.
+fn check_id_and_date<'a>(
+    seen: &mut std::collections::BTreeSet<&'a str>,
+    id: &'a str,
+    date: Option<&str>,
+) -> Result<(), String> {
+    if !is_slug(id) {
+        return Err("`id` must be 1 to 64 of lowercase letters, digits, `.` and `-`".into());
+    }
+    if !seen.insert(id) {
+        return Err("`id` appears twice; each row needs its own".into());
+    }
+    if let Some(date) = date
+        && !is_date(date)
+    {
+        return Err(format!("`date` `{date}` is not `YYYY-MM-DD`"));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
