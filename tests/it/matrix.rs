@@ -277,13 +277,19 @@ fn add_refuses_a_log_without_tool_calls() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("made a `tools/call`"));
 }
 
-/// Runs `callid measure --check` against the real client when it is installed (`npm ci --prefix
-/// matrices/clients`), and says why not otherwise.
+/// Runs `callid measure --check` against the real client when it is installed (`npm install
+/// --no-save --prefix matrices/clients`), and says why not otherwise. With
+/// `CALLID_REQUIRE_CLIENTS` set (CI sets it once the install succeeded), a missing client fails.
 fn measure_real(client: &str, program: &str) {
     let installed = repo()
         .join("matrices/clients/node_modules/.bin")
         .join(program);
     if !installed.exists() {
+        assert!(
+            std::env::var_os("CALLID_REQUIRE_CLIENTS").is_none(),
+            "{client} is required (CALLID_REQUIRE_CLIENTS is set) but not installed at {}",
+            installed.display()
+        );
         eprintln!(
             "SKIP: {client} is not installed at {}; run `npm install --no-save --prefix matrices/clients`",
             installed.display()
