@@ -491,6 +491,7 @@ impl ClientsFile {
                                 .into(),
                         ));
                     }
+                    reported_keys_rule(row).map_err(fail)?;
                 }
             }
         }
@@ -601,6 +602,55 @@ pub fn slug(parts: &[&str]) -> String {
     out
 }
 
+/// A reported row lists the keys of one `tools/call` `_meta`, so its verdict must be what the
+/// identity rules make of those keys: each key listed once; an accepted row carries no identity
+/// source key beside its `per_call_id` (two are `ambiguous_identity`); a `missing_identity` row
+/// carries none, an `ambiguous_identity` row at least two. (A measured row is checked against
+/// its evidence instead: its keys span several calls, which may differ.)
+fn reported_keys_rule(row: &ClientRow) -> Result<(), String> {
+    let mut seen = std::collections::BTreeSet::new();
+    let listed = row
+        .per_call_id
+        .iter()
+        .chain(&row.call_level_keys)
+        .chain(&row.context_keys);
+    for key in listed {
+        if !seen.insert(key.as_str()) {
+            return Err(format!(
+                "`{key}` is listed twice; a key is the per-call ID, a call-level key or a \
+                 context key"
+            ));
+        }
+    }
+    let sources: Vec<&str> = row
+        .call_level_keys
+        .iter()
+        .chain(&row.context_keys)
+        .map(String::as_str)
+        .filter(|k| identity::Source::from_key(k).is_some())
+        .collect();
+    match (row.verdict, row.reason.as_deref()) {
+        (Verdict::Accepted, _) => match sources.first() {
+            Some(key) => Err(format!(
+                "lists the identity source key `{key}` beside its `per_call_id`; the identity \
+                 rules refuse a `_meta` with two source keys (`ambiguous_identity`)"
+            )),
+            None => Ok(()),
+        },
+        (Verdict::Rejected, Some("missing_identity")) => match sources.first() {
+            Some(key) => Err(format!(
+                "lists the identity source key `{key}`, so the identity rules would not judge \
+                 its `_meta` `missing_identity`"
+            )),
+            None => Ok(()),
+        },
+        (Verdict::Rejected, Some("ambiguous_identity")) if sources.len() < 2 => {
+            Err("an `ambiguous_identity` row must list at least two identity source keys".into())
+        }
+        _ => Ok(()),
+    }
+}
+
 /// The rules every row shares: a slug `id`, unique in its file, and an ISO `date` if any.
 fn check_id_and_date<'a>(
     seen: &mut std::collections::BTreeSet<&'a str>,
@@ -704,6 +754,26 @@ mod tests {
                 "verdict: accepted\n    per_call_id: callId\n    stability: {distinct_ids: distinct}\n    how: {kind: reported, source: x}\n",
                 "no `stability` findings",
             ),
+            (
+                "verdict: accepted\n    per_call_id: callId\n    call_level_keys: [callId]\n    how: {kind: reported, source: x}\n",
+                "`callId` is listed twice",
+            ),
+            (
+                "verdict: rejected\n    reason: missing_identity\n    call_level_keys: [a]\n    context_keys: [a]\n    how: {kind: reported, source: x}\n",
+                "`a` is listed twice",
+            ),
+            (
+                "verdict: accepted\n    per_call_id: claudecode/toolUseId\n    call_level_keys: [callId]\n    how: {kind: reported, source: x}\n",
+                "beside its `per_call_id`",
+            ),
+            (
+                "verdict: rejected\n    reason: missing_identity\n    context_keys: [sessionId, claudecode/toolUseId]\n    how: {kind: reported, source: x}\n",
+                "would not judge its `_meta` `missing_identity`",
+            ),
+            (
+                "verdict: rejected\n    reason: ambiguous_identity\n    call_level_keys: [callId, itemId]\n    how: {kind: reported, source: x}\n",
+                "at least two identity source keys",
+            ),
         ];
         for (tail, want) in cases {
             let err = row(&format!("{head}    {tail}")).unwrap_err();
@@ -712,6 +782,19 @@ mod tests {
         }
         row(&format!(
             "{head}    verdict: rejected\n    reason: missing_identity\n    how: {{kind: reported, source: x}}\n"
+        ))
+        .unwrap();
+        row(&format!(
+            "{head}    verdict: rejected\n    reason: ambiguous_identity\n    call_level_keys: [callId, claudecode/toolUseId]\n    how: {{kind: reported, source: x}}\n"
+        ))
+        .unwrap();
+        row(&format!(
+            "{head}    verdict: accepted\n    per_call_id: claudecode/toolUseId\n    call_level_keys: [io.opengsd/idempotency-key]\n    how: {{kind: reported, source: x}}\n"
+        ))
+        .unwrap();
+        // A measured row's keys span several calls and are checked against its evidence.
+        row(&format!(
+            "{head}    version: 1.0.0\n    date: 2026-11-30\n    verdict: rejected\n    reason: missing_identity\n    call_level_keys: [callId]\n    how: {{kind: measured, command: c, evidence: [e.jsonl]}}\n"
         ))
         .unwrap();
     }
