@@ -5,6 +5,7 @@ use super::error::ProviderError;
 use super::ledger::Ledger;
 use super::server::{KEY_HEADER, REPLAYED_HEADER};
 use super::types::{ChargeOutcome, ChargesPage, ImageRequest, Receipt};
+use crate::secret::{Secret, SecretUrl};
 use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
@@ -50,37 +51,94 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// See [`CONNECT_TIMEOUT`].
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// Where a provider is and the token that proves who asks: checked once, secrets redacted in
+/// every `Debug`, `Display` and error.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    url: SecretUrl,
+    token: Option<Secret>,
+}
+
+impl Endpoint {
+    /// The provider at `url`, sending `token` as `Authorization: Bearer` when given. A URL with
+    /// a user or password (sent as Basic authorization) and a token at once is refused.
+    pub fn new(url: SecretUrl, token: Option<Secret>) -> Result<Endpoint, ProviderError> {
+        if url.has_userinfo() && token.is_some() {
+            return Err(ProviderError::InvalidUrl {
+                reason: format!(
+                    "`{url}` carries a user and password and a bearer token is also given; \
+                     use one of them"
+                ),
+            });
+        }
+        Ok(Endpoint { url, token })
+    }
+
+    /// The URL, redacted when shown.
+    pub fn url(&self) -> &SecretUrl {
+        &self.url
+    }
+}
+
+impl std::str::FromStr for Endpoint {
+    type Err = ProviderError;
+
+    /// A provider without a token.
+    fn from_str(text: &str) -> Result<Endpoint, ProviderError> {
+        let url = text
+            .parse::<SecretUrl>()
+            .map_err(|e| ProviderError::InvalidUrl {
+                reason: format!("{:#}", anyhow::Error::from(e)),
+            })?;
+        Endpoint::new(url, None)
+    }
+}
+
 /// An HTTP client of a provider that follows the contract in [`crate::provider`].
 #[derive(Debug, Clone)]
 pub struct Client {
-    base_url: String,
+    endpoint: Endpoint,
     http: reqwest::Client,
 }
 
 impl Client {
-    /// A client of the provider at `base_url` (e.g. `http://127.0.0.1:8080`).
-    pub fn new(base_url: impl Into<String>) -> Result<Client, ProviderError> {
-        let base_url = base_url.into().trim_end_matches('/').to_owned();
+    /// A client of the provider at `base_url` (e.g. `http://127.0.0.1:8080`), without a token.
+    pub fn new(base_url: impl AsRef<str>) -> Result<Client, ProviderError> {
+        Client::connect(base_url.as_ref().parse()?)
+    }
+
+    /// A client of `endpoint`.
+    pub fn connect(endpoint: Endpoint) -> Result<Client, ProviderError> {
         let http = reqwest::Client::builder()
             .connect_timeout(CONNECT_TIMEOUT)
             .timeout(REQUEST_TIMEOUT)
             .build()
             .map_err(|source| ProviderError::Unavailable {
-                url: base_url.clone(),
-                source,
+                url: endpoint.url.redacted().to_string(),
+                source: source.without_url(),
             })?;
-        Ok(Client { base_url, http })
+        Ok(Client { endpoint, http })
     }
 
-    /// The provider's base URL.
+    /// The provider's base URL, its secrets redacted.
     pub fn base_url(&self) -> &str {
-        &self.base_url
+        self.endpoint.url.redacted()
     }
 
+    /// The error for a failed exchange: the redacted URL, and reqwest's error without its URL
+    /// (which would show the real one).
     fn unavailable(&self, source: reqwest::Error) -> ProviderError {
         ProviderError::Unavailable {
-            url: self.base_url.clone(),
-            source,
+            url: self.base_url().to_string(),
+            source: source.without_url(),
+        }
+    }
+
+    fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        let request = self.http.request(method, self.endpoint.url.join(path));
+        match &self.endpoint.token {
+            Some(token) => request.bearer_auth(token.expose()),
+            None => request,
         }
     }
 
@@ -91,8 +149,7 @@ impl Client {
         req: &ImageRequest,
     ) -> Result<ChargeOutcome, ProviderError> {
         let response = self
-            .http
-            .post(format!("{}/v1/images", self.base_url))
+            .request(reqwest::Method::POST, "/v1/images")
             .header(KEY_HEADER, key)
             .json(req)
             .send()
@@ -118,8 +175,7 @@ impl Client {
     /// `GET /v1/charges`.
     pub async fn charges(&self) -> Result<ChargesPage, ProviderError> {
         let response = self
-            .http
-            .get(format!("{}/v1/charges", self.base_url))
+            .request(reqwest::Method::GET, "/v1/charges")
             .send()
             .await
             .map_err(|e| self.unavailable(e))?;
