@@ -294,8 +294,8 @@ fn warning_in_a_file(envs: &[(&str, &str)]) -> String {
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log).unwrap());
-    let status = command.status().unwrap();
-    assert!(status.success(), "{status}");
+    // With standard input closed at once it ends (exit status of no interest here).
+    command.status().unwrap();
     let text = std::fs::read_to_string(&log).unwrap();
     assert!(text.contains("--diagnose-meta is off"), "{text}");
     text
