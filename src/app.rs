@@ -233,10 +233,7 @@ fn run_router(args: crate::cli::RouterArgs) -> anyhow::Result<ExitCode> {
                         "--provider-token-file",
                         crate::provider::TOKEN_ENV,
                     )?;
-                    Some(
-                        crate::provider::Endpoint::new(url, token)
-                            .context("invalid `--provider-url`")?,
-                    )
+                    Some(crate::provider::Endpoint::new(url, token)?)
                 }
                 None => None,
             };
