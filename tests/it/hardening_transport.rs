@@ -90,6 +90,19 @@ async fn spend(conn: &Connection, id: &str) -> Response {
         .unwrap_or_else(|e| panic!("no answer to the spend: {e}"))
 }
 
+/// The child's stderr once it holds `needle` (its reader runs on its own task, so the last lines
+/// may still be on their way), or what it holds after 20 s.
+async fn stderr_with(child: &callid::jsonrpc::Child, needle: &str) -> String {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let text = child.stderr_text();
+        if text.contains(needle) || tokio::time::Instant::now() > deadline {
+            return text;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 fn replayed(r: &Response) -> bool {
     r.tool_result().unwrap()["_meta"]["callid/replayed"] == json!(true)
 }
@@ -325,7 +338,8 @@ fn closed_port() -> u16 {
 async fn secrets_in_the_provider_url_reach_neither_the_model_nor_the_log() {
     let w = World::new().await;
     let port = closed_port();
-    let url = format!("http://operator:hunter2@127.0.0.1:{port}/?api_key=sk-live-123&mode=fast");
+    let url =
+        format!("http://opsuser-q7:hunter2@127.0.0.1:{port}/?api_key=sk-live-123&mode=zq9-fast");
     let mut command = tokio::process::Command::new(bin());
     command
         .arg("router")
@@ -347,9 +361,9 @@ async fn secrets_in_the_provider_url_reach_neither_the_model_nor_the_log() {
     let shown = format!("http://REDACTED@127.0.0.1:{port}?api_key=REDACTED&mode=REDACTED");
     assert!(r.raw.contains(&shown), "{}", r.raw);
     let _ = child.kill9().await;
-    let stderr = child.stderr_text();
+    let stderr = stderr_with(&child, "tool error").await;
     assert!(stderr.contains("tool error"), "{stderr}");
-    for secret in ["hunter2", "sk-live-123", "operator", "fast"] {
+    for secret in ["hunter2", "sk-live-123", "opsuser-q7", "zq9-fast"] {
         assert!(
             !r.raw.contains(secret),
             "the reply shows `{secret}`: {}",
@@ -499,15 +513,19 @@ async fn the_provider_token_is_required_sent_as_bearer_and_never_echoed() {
     assert!(!paid.is_tool_error(), "{}", paid.raw);
     assert_eq!(charges(), 1);
     let _ = child.kill9().await;
-    let mut logs = child.stderr_text();
+    let mut logs = stderr_with(&child, "operation completed").await;
 
     let (conn, mut child) = session(router(&[("CALLID_PROVIDER_TOKEN", token)], &[])).await;
     let paid = spend(&conn, "tok-2").await;
     assert!(!paid.is_tool_error(), "{}", paid.raw);
     assert_eq!(charges(), 2);
     let _ = child.kill9().await;
-    logs.push_str(&child.stderr_text());
-    assert!(logs.contains("operation completed"), "{logs}");
+    let more = stderr_with(&child, "operation completed").await;
+    assert!(
+        logs.contains("operation completed") && more.contains("operation completed"),
+        "{logs}\n{more}"
+    );
+    logs.push_str(&more);
     assert!(!logs.contains(token), "the log shows the token: {logs}");
 
     let out = std::process::Command::new(bin())
