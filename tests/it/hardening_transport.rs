@@ -230,7 +230,7 @@ impl Drop for FullDisk {
 }
 
 #[tokio::test]
-async fn router_and_probe_with_stderr_on_a_full_disk_answer() {
+async fn router_probe_and_provider_with_stderr_on_a_full_disk_answer() {
     let disk = match FullDisk::mount() {
         Ok(disk) => disk,
         Err(reason) => {
@@ -259,18 +259,18 @@ async fn router_and_probe_with_stderr_on_a_full_disk_answer() {
         .unwrap_or_else(|e| panic!("no answer: {e}"));
     assert!(r.tool_result().is_some(), "{}", r.raw);
     let _ = child.kill9().await;
+
+    provider_answers_whatever_its_stderr(disk.stderr()).await;
     assert_eq!(std::fs::metadata(disk.log()).unwrap().len(), 0);
 }
 
-#[tokio::test]
-async fn provider_with_a_closed_stderr_answers_after_logging_a_refusal() {
+/// A refused request (its warning cannot be written), then a paid one: both answered.
+async fn provider_answers_whatever_its_stderr(stderr: Stdio) {
     let dir = tempfile::tempdir().unwrap();
     let mut provider = Provider::start(&dir.path().join("ledger.sqlite3"), &[], |c| {
-        c.env("CALLID_LOG", "debug")
-            .stderr(Stdio::from(closed_pipe()));
+        c.env("CALLID_LOG", "debug").stderr(stderr);
     });
     let client = http_client();
-    // A refusal logs a warning, which cannot be written.
     let refused = client
         .get(format!("{}/v1/charges", provider.url))
         .header("origin", "https://evil.example")
@@ -280,13 +280,18 @@ async fn provider_with_a_closed_stderr_answers_after_logging_a_refusal() {
     assert_eq!(refused.status().as_u16(), 403);
     let paid = client
         .post(format!("{}/v1/images", provider.url))
-        .header("idempotency-key", "k-closed-stderr")
+        .header("idempotency-key", "k-broken-stderr")
         .json(&fox())
         .send()
         .await
         .unwrap();
     assert_eq!(paid.status().as_u16(), 200);
     assert!(provider.child.try_wait().unwrap().is_none(), "it died");
+}
+
+#[tokio::test]
+async fn provider_with_a_closed_stderr_answers_after_logging_a_refusal() {
+    provider_answers_whatever_its_stderr(Stdio::from(closed_pipe())).await;
 }
 
 /// The stderr of `callid router` whose `--diagnose-meta` file cannot be opened (a warning),
