@@ -12,7 +12,7 @@ use std::process::ExitCode;
 
 /// Runs the parsed command line.
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
-    init_tracing();
+    crate::logging::init();
     match cli.command {
         Command::Probe(args) => run_probe(args),
         Command::Classify(args) => run_classify(args),
@@ -74,6 +74,7 @@ fn conform(args: crate::cli::ConformArgs) -> anyhow::Result<ExitCode> {
 fn run_probe(args: crate::cli::ProbeArgs) -> anyhow::Result<ExitCode> {
     let options = crate::probe::ProbeOptions {
         http: args.http,
+        allow_origins: args.allow_origins,
         log: args.log,
         digest_salt: args.digest_salt,
         wrap: if args.wrap { args.command } else { Vec::new() },
@@ -128,29 +129,30 @@ fn run_demo(args: crate::cli::DemoArgs) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// `callid provider`: opens the ledger, binds, prints `listening on http://ADDR`, serves until
-/// SIGINT or SIGTERM.
+/// `callid provider`: binds (loopback only), opens the ledger, prints `listening on
+/// http://ADDR`, serves until SIGINT or SIGTERM.
 fn run_provider(args: crate::cli::ProviderArgs) -> anyhow::Result<ExitCode> {
+    use crate::http_guard::{self, Server};
     use anyhow::Context as _;
     use std::io::Write as _;
-    if !args.listen.ip().is_loopback() {
-        anyhow::bail!(
-            "refusing to listen on `{}`: the provider has no authentication; use a loopback \
-             address such as 127.0.0.1:0",
-            args.listen
-        );
-    }
-    let ledger = crate::provider::Ledger::open(&args.ledger).context("starting the provider")?;
+    let token = crate::secret::Secret::from_file_or_env(
+        args.token_file.as_deref(),
+        "--token-file",
+        crate::provider::TOKEN_ENV,
+    )?;
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     runtime.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(args.listen)
-            .await
-            .with_context(|| format!("binding `{}`", args.listen))?;
-        let addr = listener.local_addr().context("reading the bound address")?;
-        let handle = crate::provider::spawn(listener, ledger, None)
+        let bound = http_guard::bind(Server::Provider, args.listen, &args.allow_origins).await?;
+        let ledger =
+            crate::provider::Ledger::open(&args.ledger).context("starting the provider")?;
+        let mut app = crate::provider::router(ledger, None);
+        if let Some(token) = token {
+            app = crate::provider::require_token(app, token);
+        }
+        let handle = crate::provider::spawn_app(bound.listener, bound.guard.protect(app))
             .context("starting the provider server")?;
         let mut stdout = std::io::stdout().lock();
-        writeln!(stdout, "listening on http://{addr}")?;
+        writeln!(stdout, "listening on http://{}", bound.addr)?;
         stdout.flush()?;
         drop(stdout);
         let mut terminate =
@@ -170,7 +172,7 @@ pub fn report_error(err: &anyhow::Error) -> ExitCode {
     if is_broken_pipe(err) {
         return ExitCode::from(exit_codes::SUCCESS);
     }
-    eprintln!("error: {err:#}");
+    crate::logging::line(format_args!("error: {err:#}"));
     ExitCode::from(exit_codes::SETUP_ERROR)
 }
 
@@ -180,18 +182,6 @@ fn is_broken_pipe(err: &anyhow::Error) -> bool {
             .downcast_ref::<std::io::Error>()
             .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
     })
-}
-
-/// Logs go to stderr (stdout may carry the MCP protocol), filtered by `CALLID_LOG` (default
-/// `warn`).
-fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("CALLID_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_target(false)
-        .try_init();
 }
 
 /// `callid router`: serve MCP, or run an operator command on the registry.
@@ -233,9 +223,23 @@ fn run_router(args: crate::cli::RouterArgs) -> anyhow::Result<ExitCode> {
                 approval_models: serve.approval_models,
                 budget_cents: serve.budget_cents,
             });
+            let provider = match &serve.provider_url {
+                Some(url) => {
+                    let url = url
+                        .parse::<crate::secret::SecretUrl>()
+                        .context("invalid `--provider-url`")?;
+                    let token = crate::secret::Secret::from_file_or_env(
+                        serve.provider_token_file.as_deref(),
+                        "--provider-token-file",
+                        crate::provider::TOKEN_ENV,
+                    )?;
+                    Some(crate::provider::Endpoint::new(url, token)?)
+                }
+                None => None,
+            };
             let options = crate::router::RouterOptions {
                 registry: registry_path(&serve.registry)?,
-                provider_url: serve.provider_url,
+                provider,
                 policy,
                 preallocated_keys: serve.preallocated_keys,
                 key_prefix: serve.key_prefix,
@@ -243,7 +247,11 @@ fn run_router(args: crate::cli::RouterArgs) -> anyhow::Result<ExitCode> {
                 diagnose_meta: serve.diagnose_meta,
             };
             let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
-            runtime.block_on(crate::router::run(options, serve.http))?;
+            runtime.block_on(crate::router::run(
+                options,
+                serve.http,
+                &serve.allow_origins,
+            ))?;
             return Ok(ExitCode::from(exit_codes::SUCCESS));
         }
     };

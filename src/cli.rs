@@ -61,9 +61,14 @@ pub enum Command {
 /// `callid probe`
 #[derive(Debug, Args)]
 pub struct ProbeArgs {
-    /// Serve streamable HTTP on this loopback address instead of stdio (e.g. 127.0.0.1:8765).
-    #[arg(long, value_name = "ADDR")]
+    /// Serve streamable HTTP on this loopback address instead of stdio (e.g. 127.0.0.1:8765,
+    /// localhost:8765).
+    #[arg(long, value_name = "ADDR", value_parser = crate::http_guard::parse_listen_addr)]
     pub http: Option<SocketAddr>,
+    /// With `--http`: also answer browser requests from this origin (repeatable; e.g.
+    /// https://app.example.com). Other `Origin`s are refused with 403.
+    #[arg(long = "allow-origin", value_name = "ORIGIN", requires = "http")]
+    pub allow_origins: Vec<String>,
     /// Append one JSON line per request to this file (shapes only).
     #[arg(long, value_name = "FILE", env = "CALLID_PROBE_LOG")]
     pub log: Option<PathBuf>,
@@ -130,13 +135,28 @@ pub struct RouterServeArgs {
     /// Registry location.
     #[command(flatten)]
     pub registry: RegistryArg,
-    /// Serve streamable HTTP on this loopback address instead of stdio.
-    #[arg(long, value_name = "ADDR")]
+    /// Serve streamable HTTP on this loopback address instead of stdio (e.g. 127.0.0.1:8766,
+    /// localhost:8766).
+    #[arg(long, value_name = "ADDR", value_parser = crate::http_guard::parse_listen_addr)]
     pub http: Option<SocketAddr>,
+    /// With `--http`: also answer browser requests from this origin (repeatable; e.g.
+    /// https://app.example.com). Other `Origin`s are refused with 403.
+    #[arg(long = "allow-origin", value_name = "ORIGIN", requires = "http")]
+    pub allow_origins: Vec<String>,
     /// Base URL of the paid provider (e.g. http://127.0.0.1:9000). Without it, the provider runs
-    /// in-process with its ledger beside the registry.
-    #[arg(long, value_name = "URL", env = "CALLID_PROVIDER_URL")]
+    /// in-process with its ledger beside the registry. Its password and query values are
+    /// redacted wherever the URL is shown.
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "CALLID_PROVIDER_URL",
+        hide_env_values = true
+    )]
     pub provider_url: Option<String>,
+    /// A file whose one line is the provider's token, sent as `Authorization: Bearer`
+    /// (or set CALLID_PROVIDER_TOKEN; never on the command line).
+    #[arg(long, value_name = "FILE", requires = "provider_url")]
+    pub provider_token_file: Option<PathBuf>,
     /// An approval policy file (YAML); flags below override its fields.
     #[arg(long, value_name = "FILE")]
     pub policy: Option<PathBuf>,
@@ -211,11 +231,23 @@ pub enum RouterCommand {
 #[derive(Debug, Args)]
 pub struct ProviderArgs {
     /// Loopback address to listen on (port 0 picks one; the chosen address is printed).
-    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:0")]
+    #[arg(
+        long,
+        value_name = "ADDR",
+        default_value = "127.0.0.1:0",
+        value_parser = crate::http_guard::parse_listen_addr
+    )]
     pub listen: SocketAddr,
     /// The durable ledger (SQLite).
     #[arg(long, value_name = "FILE")]
     pub ledger: PathBuf,
+    /// Require `Authorization: Bearer TOKEN` on every request, TOKEN being this file's one line
+    /// (or set CALLID_PROVIDER_TOKEN; never on the command line); others get 401.
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+    /// Also answer browser requests from this origin (repeatable). Other `Origin`s get 403.
+    #[arg(long = "allow-origin", value_name = "ORIGIN")]
+    pub allow_origins: Vec<String>,
 }
 
 /// `callid conform`

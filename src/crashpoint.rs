@@ -58,10 +58,10 @@ fn armed() -> Option<&'static str> {
 /// Kills this process with SIGKILL if `CALLID_CRASH_AT` names `boundary`.
 pub fn hit(boundary: Boundary) {
     if armed() == Some(boundary.name()) {
-        eprintln!(
+        crate::logging::line(format_args!(
             "callid: crash point `{}` reached, killing myself",
             boundary.name()
-        );
+        ));
         // SIGKILL rather than abort(): no signal handler, no core dump, same as `kill -9`.
         let _ = std::process::Command::new("kill")
             .args(["-9", &std::process::id().to_string()])

@@ -212,34 +212,49 @@ impl Connection {
         command
             .args(args)
             .envs(envs.iter().map(|(k, v)| (k, v)))
+            .stderr(Stdio::piped());
+        Connection::spawn_command(command).await
+    }
+
+    /// Starts `command` and connects to its stdin and stdout. Its stderr is kept (see
+    /// [`Child::stderr_text`]) when the command pipes it, and left as the command says otherwise
+    /// (a file, a closed pipe).
+    pub async fn spawn_command(
+        mut command: tokio::process::Command,
+    ) -> Result<(Connection, Child), RpcError> {
+        command
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
             .kill_on_drop(true);
         let mut child = command.spawn().map_err(|source| RpcError::Spawn {
-            program: program.display().to_string(),
+            program: command
+                .as_std()
+                .get_program()
+                .to_string_lossy()
+                .into_owned(),
             source,
         })?;
         let stdin = child.stdin.take().expect("piped stdin");
         let stdout = child.stdout.take().expect("piped stdout");
-        let mut stderr_pipe = child.stderr.take().expect("piped stderr");
 
         let stderr = Arc::new(Mutex::new(Vec::new()));
-        let stderr_sink = stderr.clone();
-        tokio::spawn(async move {
-            let mut buf = [0u8; 8192];
-            while let Ok(n) = stderr_pipe.read(&mut buf).await {
-                if n == 0 {
-                    break;
+        if let Some(mut stderr_pipe) = child.stderr.take() {
+            let stderr_sink = stderr.clone();
+            tokio::spawn(async move {
+                let mut buf = [0u8; 8192];
+                while let Ok(n) = stderr_pipe.read(&mut buf).await {
+                    if n == 0 {
+                        break;
+                    }
+                    let mut kept = stderr_sink.lock().expect("stderr lock");
+                    kept.extend_from_slice(&buf[..n]);
+                    if kept.len() > STDERR_KEEP {
+                        let cut = kept.len() - STDERR_KEEP;
+                        kept.drain(..cut);
+                    }
                 }
-                let mut kept = stderr_sink.lock().expect("stderr lock");
-                kept.extend_from_slice(&buf[..n]);
-                if kept.len() > STDERR_KEEP {
-                    let cut = kept.len() - STDERR_KEEP;
-                    kept.drain(..cut);
-                }
-            }
-        });
+            });
+        }
 
         let waiters: Waiters = Arc::default();
         let unmatched: Arc<Mutex<Vec<String>>> = Arc::default();

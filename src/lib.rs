@@ -14,6 +14,10 @@
 //! - [`canonical`]: RFC 8785 canonical JSON and the request hash `sha256(tool, 0, canonical args)`.
 //! - [`shape`]: the shape of `_meta` (paths, types, lengths, short digests), never its values.
 //! - [`keys`]: private operation keys and public handles as distinct, leak-resistant types.
+//! - [`secret`]: credentials (tokens, URLs with passwords or API keys) that never show.
+//! - [`logging`]: best-effort standard error and the log set-up: a failed write never costs a
+//!   reply.
+//! - [`http_guard`]: the loopback, `Host` and `Origin` policy of every HTTP server of callid.
 //! - [`crashpoint`]: test-only crash points that kill the process at a named spend boundary.
 //! - [`jsonrpc`]: a hand-written MCP client over stdio lines and streamable HTTP with exact
 //!   control of ids and `_meta`, used by the conformance runner, `measure` and `bench`.
@@ -38,12 +42,15 @@ pub mod cli;
 pub mod conform;
 pub mod crashpoint;
 pub mod exit_codes;
+pub mod http_guard;
 pub mod identity;
 pub mod jsonrpc;
 pub mod keys;
+pub mod logging;
 pub mod matrix;
 pub mod measure;
 pub mod probe;
 pub mod provider;
 pub mod router;
+pub mod secret;
 pub mod shape;

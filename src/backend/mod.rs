@@ -48,10 +48,10 @@ pub const PROVIDER_LEDGER_FILE: &str = "provider-ledger.sqlite3";
 pub enum ProviderTarget {
     /// In this process, with its ledger at `<state_dir>/provider-ledger.sqlite3`.
     InProcess,
-    /// Over HTTP at `base_url` (a `callid provider` or anything that keeps its contract).
+    /// Over HTTP (a `callid provider` or anything that keeps its contract).
     Http {
-        /// e.g. `http://127.0.0.1:8080`.
-        base_url: String,
+        /// Its URL (e.g. `http://127.0.0.1:8080`) and token, redacted when shown.
+        endpoint: provider::Endpoint,
     },
 }
 
@@ -153,9 +153,9 @@ impl Backend {
                     config,
                 )
             }
-            ProviderTarget::Http { base_url } => {
+            ProviderTarget::Http { endpoint } => {
                 let client =
-                    provider::Client::new(base_url).map_err(BackendError::from_provider)?;
+                    provider::Client::connect(endpoint).map_err(BackendError::from_provider)?;
                 let description = format!("`{}`", client.base_url());
                 Self::assemble(state_dir, Arc::new(client), None, description, config)
             }

@@ -302,7 +302,7 @@ async fn over_http_a_lost_reply_is_retried_into_one_charge_and_a_completed_one_n
     let backend = Backend::open(
         &state,
         ProviderTarget::Http {
-            base_url: server.base_url(),
+            endpoint: server.base_url().parse().unwrap(),
         },
         BackendConfig::default(),
     )

@@ -1,22 +1,14 @@
 //! Errors of the probe's transports, each with a stable code.
 
-use std::net::SocketAddr;
-
 /// Why the probe could not start or keep serving.
 #[derive(Debug, thiserror::Error)]
 pub enum ProbeError {
     /// The shape log could not be opened or written.
     #[error(transparent)]
     Log(#[from] super::record::LogError),
-    /// The HTTP address could not be bound.
-    #[error("failed to listen on `{addr}`; pick a free loopback port, or port 0 for any")]
-    Bind {
-        /// The address asked for.
-        addr: SocketAddr,
-        /// The cause.
-        #[source]
-        source: std::io::Error,
-    },
+    /// The HTTP address was refused or could not be bound.
+    #[error(transparent)]
+    Bind(#[from] crate::http_guard::BindError),
     /// The wrapped server could not be started.
     #[error("failed to start the wrapped server `{program}`; check the command after `--`")]
     Spawn {
@@ -47,7 +39,7 @@ impl ProbeError {
     pub fn code(&self) -> &'static str {
         match self {
             ProbeError::Log(_) => "probe_log",
-            ProbeError::Bind { .. } => "probe_bind",
+            ProbeError::Bind(_) => "probe_bind",
             ProbeError::Spawn { .. } => "probe_spawn",
             ProbeError::NoCommand => "probe_no_command",
             ProbeError::Io { .. } => "probe_io",

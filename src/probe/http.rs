@@ -26,12 +26,10 @@ use axum::extract::{Request, State};
 use axum::http::{Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use rmcp::transport::streamable_http_server::StreamableHttpService;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
-use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use tokio::net::TcpListener;
 
 /// The path the probe serves MCP on.
 pub const MCP_PATH: &str = "/mcp";
@@ -41,27 +39,18 @@ struct HttpTap {
     sessions: Mutex<HashMap<String, TapConnection>>,
 }
 
-/// Binds `addr` (port 0 picks a free port); returns the listener and the bound address.
-pub async fn bind(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), ProbeError> {
-    let listener = TcpListener::bind(addr)
-        .await
-        .map_err(|source| ProbeError::Bind { addr, source })?;
-    let local = listener
-        .local_addr()
-        .map_err(|source| ProbeError::Bind { addr, source })?;
-    Ok((listener, local))
-}
-
-/// Serves MCP at [`MCP_PATH`] on `listener` until the process ends.
+/// Serves MCP at [`MCP_PATH`] on `bound` until the process ends. Every request passes the
+/// bound address's [`crate::http_guard::Guard`] before the tap sees it: a refused request is
+/// neither recorded nor answered by MCP.
 pub async fn serve_http(
-    listener: TcpListener,
+    bound: crate::http_guard::Bound,
     tap: Arc<Tap>,
     server: ProbeServer,
 ) -> Result<(), ProbeError> {
     let service = StreamableHttpService::new(
         move || Ok(server.clone()),
         Arc::new(LocalSessionManager::default()),
-        StreamableHttpServerConfig::default(),
+        bound.guard.rmcp_config(),
     );
     let state = Arc::new(HttpTap {
         tap,
@@ -70,7 +59,7 @@ pub async fn serve_http(
     let app = axum::Router::new()
         .nest_service(MCP_PATH, service)
         .layer(axum::middleware::from_fn_with_state(state, tap_layer));
-    axum::serve(listener, app)
+    axum::serve(bound.listener, bound.guard.protect(app))
         .await
         .map_err(|source| ProbeError::Io {
             doing: "serving HTTP",

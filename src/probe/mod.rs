@@ -43,8 +43,10 @@ use std::sync::Arc;
 /// What `callid probe` was asked to do.
 #[derive(Debug, Clone)]
 pub struct ProbeOptions {
-    /// Serve streamable HTTP here instead of stdio.
+    /// Serve streamable HTTP here instead of stdio (loopback only).
     pub http: Option<SocketAddr>,
+    /// Browser origins to answer besides the probe's own (see [`crate::http_guard`]).
+    pub allow_origins: Vec<String>,
     /// Append records here (standard error otherwise).
     pub log: Option<PathBuf>,
     /// Key digests with this salt.
@@ -56,6 +58,17 @@ pub struct ProbeOptions {
 /// Runs the probe until its input ends (stdio, `--wrap`) or forever (HTTP). Returns the exit
 /// code: the wrapped server's under `--wrap`, 0 otherwise.
 pub async fn run(options: ProbeOptions) -> Result<i32, ProbeError> {
+    let bound = match options.http {
+        Some(addr) if options.wrap.is_empty() => Some(
+            crate::http_guard::bind(
+                crate::http_guard::Server::Probe,
+                addr,
+                &options.allow_origins,
+            )
+            .await?,
+        ),
+        _ => None,
+    };
     let digester = Digester::new(options.digest_salt.as_deref());
     let log = Arc::new(match &options.log {
         Some(path) => ShapeLog::open(path)?,
@@ -71,19 +84,19 @@ pub async fn run(options: ProbeOptions) -> Result<i32, ProbeError> {
         ));
         return wrap::run_wrap(&options.wrap, tokio::io::stdin(), tokio::io::stdout(), tap).await;
     }
-    if let Some(addr) = options.http {
+    if let Some(bound) = bound {
         let tap = Arc::new(Tap::new(
             digester,
             log,
             record::Transport::Http,
             Mode::Serve,
         ));
-        let (listener, bound) = http::bind(addr).await?;
-        eprintln!(
-            "callid probe: serving MCP over streamable HTTP at http://{bound}{}",
+        crate::logging::line(format_args!(
+            "callid probe: serving MCP over streamable HTTP at http://{}{}",
+            bound.addr,
             http::MCP_PATH
-        );
-        http::serve_http(listener, tap, server).await?;
+        ));
+        http::serve_http(bound, tap, server).await?;
         return Ok(0);
     }
     let tap = Arc::new(Tap::new(

@@ -530,9 +530,10 @@ impl ShapeLog {
         Ok(Self::from_writer(Box::new(file)))
     }
 
-    /// Records go to standard error (the probe's default without `--log`).
+    /// Records go to standard error (the probe's default without `--log`), best effort: a record
+    /// that cannot be written there is dropped and counted ([`crate::logging`]).
     pub fn stderr() -> Self {
-        Self::from_writer(Box::new(std::io::stderr()))
+        Self::from_writer(Box::new(crate::logging::Stderr))
     }
 
     /// Records go to `writer`.

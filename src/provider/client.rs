@@ -5,6 +5,7 @@ use super::error::ProviderError;
 use super::ledger::Ledger;
 use super::server::{KEY_HEADER, REPLAYED_HEADER};
 use super::types::{ChargeOutcome, ChargesPage, ImageRequest, Receipt};
+use crate::secret::{Secret, SecretUrl};
 use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
@@ -50,37 +51,94 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// See [`CONNECT_TIMEOUT`].
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// Where a provider is and the token that proves who asks: checked once, secrets redacted in
+/// every `Debug`, `Display` and error.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    url: SecretUrl,
+    token: Option<Secret>,
+}
+
+impl Endpoint {
+    /// The provider at `url`, sending `token` as `Authorization: Bearer` when given. A URL with
+    /// a user or password (sent as Basic authorization) and a token at once is refused.
+    pub fn new(url: SecretUrl, token: Option<Secret>) -> Result<Endpoint, ProviderError> {
+        if url.has_userinfo() && token.is_some() {
+            return Err(ProviderError::InvalidUrl {
+                reason: format!(
+                    "`{url}` carries a user and password and a bearer token is also given; \
+                     use one of them"
+                ),
+            });
+        }
+        Ok(Endpoint { url, token })
+    }
+
+    /// The URL, redacted when shown.
+    pub fn url(&self) -> &SecretUrl {
+        &self.url
+    }
+}
+
+impl std::str::FromStr for Endpoint {
+    type Err = ProviderError;
+
+    /// A provider without a token.
+    fn from_str(text: &str) -> Result<Endpoint, ProviderError> {
+        let url = text
+            .parse::<SecretUrl>()
+            .map_err(|e| ProviderError::InvalidUrl {
+                reason: format!("{:#}", anyhow::Error::from(e)),
+            })?;
+        Endpoint::new(url, None)
+    }
+}
+
 /// An HTTP client of a provider that follows the contract in [`crate::provider`].
 #[derive(Debug, Clone)]
 pub struct Client {
-    base_url: String,
+    endpoint: Endpoint,
     http: reqwest::Client,
 }
 
 impl Client {
-    /// A client of the provider at `base_url` (e.g. `http://127.0.0.1:8080`).
-    pub fn new(base_url: impl Into<String>) -> Result<Client, ProviderError> {
-        let base_url = base_url.into().trim_end_matches('/').to_owned();
+    /// A client of the provider at `base_url` (e.g. `http://127.0.0.1:8080`), without a token.
+    pub fn new(base_url: impl AsRef<str>) -> Result<Client, ProviderError> {
+        Client::connect(base_url.as_ref().parse()?)
+    }
+
+    /// A client of `endpoint`.
+    pub fn connect(endpoint: Endpoint) -> Result<Client, ProviderError> {
         let http = reqwest::Client::builder()
             .connect_timeout(CONNECT_TIMEOUT)
             .timeout(REQUEST_TIMEOUT)
             .build()
             .map_err(|source| ProviderError::Unavailable {
-                url: base_url.clone(),
-                source,
+                url: endpoint.url.redacted().to_string(),
+                source: source.without_url(),
             })?;
-        Ok(Client { base_url, http })
+        Ok(Client { endpoint, http })
     }
 
-    /// The provider's base URL.
+    /// The provider's base URL, its secrets redacted.
     pub fn base_url(&self) -> &str {
-        &self.base_url
+        self.endpoint.url.redacted()
     }
 
+    /// The error for a failed exchange: the redacted URL, and reqwest's error without its URL
+    /// (which would show the real one).
     fn unavailable(&self, source: reqwest::Error) -> ProviderError {
         ProviderError::Unavailable {
-            url: self.base_url.clone(),
-            source,
+            url: self.base_url().to_string(),
+            source: source.without_url(),
+        }
+    }
+
+    fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        let request = self.http.request(method, self.endpoint.url.join(path));
+        match &self.endpoint.token {
+            Some(token) => request.bearer_auth(token.expose()),
+            None => request,
         }
     }
 
@@ -91,8 +149,7 @@ impl Client {
         req: &ImageRequest,
     ) -> Result<ChargeOutcome, ProviderError> {
         let response = self
-            .http
-            .post(format!("{}/v1/images", self.base_url))
+            .request(reqwest::Method::POST, "/v1/images")
             .header(KEY_HEADER, key)
             .json(req)
             .send()
@@ -118,8 +175,7 @@ impl Client {
     /// `GET /v1/charges`.
     pub async fn charges(&self) -> Result<ChargesPage, ProviderError> {
         let response = self
-            .http
-            .get(format!("{}/v1/charges", self.base_url))
+            .request(reqwest::Method::GET, "/v1/charges")
             .send()
             .await
             .map_err(|e| self.unavailable(e))?;
@@ -174,5 +230,64 @@ fn error_from(status: u16, body: &[u8], req: &ImageRequest) -> ProviderError {
             code: error.code,
             message: error.message,
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::provider::{Ledger, ProviderError, require_token, router, spawn_app};
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn errors_show_no_secret_of_the_url() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let client =
+            Client::new(format!("http://ops:hunter2@127.0.0.1:{port}/?api_key=sk-1")).unwrap();
+        assert_eq!(
+            client.base_url(),
+            format!("http://REDACTED@127.0.0.1:{port}?api_key=REDACTED")
+        );
+        let err = client
+            .create_image("k", &ImageRequest::new("fox"))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), "provider_unavailable");
+        let debug = format!("{err:?}");
+        let shown = format!("{:#} {debug}", anyhow::Error::from(err));
+        for secret in ["hunter2", "sk-1", "ops"] {
+            assert!(!shown.contains(secret), "{shown}");
+        }
+        assert!(format!("{client:?}").contains("REDACTED"));
+        assert!(!format!("{client:?}").contains("hunter2"));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_token_is_sent_as_bearer_and_a_missing_one_is_a_refusal() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = Ledger::open(&dir.path().join("ledger.sqlite3")).unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let token = Secret::new("tok-9", "a test").unwrap();
+        let server =
+            spawn_app(listener, require_token(router(ledger, None), token.clone())).unwrap();
+        let url: SecretUrl = server.base_url().parse().unwrap();
+        let with = Client::connect(Endpoint::new(url.clone(), Some(token)).unwrap()).unwrap();
+        assert!(!format!("{with:?}").contains("tok-9"));
+        with.create_image("k", &ImageRequest::new("fox"))
+            .await
+            .unwrap();
+        let without = Client::connect(Endpoint::new(url, None).unwrap()).unwrap();
+        let err = without.charges().await.unwrap_err();
+        assert!(
+            matches!(&err, ProviderError::Http { status: 401, code, .. } if code == "unauthorized"),
+            "{err:?}"
+        );
+        assert!(!err.is_transient());
+        let basic: SecretUrl = format!("http://u:p@{}", server.addr()).parse().unwrap();
+        let both = Endpoint::new(basic, Some(Secret::new("t", "x").unwrap())).unwrap_err();
+        assert_eq!(both.code(), "invalid_provider_url");
     }
 }

@@ -39,6 +39,12 @@ pub enum ProviderError {
          new image"
     )]
     KeyReused,
+    /// The provider requires a bearer token and the request did not carry it.
+    #[error(
+        "missing or wrong `Authorization: Bearer` token; send the token this provider was \
+         started with (`--token-file` or `CALLID_PROVIDER_TOKEN`)"
+    )]
+    Unauthorized,
     /// The ledger could not be opened, read or written; nothing was charged by this request.
     #[error(transparent)]
     Ledger(#[from] StoreError),
@@ -57,16 +63,24 @@ pub enum ProviderError {
         /// `nothing was charged` or `the charge was recorded`.
         when: &'static str,
     },
-    /// The provider could not be reached, or did not answer in time (client side).
+    /// The provider could not be reached, or did not answer in time (client side). `url` is
+    /// redacted and `source` carries no URL.
     #[error(
         "provider at `{url}` unreachable or did not answer; retrying with the same key is safe"
     )]
     Unavailable {
-        /// The provider's base URL.
+        /// The provider's base URL, its secrets redacted.
         url: String,
         /// The transport error.
         #[source]
         source: reqwest::Error,
+    },
+    /// The provider's URL or credentials are unusable (client side); the message never shows a
+    /// secret.
+    #[error("invalid provider URL: {reason}")]
+    InvalidUrl {
+        /// What is wrong, with the URL redacted.
+        reason: String,
     },
     /// The provider answered with an error this client does not map to a variant (client side).
     #[error("provider answered HTTP {status} `{code}`: {message}")]
@@ -98,10 +112,12 @@ impl ProviderError {
             ProviderError::InvalidRequest { .. } => "invalid_request",
             ProviderError::UnknownModel { .. } => "unknown_model",
             ProviderError::KeyReused => "idempotency_key_reused",
+            ProviderError::Unauthorized => "unauthorized",
             ProviderError::Ledger(_) => "ledger_unavailable",
             ProviderError::Internal { .. } => "internal_error",
             ProviderError::Injected { .. } => "injected_failure",
             ProviderError::Unavailable { .. } => "provider_unavailable",
+            ProviderError::InvalidUrl { .. } => "invalid_provider_url",
             ProviderError::Http { .. } => "provider_error",
             ProviderError::InvalidResponse { .. } => "invalid_response",
         }
@@ -114,11 +130,13 @@ impl ProviderError {
             | ProviderError::InvalidKey { .. }
             | ProviderError::InvalidJson { .. } => 400,
             ProviderError::KeyReused => 409,
+            ProviderError::Unauthorized => 401,
             ProviderError::InvalidRequest { .. } | ProviderError::UnknownModel { .. } => 422,
             ProviderError::Ledger(_) | ProviderError::Internal { .. } => 500,
             ProviderError::Injected { status, .. } | ProviderError::Http { status, .. } => *status,
             ProviderError::Unavailable { .. } => 503,
             ProviderError::InvalidResponse { .. } => 502,
+            ProviderError::InvalidUrl { .. } => 400,
         }
     }
 

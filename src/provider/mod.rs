@@ -27,6 +27,10 @@
 //!
 //! `GET /healthz`: `{"status":"ok"}`.
 //!
+//! Every route: a provider started with a token ([`require_token`]) answers a request without
+//! `Authorization: Bearer <token>` with `401 unauthorized`; `callid provider` refuses a foreign
+//! `Host` or `Origin` with 403 (see [`crate::http_guard`]).
+//!
 //! # Guarantee
 //! Any number of requests with one key, concurrent or not, across restarts, make at most one
 //! charge, and every answer for that key carries the same receipt. The receipt is committed
@@ -39,10 +43,16 @@ pub mod prices;
 pub mod server;
 pub mod types;
 
-pub use client::{BoxFuture, Client, ProviderApi};
+/// Environment variable holding the provider's bearer token (for `callid provider` and for the
+/// router's `--provider-url`).
+pub const TOKEN_ENV: &str = "CALLID_PROVIDER_TOKEN";
+
+pub use client::{BoxFuture, Client, Endpoint, ProviderApi};
 pub use error::ProviderError;
 pub use ledger::Ledger;
-pub use server::{HookAction, ProviderHandle, ProviderHooks, router, serve, spawn};
+pub use server::{
+    HookAction, ProviderHandle, ProviderHooks, require_token, router, serve, spawn, spawn_app,
+};
 pub use types::{
     ChargeOutcome, ChargeRecord, ChargesPage, Image, ImageRequest, Receipt, validate_key,
 };

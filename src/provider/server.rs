@@ -3,6 +3,7 @@
 use super::error::ProviderError;
 use super::ledger::Ledger;
 use super::types::{ChargesPage, ImageRequest, validate_key};
+use crate::secret::Secret;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::State;
@@ -63,6 +64,35 @@ pub fn router(ledger: Ledger, hooks: Option<Arc<dyn ProviderHooks>>) -> Router {
         .with_state(AppState { ledger, hooks })
 }
 
+/// Requires `Authorization: Bearer <token>` on every route of `app` (a provider's [`router`]);
+/// any other request is answered `401 unauthorized` with `WWW-Authenticate: Bearer`, before a
+/// handler sees it. The token is compared in constant time and never logged or echoed.
+pub fn require_token(app: Router, token: Secret) -> Router {
+    app.layer(axum::middleware::from_fn_with_state(
+        Arc::new(token),
+        check_token,
+    ))
+}
+
+async fn check_token(
+    State(token): State<Arc<Secret>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let given = req.headers().get(header::AUTHORIZATION).and_then(|value| {
+        let (scheme, rest) = value.to_str().ok()?.split_once(' ')?;
+        scheme.eq_ignore_ascii_case("bearer").then(|| rest.trim())
+    });
+    if given.is_some_and(|given| token.matches(given.as_bytes())) {
+        return next.run(req).await;
+    }
+    let mut response = error_response(&ProviderError::Unauthorized);
+    response
+        .headers_mut()
+        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    response
+}
+
 /// Serves the provider on `listener` until the future is dropped or the listener fails.
 pub async fn serve(
     listener: tokio::net::TcpListener,
@@ -117,10 +147,19 @@ pub fn spawn(
     ledger: Ledger,
     hooks: Option<Arc<dyn ProviderHooks>>,
 ) -> std::io::Result<ProviderHandle> {
+    spawn_app(listener, router(ledger, hooks))
+}
+
+/// Starts `app` (a provider's [`router`], with its guards) on `listener` in a background task of
+/// the current tokio runtime.
+pub fn spawn_app(
+    listener: tokio::net::TcpListener,
+    app: Router,
+) -> std::io::Result<ProviderHandle> {
     let addr = listener.local_addr()?;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(async move {
-        axum::serve(listener, router(ledger, hooks))
+        axum::serve(listener, app)
             .with_graceful_shutdown(async move {
                 let _ = stopped.await;
             })

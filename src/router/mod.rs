@@ -27,6 +27,12 @@
 //!   `_meta["callid/replayed"] = true`) or continues the same operation under the same key, so a
 //!   crash at any boundary never yields a second charge.
 //! - No reply contains a private operation key.
+//! - No reply or log line contains the provider's token or the password or query values of
+//!   `--provider-url` ([`crate::secret`]).
+//! - A log line that cannot be written is dropped and counted, never a lost reply
+//!   ([`crate::logging`]).
+//! - Over HTTP: loopback only, `Host` and `Origin` checked before any tool runs
+//!   ([`crate::http_guard`]).
 
 pub mod diagnose;
 pub mod operator;
@@ -42,19 +48,21 @@ pub use spend::{Router, RouterOptions};
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-/// Runs the router until its client goes away (stdio) or Ctrl-C (`http`).
-pub async fn run(options: RouterOptions, http: Option<SocketAddr>) -> anyhow::Result<()> {
-    if let Some(addr) = http
-        && !addr.ip().is_loopback()
-    {
-        anyhow::bail!(
-            "refusing to serve on `{addr}`: the router trusts the identity in `_meta` from \
-             whoever connects, so it listens on loopback only; use 127.0.0.1:PORT"
-        );
-    }
-    let router = Arc::new(Router::new(options));
+/// Runs the router until its client goes away (stdio) or Ctrl-C (`http`). Over HTTP it binds
+/// (loopback only, see [`crate::http_guard`]) before it opens anything, so a refused address or a
+/// port in use leaves no registry behind.
+pub async fn run(
+    options: RouterOptions,
+    http: Option<SocketAddr>,
+    allow_origins: &[String],
+) -> anyhow::Result<()> {
     match http {
-        Some(addr) => server::serve_http(router, addr).await,
-        None => server::serve_stdio(router).await,
+        Some(addr) => {
+            let bound =
+                crate::http_guard::bind(crate::http_guard::Server::Router, addr, allow_origins)
+                    .await?;
+            server::serve_http(Arc::new(Router::new(options)), bound).await
+        }
+        None => server::serve_stdio(Arc::new(Router::new(options))).await,
     }
 }

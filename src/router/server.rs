@@ -16,7 +16,6 @@ use rmcp::model::{
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler, ServiceExt};
 use serde_json::{Map, Value, json};
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 /// The router as an MCP server; cheap to clone (one shared [`Router`]).
@@ -163,24 +162,29 @@ pub async fn serve_stdio(router: Arc<Router>) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Serves streamable HTTP at `http://ADDR/mcp` until Ctrl-C; prints the bound address on stderr.
-pub async fn serve_http(router: Arc<Router>, addr: SocketAddr) -> anyhow::Result<()> {
+/// Serves streamable HTTP at `http://ADDR/mcp` on `bound` until Ctrl-C; prints the address on
+/// stderr. Every request passes the bound address's [`crate::http_guard::Guard`] first.
+pub async fn serve_http(
+    router: Arc<Router>,
+    bound: crate::http_guard::Bound,
+) -> anyhow::Result<()> {
     use anyhow::Context as _;
+    use rmcp::transport::StreamableHttpService;
     use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
-    use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
     let server = RouterServer::new(router);
     let service = StreamableHttpService::new(
         move || Ok(server.clone()),
         Arc::new(LocalSessionManager::default()),
-        StreamableHttpServerConfig::default(),
+        bound.guard.rmcp_config(),
     );
-    let app = axum::Router::new().nest_service("/mcp", service);
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("binding `{addr}`"))?;
-    let local = listener.local_addr().context("reading the bound address")?;
-    eprintln!("callid router: listening on http://{local}/mcp");
-    axum::serve(listener, app)
+    let app = bound
+        .guard
+        .protect(axum::Router::new().nest_service("/mcp", service));
+    crate::logging::line(format_args!(
+        "callid router: listening on http://{}/mcp",
+        bound.addr
+    ));
+    axum::serve(bound.listener, app)
         .with_graceful_shutdown(async {
             let _ = tokio::signal::ctrl_c().await;
         })

@@ -78,8 +78,9 @@ pub const ERROR_CODES: &[&str] = &[
 pub struct RouterOptions {
     /// The registry file.
     pub registry: PathBuf,
-    /// The provider's base URL; `None` runs it in-process beside the registry.
-    pub provider_url: Option<String>,
+    /// The provider over HTTP (URL and token, redacted when shown); `None` runs it in-process
+    /// beside the registry.
+    pub provider: Option<crate::provider::Endpoint>,
     /// Approval and budget.
     pub policy: Policy,
     /// A preallocated-key database to claim keys from.
@@ -97,7 +98,7 @@ impl RouterOptions {
     pub fn new(registry: PathBuf) -> Self {
         RouterOptions {
             registry,
-            provider_url: None,
+            provider: None,
             policy: Policy::default(),
             preallocated_keys: None,
             key_prefix: crate::keys::DEFAULT_KEY_PREFIX.into(),
@@ -703,9 +704,9 @@ impl Router {
             .filter(|d| !d.as_os_str().is_empty())
             .map(PathBuf::from)
             .unwrap_or_else(|| PathBuf::from("."));
-        let target = match &self.opts.provider_url {
-            Some(url) => ProviderTarget::Http {
-                base_url: url.clone(),
+        let target = match &self.opts.provider {
+            Some(endpoint) => ProviderTarget::Http {
+                endpoint: endpoint.clone(),
             },
             None => ProviderTarget::InProcess,
         };

@@ -358,7 +358,7 @@ async fn the_backend_spends_through_the_real_provider_binary() {
     let backend = Backend::open(
         &dir.path().join("state"),
         ProviderTarget::Http {
-            base_url: provider.url.clone(),
+            endpoint: provider.url.parse().unwrap(),
         },
         BackendConfig::default(),
     )
