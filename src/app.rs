@@ -232,6 +232,7 @@ fn run_router(args: crate::cli::RouterArgs) -> anyhow::Result<ExitCode> {
                 approval_above_cents: serve.approval_above_cents,
                 approval_models: serve.approval_models,
                 budget_cents: serve.budget_cents,
+                ..Policy::default()
             });
             let options = crate::router::RouterOptions {
                 registry: registry_path(&serve.registry)?,

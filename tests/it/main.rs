@@ -4,6 +4,7 @@
 mod bench;
 mod common;
 mod conform;
+mod hardening_money;
 mod matrix;
 mod probe;
 mod provider;
