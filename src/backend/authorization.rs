@@ -467,10 +467,6 @@ mod tests {
         auth.mark_dispatched(&charged.decision_id).unwrap();
         auth.record_charge(&charged.decision_id, 7).unwrap();
         assert_eq!(auth.spent_cents("acct").unwrap(), 7);
-        assert_eq!(
-            auth.authorize(&with_budget("more")).unwrap_err().code(),
-            "budget_exceeded"
-        );
         // The refused decision's retry reserves it again, through the budget check.
         assert_eq!(
             auth.authorize(&with_budget("refused")).unwrap().decision_id,
@@ -481,6 +477,10 @@ mod tests {
             "reserved"
         );
         assert_eq!(auth.spent_cents("acct").unwrap(), 10);
+        assert_eq!(
+            auth.authorize(&with_budget("more")).unwrap_err().code(),
+            "budget_exceeded"
+        );
         auth.release(&refused.decision_id).unwrap();
         // An overcharge is counted whole, and refuses every further spend.
         auth.record_charge(&charged.decision_id, 500).unwrap();
