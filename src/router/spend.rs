@@ -129,6 +129,8 @@ pub struct ToolError {
     pub handle: Option<PublicHandle>,
     /// The operation's state, if one exists.
     pub status: Option<Status>,
+    /// The underlying failure alone, without the advice of `message` (when it differs).
+    pub cause: Option<String>,
 }
 
 impl ToolError {
@@ -138,6 +140,7 @@ impl ToolError {
             message: message.into(),
             handle: None,
             status: None,
+            cause: None,
         }
     }
 
@@ -148,12 +151,14 @@ impl ToolError {
     }
 
     fn registry(err: RegistryError) -> Self {
-        ToolError::new(
+        let mut e = ToolError::new(
             "registry_unavailable",
             format!(
                 "{err}; nothing was dispatched for this delivery, and retrying with the same call is safe once the registry is fixed"
             ),
-        )
+        );
+        e.cause = Some(err.to_string());
+        e
     }
 
     /// The backend was called for `op` but its answer could not be recorded.
@@ -165,7 +170,8 @@ impl ToolError {
                  could not be recorded: {}; the provider may have charged: redeliver this same call \
                  (same call id, same arguments) to get the recorded outcome without a second \
                  charge, and do not make a new call for it",
-                op.handle, cause.message
+                op.handle,
+                cause.cause.as_deref().unwrap_or(&cause.message)
             ),
         )
         .of(op)
