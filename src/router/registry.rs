@@ -26,8 +26,11 @@
 //!   to [`BUSY_TIMEOUT`] for a lock before the call fails closed.
 //! - Dispatch is guarded by a lease on the row ([`Registry::claim_lease`]): a process that is about
 //!   to call the backend writes its owner id and an expiry; another process that finds a live
-//!   lease answers `operation_in_progress` (safe to retry). A lease whose owner process is gone
-//!   (crash) or whose expiry passed is taken over. Within one process the router runs one flight
+//!   lease answers `operation_in_progress` (safe to retry). A lease whose owner is gone or whose
+//!   expiry passed is taken over at once. The owner id is unique per router instance and process
+//!   life ([`process_owner`]: PID, process start time, random instance id), so a crashed
+//!   predecessor's lease is recognized as gone even when the new router has its PID (PID 1 in a
+//!   container) or its PID was reused. Within one process the router runs one flight
 //!   per call identity (see `spend.rs`), so the lease only arbitrates between processes.
 //!
 //! ## Compatibility
