@@ -1133,6 +1133,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(target_os = "linux")]
     fn a_lease_of_a_gone_instance_is_taken_over_at_once() {
         let mut reg = Registry::open_in_memory().unwrap();
         let (a, _) = reg.insert_or_get(new_op("c4")).unwrap();
