@@ -161,15 +161,16 @@ impl ToolError {
         e
     }
 
-    /// The backend was called for `op` but its answer could not be recorded.
+    /// The backend was called for `op` and answered (`answer`, saying whether money moved),
+    /// but its answer could not be recorded.
     fn unrecorded(op: &Operation, answer: &str, cause: &ToolError) -> Self {
         ToolError::new(
             "outcome_unknown",
             format!(
                 "operation `{}` was dispatched and the backend answered ({answer}), but the answer \
-                 could not be recorded: {}; the provider may have charged: redeliver this same call \
-                 (same call id, same arguments) to get the recorded outcome without a second \
-                 charge, and do not make a new call for it",
+                 could not be recorded: {}; redeliver this same call (same call id, same \
+                 arguments) to get the recorded outcome without a second charge, and do not make \
+                 a new call for it",
                 op.handle,
                 cause.cause.as_deref().unwrap_or(&cause.message)
             ),
@@ -547,7 +548,7 @@ impl Router {
                     .map_err(|e| {
                         ToolError::unrecorded(
                             &op,
-                            &format!("charged {} cents", receipt.amount_cents),
+                            &format!("the provider charged {} cents", receipt.amount_cents),
                             &e,
                         )
                     })?;
@@ -564,7 +565,11 @@ impl Router {
                     self.registry(move |r| r.record_failure(&handle, &c, &m))
                         .await
                         .map_err(|e| {
-                            ToolError::unrecorded(&op, &format!("refused with `{code}`"), &e)
+                            ToolError::unrecorded(
+                                &op,
+                                &format!("refused with `{code}`, nothing charged"),
+                                &e,
+                            )
                         })?;
                     let mut failed = op.clone();
                     failed.status = Status::Failed;
