@@ -222,6 +222,7 @@ fn run_router(args: crate::cli::RouterArgs) -> anyhow::Result<ExitCode> {
                 approval_above_cents: serve.approval_above_cents,
                 approval_models: serve.approval_models,
                 budget_cents: serve.budget_cents,
+                ..Policy::default()
             });
             let provider = match &serve.provider_url {
                 Some(url) => {

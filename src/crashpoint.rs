@@ -3,8 +3,13 @@
 //! Setting `CALLID_CRASH_AT=<boundary>` in a router's environment makes it kill itself with
 //! SIGKILL the first time it reaches that boundary, exactly as `kill -9` would: no destructor,
 //! no flush, no reply. Crash-safety tests restart the router on the same registry and redeliver,
-//! to prove that no boundary can yield a second charge. Without the variable, [`hit`] is one
-//! relaxed atomic load.
+//! to prove that no boundary can yield a second charge.
+//!
+//! `CALLID_PAUSE_AT=<boundary>:<gate file>` instead pauses the process the first time it reaches
+//! that boundary: it creates `<gate file>.reached`, then waits until `<gate file>` exists. A test
+//! uses the pause to change the world at an exact point of a spend (for example, hold the
+//! registry's write lock after the provider charged) and then lets the spend go on. Without the
+//! variables, [`hit`] is two relaxed atomic loads.
 
 use std::sync::OnceLock;
 
@@ -55,8 +60,48 @@ fn armed() -> Option<&'static str> {
         .as_deref()
 }
 
-/// Kills this process with SIGKILL if `CALLID_CRASH_AT` names `boundary`.
+/// Environment variable that arms a pause point: `<boundary>:<gate file>`.
+pub const PAUSE_ENV: &str = "CALLID_PAUSE_AT";
+
+fn pause_armed() -> Option<&'static (String, std::path::PathBuf)> {
+    static ARMED: OnceLock<Option<(String, std::path::PathBuf)>> = OnceLock::new();
+    ARMED
+        .get_or_init(|| {
+            let value = std::env::var(PAUSE_ENV).ok()?;
+            let (name, gate) = value.split_once(':')?;
+            Some((name.to_owned(), gate.into()))
+        })
+        .as_ref()
+}
+
+/// Pauses at `boundary` if `CALLID_PAUSE_AT` names it (the first time only).
+fn pause(boundary: Boundary) {
+    static PAUSED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    let Some((name, gate)) = pause_armed() else {
+        return;
+    };
+    if name != boundary.name() || PAUSED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        return;
+    }
+    let mut reached = gate.clone().into_os_string();
+    reached.push(".reached");
+    eprintln!(
+        "callid: pause point `{name}` reached, waiting for `{}`",
+        gate.display()
+    );
+    if let Err(e) = std::fs::write(&reached, b"") {
+        eprintln!("callid: cannot signal the pause point: {e}");
+        return;
+    }
+    while !gate.exists() {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+/// Kills this process with SIGKILL if `CALLID_CRASH_AT` names `boundary`; pauses it there if
+/// `CALLID_PAUSE_AT` does.
 pub fn hit(boundary: Boundary) {
+    pause(boundary);
     if armed() == Some(boundary.name()) {
         crate::logging::line(format_args!(
             "callid: crash point `{}` reached, killing myself",

@@ -20,6 +20,13 @@
 //!   `[A-Za-z0-9._-]`. The envelope's unknown fields are refused.
 //! - [`check_arguments`] refuses any identity-like key at any depth of the model-written
 //!   arguments, naming its JSON pointer.
+//! - The envelope cannot speak for a built-in source: its `platform` may not be one of
+//!   [`BUILT_IN_PLATFORMS`] (`codex`, `claude-code`, in any letter case), so an envelope can never
+//!   land on the rows of a real Codex `callId` or Claude Code `toolUseId` (it is refused with
+//!   `invalid_identity`, rather than namespaced, so that a platform name means one thing everywhere).
+//! - An envelope identity is keyed by platform, `installation_id` (when sent) and
+//!   `invocation_id` ([`Identity::key_installation`]): two installations of one platform that send
+//!   the same `invocation_id` are two calls.
 
 use serde_json::{Map, Value};
 
@@ -35,6 +42,8 @@ pub const SOURCE_KEYS: [&str; 3] = [CODEX_KEY, CLAUDE_CODE_KEY, ENVELOPE_KEY];
 pub const MAX_ID_BYTES: usize = 512;
 /// Longest platform name accepted.
 pub const MAX_PLATFORM_BYTES: usize = 64;
+/// Platform names of the built-in sources, which an envelope may not claim.
+pub const BUILT_IN_PLATFORMS: [&str; 2] = ["codex", "claude-code"];
 /// Fields the envelope may carry; any other is refused.
 pub const ENVELOPE_FIELDS: [&str; 4] = ["platform", "invocation_id", "installation_id", "task_id"];
 
@@ -108,6 +117,14 @@ pub struct Identity {
     /// The envelope's `task_id`, if sent.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub task_id: Option<String>,
+}
+
+impl Identity {
+    /// The installation part of this identity's registry key: the envelope's `installation_id`,
+    /// or the empty string when none was sent (the built-in sources have none).
+    pub fn key_installation(&self) -> &str {
+        self.installation_id.as_deref().unwrap_or("")
+    }
 }
 
 /// Why a call has no trusted identity. Each variant has a stable [`code`](Self::code).
@@ -246,8 +263,23 @@ fn envelope(value: &Value) -> Result<Identity, IdentityError> {
             .map(|v| identifier(v, &format!("{base}.{name}")))
             .transpose()
     };
+    let platform_field = format!("{base}.platform");
+    let platform = platform_name(required("platform")?, &platform_field)?;
+    if let Some(built_in) = BUILT_IN_PLATFORMS
+        .iter()
+        .find(|b| b.eq_ignore_ascii_case(&platform))
+    {
+        return Err(IdentityError::Invalid {
+            field: platform_field,
+            rule: format!(
+                "is `{platform}`, the platform of a built-in source; an envelope cannot claim \
+                 it: `{built_in}` calls are identified by their own `_meta` key, so send that key \
+                 instead, or name the envelope's own platform"
+            ),
+        });
+    }
     Ok(Identity {
-        platform: platform_name(required("platform")?, &format!("{base}.platform"))?,
+        platform,
         harness_call_id: identifier(required("invocation_id")?, &format!("{base}.invocation_id"))?,
         source: Source::PlatformInvocation,
         installation_id: optional("installation_id")?,
@@ -491,6 +523,18 @@ mod tests {
                 json!({"hubu.dev/platform-invocation": {"platform": "p", "invocation_id": "i", "task_id": 3}}),
                 Err("invalid_identity"),
             ),
+            (
+                json!({"hubu.dev/platform-invocation": {"platform": "codex", "invocation_id": "i"}}),
+                Err("invalid_identity"),
+            ),
+            (
+                json!({"hubu.dev/platform-invocation": {"platform": "Claude-Code", "invocation_id": "i"}}),
+                Err("invalid_identity"),
+            ),
+            (
+                json!({"hubu.dev/platform-invocation": {"platform": "codex-cloud", "invocation_id": "i"}}),
+                ok("codex-cloud", "i"),
+            ),
         ];
         for (meta, want) in cases {
             assert_eq!(verdict(meta.clone()), want, "_meta = {meta}");
@@ -589,6 +633,9 @@ mod tests {
             .unwrap_err(),
             from_meta(Some(&json!({"hubu.dev/platform-invocation":
                 {"platform": "bad name", "invocation_id": "i"}})))
+            .unwrap_err(),
+            from_meta(Some(&json!({"hubu.dev/platform-invocation":
+                {"platform": "codex", "invocation_id": "i"}})))
             .unwrap_err(),
             check_arguments(&json!({"prompt": "fox", "extra": {"idempotency_key": "k"}}))
                 .unwrap_err(),

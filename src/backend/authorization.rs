@@ -8,25 +8,42 @@
 //! only recorded when the account's budget covers it; budget check and record are one `IMMEDIATE`
 //! transaction, so concurrent spends cannot overdraw it.
 //!
+//! ## Budget
+//! Each decision holds part of its account's budget, by its state:
+//! - `reserved` (authorized, the provider not called yet): its amount, until the reservation
+//!   expires ([`Authorization::with_reservation_expiry`], the policy's
+//!   `reservation_expiry_seconds`); an expired reservation holds nothing.
+//! - `dispatched` (the provider was called, or may have been): its amount, for good, until the
+//!   outcome is known, since the provider may have charged; a redelivery of the operation settles it.
+//! - `charged`: what the provider's receipt says it charged, even above the authorized amount, so
+//!   the budget never undercounts a real charge (and refuses further spends once it is used up).
+//! - `released` (the provider refused): nothing.
+//!
+//! An identical retry of a released or expired decision reserves it again, checking the budget
+//! again first.
+//!
 //! ## Durability
 //! The decision is committed before [`Authorization::authorize`] returns, and the crash point
 //! [`Boundary::AfterAuthorization`](crate::crashpoint::Boundary::AfterAuthorization) sits right
-//! after that commit. Reserved amounts are never released: a decision whose charge failed stays
-//! reserved for its retry, which reuses it.
+//! after that commit. It is marked `dispatched` ([`Authorization::mark_dispatched`]) and committed
+//! before the provider is called.
 //!
 //! ## Compatibility
-//! `application_id` `0x434c4155` ("CLAU"), `user_version` 1; see [`super::store`].
+//! `application_id` `0x434c4155` ("CLAU"), `user_version` 2; see [`super::store`]. Decisions
+//! recorded by version 1 are `dispatched`.
 
 use super::error::BackendError;
 use super::store::{Store, StoreError, StoreSpec};
 use rusqlite::{OptionalExtension as _, params};
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 static SPEC: StoreSpec = StoreSpec {
     kind: "authorization store",
     application_id: 0x434c_4155,
-    migrations: &["CREATE TABLE decisions (
+    migrations: &[
+        "CREATE TABLE decisions (
         agent_id TEXT NOT NULL,
         operation_key TEXT NOT NULL,
         decision_id TEXT NOT NULL UNIQUE,
@@ -37,8 +54,16 @@ static SPEC: StoreSpec = StoreSpec {
         created_at TEXT NOT NULL,
         PRIMARY KEY (agent_id, operation_key)
     ) STRICT;
-    CREATE INDEX decisions_by_account ON decisions (account);"],
+    CREATE INDEX decisions_by_account ON decisions (account);",
+        "ALTER TABLE decisions ADD COLUMN state TEXT NOT NULL DEFAULT 'dispatched'
+             CHECK (state IN ('reserved', 'dispatched', 'charged', 'released'));
+         ALTER TABLE decisions ADD COLUMN reserved_ms INTEGER NOT NULL DEFAULT 0;
+         ALTER TABLE decisions ADD COLUMN charged_cents INTEGER;",
+    ],
 };
+
+/// How long a reservation whose provider call never started holds its budget by default.
+pub const DEFAULT_RESERVATION_EXPIRY: Duration = Duration::from_secs(3600);
 
 /// What is asked to be authorized.
 #[derive(Debug, Clone)]
@@ -82,6 +107,11 @@ pub struct Decision {
 #[derive(Debug, Clone)]
 pub struct Authorization {
     store: Arc<Store>,
+    expiry_ms: i64,
+}
+
+fn now_ms() -> i64 {
+    crate::router::registry::now_ms()
 }
 
 impl Authorization {
@@ -89,6 +119,99 @@ impl Authorization {
     pub fn open(path: &Path) -> Result<Authorization, StoreError> {
         Ok(Authorization {
             store: Arc::new(Store::open(path, &SPEC)?),
+            expiry_ms: DEFAULT_RESERVATION_EXPIRY.as_millis() as i64,
+        })
+    }
+
+    /// This store with reservations that expire after `expiry` (see the module's Budget).
+    pub fn with_reservation_expiry(mut self, expiry: Duration) -> Authorization {
+        self.expiry_ms = i64::try_from(expiry.as_millis()).unwrap_or(i64::MAX);
+        self
+    }
+
+    fn check_budget(
+        &self,
+        tx: &rusqlite::Connection,
+        req: &AuthorizationRequest<'_>,
+    ) -> Result<(), BackendError> {
+        let Some(budget) = req.budget_cents else {
+            return Ok(());
+        };
+        let spent = spent_in(tx, req.account, now_ms(), self.expiry_ms)
+            .map_err(|e| BackendError::from(self.store.error(e)))?;
+        let remaining = budget.saturating_sub(spent);
+        if req.amount_cents > remaining {
+            return Err(BackendError::BudgetExceeded {
+                account: req.account.to_owned(),
+                amount_cents: req.amount_cents,
+                budget_cents: budget,
+                remaining_cents: remaining,
+            });
+        }
+        Ok(())
+    }
+
+    /// Marks a decision `dispatched` before its provider call; `true` when it was `reserved`
+    /// (no provider call had started for it before).
+    pub fn mark_dispatched(&self, decision_id: &str) -> Result<bool, BackendError> {
+        self.set_state(decision_id, "dispatched", &["reserved"])
+            .map(|n| n == 1)
+    }
+
+    /// Undoes [`mark_dispatched`](Self::mark_dispatched) after a provider call that surely never
+    /// reached the provider (it could not connect): the decision is `reserved` again, and expires.
+    pub fn mark_not_sent(&self, decision_id: &str) -> Result<(), BackendError> {
+        self.set_state(decision_id, "reserved", &["dispatched"])
+            .map(|_| ())
+    }
+
+    /// Releases a decision the provider refused: it holds no budget any more.
+    pub fn release(&self, decision_id: &str) -> Result<(), BackendError> {
+        self.set_state(decision_id, "released", &["reserved", "dispatched"])
+            .map(|_| ())
+    }
+
+    /// Records what the provider charged for a decision; the budget counts this amount from now.
+    pub fn record_charge(&self, decision_id: &str, charged_cents: u64) -> Result<(), BackendError> {
+        let sql = |e| BackendError::from(self.store.error(e));
+        self.store.write(|tx| {
+            tx.execute(
+                "UPDATE decisions SET state = 'charged', charged_cents = ?2 WHERE decision_id = ?1",
+                params![decision_id, charged_cents as i64],
+            )
+            .map(|_| ())
+            .map_err(sql)
+        })
+    }
+
+    fn set_state(&self, decision_id: &str, to: &str, from: &[&str]) -> Result<usize, BackendError> {
+        let sql = |e| BackendError::from(self.store.error(e));
+        let from = from
+            .iter()
+            .map(|s| format!("'{s}'"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        self.store.write(|tx| {
+            tx.execute(
+                &format!(
+                    "UPDATE decisions SET state = ?2 WHERE decision_id = ?1 AND state IN ({from})"
+                ),
+                params![decision_id, to],
+            )
+            .map_err(sql)
+        })
+    }
+
+    /// The state of a decision (`reserved`, `dispatched`, `charged`, `released`), if recorded.
+    pub fn state(&self, decision_id: &str) -> Result<Option<String>, BackendError> {
+        self.store.read(|conn| {
+            conn.query_row(
+                "SELECT state FROM decisions WHERE decision_id = ?1",
+                [decision_id],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(|e| BackendError::from(self.store.error(e)))
         })
     }
 
@@ -99,24 +222,28 @@ impl Authorization {
         self.store.write(|tx| {
             let existing = tx
                 .query_row(
-                    "SELECT decision_id, account, amount_cents, scope, request_hash, created_at \
-                     FROM decisions WHERE agent_id = ?1 AND operation_key = ?2",
+                    "SELECT decision_id, account, amount_cents, scope, request_hash, created_at, \
+                     state, reserved_ms FROM decisions WHERE agent_id = ?1 AND operation_key = ?2",
                     [req.agent_id, req.operation_key],
                     |r| {
-                        Ok(Decision {
-                            decision_id: r.get(0)?,
-                            account: r.get(1)?,
-                            amount_cents: r.get::<_, i64>(2)? as u64,
-                            scope: r.get(3)?,
-                            request_hash: r.get(4)?,
-                            created_at: r.get(5)?,
-                            newly_recorded: false,
-                        })
+                        Ok((
+                            Decision {
+                                decision_id: r.get(0)?,
+                                account: r.get(1)?,
+                                amount_cents: r.get::<_, i64>(2)? as u64,
+                                scope: r.get(3)?,
+                                request_hash: r.get(4)?,
+                                created_at: r.get(5)?,
+                                newly_recorded: false,
+                            },
+                            r.get::<_, String>(6)?,
+                            r.get::<_, i64>(7)?,
+                        ))
                     },
                 )
                 .optional()
                 .map_err(sql)?;
-            if let Some(decision) = existing {
+            if let Some((decision, state, reserved_ms)) = existing {
                 let differs: Vec<&str> = [
                     ("account", decision.account == req.account),
                     ("amount", decision.amount_cents == req.amount_cents),
@@ -128,6 +255,19 @@ impl Authorization {
                 .map(|(name, _)| name)
                 .collect();
                 return if differs.is_empty() {
+                    let now = now_ms();
+                    let lapsed = state == "released"
+                        || (state == "reserved"
+                            && reserved_ms.saturating_add(self.expiry_ms) <= now);
+                    if lapsed {
+                        self.check_budget(tx, req)?;
+                        tx.execute(
+                            "UPDATE decisions SET state = 'reserved', reserved_ms = ?2 \
+                             WHERE decision_id = ?1",
+                            params![decision.decision_id, now],
+                        )
+                        .map_err(sql)?;
+                    }
                     Ok(decision)
                 } else {
                     Err(BackendError::CreateNewOperation {
@@ -135,18 +275,7 @@ impl Authorization {
                     })
                 };
             }
-            if let Some(budget) = req.budget_cents {
-                let spent = spent_in(tx, req.account).map_err(sql)?;
-                let remaining = budget.saturating_sub(spent);
-                if req.amount_cents > remaining {
-                    return Err(BackendError::BudgetExceeded {
-                        account: req.account.to_owned(),
-                        amount_cents: req.amount_cents,
-                        budget_cents: budget,
-                        remaining_cents: remaining,
-                    });
-                }
-            }
+            self.check_budget(tx, req)?;
             let decision = Decision {
                 decision_id: uuid::Uuid::new_v4().to_string(),
                 account: req.account.to_owned(),
@@ -162,8 +291,8 @@ impl Authorization {
             };
             tx.execute(
                 "INSERT INTO decisions (agent_id, operation_key, decision_id, account, \
-                 amount_cents, scope, request_hash, created_at) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                 amount_cents, scope, request_hash, created_at, state, reserved_ms) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 'reserved', ?9)",
                 params![
                     req.agent_id,
                     req.operation_key,
@@ -173,6 +302,7 @@ impl Authorization {
                     decision.scope,
                     decision.request_hash,
                     decision.created_at,
+                    now_ms(),
                 ],
             )
             .map_err(sql)?;
@@ -180,10 +310,12 @@ impl Authorization {
         })
     }
 
-    /// Cents reserved by every decision of `account` (blocking).
+    /// Cents of `account`'s budget held by its decisions (charged, dispatched, or reserved and
+    /// not expired), blocking.
     pub fn spent_cents(&self, account: &str) -> Result<u64, BackendError> {
         self.store.read(|conn| {
-            spent_in(conn, account).map_err(|e| BackendError::from(self.store.error(e)))
+            spent_in(conn, account, now_ms(), self.expiry_ms)
+                .map_err(|e| BackendError::from(self.store.error(e)))
         })
     }
 
@@ -197,13 +329,23 @@ impl Authorization {
     }
 }
 
-fn spent_in(conn: &rusqlite::Connection, account: &str) -> rusqlite::Result<u64> {
+fn spent_in(
+    conn: &rusqlite::Connection,
+    account: &str,
+    now_ms: i64,
+    expiry_ms: i64,
+) -> rusqlite::Result<u64> {
     conn.query_row(
-        "SELECT COALESCE(SUM(amount_cents), 0) FROM decisions WHERE account = ?1",
-        [account],
+        "SELECT COALESCE(SUM(CASE state \
+             WHEN 'charged' THEN charged_cents \
+             WHEN 'released' THEN 0 \
+             WHEN 'reserved' THEN CASE WHEN reserved_ms + ?3 <= ?2 THEN 0 ELSE amount_cents END \
+             ELSE amount_cents END), 0) \
+         FROM decisions WHERE account = ?1",
+        params![account, now_ms, expiry_ms],
         |r| r.get::<_, i64>(0),
     )
-    .map(|n| n as u64)
+    .map(|n| n.max(0) as u64)
 }
 
 #[cfg(test)]
@@ -308,6 +450,85 @@ mod tests {
         assert!(!auth.authorize(&with_budget("b", 5)).unwrap().newly_recorded);
         auth.authorize(&with_budget("d", 2)).unwrap();
         assert_eq!(auth.spent_cents("acct").unwrap(), 10);
+    }
+
+    #[test]
+    fn budget_counts_each_decision_by_its_state() {
+        let (_dir, auth) = store();
+        let with_budget = |key: &'static str| AuthorizationRequest {
+            budget_cents: Some(10),
+            ..request(key)
+        };
+        let refused = auth.authorize(&with_budget("refused")).unwrap();
+        assert!(auth.mark_dispatched(&refused.decision_id).unwrap());
+        assert!(!auth.mark_dispatched(&refused.decision_id).unwrap());
+        auth.release(&refused.decision_id).unwrap();
+        let charged = auth.authorize(&with_budget("charged")).unwrap();
+        auth.mark_dispatched(&charged.decision_id).unwrap();
+        auth.record_charge(&charged.decision_id, 7).unwrap();
+        assert_eq!(auth.spent_cents("acct").unwrap(), 7);
+        // The refused decision's retry reserves it again, through the budget check.
+        assert_eq!(
+            auth.authorize(&with_budget("refused")).unwrap().decision_id,
+            refused.decision_id
+        );
+        assert_eq!(
+            auth.state(&refused.decision_id).unwrap().unwrap(),
+            "reserved"
+        );
+        assert_eq!(auth.spent_cents("acct").unwrap(), 10);
+        assert_eq!(
+            auth.authorize(&with_budget("more")).unwrap_err().code(),
+            "budget_exceeded"
+        );
+        auth.release(&refused.decision_id).unwrap();
+        // An overcharge is counted whole, and refuses every further spend.
+        auth.record_charge(&charged.decision_id, 500).unwrap();
+        assert_eq!(auth.spent_cents("acct").unwrap(), 500);
+        let err = auth.authorize(&with_budget("refused")).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                BackendError::BudgetExceeded {
+                    remaining_cents: 0,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn reservations_never_sent_expire_and_dispatched_ones_do_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let auth = Authorization::open(&dir.path().join("authorization.sqlite3"))
+            .unwrap()
+            .with_reservation_expiry(Duration::ZERO);
+        let never_sent = auth.authorize(&request("never-sent")).unwrap();
+        assert_eq!(auth.spent_cents("acct").unwrap(), 0);
+        let sent = auth.authorize(&request("sent")).unwrap();
+        auth.mark_dispatched(&sent.decision_id).unwrap();
+        assert_eq!(auth.spent_cents("acct").unwrap(), 3);
+        let unreachable = auth.authorize(&request("unreachable")).unwrap();
+        auth.mark_dispatched(&unreachable.decision_id).unwrap();
+        auth.mark_not_sent(&unreachable.decision_id).unwrap();
+        assert_eq!(auth.spent_cents("acct").unwrap(), 3);
+        // A lapsed reservation is taken again only within the budget.
+        let tight = AuthorizationRequest {
+            budget_cents: Some(5),
+            ..request("never-sent")
+        };
+        let err = auth.authorize(&tight).unwrap_err();
+        assert_eq!(err.code(), "budget_exceeded");
+        let roomy = AuthorizationRequest {
+            budget_cents: Some(6),
+            ..request("never-sent")
+        };
+        assert_eq!(
+            auth.authorize(&roomy).unwrap().decision_id,
+            never_sent.decision_id
+        );
+        assert_eq!(auth.decision_count().unwrap(), 3);
     }
 
     #[test]

@@ -72,6 +72,50 @@ impl BackendError {
         )
     }
 
+    /// Whether the provider answered with a refusal: nothing was charged, and retrying the same
+    /// request will be refused again.
+    pub fn is_provider_refusal(&self) -> bool {
+        matches!(
+            self,
+            BackendError::ProviderError(e) if !matches!(e, ProviderError::KeyReused)
+        ) || matches!(
+            self,
+            BackendError::UnknownModel(_) | BackendError::InvalidRequest(_)
+        )
+    }
+
+    /// Whether the provider call surely never reached the provider (it could not connect), so
+    /// nothing can have been charged by it.
+    pub fn never_reached_provider(&self) -> bool {
+        matches!(
+            self,
+            BackendError::ProviderUnavailable(ProviderError::Unavailable { source, .. })
+                if source.is_connect()
+        )
+    }
+
+    /// Whether this is a state file that is corrupt, foreign or from a newer callid: retrying
+    /// will not help until an operator repairs or replaces the file.
+    pub fn is_state_corrupt(&self) -> bool {
+        match self {
+            BackendError::StateUnavailable(e) => store_corrupt(e),
+            _ => false,
+        }
+    }
+
+    /// The state file this error is about, if any.
+    pub fn state_file(&self) -> Option<&std::path::Path> {
+        match self {
+            BackendError::StateUnavailable(
+                StoreError::Io { path, .. }
+                | StoreError::Foreign { path, .. }
+                | StoreError::TooNew { path, .. }
+                | StoreError::Sqlite { path, .. },
+            ) => Some(path),
+            _ => None,
+        }
+    }
+
     /// Sorts a provider error into "bad request", "try again" and "refused".
     pub(crate) fn from_provider(err: ProviderError) -> Self {
         match err {
@@ -80,5 +124,17 @@ impl BackendError {
             other if other.is_transient() => BackendError::ProviderUnavailable(other),
             other => BackendError::ProviderError(other),
         }
+    }
+}
+
+/// Whether a store error says the file itself is bad (not a transient lock or I/O failure).
+fn store_corrupt(err: &StoreError) -> bool {
+    match err {
+        StoreError::Foreign { .. } | StoreError::TooNew { .. } => true,
+        StoreError::Sqlite { source, .. } => matches!(
+            source.sqlite_error_code(),
+            Some(rusqlite::ErrorCode::DatabaseCorrupt | rusqlite::ErrorCode::NotADatabase)
+        ),
+        StoreError::Io { .. } => false,
     }
 }

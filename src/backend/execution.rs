@@ -178,7 +178,13 @@ impl Execution {
 
     fn begin(&self, decision_id: &str, req: &ImageRequest) -> Result<Begin, BackendError> {
         let sql = |e| BackendError::from(self.store.error(e));
-        let request = serde_json::to_string(req).expect("an ImageRequest always serializes");
+        // The maximum is a condition on the charge, fixed by the decision: what is recorded is
+        // what was asked for (as version 1 recorded it).
+        let asked = ImageRequest {
+            max_amount_cents: None,
+            ..req.clone()
+        };
+        let request = serde_json::to_string(&asked).expect("an ImageRequest always serializes");
         self.store.write(|tx| {
             let row: Option<Row> = tx
                 .query_row(

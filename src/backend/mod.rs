@@ -18,6 +18,13 @@
 //! retries, concurrent calls, crashes and restarts, and every successful answer for that key
 //! carries the same receipt. Nothing it returns (receipts, errors, messages) contains the
 //! operation key.
+//!
+//! # Money
+//! The provider is sent the authorized amount as `max_amount_cents` (a compliant provider refuses
+//! to charge more). Whatever the receipt says was charged is what the budget is debited by, even
+//! above the authorization (the receipt then carries [`SpendReceipt::authorized_cents`] below
+//! its `amount_cents`, and the router marks the operation). A provider refusal releases the
+//! decision's reservation; see [`authorization`] for reservations that are never settled.
 
 pub mod authorization;
 pub mod error;
@@ -64,6 +71,8 @@ pub struct BackendConfig {
     pub account: String,
     /// The account's budget in cents; `None` is unlimited.
     pub budget_cents: Option<u64>,
+    /// How long a reservation whose provider call never started holds budget.
+    pub reservation_expiry: std::time::Duration,
 }
 
 impl Default for BackendConfig {
@@ -72,6 +81,7 @@ impl Default for BackendConfig {
             agent_id: "callid-router".into(),
             account: "default".into(),
             budget_cents: None,
+            reservation_expiry: authorization::DEFAULT_RESERVATION_EXPIRY,
         }
     }
 }
@@ -83,8 +93,10 @@ pub struct SpendReceipt {
     pub decision_id: String,
     /// The provider's charge.
     pub charge_id: String,
-    /// What was charged, in cents.
+    /// What was charged, in cents (the provider's receipt).
     pub amount_cents: u64,
+    /// What was authorized (and sent to the provider as the maximum), in cents.
+    pub authorized_cents: u64,
     /// The model charged for.
     pub model: String,
     /// The image.
@@ -181,7 +193,8 @@ impl Backend {
         Ok(Backend {
             inner: Arc::new(Inner {
                 state_dir: state_dir.to_path_buf(),
-                authorization: Authorization::open(&state_dir.join(AUTHORIZATION_FILE))?,
+                authorization: Authorization::open(&state_dir.join(AUTHORIZATION_FILE))?
+                    .with_reservation_expiry(config.reservation_expiry),
                 execution: Execution::open(&state_dir.join(EXECUTION_FILE))?,
                 config,
                 provider,
@@ -268,16 +281,47 @@ impl Backend {
         if decision.newly_recorded {
             crashpoint::hit(Boundary::AfterAuthorization);
         }
-        let executed = self
+        let id = decision.decision_id.clone();
+        let first_call = self.authorization(move |a| a.mark_dispatched(&id)).await?;
+        let mut sent = req.clone();
+        sent.max_amount_cents = Some(decision.amount_cents);
+        let executed = match self
             .inner
             .execution
-            .execute(&decision.decision_id, req, self.inner.provider.as_ref())
-            .await?;
-        if executed.receipt.amount_cents != decision.amount_cents {
-            tracing::warn!(
+            .execute(&decision.decision_id, &sent, self.inner.provider.as_ref())
+            .await
+        {
+            Ok(executed) => executed,
+            Err(err) => {
+                let id = decision.decision_id.clone();
+                let settled = if err.is_provider_refusal() {
+                    self.authorization(move |a| a.release(&id)).await
+                } else if first_call && err.never_reached_provider() {
+                    self.authorization(move |a| a.mark_not_sent(&id)).await
+                } else {
+                    Ok(())
+                };
+                if let Err(e) = settled {
+                    tracing::warn!(
+                        "cannot settle the budget reservation of a failed spend: {}",
+                        e
+                    );
+                }
+                return Err(err);
+            }
+        };
+        let charged = executed.receipt.amount_cents;
+        {
+            let id = decision.decision_id.clone();
+            self.authorization(move |a| a.record_charge(&id, charged))
+                .await?;
+        }
+        if charged > decision.amount_cents {
+            tracing::error!(
                 authorized = decision.amount_cents,
-                charged = executed.receipt.amount_cents,
-                "the provider charged a different amount than was authorized"
+                charged,
+                provider = %self.inner.provider_description,
+                "the provider charged more than was authorized; the budget is debited by the charge"
             );
         }
         tracing::debug!(
@@ -292,11 +336,24 @@ impl Backend {
             decision_id: decision.decision_id,
             charge_id: receipt.charge_id,
             amount_cents: receipt.amount_cents,
+            authorized_cents: decision.amount_cents,
             model: receipt.model,
             image: receipt.image,
             charged_at: receipt.created_at,
             provider_replayed: executed.provider_replayed,
         })
+    }
+}
+
+impl Backend {
+    async fn authorization<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Authorization) -> Result<R, BackendError> + Send + 'static,
+    ) -> Result<R, BackendError> {
+        let this = self.clone();
+        tokio::task::spawn_blocking(move || f(&this.inner.authorization))
+            .await
+            .map_err(join_error)?
     }
 }
 

@@ -361,10 +361,127 @@ fn a_foreign_state_file_is_backend_state_unavailable() {
     )
     .unwrap_err();
     assert_eq!(err.code(), "backend_state_unavailable");
+    assert!(err.is_state_corrupt());
+    assert_eq!(
+        err.state_file(),
+        Some(dir.path().join(EXECUTION_FILE).as_path())
+    );
     assert_eq!(
         std::fs::read(dir.path().join(EXECUTION_FILE)).unwrap(),
         b"not a database, not at all"
     );
+}
+
+/// A provider that answers every charge with a fixed outcome, recording the requests it got.
+struct Scripted {
+    answer: fn(&ImageRequest) -> Result<ChargeOutcome, ProviderError>,
+    seen: std::sync::Mutex<Vec<ImageRequest>>,
+}
+
+impl ProviderApi for Scripted {
+    fn create_image<'a>(
+        &'a self,
+        _key: &'a str,
+        req: &'a ImageRequest,
+    ) -> provider::BoxFuture<'a, Result<ChargeOutcome, ProviderError>> {
+        self.seen.lock().unwrap().push(req.clone());
+        let answer = (self.answer)(req);
+        Box::pin(async move { answer })
+    }
+}
+
+fn scripted(
+    answer: fn(&ImageRequest) -> Result<ChargeOutcome, ProviderError>,
+    budget: u64,
+) -> (tempfile::TempDir, Backend, Arc<Scripted>) {
+    let dir = tempfile::tempdir().unwrap();
+    let provider = Arc::new(Scripted {
+        answer,
+        seen: Default::default(),
+    });
+    let backend = Backend::with_provider(
+        dir.path(),
+        provider.clone(),
+        BackendConfig {
+            budget_cents: Some(budget),
+            ..BackendConfig::default()
+        },
+    )
+    .unwrap();
+    (dir, backend, provider)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_overcharge_is_debited_whole_and_the_maximum_was_sent() {
+    let (_dir, backend, provider) = scripted(
+        |req| {
+            Ok(ChargeOutcome {
+                receipt: crate::provider::Receipt {
+                    charge_id: "ch_1".into(),
+                    amount_cents: 500,
+                    model: req.model.clone(),
+                    image: crate::provider::Image {
+                        id: "img_1".into(),
+                        width: req.width,
+                        height: req.height,
+                        sha256: "00".into(),
+                    },
+                    created_at: "2026-01-01T00:00:00Z".into(),
+                },
+                replayed: false,
+            })
+        },
+        10,
+    );
+    let req = ImageRequest::new("fox");
+    let receipt = backend.spend(&key(), &req, &hash_of(&req)).await.unwrap();
+    assert_eq!((receipt.authorized_cents, receipt.amount_cents), (3, 500));
+    assert_eq!(provider.seen.lock().unwrap()[0].max_amount_cents, Some(3));
+    assert_eq!(backend.budget().await.unwrap().spent_cents, 500);
+    let err = backend
+        .spend(&key(), &req, &hash_of(&req))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), "budget_exceeded");
+    assert_eq!(provider.seen.lock().unwrap().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_releases_its_reservation_and_a_lost_answer_keeps_it() {
+    let (_dir, backend, _) = scripted(
+        |_| {
+            Err(ProviderError::Http {
+                status: 422,
+                code: "content_policy".into(),
+                message: "refused".into(),
+            })
+        },
+        3,
+    );
+    let req = ImageRequest::new("fox");
+    for _ in 0..3 {
+        let err = backend
+            .spend(&key(), &req, &hash_of(&req))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), "provider_error");
+        assert_eq!(backend.budget().await.unwrap().spent_cents, 0);
+    }
+    let (_dir, backend, _) = scripted(
+        |_| {
+            Err(ProviderError::Internal {
+                reason: "the answer was lost".into(),
+            })
+        },
+        3,
+    );
+    let err = backend
+        .spend(&key(), &req, &hash_of(&req))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), "provider_unavailable");
+    // The provider may have charged: the reservation stays.
+    assert_eq!(backend.budget().await.unwrap().spent_cents, 3);
 }
 
 #[test]

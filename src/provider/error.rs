@@ -33,6 +33,19 @@ pub enum ProviderError {
         /// The model asked for.
         model: String,
     },
+    /// The price is above the most the caller authorized; nothing was charged.
+    #[error(
+        "`{model}` costs {price_cents} cents, above the {max_cents} cents the caller authorized; \
+         nothing was charged"
+    )]
+    AboveMaximum {
+        /// The model asked for.
+        model: String,
+        /// Its price.
+        price_cents: u64,
+        /// The `max_amount_cents` sent.
+        max_cents: u64,
+    },
     /// The key was already charged for a different request.
     #[error(
         "this `Idempotency-Key` was already used for a different request; use a new key for a \
@@ -111,6 +124,7 @@ impl ProviderError {
             ProviderError::InvalidJson { .. } => "invalid_json",
             ProviderError::InvalidRequest { .. } => "invalid_request",
             ProviderError::UnknownModel { .. } => "unknown_model",
+            ProviderError::AboveMaximum { .. } => "amount_above_maximum",
             ProviderError::KeyReused => "idempotency_key_reused",
             ProviderError::Unauthorized => "unauthorized",
             ProviderError::Ledger(_) => "ledger_unavailable",
@@ -131,7 +145,9 @@ impl ProviderError {
             | ProviderError::InvalidJson { .. } => 400,
             ProviderError::KeyReused => 409,
             ProviderError::Unauthorized => 401,
-            ProviderError::InvalidRequest { .. } | ProviderError::UnknownModel { .. } => 422,
+            ProviderError::InvalidRequest { .. }
+            | ProviderError::UnknownModel { .. }
+            | ProviderError::AboveMaximum { .. } => 422,
             ProviderError::Ledger(_) | ProviderError::Internal { .. } => 500,
             ProviderError::Injected { status, .. } | ProviderError::Http { status, .. } => *status,
             ProviderError::Unavailable { .. } => 503,

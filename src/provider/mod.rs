@@ -10,9 +10,12 @@
 //! All bodies are JSON. Errors are `{"error":{"code":"<stable code>","message":"<what to do>"}}`.
 //!
 //! `POST /v1/images`, header `Idempotency-Key: <1 to 255 visible ASCII characters>`, body
-//! `{"prompt": str, "width": int, "height": int, "model": str}` (`width` and `height` default to
-//! 1024, between 64 and 4096; `model` defaults to [`prices::DEFAULT_MODEL`]; unknown fields are
-//! refused). The provider prices the image from [`prices`], never from the request.
+//! `{"prompt": str, "width": int, "height": int, "model": str, "max_amount_cents": int}` (`width`
+//! and `height` default to 1024, between 64 and 4096; `model` defaults to
+//! [`prices::DEFAULT_MODEL`]; `max_amount_cents` is optional; unknown fields are refused). The
+//! provider prices the image from [`prices`], never from the request, and refuses to charge
+//! more than `max_amount_cents` (`422 amount_above_maximum`, nothing charged); the maximum is a
+//! condition, not part of the request: it does not change what "the same request" means.
 //! - First use of the key: records one charge durably, then answers `200`
 //!   `{"charge_id","amount_cents","model","image":{"id","width","height","sha256"},"created_at"}`.
 //! - Same key, same request (after defaults): the original answer, byte for byte, with header

@@ -32,6 +32,11 @@ pub struct ImageRequest {
     /// Model name from [`prices::PRICES`].
     #[serde(default = "default_model")]
     pub model: String,
+    /// The most the caller authorized for this image, in cents. A compliant provider refuses
+    /// (`amount_above_maximum`, HTTP 422) rather than charge more. It is a condition on the
+    /// charge, not part of what is asked for: it is left out of [`ImageRequest::fingerprint`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_amount_cents: Option<u64>,
 }
 
 fn default_size() -> u32 {
@@ -50,10 +55,12 @@ impl ImageRequest {
             width: DEFAULT_SIZE,
             height: DEFAULT_SIZE,
             model: default_model(),
+            max_amount_cents: None,
         }
     }
 
-    /// Checks the bounds and returns the price in cents.
+    /// Checks the bounds and returns the price in cents; a price above
+    /// [`max_amount_cents`](Self::max_amount_cents) is refused.
     pub fn validate(&self) -> Result<u64, ProviderError> {
         let invalid = |reason: String| Err(ProviderError::InvalidRequest { reason });
         let chars = self.prompt.chars().count();
@@ -74,15 +81,28 @@ impl ImageRequest {
                 ));
             }
         }
-        prices::price_cents(&self.model).ok_or_else(|| ProviderError::UnknownModel {
-            model: self.model.clone(),
-        })
+        let price =
+            prices::price_cents(&self.model).ok_or_else(|| ProviderError::UnknownModel {
+                model: self.model.clone(),
+            })?;
+        match self.max_amount_cents {
+            Some(max) if price > max => Err(ProviderError::AboveMaximum {
+                model: self.model.clone(),
+                price_cents: price,
+                max_cents: max,
+            }),
+            _ => Ok(price),
+        }
     }
 
     /// `sha256:<hex>` of the request's canonical JSON: two bodies are "the same request" exactly
     /// when their fingerprints match.
     pub fn fingerprint(&self) -> String {
-        let value = serde_json::to_value(self).expect("an ImageRequest always serializes");
+        let asked = ImageRequest {
+            max_amount_cents: None,
+            ..self.clone()
+        };
+        let value = serde_json::to_value(&asked).expect("an ImageRequest always serializes");
         crate::canonical::request_hash("provider:v1/images", &value)
             .expect("an ImageRequest holds no unsafe numbers")
             .as_str()
@@ -244,5 +264,23 @@ mod tests {
         }
         r.model = "flux-pro".into();
         assert_eq!(r.validate().unwrap(), 25);
+        let fingerprint = r.fingerprint();
+        for (max, ok) in [
+            (Some(25), true),
+            (Some(100), true),
+            (Some(24), false),
+            (None, true),
+        ] {
+            r.max_amount_cents = max;
+            assert_eq!(r.fingerprint(), fingerprint, "{max:?}");
+            match r.validate() {
+                Ok(price) => assert!(ok && price == 25, "{max:?}"),
+                Err(e) => {
+                    assert!(!ok, "{max:?}");
+                    assert_eq!((e.code(), e.status()), ("amount_above_maximum", 422));
+                    assert!(!e.is_transient());
+                }
+            }
+        }
     }
 }

@@ -33,6 +33,13 @@
 //!   ([`crate::logging`]).
 //! - Over HTTP: loopback only, `Host` and `Origin` checked before any tool runs
 //!   ([`crate::http_guard`]).
+//! - After a dispatch, no error claims that nothing was dispatched: an answer that cannot be
+//!   recorded is `outcome_unknown`, with the handle, settled by redelivering the same call.
+//! - A corrupt backend state file is `backend_state_corrupt` (not retryable), naming the file.
+//! - The budget is debited by what the provider actually charged; refusals release their
+//!   reservation (see [`policy`]).
+//! - Envelope identities are keyed by their `installation_id` too, and may not claim a built-in
+//!   platform (see [`crate::identity`]).
 
 pub mod diagnose;
 pub mod operator;

@@ -45,6 +45,12 @@ pub fn describe(op: &Operation) -> Value {
     if let Some((code, message)) = &op.error {
         v["failure"] = json!({"code": code, "message": message});
     }
+    if let Some(charged) = op.charged_cents {
+        v["charged_cents"] = json!(charged);
+    }
+    if let Some((authorized, charged)) = op.overcharge() {
+        v["overcharge"] = json!({"authorized_cents": authorized, "charged_cents": charged});
+    }
     v
 }
 

@@ -10,7 +10,17 @@
 //! approval_above_cents: 10      # spends above 10 cents need a person
 //! approval_models: [flux-pro]   # every spend with these models needs a person
 //! budget_cents: 500             # the account's budget (enforced by the authorization layer)
+//! reservation_expiry_seconds: 3600  # a reservation whose provider call never started frees its
+//!                                   # budget after this long (default 3600)
 //! ```
+//!
+//! # Budget
+//! A spend reserves its quoted price when it is authorized. The reservation is released when the
+//! provider refuses the spend, replaced by the receipt's amount when the provider charges (even
+//! above the quote: the budget never undercounts a real charge), and expires after
+//! `reservation_expiry_seconds` when the provider was never called for it (a crash before the
+//! call, or a provider that could not be reached). A reservation whose provider call may have
+//! charged (no answer) is kept until a redelivery of the operation settles it.
 
 use serde::{Deserialize, Serialize};
 use std::path::Path;
@@ -28,6 +38,10 @@ pub struct Policy {
     /// The account's budget in cents (`None`: unlimited).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget_cents: Option<u64>,
+    /// Seconds after which a reservation whose provider call never started stops holding budget
+    /// (`None`: [`DEFAULT_RESERVATION_EXPIRY`](crate::backend::authorization::DEFAULT_RESERVATION_EXPIRY)).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reservation_expiry_seconds: Option<u64>,
 }
 
 /// Why a policy file cannot be used.
@@ -88,7 +102,17 @@ impl Policy {
         if flags.budget_cents.is_some() {
             self.budget_cents = flags.budget_cents;
         }
+        if flags.reservation_expiry_seconds.is_some() {
+            self.reservation_expiry_seconds = flags.reservation_expiry_seconds;
+        }
         self
+    }
+
+    /// How long a reservation whose provider call never started holds budget.
+    pub fn reservation_expiry(&self) -> std::time::Duration {
+        self.reservation_expiry_seconds
+            .map(std::time::Duration::from_secs)
+            .unwrap_or(crate::backend::authorization::DEFAULT_RESERVATION_EXPIRY)
     }
 
     /// Whether a spend of `amount_cents` with `model` needs a person's approval.
@@ -109,6 +133,7 @@ mod tests {
             approval_above_cents: Some(5),
             approval_models: vec!["flux-pro".into()],
             budget_cents: None,
+            reservation_expiry_seconds: None,
         };
         let cases = [
             (3, "flux-schnell", false),
@@ -125,7 +150,8 @@ mod tests {
     #[test]
     fn yaml_and_flags() {
         let file = Policy::parse(
-            "approval_above_cents: 10\napproval_models: [flux-pro]\nbudget_cents: 50\n",
+            "approval_above_cents: 10\napproval_models: [flux-pro]\nbudget_cents: 50\n\
+             reservation_expiry_seconds: 2\n",
             "p.yaml",
         )
         .unwrap();
@@ -136,12 +162,21 @@ mod tests {
         assert_eq!(merged.approval_above_cents, Some(2));
         assert_eq!(merged.approval_models, vec!["flux-pro".to_string()]);
         assert_eq!(merged.budget_cents, Some(50));
+        assert_eq!(
+            merged.reservation_expiry(),
+            std::time::Duration::from_secs(2)
+        );
+        assert_eq!(
+            Policy::default().reservation_expiry(),
+            crate::backend::authorization::DEFAULT_RESERVATION_EXPIRY
+        );
         let err = Policy::parse("approval_above: 3\n", "p.yaml").unwrap_err();
         let text = err.to_string();
         assert_eq!(
             text,
             "policy file `p.yaml` is invalid at `approval_above`: unknown field `approval_above`, \
-             expected one of `approval_above_cents`, `approval_models`, `budget_cents`"
+             expected one of `approval_above_cents`, `approval_models`, `budget_cents`, \
+             `reservation_expiry_seconds`"
         );
         let err = Policy::parse("approval_above_cents: lots\n", "p.yaml").unwrap_err();
         assert!(

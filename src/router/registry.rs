@@ -1,9 +1,15 @@
-//! The router's durable registry: one row per (platform, installation, harness call id).
+//! The router's durable registry: one row per (platform, installation, source installation,
+//! harness call id).
 //!
 //! [`Registry`] is a SQLite file (rusqlite, bundled SQLite) that maps each trusted call identity
 //! to its private operation key, its public handle, the hash of what it asked for, and, once the
 //! backend answered, its recorded result. The router consults it before any money moves: a call
 //! it has seen is answered from here, never dispatched twice.
+//!
+//! A row's key is the platform, this router's installation id, the *source installation* (the
+//! envelope's `installation_id`, empty for the built-in sources) and the harness call id: two
+//! installations of one platform that send the same invocation id are two operations, so neither
+//! can replay, continue or block the other's.
 //!
 //! ## Durability
 //! - WAL journal with `synchronous=FULL`: a committed row survives a power cut, not only a crash.
@@ -20,8 +26,11 @@
 //!   to [`BUSY_TIMEOUT`] for a lock before the call fails closed.
 //! - Dispatch is guarded by a lease on the row ([`Registry::claim_lease`]): a process that is about
 //!   to call the backend writes its owner id and an expiry; another process that finds a live
-//!   lease answers `operation_in_progress` (safe to retry). A lease whose owner process is gone
-//!   (crash) or whose expiry passed is taken over. Within one process the router runs one flight
+//!   lease answers `operation_in_progress` (safe to retry). A lease whose owner is gone or whose
+//!   expiry passed is taken over at once. The owner id is unique per router instance and process
+//!   life ([`process_owner`]: PID, process start time, random instance id), so a crashed
+//!   predecessor's lease is recognized as gone even when the new router has its PID (PID 1 in a
+//!   container) or its PID was reused. Within one process the router runs one flight
 //!   per call identity (see `spend.rs`), so the lease only arbitrates between processes.
 //!
 //! ## Compatibility
@@ -31,6 +40,9 @@
 //! - A file with another application id, a non-empty file without one, a file that is not a
 //!   SQLite database, or a registry newer than this build knows is refused and never modified:
 //!   the checks run before any pragma that writes (such as switching to WAL).
+//! - Schema 2 adds the source installation to the key and the charged amount. Rows recorded by
+//!   schema 1 keep an empty source installation: an envelope call recorded before the upgrade is
+//!   found again only when it is redelivered without an `installation_id`.
 //!
 //! ## Retention
 //! Rows are never deleted by the router: a row is what lets a redelivery, even days later, get
@@ -77,6 +89,39 @@ pub const MIGRATIONS: &[&str] = &[
          updated_ms       INTEGER NOT NULL,
          PRIMARY KEY (platform, installation_id, harness_call_id)
      ) STRICT;",
+    // 2: the envelope's installation id joins the key (tenants kept apart); the amount the
+    // provider actually charged is recorded beside the quote.
+    "CREATE TABLE operations_v2 (
+         platform            TEXT NOT NULL,
+         installation_id     TEXT NOT NULL,
+         source_installation TEXT NOT NULL,
+         harness_call_id     TEXT NOT NULL,
+         handle              TEXT NOT NULL UNIQUE,
+         operation_key       TEXT NOT NULL UNIQUE,
+         tool                TEXT NOT NULL,
+         request_hash        TEXT NOT NULL,
+         arguments           TEXT NOT NULL,
+         amount_cents        INTEGER NOT NULL,
+         status              TEXT NOT NULL,
+         approval            TEXT NOT NULL,
+         result              TEXT,
+         error_code          TEXT,
+         error_message       TEXT,
+         lease_owner         TEXT,
+         lease_expires_ms    INTEGER,
+         created_ms          INTEGER NOT NULL,
+         updated_ms          INTEGER NOT NULL,
+         charged_cents       INTEGER,
+         PRIMARY KEY (platform, installation_id, source_installation, harness_call_id)
+     ) STRICT;
+     INSERT INTO operations_v2 (platform, installation_id, source_installation, harness_call_id,
+         handle, operation_key, tool, request_hash, arguments, amount_cents, status, approval,
+         result, error_code, error_message, lease_owner, lease_expires_ms, created_ms, updated_ms)
+     SELECT platform, installation_id, '', harness_call_id, handle, operation_key, tool,
+         request_hash, arguments, amount_cents, status, approval, result, error_code,
+         error_message, lease_owner, lease_expires_ms, created_ms, updated_ms FROM operations;
+     DROP TABLE operations;
+     ALTER TABLE operations_v2 RENAME TO operations;",
 ];
 
 /// Why the registry cannot be used. Every spend fails closed with `registry_unavailable` on any
@@ -243,6 +288,8 @@ impl Approval {
 pub struct Operation {
     /// Platform of the identity (`codex`, `claude-code`, an envelope's platform).
     pub platform: String,
+    /// The envelope's installation id (empty for the built-in sources).
+    pub source_installation: String,
     /// The harness's call id.
     pub harness_call_id: String,
     /// The public handle given to the agent.
@@ -265,6 +312,17 @@ pub struct Operation {
     pub result: Option<Value>,
     /// The recorded final error (code, message) of a failed or denied operation.
     pub error: Option<(String, String)>,
+    /// What the provider's receipt says it charged, once completed.
+    pub charged_cents: Option<u64>,
+}
+
+impl Operation {
+    /// The charge above the quote, when the provider charged more than was authorized.
+    pub fn overcharge(&self) -> Option<(u64, u64)> {
+        self.charged_cents
+            .filter(|c| *c > self.amount_cents)
+            .map(|c| (self.amount_cents, c))
+    }
 }
 
 /// A new operation to record.
@@ -272,6 +330,8 @@ pub struct Operation {
 pub struct NewOperation {
     /// Platform of the identity.
     pub platform: String,
+    /// The envelope's installation id (empty for the built-in sources).
+    pub source_installation: String,
     /// The harness's call id.
     pub harness_call_id: String,
     /// A fresh public handle.
@@ -488,18 +548,25 @@ impl Registry {
     pub fn find(
         &self,
         platform: &str,
+        source_installation: &str,
         harness_call_id: &str,
     ) -> Result<Option<Operation>, RegistryError> {
         // Cached: every spend call (and every redelivery) looks its call up first, and preparing
         // the statement each time cost more than running it (`callid bench --only router_replay`).
         self.conn
             .prepare_cached(&format!(
-                "{SELECT} WHERE platform = ?1 AND installation_id = ?2 AND harness_call_id = ?3"
+                "{SELECT} WHERE platform = ?1 AND installation_id = ?2 AND harness_call_id = ?3 \
+                 AND source_installation = ?4"
             ))
             .and_then(|mut statement| {
                 statement
                     .query_row(
-                        params![platform, self.installation_id, harness_call_id],
+                        params![
+                            platform,
+                            self.installation_id,
+                            harness_call_id,
+                            source_installation
+                        ],
                         row_to_raw,
                     )
                     .optional()
@@ -537,9 +604,15 @@ impl Registry {
         let existing = tx
             .query_row(
                 &format!(
-                    "{SELECT} WHERE platform = ?1 AND installation_id = ?2 AND harness_call_id = ?3"
+                    "{SELECT} WHERE platform = ?1 AND installation_id = ?2 AND harness_call_id = ?3 \
+                     AND source_installation = ?4"
                 ),
-                params![new.platform, self.installation_id, new.harness_call_id],
+                params![
+                    new.platform,
+                    self.installation_id,
+                    new.harness_call_id,
+                    new.source_installation
+                ],
                 row_to_raw,
             )
             .optional()
@@ -557,8 +630,8 @@ impl Registry {
         tx.execute(
             "INSERT INTO operations (platform, installation_id, harness_call_id, handle,
                  operation_key, tool, request_hash, arguments, amount_cents, status, approval,
-                 created_ms, updated_ms)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?12)",
+                 created_ms, updated_ms, source_installation)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?12, ?13)",
             params![
                 new.platform,
                 self.installation_id,
@@ -572,6 +645,7 @@ impl Registry {
                 status.name(),
                 approval.name(),
                 now,
+                new.source_installation,
             ],
         )
         .map_err(sqlite(&path, "recording a new operation"))?;
@@ -580,6 +654,7 @@ impl Registry {
         Ok((
             Operation {
                 platform: new.platform,
+                source_installation: new.source_installation,
                 harness_call_id: new.harness_call_id,
                 handle: new.handle,
                 key: new.key,
@@ -591,6 +666,7 @@ impl Registry {
                 approval,
                 result: None,
                 error: None,
+                charged_cents: None,
             },
             true,
         ))
@@ -655,18 +731,25 @@ impl Registry {
         .map(|_| ())
     }
 
-    /// Records the result of a completed operation and drops its lease.
+    /// Records the result of a completed operation, with what the provider charged, and drops
+    /// its lease.
     pub fn record_result(
         &mut self,
         handle: &PublicHandle,
         result: &Value,
+        charged_cents: u64,
     ) -> Result<(), RegistryError> {
         self.write(
             "recording a result",
             "UPDATE operations SET status = 'completed', result = ?2, lease_owner = NULL,
-                 lease_expires_ms = NULL, updated_ms = ?3
+                 lease_expires_ms = NULL, updated_ms = ?3, charged_cents = ?4
              WHERE handle = ?1 AND status = 'pending'",
-            params![handle.as_str(), result.to_string(), now_ms()],
+            params![
+                handle.as_str(),
+                result.to_string(),
+                now_ms(),
+                charged_cents as i64
+            ],
         )
         .map(|_| ())
     }
@@ -776,7 +859,8 @@ impl Registry {
 }
 
 const SELECT: &str = "SELECT platform, harness_call_id, handle, operation_key, tool, request_hash,
-    arguments, amount_cents, status, approval, result, error_code, error_message FROM operations";
+    arguments, amount_cents, status, approval, result, error_code, error_message,
+    source_installation, charged_cents FROM operations";
 
 struct RawRow {
     platform: String,
@@ -792,6 +876,8 @@ struct RawRow {
     result: Option<String>,
     error_code: Option<String>,
     error_message: Option<String>,
+    source_installation: String,
+    charged_cents: Option<i64>,
 }
 
 fn row_to_raw(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawRow> {
@@ -809,6 +895,8 @@ fn row_to_raw(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawRow> {
         result: r.get(10)?,
         error_code: r.get(11)?,
         error_message: r.get(12)?,
+        source_installation: r.get(13)?,
+        charged_cents: r.get(14)?,
     })
 }
 
@@ -837,12 +925,14 @@ impl RawRow {
                 .error_code
                 .map(|c| (c, self.error_message.unwrap_or_default())),
             platform: self.platform,
+            source_installation: self.source_installation,
             harness_call_id: self.harness_call_id,
             handle: PublicHandle::from_stored(self.handle),
             key: OperationKey::from_stored(self.key),
             tool: self.tool,
             request_hash: RequestHash::from_stored(self.request_hash),
             amount_cents: self.amount_cents.max(0) as u64,
+            charged_cents: self.charged_cents.map(|c| c.max(0) as u64),
         })
     }
 }
@@ -875,25 +965,80 @@ pub fn create_private(path: &Path) -> std::io::Result<()> {
     }
 }
 
-/// A lease owner id for this process: `<pid>:<random>`.
-pub fn process_owner() -> String {
-    format!("{}:{}", std::process::id(), uuid::Uuid::new_v4())
+/// The lease owners (router instances) alive in this process.
+fn live_owners() -> &'static std::sync::Mutex<std::collections::HashSet<String>> {
+    static LIVE: std::sync::OnceLock<std::sync::Mutex<std::collections::HashSet<String>>> =
+        std::sync::OnceLock::new();
+    LIVE.get_or_init(Default::default)
 }
 
-/// Whether the process named by a lease owner id may still be running. Where liveness cannot be
-/// told (no `/proc`), the owner is assumed alive and only the lease's expiry frees it.
+/// A new lease owner id, unique per router instance and process life:
+/// `<pid>:<process start time>:<random instance id>`. It counts as alive in this process until
+/// [`retire_owner`].
+pub fn process_owner() -> String {
+    let pid = std::process::id();
+    let start = process_start(pid).unwrap_or_default();
+    let owner = format!("{pid}:{start}:{}", uuid::Uuid::new_v4());
+    live_owners()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(owner.clone());
+    owner
+}
+
+/// Marks an owner id from [`process_owner`] as gone: its leases are taken over at once.
+pub fn retire_owner(owner: &str) {
+    live_owners()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(owner);
+}
+
+/// The start time of process `pid` (field 22 of `/proc/<pid>/stat`, in clock ticks since boot),
+/// which tells a reused PID from the process that held it.
+fn process_start(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) is in parentheses and may hold spaces: count after the last `)`.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// Whether the router instance named by a lease owner id may still be running.
+///
+/// - Same PID as this process: alive only if it is one of this process's own live instances
+///   (a crashed predecessor that had the same PID, as PID 1 in a container, is gone).
+/// - Another PID: gone if no such process exists, or if it started at another time than the
+///   owner recorded (the PID was reused). Where liveness cannot be told (no `/proc`), the owner
+///   is assumed alive and only the lease's expiry frees it.
+///
+/// Processes sharing a registry must share a PID namespace (one host or one container).
 fn owner_alive(owner: &str) -> bool {
-    let Some(pid) = owner.split(':').next().and_then(|p| p.parse::<u32>().ok()) else {
+    let mut parts = owner.split(':');
+    let Some(pid) = parts.next().and_then(|p| p.parse::<u32>().ok()) else {
         return false;
     };
     if pid == std::process::id() {
-        return true;
+        return live_owners()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(owner);
     }
     let proc_root = Path::new("/proc");
     if !proc_root.join("self").exists() {
         return true;
     }
-    proc_root.join(pid.to_string()).exists()
+    if !proc_root.join(pid.to_string()).exists() {
+        return false;
+    }
+    // `<pid>:<start>:<instance>`; an owner id without a start time (older callid) is trusted.
+    let recorded = match (parts.next(), parts.next()) {
+        (Some(start), Some(_)) => start.parse::<u64>().ok(),
+        _ => None,
+    };
+    match (recorded, process_start(pid)) {
+        (Some(recorded), Some(now)) => recorded == now,
+        _ => true,
+    }
 }
 
 #[cfg(test)]
@@ -905,6 +1050,7 @@ mod tests {
     fn new_op(call: &str) -> NewOperation {
         NewOperation {
             platform: "codex".into(),
+            source_installation: String::new(),
             harness_call_id: call.into(),
             handle: PublicHandle::generate(DEFAULT_HANDLE_PREFIX),
             key: OperationKey::generate(DEFAULT_KEY_PREFIX, "codex"),
@@ -938,27 +1084,34 @@ mod tests {
         assert_eq!(a.handle, b.handle);
         assert_eq!(a.key, b.key);
         let me = process_owner();
-        let other = format!("{}:x", std::process::id());
+        let other = process_owner();
         assert_eq!(
             reg.claim_lease(&a.handle, &me, Duration::from_secs(60))
                 .unwrap(),
             Lease::Granted
         );
-        // Same pid is alive by definition, so a different owner id in this process is refused.
+        // Another live instance of this process is refused.
         assert_eq!(
             reg.claim_lease(&a.handle, &other, Duration::from_secs(60))
                 .unwrap(),
             Lease::HeldElsewhere
         );
-        reg.record_result(&a.handle, &json!({"ok": 1})).unwrap();
+        reg.record_result(&a.handle, &json!({"ok": 1}), 3).unwrap();
         assert_eq!(
             reg.claim_lease(&a.handle, &me, Duration::from_secs(60))
                 .unwrap(),
             Lease::NotPending(Status::Completed)
         );
-        let got = reg.find("codex", "c1").unwrap().unwrap();
+        let got = reg.find("codex", "", "c1").unwrap().unwrap();
         assert_eq!(got.result, Some(json!({"ok": 1})));
-        assert!(reg.find("claude-code", "c1").unwrap().is_none());
+        assert_eq!(got.charged_cents, Some(3));
+        assert!(reg.find("claude-code", "", "c1").unwrap().is_none());
+        assert!(reg.find("codex", "inst-b", "c1").unwrap().is_none());
+        let mut other_tenant = new_op("c1");
+        other_tenant.source_installation = "inst-b".into();
+        let (b2, created) = reg.insert_or_get(other_tenant).unwrap();
+        assert!(created);
+        assert_ne!(b2.handle, a.handle);
     }
 
     #[test]
@@ -977,6 +1130,69 @@ mod tests {
                 .unwrap(),
             Lease::Granted
         );
+    }
+
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn a_lease_of_a_gone_instance_is_taken_over_at_once() {
+        let mut reg = Registry::open_in_memory().unwrap();
+        let (a, _) = reg.insert_or_get(new_op("c4")).unwrap();
+        let pid = std::process::id();
+        let start = process_start(pid).unwrap();
+        // A crashed predecessor with this very PID (PID 1 in a container), another instance id.
+        let predecessor = format!("{pid}:{start}:0b5f");
+        assert!(!owner_alive(&predecessor));
+        assert_eq!(
+            reg.claim_lease(&a.handle, &predecessor, Duration::from_secs(600))
+                .unwrap(),
+            Lease::Granted
+        );
+        let me = process_owner();
+        assert_eq!(
+            reg.claim_lease(&a.handle, &me, Duration::from_secs(60))
+                .unwrap(),
+            Lease::Granted
+        );
+        // A retired instance's lease is free at once too.
+        let other = process_owner();
+        assert_eq!(
+            reg.claim_lease(&a.handle, &other, Duration::from_secs(60))
+                .unwrap(),
+            Lease::HeldElsewhere
+        );
+        retire_owner(&me);
+        assert_eq!(
+            reg.claim_lease(&a.handle, &other, Duration::from_secs(60))
+                .unwrap(),
+            Lease::Granted
+        );
+        // Another PID's owner whose start time differs: the PID was reused, the owner is gone.
+        let parent = std::os::unix::process::parent_id();
+        let parent_start = process_start(parent).unwrap();
+        assert!(owner_alive(&format!("{parent}:{parent_start}:x")));
+        assert!(!owner_alive(&format!("{parent}:{}:x", parent_start + 1)));
+        assert!(owner_alive(&format!("{parent}:x")));
+    }
+
+    #[test]
+    fn a_schema_1_registry_keeps_its_rows_with_an_empty_source_installation() {
+        let conn = Connection::open_in_memory().unwrap();
+        conn.execute_batch(MIGRATIONS[0]).unwrap();
+        conn.execute_batch(&format!(
+            "PRAGMA user_version = 1; PRAGMA application_id = {APPLICATION_ID};
+             INSERT INTO settings VALUES ('installation_id', 'inst-1');
+             INSERT INTO operations (platform, installation_id, harness_call_id, handle,
+                 operation_key, tool, request_hash, arguments, amount_cents, status, approval,
+                 created_ms, updated_ms)
+             VALUES ('codex', 'inst-1', 'old', 'h-old', 'k-old', 'generate_image', 'sha256:00',
+                 '{{}}', 3, 'pending', 'not_required', 1, 1);"
+        ))
+        .unwrap();
+        let reg = Registry::init(conn, PathBuf::from(":memory:")).unwrap();
+        assert_eq!(reg.schema_version().unwrap(), MIGRATIONS.len() as i64);
+        let old = reg.find("codex", "", "old").unwrap().unwrap();
+        assert_eq!(old.handle.as_str(), "h-old");
+        assert_eq!(old.charged_cents, None);
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //! 1. identity in the arguments is refused ([`identity::check_arguments`]);
 //! 2. the trusted identity is read from `_meta` ([`identity::from_meta_map`]), failing closed;
 //! 3. the request is hashed ([`canonical::request_hash`]) and its arguments checked;
-//! 4. the registry is looked up by (platform, installation, harness call id);
+//! 4. the registry is looked up by (platform, installation, the envelope's installation, harness
+//!    call id);
 //! 5. resolved: a new call gets a fresh private key and public handle, and its row is committed
 //!    before anything is dispatched; the same id with the same hash returns the recorded result
 //!    (marked replayed) or, with none recorded yet, continues the same operation under the same
@@ -12,6 +13,14 @@
 //! 6. the backend is called with the private key, the result recorded, then the reply sent.
 //!
 //! Every reply, success or error, passes through the [`Scrubber`] before it leaves.
+//!
+//! # Honest errors
+//! An error says "nothing was dispatched" only where that is true of the call being answered.
+//! Once the backend has been called, an error carries the operation's handle; if its answer
+//! cannot be recorded, the code is `outcome_unknown`: the provider may have charged, and
+//! redelivering *the same call* settles it (it continues the operation under the same key, which
+//! every layer behind the router answers with the original charge), whereas a new call would be
+//! charged again.
 //!
 //! # Concurrency
 //! Single flight per call identity within a process: deliveries of the same call wait on one
@@ -24,7 +33,7 @@ use super::diagnose::{CallInfo, Diagnostics};
 use super::policy::Policy;
 use super::preallocated::{KeyPool, KeyPoolError};
 use super::registry::{
-    Lease, NewOperation, Operation, Registry, RegistryError, Status, process_owner,
+    Lease, NewOperation, Operation, Registry, RegistryError, Status, process_owner, retire_owner,
 };
 use super::scrub::Scrubber;
 use crate::backend::{Backend, BackendConfig, BackendError, ProviderTarget, SpendReceipt};
@@ -66,6 +75,8 @@ pub const ERROR_CODES: &[&str] = &[
     "operation_denied",
     "unknown_operation",
     "registry_unavailable",
+    "outcome_unknown",
+    "backend_state_corrupt",
     "budget_exceeded",
     "create_new_operation",
     "unknown_model",
@@ -119,6 +130,8 @@ pub struct ToolError {
     pub handle: Option<PublicHandle>,
     /// The operation's state, if one exists.
     pub status: Option<Status>,
+    /// The underlying failure alone, without the advice of `message` (when it differs).
+    pub cause: Option<String>,
 }
 
 impl ToolError {
@@ -128,6 +141,7 @@ impl ToolError {
             message: message.into(),
             handle: None,
             status: None,
+            cause: None,
         }
     }
 
@@ -138,12 +152,31 @@ impl ToolError {
     }
 
     fn registry(err: RegistryError) -> Self {
-        ToolError::new(
+        let mut e = ToolError::new(
             "registry_unavailable",
             format!(
-                "{err}; nothing was dispatched, and retrying with the same call is safe once the registry is fixed"
+                "{err}; nothing was dispatched for this delivery, and retrying with the same call is safe once the registry is fixed"
+            ),
+        );
+        e.cause = Some(err.to_string());
+        e
+    }
+
+    /// The backend was called for `op` and answered (`answer`, saying whether money moved),
+    /// but its answer could not be recorded.
+    fn unrecorded(op: &Operation, answer: &str, cause: &ToolError) -> Self {
+        ToolError::new(
+            "outcome_unknown",
+            format!(
+                "operation `{}` was dispatched and the backend answered ({answer}), but the answer \
+                 could not be recorded: {}; redeliver this same call (same call id, same \
+                 arguments) to get the recorded outcome without a second charge, and do not make \
+                 a new call for it",
+                op.handle,
+                cause.cause.as_deref().unwrap_or(&cause.message)
             ),
         )
+        .of(op)
     }
 
     /// The `structuredContent` of this error.
@@ -216,10 +249,17 @@ pub struct Router {
     registry: Arc<Mutex<Option<Registry>>>,
     pool: Option<Arc<Mutex<Option<KeyPool>>>>,
     backend: tokio::sync::Mutex<Option<Arc<Backend>>>,
-    flights: Mutex<HashMap<(String, String), Flight>>,
+    flights: Mutex<HashMap<(String, String, String), Flight>>,
     owner: String,
     scrubber: Scrubber,
     diagnostics: Option<Diagnostics>,
+}
+
+impl Drop for Router {
+    fn drop(&mut self) {
+        // Leases this instance still holds are free for any other instance at once.
+        retire_owner(&self.owner);
+    }
 }
 
 impl std::fmt::Debug for Router {
@@ -337,10 +377,16 @@ impl Router {
             .map_err(|e| ToolError::new(e.code(), format!("{e}; nothing was dispatched")))?;
         let request = image_request(&args)?;
 
-        let flight = self.flight(&id.platform, &id.harness_call_id);
+        let flight = self.flight(&id.platform, id.key_installation(), &id.harness_call_id);
         let guard = flight.lock().await;
-        let (platform, call_id) = (id.platform.clone(), id.harness_call_id.clone());
-        let existing = self.registry(move |r| r.find(&platform, &call_id)).await;
+        let (platform, installation, call_id) = (
+            id.platform.clone(),
+            id.key_installation().to_string(),
+            id.harness_call_id.clone(),
+        );
+        let existing = self
+            .registry(move |r| r.find(&platform, &installation, &call_id))
+            .await;
         let result = match existing {
             Ok(Some(op)) => {
                 keys.push(op.key.clone());
@@ -350,7 +396,12 @@ impl Router {
             Err(e) => Err(e),
         };
         drop(guard);
-        self.forget_flight(&id.platform, &id.harness_call_id, flight);
+        self.forget_flight(
+            &id.platform,
+            id.key_installation(),
+            &id.harness_call_id,
+            flight,
+        );
         result
     }
 
@@ -384,6 +435,7 @@ impl Router {
         keys.push(key.clone());
         let new = NewOperation {
             platform: id.platform.clone(),
+            source_installation: id.key_installation().to_string(),
             harness_call_id: id.harness_call_id.clone(),
             handle,
             key,
@@ -443,7 +495,8 @@ impl Router {
         let handle = op.handle.clone();
         let lease = self
             .registry(move |r| r.claim_lease(&handle, &owner, LEASE_TTL))
-            .await?;
+            .await
+            .map_err(|e| e.of(&op))?;
         match lease {
             Lease::Granted => {}
             Lease::HeldElsewhere => {
@@ -463,17 +516,25 @@ impl Router {
                 let handle = op.handle.clone();
                 let now = self
                     .registry(move |r| r.find_by_handle(handle.as_str()))
-                    .await?
+                    .await
+                    .map_err(|e| e.of(&op))?
                     .ok_or_else(|| unknown_operation(op.handle.as_str()))?;
                 return Box::pin(self.continue_operation(now)).await;
             }
         }
-        let request = image_request(&op.arguments)?;
-        let backend = self.backend().await?;
+        let request = image_request(&op.arguments).map_err(|e| e.of(&op))?;
+        let backend = match self.backend().await {
+            Ok(b) => b,
+            Err(e) => {
+                self.give_up_lease(&op).await;
+                return Err(e.of(&op));
+            }
+        };
         match backend.spend(&op.key, &request, &op.request_hash).await {
             Ok(receipt) => {
                 let mut done = op.clone();
                 done.status = Status::Completed;
+                done.charged_cents = Some(receipt.amount_cents);
                 done.result = Some(json!({
                     "handle": op.handle.as_str(),
                     "status": Status::Completed.name(),
@@ -482,8 +543,16 @@ impl Router {
                 crashpoint::hit(Boundary::BeforeResultRecorded);
                 let handle = op.handle.clone();
                 let result = done.result.clone().expect("set above");
-                self.registry(move |r| r.record_result(&handle, &result))
-                    .await?;
+                let charged = receipt.amount_cents;
+                self.registry(move |r| r.record_result(&handle, &result, charged))
+                    .await
+                    .map_err(|e| {
+                        ToolError::unrecorded(
+                            &op,
+                            &format!("the provider charged {} cents", receipt.amount_cents),
+                            &e,
+                        )
+                    })?;
                 crashpoint::hit(Boundary::BeforeReply);
                 tracing::info!(handle = %op.handle, "operation completed");
                 Ok(completed(&done, false))
@@ -495,26 +564,44 @@ impl Router {
                     let handle = op.handle.clone();
                     let (c, m) = (code.to_string(), message.clone());
                     self.registry(move |r| r.record_failure(&handle, &c, &m))
-                        .await?;
+                        .await
+                        .map_err(|e| {
+                            ToolError::unrecorded(
+                                &op,
+                                &format!("refused with `{code}`, nothing charged"),
+                                &e,
+                            )
+                        })?;
                     let mut failed = op.clone();
                     failed.status = Status::Failed;
                     Err(ToolError::new(code, format!("{message}; this operation is final, redelivering it returns this error again")).of(&failed))
                 } else {
-                    let handle = op.handle.clone();
-                    let owner = self.owner.clone();
-                    if let Err(e) = self
-                        .registry(move |r| r.release_lease(&handle, &owner))
-                        .await
-                    {
-                        tracing::warn!("cannot release the dispatch lease: {}", e.message);
+                    self.give_up_lease(&op).await;
+                    let advice = if err.is_state_corrupt() {
+                        "an operator must repair or restore that file; until then every spend \
+                         fails closed: do not retry, and do not make a new call"
+                    } else {
+                        "nothing more was charged than once: retry the same call, it continues \
+                         this operation under the same key"
+                    };
+                    if err.is_state_corrupt() {
+                        tracing::error!(handle = %op.handle, "backend state is corrupt: {message}");
                     }
-                    Err(ToolError::new(
-                        code,
-                        format!("{message}; nothing more was charged than once: retry the same call, it continues this operation under the same key"),
-                    )
-                    .of(&op))
+                    Err(ToolError::new(code, format!("{message}; {advice}")).of(&op))
                 }
             }
+        }
+    }
+
+    /// Lets another delivery (or process) dispatch a pending operation this one gave up on.
+    async fn give_up_lease(&self, op: &Operation) {
+        let handle = op.handle.clone();
+        let owner = self.owner.clone();
+        if let Err(e) = self
+            .registry(move |r| r.release_lease(&handle, &owner))
+            .await
+        {
+            tracing::warn!("cannot release the dispatch lease: {}", e.message);
         }
     }
 
@@ -529,7 +616,11 @@ impl Router {
                 if let Some((code, message)) = &op.error {
                     structured["failure"] = json!({"code": code, "message": message});
                 }
-                let text = format!("operation `{}` is {}", op.handle, op.status.name());
+                let mut text = format!("operation `{}` is {}", op.handle, op.status.name());
+                if let Some((authorized, charged)) = op.overcharge() {
+                    structured["overcharge"] = overcharge_json(authorized, charged);
+                    text.push_str(&overcharge_text(authorized, charged));
+                }
                 Reply::Ok {
                     structured,
                     text,
@@ -546,7 +637,7 @@ impl Router {
             Err(e) => return (e.into(), vec![]),
         };
         let keys = vec![op.key.clone()];
-        let flight = self.flight(&op.platform, &op.harness_call_id);
+        let flight = self.flight(&op.platform, &op.source_installation, &op.harness_call_id);
         let guard = flight.lock().await;
         let handle = op.handle.clone();
         let result = match self
@@ -558,7 +649,12 @@ impl Router {
             Err(e) => Err(e),
         };
         drop(guard);
-        self.forget_flight(&op.platform, &op.harness_call_id, flight);
+        self.forget_flight(
+            &op.platform,
+            &op.source_installation,
+            &op.harness_call_id,
+            flight,
+        );
         (result.unwrap_or_else(Reply::Err), keys)
     }
 
@@ -635,17 +731,25 @@ impl Router {
     }
 
     /// The single-flight lock of one call identity (this process's installation).
-    fn flight(&self, platform: &str, call_id: &str) -> Flight {
+    fn flight(&self, platform: &str, installation: &str, call_id: &str) -> Flight {
         let mut map = self.flights.lock().unwrap_or_else(|p| p.into_inner());
-        map.entry((platform.to_string(), call_id.to_string()))
-            .or_default()
-            .clone()
+        map.entry((
+            platform.to_string(),
+            installation.to_string(),
+            call_id.to_string(),
+        ))
+        .or_default()
+        .clone()
     }
 
-    fn forget_flight(&self, platform: &str, call_id: &str, flight: Flight) {
+    fn forget_flight(&self, platform: &str, installation: &str, call_id: &str, flight: Flight) {
         drop(flight);
         let mut map = self.flights.lock().unwrap_or_else(|p| p.into_inner());
-        let k = (platform.to_string(), call_id.to_string());
+        let k = (
+            platform.to_string(),
+            installation.to_string(),
+            call_id.to_string(),
+        );
         if map.get(&k).is_some_and(|f| Arc::strong_count(f) == 1) {
             map.remove(&k);
         }
@@ -714,15 +818,34 @@ impl Router {
             agent_id: format!("callid-router:{installation}"),
             account: "default".into(),
             budget_cents: self.opts.policy.budget_cents,
+            reservation_expiry: self.opts.policy.reservation_expiry(),
         };
         let backend = Backend::open(&state_dir, target, config).map_err(|e| {
-            ToolError::new(
-                "provider_unavailable",
-                format!(
-                    "cannot open the backend state in `{}`: {e:#}; nothing was dispatched",
-                    state_dir.display()
-                ),
-            )
+            let cause = chain(&e);
+            if e.is_state_corrupt() {
+                tracing::error!(
+                    file = ?e.state_file(),
+                    "backend state is corrupt, every spend fails closed until an operator \
+                     repairs or restores it: {cause}"
+                );
+                ToolError::new(
+                    "backend_state_corrupt",
+                    format!(
+                        "{cause}; nothing was dispatched for this delivery, and none will be \
+                         until an operator repairs or restores that file: do not retry, and do \
+                         not make a new call"
+                    ),
+                )
+            } else {
+                ToolError::new(
+                    backend_code(&e),
+                    format!(
+                        "cannot open the backend state in `{}`: {cause}; nothing was dispatched \
+                         for this delivery: retry the same call later",
+                        state_dir.display()
+                    ),
+                )
+            }
         })?;
         let backend = Arc::new(backend);
         *guard = Some(backend.clone());
@@ -794,8 +917,8 @@ fn recorded_failure(op: &Operation) -> ToolError {
 fn completed(op: &Operation, replayed: bool) -> Reply {
     let structured = op.result.clone().unwrap_or(Value::Null);
     let r = &structured["result"];
-    let text = format!(
-        "Generated image `{}` ({}x{}, {}) for {} cents. Operation `{}` is completed{}.",
+    let mut text = format!(
+        "Generated image `{}` ({}x{}, {}) for {} cents. Operation `{}` is completed{}",
         r["image"]["id"].as_str().unwrap_or("?"),
         r["image"]["width"],
         r["image"]["height"],
@@ -808,6 +931,10 @@ fn completed(op: &Operation, replayed: bool) -> Reply {
             ""
         }
     );
+    if let Some((authorized, charged)) = op.overcharge() {
+        text.push_str(&overcharge_text(authorized, charged));
+    }
+    text.push('.');
     Reply::Ok {
         structured,
         text,
@@ -864,6 +991,7 @@ fn image_request(args: &Value) -> Result<ImageRequest, ToolError> {
         width: size("width")?,
         height: size("height")?,
         model,
+        max_amount_cents: None,
     })
 }
 
@@ -871,6 +999,9 @@ fn image_request(args: &Value) -> Result<ImageRequest, ToolError> {
 /// `invalid_request` and `backend_state_unavailable` mapped onto `invalid_arguments` and
 /// `registry_unavailable` (the backend's state files live beside the registry).
 fn backend_code(err: &BackendError) -> &'static str {
+    if err.is_state_corrupt() {
+        return "backend_state_corrupt";
+    }
     match err.code() {
         "invalid_request" => "invalid_arguments",
         "backend_state_unavailable" => "registry_unavailable",
@@ -910,14 +1041,29 @@ fn backend_error(err: BackendError) -> ToolError {
     )
 }
 
-/// The `result` member of a completed spend.
+/// The `result` member of a completed spend; a charge above the authorization is marked.
 fn receipt_json(receipt: &SpendReceipt) -> Value {
-    json!({
+    let mut v = json!({
         "charge_id": receipt.charge_id,
         "amount_cents": receipt.amount_cents,
         "model": receipt.model,
         "image": receipt.image,
-    })
+    });
+    if receipt.amount_cents > receipt.authorized_cents {
+        v["overcharge"] = overcharge_json(receipt.authorized_cents, receipt.amount_cents);
+    }
+    v
+}
+
+fn overcharge_json(authorized: u64, charged: u64) -> Value {
+    json!({"authorized_cents": authorized, "charged_cents": charged})
+}
+
+fn overcharge_text(authorized: u64, charged: u64) -> String {
+    format!(
+        "; WARNING: the provider charged {charged} cents although {authorized} were authorized; \
+         the budget was debited by the full charge"
+    )
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@ mod bench;
 mod common;
 mod conform;
 mod hardening_transport;
+mod hardening_money;
 mod matrix;
 mod probe;
 mod provider;
