@@ -208,7 +208,22 @@ impl Connection {
         args: &[String],
         envs: &[(String, String)],
     ) -> Result<(Connection, Child), RpcError> {
+        Self::spawn_stdio_in(program, args, envs, false).await
+    }
+
+    /// [`spawn_stdio`](Self::spawn_stdio), with the child leading a new process group when
+    /// `own_group` (its id is the group's id), so the whole group can be killed at once: a
+    /// wrapper script and the router it started without `exec`.
+    pub async fn spawn_stdio_in(
+        program: &Path,
+        args: &[String],
+        envs: &[(String, String)],
+        own_group: bool,
+    ) -> Result<(Connection, Child), RpcError> {
         let mut command = tokio::process::Command::new(program);
+        if own_group {
+            command.process_group(0);
+        }
         command
             .args(args)
             .envs(envs.iter().map(|(k, v)| (k, v)))
