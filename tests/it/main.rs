@@ -4,6 +4,7 @@
 mod bench;
 mod common;
 mod conform;
+mod conform_contract;
 mod matrix;
 mod probe;
 mod provider;
