@@ -172,6 +172,7 @@ enum Transport {
 pub struct Child {
     child: tokio::process::Child,
     stderr: Arc<Mutex<Vec<u8>>>,
+    stderr_closed: tokio::sync::watch::Receiver<bool>,
 }
 
 impl Child {
@@ -193,6 +194,15 @@ impl Child {
     /// Whether the child has exited, without waiting.
     pub fn try_wait(&mut self) -> std::io::Result<Option<std::process::ExitStatus>> {
         self.child.try_wait()
+    }
+
+    /// Waits (at most `timeout`) until the child's stderr is closed, so that
+    /// [`stderr_text`](Self::stderr_text) holds its last words; `false` on timeout.
+    pub async fn stderr_closed(&self, timeout: Duration) -> bool {
+        let mut closed = self.stderr_closed.clone();
+        tokio::time::timeout(timeout, closed.wait_for(|c| *c))
+            .await
+            .is_ok_and(|r| r.is_ok())
     }
 
     /// What the child wrote to stderr so far (the last 64 KiB).
@@ -241,6 +251,7 @@ impl Connection {
 
         let stderr = Arc::new(Mutex::new(Vec::new()));
         let stderr_sink = stderr.clone();
+        let (closed_tx, stderr_closed) = tokio::sync::watch::channel(false);
         tokio::spawn(async move {
             let mut buf = [0u8; 8192];
             while let Ok(n) = stderr_pipe.read(&mut buf).await {
@@ -254,6 +265,7 @@ impl Connection {
                     kept.drain(..cut);
                 }
             }
+            let _ = closed_tx.send(true);
         });
 
         let waiters: Waiters = Arc::default();
@@ -290,7 +302,14 @@ impl Connection {
             }),
             timeout: DEFAULT_TIMEOUT,
         };
-        Ok((connection, Child { child, stderr }))
+        Ok((
+            connection,
+            Child {
+                child,
+                stderr,
+                stderr_closed,
+            },
+        ))
     }
 
     /// A streamable HTTP connection to `url` (the MCP endpoint). No request is sent yet.

@@ -1060,26 +1060,23 @@ impl<'a> ScenarioRun<'a> {
             }
             Ok(())
         } else {
-            initialize(&conn, id, &self.scenario.protocol)
-                .await
-                .map_err(|e| match e {
-                    StepError::Error(m)
-                        if self.router.as_ref().is_some_and(|r| r.process.is_some()) =>
-                    {
-                        let tail = self
-                            .router
-                            .as_ref()
-                            .and_then(|r| r.process.as_ref())
-                            .map(Process::stderr_tail)
-                            .unwrap_or_default();
-                        StepError::Error(if tail.is_empty() {
-                            m
-                        } else {
-                            format!("{m} (its stderr ends with: {tail})")
-                        })
+            match initialize(&conn, id, &self.scenario.protocol).await {
+                Err(StepError::Error(m)) => {
+                    let mut tail = String::new();
+                    if let Some(process) = self.router.as_ref().and_then(|r| r.process.as_ref()) {
+                        if let Process::Stdio(child) = process {
+                            child.stderr_closed(Duration::from_secs(2)).await;
+                        }
+                        tail = process.stderr_tail();
                     }
-                    other => other,
-                })
+                    Err(StepError::Error(if tail.is_empty() {
+                        m
+                    } else {
+                        format!("{m} (its stderr ends with: {tail})")
+                    }))
+                }
+                other => other,
+            }
         }
     }
 
