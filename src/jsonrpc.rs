@@ -397,6 +397,17 @@ impl Connection {
     ) -> Result<Response, RpcError> {
         let message = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
         let text = serde_json::to_string(&message).expect("a Value serializes");
+        self.request_text(id, method, &text).await
+    }
+
+    /// Sends `text`, a request with id `id` written exactly as the caller wants its bytes (other
+    /// escapes or number forms than serde_json's), and waits for the response with that id.
+    pub async fn request_text(
+        &self,
+        id: Value,
+        method: &str,
+        text: &str,
+    ) -> Result<Response, RpcError> {
         let timed_out = || RpcError::Timeout {
             method: method.to_string(),
             id: id.to_string(),
@@ -412,7 +423,7 @@ impl Connection {
                     .entry(id_key(&id))
                     .or_default()
                     .push_back(tx);
-                self.write_line(&text).await?;
+                self.write_line(text).await?;
                 if let Transport::Stdio { closed, .. } = &self.inner.transport
                     && closed.lock().expect("closed lock").is_some()
                 {
@@ -425,7 +436,7 @@ impl Connection {
                 }
             }
             Transport::Http { .. } => {
-                match tokio::time::timeout(self.timeout, self.post(&text, Some(&id))).await {
+                match tokio::time::timeout(self.timeout, self.post(text, Some(&id))).await {
                     Ok(result) => result?.ok_or_else(|| {
                         RpcError::Protocol(format!("no response to `{method}` in the HTTP reply"))
                     }),

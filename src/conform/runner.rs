@@ -139,11 +139,14 @@ pub fn not_runnable(profile: &Profile, scenario: &Scenario) -> Option<Outcome> {
     }
 }
 
+/// A `tools/call`: tool, arguments, `_meta`, and whether the arguments are written escaped.
+type Params = (String, Value, Option<Value>, bool);
+
 /// What a named step left behind for later steps.
 #[derive(Debug, Clone, Default)]
 struct Done {
     /// The `tools/call` params to redeliver.
-    params: Option<(String, Value, Option<Value>)>,
+    params: Option<Params>,
     handle: Option<String>,
     result: Option<Value>,
 }
@@ -389,7 +392,7 @@ impl<'a> ScenarioRun<'a> {
                     (None, Some(h)) => h.clone(),
                     (None, None) => unreachable!("validated on load"),
                 };
-                let params = (tool, json!({"handle": handle}), None);
+                let params = (tool, json!({"handle": handle}), None, false);
                 let id = self.id(None);
                 let response = self.call(id, &params).await?;
                 self.after(s.name.as_deref(), None, Some(&response), &s.expect)
@@ -459,7 +462,7 @@ impl<'a> ScenarioRun<'a> {
         meta: &Option<Map<String, Value>>,
         arguments: &Arguments,
         tool: Option<&str>,
-    ) -> (String, Value, Option<Value>) {
+    ) -> Params {
         let args = match (&arguments.set, &arguments.literal) {
             (_, Some(literal)) => literal.clone(),
             (Some(set), None) => {
@@ -487,20 +490,29 @@ impl<'a> ScenarioRun<'a> {
             tool.unwrap_or(&self.profile.tools.spend).to_string(),
             args,
             meta,
+            arguments.form == Some(super::scenario::Form::Escaped),
         )
     }
 
-    async fn call(
-        &self,
-        id: Value,
-        params: &(String, Value, Option<Value>),
-    ) -> StepResult<Response> {
-        let (tool, args, meta) = params;
-        let response = self
-            .conn()?
-            .call_tool(id, tool, args.clone(), meta.clone())
-            .await
-            .map_err(|e| self.transport_error(e))?;
+    async fn call(&self, id: Value, params: &Params) -> StepResult<Response> {
+        let (tool, args, meta, escaped) = params;
+        let sent = if *escaped {
+            let text = format!(
+                r#"{{"jsonrpc":"2.0","id":{},"method":"tools/call","params":{{"name":{},"arguments":{}{}}}}}"#,
+                id,
+                json!(tool),
+                super::scenario::escaped_json(args),
+                meta.as_ref()
+                    .map(|m| format!(r#","_meta":{m}"#))
+                    .unwrap_or_default()
+            );
+            self.conn()?.request_text(id, "tools/call", &text).await
+        } else {
+            self.conn()?
+                .call_tool(id, tool, args.clone(), meta.clone())
+                .await
+        };
+        let response = sent.map_err(|e| self.transport_error(e))?;
         self.scan(&response)?;
         Ok(response)
     }
@@ -510,7 +522,7 @@ impl<'a> ScenarioRun<'a> {
         &mut self,
         trigger: KillTrigger,
         id: Value,
-        params: &(String, Value, Option<Value>),
+        params: &Params,
     ) -> StepResult<Option<Response>> {
         let provider = self.provider.expect("checked by not_runnable");
         let pid = self
@@ -520,7 +532,7 @@ impl<'a> ScenarioRun<'a> {
             .and_then(Process::pid)
             .ok_or_else(|| StepError::Error("the router process has no pid to kill".into()))?;
         provider.hooks().arm_kill(trigger, pid);
-        let (tool, args, meta) = params;
+        let (tool, args, meta, _) = params;
         let mut conn = self.conn()?.clone();
         conn.set_timeout(KILL_TIMEOUT);
         let result = conn.call_tool(id, tool, args.clone(), meta.clone()).await;
@@ -585,7 +597,7 @@ impl<'a> ScenarioRun<'a> {
         for _ in 0..s.count {
             let id = self.id(None);
             let conn = conn.clone();
-            let (tool, args, meta) = params.clone();
+            let (tool, args, meta, _) = params.clone();
             set.spawn(async move { conn.call_tool(id, &tool, args, meta).await });
         }
         let mut responses = Vec::new();
@@ -695,7 +707,7 @@ impl<'a> ScenarioRun<'a> {
     fn after(
         &mut self,
         name: Option<&str>,
-        params: Option<(String, Value, Option<Value>)>,
+        params: Option<Params>,
         response: Option<&Response>,
         expect: &Expect,
     ) -> StepResult {

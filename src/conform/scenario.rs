@@ -267,6 +267,8 @@ pub enum Form {
     FractionNumbers,
     /// Both.
     ReorderedFractionNumbers,
+    /// Every character of every string (keys included) written as a `\uXXXX` escape.
+    Escaped,
 }
 
 impl Form {
@@ -302,8 +304,55 @@ impl Form {
             Form::Reordered => reorder(value),
             Form::FractionNumbers => fractions(value),
             Form::ReorderedFractionNumbers => reorder(&fractions(value)),
+            Form::Escaped => value.clone(),
         }
     }
+}
+
+/// `value` as JSON text with every character of every string (keys included) written as a
+/// `\uXXXX` escape (UTF-16, surrogate pairs beyond the BMP): the same JSON value in other bytes.
+pub fn escaped_json(value: &Value) -> String {
+    fn string(s: &str, out: &mut String) {
+        out.push('"');
+        let mut units = [0u16; 2];
+        for c in s.chars() {
+            for unit in c.encode_utf16(&mut units) {
+                out.push_str(&format!("\\u{unit:04x}"));
+            }
+        }
+        out.push('"');
+    }
+    fn write(value: &Value, out: &mut String) {
+        match value {
+            Value::String(s) => string(s, out),
+            Value::Array(items) => {
+                out.push('[');
+                for (i, item) in items.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    write(item, out);
+                }
+                out.push(']');
+            }
+            Value::Object(map) => {
+                out.push('{');
+                for (i, (k, v)) in map.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    string(k, out);
+                    out.push(':');
+                    write(v, out);
+                }
+                out.push('}');
+            }
+            other => out.push_str(&other.to_string()),
+        }
+    }
+    let mut out = String::new();
+    write(value, &mut out);
+    out
 }
 
 /// The argument sets every target profile names.
@@ -705,9 +754,25 @@ fn validate(scenario: &Scenario) -> Result<(), ScenarioError> {
             }
         }
         match step {
-            Step::Call(s) => check_arguments(&s.arguments, file, &at)?,
+            Step::Call(s) => {
+                check_arguments(&s.arguments, file, &at)?;
+                if s.arguments.form == Some(Form::Escaped) && s.kill.is_some() {
+                    return Err(invalid(
+                        file,
+                        format!("{at}.arguments.form"),
+                        "`escaped` arguments cannot be combined with `kill`",
+                    ));
+                }
+            }
             Step::Concurrent(s) => {
                 check_arguments(&s.arguments, file, &at)?;
+                if s.arguments.form == Some(Form::Escaped) {
+                    return Err(invalid(
+                        file,
+                        format!("{at}.arguments.form"),
+                        "`escaped` arguments go in `call` steps only",
+                    ));
+                }
                 if !(2..=256).contains(&s.count) {
                     return Err(invalid(
                         file,
@@ -906,6 +971,12 @@ mod tests {
         assert_eq!(
             serde_json::to_string(&Form::ReorderedFractionNumbers.apply(&v)).unwrap(),
             r#"{"b":{"d":[3.0,"x"],"c":2.0},"a":1.0}"#
+        );
+        let escaped = escaped_json(&serde_json::json!({"a": ["é🦊", 1.5, null]}));
+        assert_eq!(escaped, r#"{"\u0061":["\u00e9\ud83e\udd8a",1.5,null]}"#);
+        assert_eq!(
+            serde_json::from_str::<Value>(&escaped).unwrap(),
+            serde_json::json!({"a": ["é🦊", 1.5, null]})
         );
         let multibyte = expand(&serde_json::json!("{repeat:3:€}y"), &mut ids);
         assert_eq!(multibyte, "€€€y");
