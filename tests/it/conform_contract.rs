@@ -610,3 +610,54 @@ fn the_readme_ci_recipe_is_a_workflow_running_conform_with_junit() {
         "a step publishes the report"
     );
 }
+
+/// A report with every new verdict word still turns into a matrix row: `skipped` is the
+/// matrix's `not-applicable` and `not-run` its `error` (could not run).
+#[test]
+fn matrix_add_reads_skipped_and_not_run_verdicts() {
+    let dir = empty_dir();
+    let text = std::fs::read_to_string(repo().join("scenarios/targets/reference.yaml"))
+        .unwrap()
+        .replace(
+            "capabilities: {restart: true, kill: true, approval: true}",
+            "capabilities: {restart: true, approval: false}",
+        );
+    std::fs::write(dir.path().join("p.yaml"), text).unwrap();
+    let report = conform_in(
+        dir.path(),
+        &[
+            "--target",
+            "p.yaml",
+            "--format",
+            "json",
+            "--out",
+            "report.json",
+            "--only",
+            "approval.deny-refuses",
+            "crash.after-dispatch-before-charge",
+            "identity.missing-fails-closed",
+        ],
+    );
+    assert_eq!(code(&report), 1, "{}", stderr(&report));
+    let matrices = dir.path().join("matrices");
+    std::fs::create_dir(&matrices).unwrap();
+    std::fs::copy(
+        repo().join("matrices/clients.yaml"),
+        matrices.join("clients.yaml"),
+    )
+    .unwrap();
+    let add = Command::new(bin())
+        .args(["matrix", "add", "report.json", "--dir", "matrices"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(code(&add), 0, "{}", stderr(&add));
+    let routers = std::fs::read_to_string(matrices.join("routers.yaml")).unwrap();
+    for want in [
+        "  - id: approval.deny-refuses\n    verdict: not-applicable",
+        "  - id: crash.after-dispatch-before-charge\n    verdict: error",
+        "  - id: identity.missing-fails-closed\n    verdict: pass",
+    ] {
+        assert!(routers.contains(want), "{want:?} missing:\n{routers}");
+    }
+}
