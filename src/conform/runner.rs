@@ -241,6 +241,7 @@ pub struct ScenarioRun<'a> {
     done: HashMap<String, Done>,
     baseline: u64,
     _state: tempfile::TempDir,
+    _port: PortLease,
 }
 
 /// A step's failure: a broken rule, a convention not followed (reported only when no rule
@@ -270,12 +271,13 @@ impl<'a> ScenarioRun<'a> {
         let state = tempfile::Builder::new()
             .prefix("callid-conform-state-")
             .tempdir()?;
+        let port = PortLease::take()?;
         let vars = Vars {
             callid: callid.to_string(),
             state_dir: state.path().display().to_string(),
             registry: state.path().join("registry.sqlite3").display().to_string(),
             provider_url: provider.map(RunnerProvider::url).unwrap_or_default(),
-            port: free_port()?.to_string(),
+            port: port.port.to_string(),
             profile_dir: profile.dir.display().to_string(),
             handle: String::new(),
         };
@@ -290,6 +292,7 @@ impl<'a> ScenarioRun<'a> {
             done: HashMap::new(),
             baseline: 0,
             _state: state,
+            _port: port,
         })
     }
 
@@ -1147,10 +1150,72 @@ async fn initialize(conn: &Connection, id: Value, protocol: &str) -> StepResult 
     Ok(())
 }
 
-fn free_port() -> std::io::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
+/// A loopback port for `{port}`, held for one scenario against every other conform process.
+///
+/// A port found free and then released can be taken by another scenario (or another conform
+/// run) before the router binds it, and the runner would then drive someone else's router. So the
+/// port comes from outside the kernel's ephemeral range (where `bind(0)` never lands), and the
+/// file `callid-conform-ports/PORT.claim` in the temporary directory, created exclusively, claims
+/// it until the scenario ends. A claim older than [`STALE_CLAIM`] is left over from a killed run
+/// and is taken over.
+struct PortLease {
+    port: u16,
+    claim: Option<PathBuf>,
+}
+
+/// Age after which a port claim is considered abandoned (a scenario takes seconds).
+const STALE_CLAIM: Duration = Duration::from_secs(600);
+
+/// Ports handed out for `{port}`: below Linux's default ephemeral range (32768-60999).
+const PORT_RANGE: std::ops::Range<u16> = 20000..32000;
+
+impl PortLease {
+    fn take() -> std::io::Result<PortLease> {
+        let dir = std::env::temp_dir().join("callid-conform-ports");
+        std::fs::create_dir_all(&dir)?;
+        let span = PORT_RANGE.end - PORT_RANGE.start;
+        let start = (uuid::Uuid::new_v4().as_u128() % u128::from(span)) as u16;
+        for i in 0..span {
+            let port = PORT_RANGE.start + (start + i) % span;
+            let path = dir.join(format!("{port}.claim"));
+            let stale = std::fs::metadata(&path)
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age > STALE_CLAIM);
+            if stale {
+                let _ = std::fs::remove_file(&path);
+            }
+            let claimed = std::fs::OpenOptions::new()
+                .create_new(true)
+                .write(true)
+                .open(&path)
+                .is_ok();
+            if !claimed {
+                continue;
+            }
+            let lease = PortLease {
+                port,
+                claim: Some(path),
+            };
+            if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                return Ok(lease);
+            }
+        }
+        Err(std::io::Error::other(format!(
+            "no free loopback port in {}..{}",
+            PORT_RANGE.start, PORT_RANGE.end
+        )))
+    }
+}
+
+impl Drop for PortLease {
+    fn drop(&mut self) {
+        // Dropped after the scenario's router is stopped: the port is free again.
+        if let Some(path) = self.claim.take() {
+            let _ = std::fs::remove_file(path);
+        }
+    }
 }
 
 fn step_label(i: usize, step: &Step) -> String {
