@@ -26,10 +26,30 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// `callid conform`: runs the scenarios and renders the report; 1 when a check failed unexpectedly
-/// or an expected failure is stale.
+/// `callid conform`: runs the scenarios and renders the report; 1 when a required check failed
+/// unexpectedly, an expected failure is stale, or a check was not run (unless
+/// `--allow-incomplete`). `--list`, `--print-profile` and `--contract` print and exit.
 fn conform(args: crate::cli::ConformArgs) -> anyhow::Result<ExitCode> {
     use crate::conform::{Options, TargetSpec, report};
+    use std::io::Write as _;
+    if args.print_profile || args.contract {
+        let text = if args.contract {
+            crate::conform::ROUTER_CONTRACT
+        } else {
+            crate::conform::target::REFERENCE_PROFILE
+        };
+        std::io::stdout()
+            .lock()
+            .write_all(text.as_bytes())
+            .context("failed to write to standard output")?;
+        return Ok(ExitCode::from(exit_codes::SUCCESS));
+    }
+    if args.list {
+        let scenarios = crate::conform::load_scenarios(args.scenarios.as_deref())?;
+        crate::conform::list(&scenarios, &mut std::io::stdout().lock())
+            .context("failed to write the list")?;
+        return Ok(ExitCode::from(exit_codes::SUCCESS));
+    }
     let target = match (args.target, args.stdio, args.url) {
         (Some(file), None, None) => TargetSpec::Profile(file),
         (None, Some(command), None) => TargetSpec::Stdio(command),
@@ -43,12 +63,17 @@ fn conform(args: crate::cli::ConformArgs) -> anyhow::Result<ExitCode> {
         only: args.only,
         expected_failures: args.expected_failures,
         progress: true,
+        allow_incomplete: args.allow_incomplete,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("failed to start the async runtime")?;
     let report = runtime.block_on(crate::conform::run(&options))?;
+    if let Some(path) = &args.write_expected_failures {
+        std::fs::write(path, crate::conform::expected::baseline_text(&report))
+            .with_context(|| format!("failed to write `{}`", path.display()))?;
+    }
     let format = report::Format::from(args.format);
     match &args.out {
         Some(path) => {

@@ -252,19 +252,31 @@ pub struct ProviderArgs {
 
 /// `callid conform`
 #[derive(Debug, Args)]
+#[command(
+    after_help = "The router contract, what a router must do to be judged (required: the \
+article's rules; recommended: callid's conventions), is ROUTER-CONTRACT.md in callid's \
+repository, and `callid conform --contract` prints it. Start a profile for your router with \
+`callid conform --print-profile > router.yaml`; list the checks with `--list`."
+)]
 pub struct ConformArgs {
-    /// A target profile (YAML) saying how to start and drive the router.
+    /// A target profile (YAML) saying how to start and drive the router
+    /// (`--print-profile` writes a commented template).
     #[arg(long, value_name = "FILE", conflicts_with_all = ["stdio", "url"])]
     pub target: Option<PathBuf>,
-    /// A router started as this command over stdio (the reference router's profile otherwise).
+    /// A router started as this command over stdio, driven like the reference router: the
+    /// runner appends `--registry FILE --provider-url URL --approval-above-cents 10`, and runs
+    /// `CMD ARGS approve|deny HANDLE --registry FILE` as the operator commands.
     #[arg(long, value_name = "'CMD ARGS'", conflicts_with = "url")]
     pub stdio: Option<String>,
-    /// A router already running at this streamable HTTP URL.
+    /// A router already running at this streamable HTTP URL. The runner neither starts it nor
+    /// sees its charges, so most checks are not run and the run exits 1 unless
+    /// `--allow-incomplete`.
     #[arg(long, value_name = "URL")]
     pub url: Option<String>,
-    /// Directory of scenario files.
-    #[arg(long, value_name = "DIR", default_value = "scenarios")]
-    pub scenarios: PathBuf,
+    /// Directory of scenario files added to the built-in ones (a file with a built-in check's id
+    /// replaces it).
+    #[arg(long, value_name = "DIR")]
+    pub scenarios: Option<PathBuf>,
     /// Run only these check ids (repeatable).
     #[arg(long, value_name = "ID", num_args = 1..)]
     pub only: Vec<String>,
@@ -278,6 +290,22 @@ pub struct ConformArgs {
     /// as stale.
     #[arg(long, value_name = "FILE")]
     pub expected_failures: Option<PathBuf>,
+    /// Write the required checks that failed in this run to FILE as an expected-failures
+    /// baseline (for `--expected-failures`); the run's exit code is unchanged.
+    #[arg(long, value_name = "FILE")]
+    pub write_expected_failures: Option<PathBuf>,
+    /// Checks that could not be run (not skipped by the profile) do not fail the run.
+    #[arg(long)]
+    pub allow_incomplete: bool,
+    /// Print every check id with the rule it cites, and exit.
+    #[arg(long, conflicts_with_all = ["target", "stdio", "url", "print_profile"])]
+    pub list: bool,
+    /// Print the reference router's profile as a commented template for a new router, and exit.
+    #[arg(long, conflicts_with_all = ["target", "stdio", "url", "contract"])]
+    pub print_profile: bool,
+    /// Print the router contract (ROUTER-CONTRACT.md), and exit.
+    #[arg(long, conflicts_with_all = ["target", "stdio", "url", "list"])]
+    pub contract: bool,
 }
 
 /// `callid matrix`

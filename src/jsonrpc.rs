@@ -172,6 +172,7 @@ enum Transport {
 pub struct Child {
     child: tokio::process::Child,
     stderr: Arc<Mutex<Vec<u8>>>,
+    stderr_closed: tokio::sync::watch::Receiver<bool>,
 }
 
 impl Child {
@@ -195,6 +196,15 @@ impl Child {
         self.child.try_wait()
     }
 
+    /// Waits (at most `timeout`) until the child's stderr is closed, so that
+    /// [`stderr_text`](Self::stderr_text) holds its last words; `false` on timeout.
+    pub async fn stderr_closed(&self, timeout: Duration) -> bool {
+        let mut closed = self.stderr_closed.clone();
+        tokio::time::timeout(timeout, closed.wait_for(|c| *c))
+            .await
+            .is_ok_and(|r| r.is_ok())
+    }
+
     /// What the child wrote to stderr so far (the last 64 KiB).
     pub fn stderr_text(&self) -> String {
         String::from_utf8_lossy(&self.stderr.lock().expect("stderr lock")).into_owned()
@@ -208,7 +218,22 @@ impl Connection {
         args: &[String],
         envs: &[(String, String)],
     ) -> Result<(Connection, Child), RpcError> {
+        Self::spawn_stdio_in(program, args, envs, false).await
+    }
+
+    /// [`spawn_stdio`](Self::spawn_stdio), with the child leading a new process group when
+    /// `own_group` (its id is the group's id), so the whole group can be killed at once: a
+    /// wrapper script and the router it started without `exec`.
+    pub async fn spawn_stdio_in(
+        program: &Path,
+        args: &[String],
+        envs: &[(String, String)],
+        own_group: bool,
+    ) -> Result<(Connection, Child), RpcError> {
         let mut command = tokio::process::Command::new(program);
+        if own_group {
+            command.process_group(0);
+        }
         command
             .args(args)
             .envs(envs.iter().map(|(k, v)| (k, v)))
@@ -238,6 +263,7 @@ impl Connection {
         let stdout = child.stdout.take().expect("piped stdout");
 
         let stderr = Arc::new(Mutex::new(Vec::new()));
+        let (closed_tx, stderr_closed) = tokio::sync::watch::channel(false);
         if let Some(mut stderr_pipe) = child.stderr.take() {
             let stderr_sink = stderr.clone();
             tokio::spawn(async move {
@@ -253,7 +279,10 @@ impl Connection {
                         kept.drain(..cut);
                     }
                 }
+                let _ = closed_tx.send(true);
             });
+        } else {
+            let _ = closed_tx.send(true);
         }
 
         let waiters: Waiters = Arc::default();
@@ -290,7 +319,14 @@ impl Connection {
             }),
             timeout: DEFAULT_TIMEOUT,
         };
-        Ok((connection, Child { child, stderr }))
+        Ok((
+            connection,
+            Child {
+                child,
+                stderr,
+                stderr_closed,
+            },
+        ))
     }
 
     /// A streamable HTTP connection to `url` (the MCP endpoint). No request is sent yet.
@@ -378,6 +414,17 @@ impl Connection {
     ) -> Result<Response, RpcError> {
         let message = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
         let text = serde_json::to_string(&message).expect("a Value serializes");
+        self.request_text(id, method, &text).await
+    }
+
+    /// Sends `text`, a request with id `id` written exactly as the caller wants its bytes (other
+    /// escapes or number forms than serde_json's), and waits for the response with that id.
+    pub async fn request_text(
+        &self,
+        id: Value,
+        method: &str,
+        text: &str,
+    ) -> Result<Response, RpcError> {
         let timed_out = || RpcError::Timeout {
             method: method.to_string(),
             id: id.to_string(),
@@ -393,7 +440,7 @@ impl Connection {
                     .entry(id_key(&id))
                     .or_default()
                     .push_back(tx);
-                self.write_line(&text).await?;
+                self.write_line(text).await?;
                 if let Transport::Stdio { closed, .. } = &self.inner.transport
                     && closed.lock().expect("closed lock").is_some()
                 {
@@ -406,7 +453,7 @@ impl Connection {
                 }
             }
             Transport::Http { .. } => {
-                match tokio::time::timeout(self.timeout, self.post(&text, Some(&id))).await {
+                match tokio::time::timeout(self.timeout, self.post(text, Some(&id))).await {
                     Ok(result) => result?.ok_or_else(|| {
                         RpcError::Protocol(format!("no response to `{method}` in the HTTP reply"))
                     }),

@@ -27,7 +27,8 @@
 //! - [`backend`]: the authorization and execution layers, each idempotent on its own.
 //! - [`router`]: the reference router: identity, request hash, registry, keys, scrubbing,
 //!   approvals, in front of the backend.
-//! - [`conform`]: the conformance runner that replays `scenarios/*.yaml` against any router.
+//! - [`conform`]: the conformance runner that replays the built-in `scenarios/*.yaml` against any
+//!   router.
 //! - [`matrix`]: the support matrix data in `matrices/` and its Markdown rendering.
 //! - [`measure`]: drives real agent clients offline against the probe to measure a matrix row.
 //! - [`mod@bench`]: end-to-end benchmarks that run each figure beside its baseline.

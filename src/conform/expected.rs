@@ -99,14 +99,38 @@ impl ExpectedFailures {
     pub fn classify(&self, id: &str, verdict: Verdict) -> Baseline {
         let listed = self.0.contains(id);
         match (listed, verdict) {
-            (false, Verdict::Pass | Verdict::NotApplicable) => Baseline::Ok,
+            (false, Verdict::Pass | Verdict::Skipped | Verdict::NotRun) => Baseline::Ok,
             (false, Verdict::Fail | Verdict::Error) => Baseline::Unexpected,
             (true, Verdict::Fail | Verdict::Error) => Baseline::Expected,
             (true, Verdict::Pass) => Baseline::Stale,
-            // Not applicable proves nothing either way: the entry is neither used nor stale.
-            (true, Verdict::NotApplicable) => Baseline::Ok,
+            // A check not run proves nothing either way: the entry is neither used nor stale.
+            (true, Verdict::Skipped | Verdict::NotRun) => Baseline::Ok,
         }
     }
+}
+
+/// The text of an expected-failures file listing every required check of `report` that failed
+/// or errored (`--write-expected-failures`), with its reason as a comment; recommended checks
+/// never fail a run, so they are not listed.
+pub fn baseline_text(report: &super::report::Report) -> String {
+    use super::report::Level;
+    let mut out = format!(
+        "# Expected failures of `{}`, written by `callid conform --write-expected-failures`.\n\
+         # One check id per line. A listed check that passes fails the run as stale: remove it then.\n",
+        report.target.replace('\n', " ")
+    );
+    for check in report.level(Level::Required) {
+        if matches!(check.verdict, Verdict::Fail | Verdict::Error) {
+            let reason: String = check.reason.replace(['\n', '\r'], " ");
+            out.push_str(&format!(
+                "{}  # {}: {}\n",
+                check.id,
+                check.verdict.word(),
+                reason
+            ));
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -120,16 +144,35 @@ mod tests {
                 .unwrap();
         let cases = [
             ("c.d", Verdict::Pass, Baseline::Ok),
-            ("c.d", Verdict::NotApplicable, Baseline::Ok),
+            ("c.d", Verdict::Skipped, Baseline::Ok),
+            ("c.d", Verdict::NotRun, Baseline::Ok),
             ("c.d", Verdict::Fail, Baseline::Unexpected),
             ("c.d", Verdict::Error, Baseline::Unexpected),
             ("a.b", Verdict::Fail, Baseline::Expected),
             ("a.b", Verdict::Error, Baseline::Expected),
             ("a.b", Verdict::Pass, Baseline::Stale),
-            ("a.b", Verdict::NotApplicable, Baseline::Ok),
+            ("a.b", Verdict::Skipped, Baseline::Ok),
+            ("a.b", Verdict::NotRun, Baseline::Ok),
         ];
         for (id, verdict, want) in cases {
             assert_eq!(list.classify(id, verdict), want, "{id} {verdict:?}");
+        }
+    }
+
+    #[test]
+    fn a_written_baseline_lists_required_failures_and_reads_back() {
+        let report = crate::conform::report::tests::sample();
+        let text = baseline_text(&report);
+        let known: Vec<&str> = report.checks.iter().map(|c| c.id.as_str()).collect();
+        let list = ExpectedFailures::parse(&text, Path::new("f"), &known).unwrap();
+        let listed: Vec<&str> = list.0.iter().map(String::as_str).collect();
+        assert_eq!(
+            listed,
+            ["crash.after-charge-before-reply", "new-call.same-arguments"]
+        );
+        for check in report.level(crate::conform::report::Level::Required) {
+            let again = list.classify(&check.id, check.verdict);
+            assert_ne!(again, Baseline::Unexpected, "{}", check.id);
         }
     }
 

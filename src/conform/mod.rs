@@ -1,5 +1,7 @@
-//! The conformance runner: replays `scenarios/*.yaml` against any router, one verdict per rule.
+//! The conformance runner: replays the scenarios against any router, one verdict per rule.
 //!
+//! The scenarios and the reference profile are built into the binary ([`builtin`]), so an
+//! installed `callid conform` runs from any directory; `--scenarios DIR` adds or replaces them.
 //! [`run`] loads the target ([`target::Profile`]), starts the runner's own paid provider
 //! ([`provider::RunnerProvider`], whose ledger is the ground truth of every charge count), runs
 //! each scenario ([`scenario::Scenario`]) in its own fresh state through [`runner`], classifies
@@ -7,13 +9,17 @@
 //! [`report::Report`] that every format renders.
 //!
 //! # Guarantees
-//! - A check passes only if every expectation of every step held; a check the target cannot run
-//!   is `n-a`, never `pass`.
+//! - A check passes only if every expectation of every step held. A check not run is never a
+//!   pass: it is `skipped` only when the profile declares the capability absent, and otherwise
+//!   `not run`, which fails the run unless `--allow-incomplete`.
+//! - Required checks (the article's rules) decide the exit code; recommended ones (callid's
+//!   conventions) are reported in their own section.
 //! - Charge counts come from the provider's ledger, never from what the router says.
 //! - Every byte of every response is scanned for the private key pattern.
 //! - A router that dies mid-scenario is an `error` for that scenario; the run goes on.
 //! - Check ids are stable: they are the `id:` of the scenario files, each citing its article rule.
 
+pub mod builtin;
 pub mod expected;
 pub mod provider;
 pub mod report;
@@ -48,14 +54,16 @@ pub enum TargetSpec {
 pub struct Options {
     /// The target.
     pub target: TargetSpec,
-    /// The scenario directory.
-    pub scenarios: PathBuf,
+    /// A directory of scenario files added to the built-in ones (same id: replaces it).
+    pub scenarios: Option<PathBuf>,
     /// Only these check ids (all when empty).
     pub only: Vec<String>,
     /// The expected-failures file.
     pub expected_failures: Option<PathBuf>,
     /// Draw a live progress line on stderr (only when stderr is a terminal).
     pub progress: bool,
+    /// Checks not run do not fail the run.
+    pub allow_incomplete: bool,
 }
 
 /// A usage or setup error: nothing was tested.
@@ -79,6 +87,22 @@ pub enum ConformError {
     /// The router started in no scenario at all: a setup problem, not a verdict.
     #[error("the router never started: {0}; check the target's command and arguments")]
     NeverStarted(String),
+    /// A router at `--url` (or a profile without a command) could not be reached.
+    #[error("failed to reach the router at `{url}`: {reason}")]
+    Unreachable {
+        /// The URL.
+        url: String,
+        /// Why, with the fix.
+        reason: String,
+    },
+    /// A check found the target set up so that it cannot be judged.
+    #[error("check `{id}` cannot judge this target: {reason}")]
+    Setup {
+        /// The check.
+        id: String,
+        /// What is wrong and how to fix it.
+        reason: String,
+    },
     /// This binary's path (for the reference router) or a temporary directory.
     #[error("failed to prepare the run: {0}")]
     Io(#[from] std::io::Error),
@@ -93,6 +117,8 @@ impl ConformError {
             ConformError::Expected(e) => e.code(),
             ConformError::Provider(_) => "provider_unavailable",
             ConformError::Start(_) | ConformError::NeverStarted(_) => "router_start_failed",
+            ConformError::Unreachable { .. } => "router_unreachable",
+            ConformError::Setup { .. } => "target_setup",
             ConformError::Io(_) => "setup_io",
         }
     }
@@ -106,7 +132,7 @@ pub const DEFAULT_JOBS: usize = 4;
 /// Runs the selected scenarios against the target and returns the report.
 pub async fn run(options: &Options) -> Result<Report, ConformError> {
     let started = Instant::now();
-    let all = scenario::load_dir(&options.scenarios)?;
+    let all = load_scenarios(options.scenarios.as_deref())?;
     let known: Vec<&str> = all.iter().map(|s| s.id.as_str()).collect();
     let expected = match &options.expected_failures {
         Some(file) => ExpectedFailures::load(file, &known)?,
@@ -165,16 +191,32 @@ pub async fn run(options: &Options) -> Result<Report, ConformError> {
         results.push(done);
     }
     results.sort_by_key(|(index, ..)| *index);
+    if let Some((_, scenario, Outcome::Setup(reason), _)) = results
+        .iter()
+        .find(|(_, _, o, _)| matches!(o, Outcome::Setup(_)))
+    {
+        return Err(ConformError::Setup {
+            id: scenario.id.clone(),
+            reason: reason.clone(),
+        });
+    }
     let ran: Vec<&Outcome> = results
         .iter()
         .map(|(_, _, o, _)| o)
-        .filter(|o| !matches!(o, Outcome::NotApplicable(_)))
+        .filter(|o| !matches!(o, Outcome::Skipped(_) | Outcome::NotRun(_)))
         .collect();
     if let Some(Outcome::Error(first)) = ran.first()
         && ran
             .iter()
             .all(|o| matches!(o, Outcome::Error(r) if r.starts_with(runner::START_FAILED)))
     {
+        if !profile.runner_starts() {
+            let url = profile.url.clone().unwrap_or_default();
+            return Err(ConformError::Unreachable {
+                reason: unreachable_reason(&url, first),
+                url,
+            });
+        }
         return Err(ConformError::NeverStarted(first.clone()));
     }
     let checks = results
@@ -183,8 +225,9 @@ pub async fn run(options: &Options) -> Result<Report, ConformError> {
             let (verdict, reason) = match outcome {
                 Outcome::Pass => (Verdict::Pass, String::new()),
                 Outcome::Fail(r) => (Verdict::Fail, r),
-                Outcome::NotApplicable(r) => (Verdict::NotApplicable, r),
-                Outcome::Error(r) => (Verdict::Error, r),
+                Outcome::Skipped(r) => (Verdict::Skipped, r),
+                Outcome::NotRun(r) => (Verdict::NotRun, r),
+                Outcome::Error(r) | Outcome::Setup(r) => (Verdict::Error, r),
             };
             CheckResult {
                 baseline: expected.classify(&scenario.id, verdict),
@@ -192,6 +235,7 @@ pub async fn run(options: &Options) -> Result<Report, ConformError> {
                 title: scenario.title,
                 rule: scenario.rule,
                 article: scenario.article,
+                level: scenario.level,
                 verdict,
                 reason,
                 duration,
@@ -203,7 +247,66 @@ pub async fn run(options: &Options) -> Result<Report, ConformError> {
         target: profile.name.clone(),
         checks,
         duration: started.elapsed(),
+        allow_incomplete: options.allow_incomplete,
     })
+}
+
+/// The built-in scenarios, with those of `dir` added or replacing them.
+pub fn load_scenarios(dir: Option<&std::path::Path>) -> Result<Vec<Scenario>, ConformError> {
+    Ok(match dir {
+        Some(dir) => scenario::load_with_overrides(dir)?,
+        None => scenario::load_builtin()?,
+    })
+}
+
+/// `callid conform --list`: every check id, its level, the rule it cites and the article's words.
+pub fn list(scenarios: &[Scenario], out: &mut dyn std::io::Write) -> std::io::Result<()> {
+    for level in [report::Level::Required, report::Level::Recommended] {
+        let of_level: Vec<&Scenario> = scenarios.iter().filter(|s| s.level == level).collect();
+        if of_level.is_empty() {
+            continue;
+        }
+        match level {
+            report::Level::Required => writeln!(
+                out,
+                "required (the article's rules: a failure fails the run)"
+            )?,
+            report::Level::Recommended => writeln!(
+                out,
+                "\nrecommended (callid's conventions: reported, never fail the run)"
+            )?,
+        }
+        for s in of_level {
+            writeln!(out, "  {}  {}", s.id, s.rule)?;
+            writeln!(out, "      \"{}\"", s.article.trim())?;
+        }
+    }
+    Ok(())
+}
+
+/// Why a router the runner does not start could not be reached, with the fix.
+fn unreachable_reason(url: &str, first: &str) -> String {
+    let authority = url
+        .split_once("://")
+        .map_or(url, |(_, rest)| rest)
+        .split(['/', '?'])
+        .next()
+        .unwrap_or_default();
+    let refused = std::net::ToSocketAddrs::to_socket_addrs(authority)
+        .ok()
+        .and_then(|mut addrs| addrs.next())
+        .map(|addr| {
+            std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2))
+                .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionRefused)
+        })
+        .unwrap_or(false);
+    if refused {
+        format!(
+            "connection refused: nothing listens on `{authority}`; start the router first (or fix the URL)"
+        )
+    } else {
+        format!("{first}; check that the URL is the router's MCP endpoint")
+    }
 }
 
 /// One scenario, with its own provider unless one is shared.
@@ -214,8 +317,8 @@ async fn run_one(
     callid: &str,
     progress: &Progress,
 ) -> Result<Outcome, ConformError> {
-    if let Some(reason) = runner::not_applicable(profile, scenario) {
-        return Ok(Outcome::NotApplicable(reason));
+    if let Some(outcome) = runner::not_runnable(profile, scenario) {
+        return Ok(outcome);
     }
     let provider = match shared {
         Some(shared) => Some(shared),
@@ -331,3 +434,6 @@ impl ProgressSink for ScenarioProgress<'_> {
             .update(self.id, format!("step {} {kind}", index + 1));
     }
 }
+
+/// The router contract (`ROUTER-CONTRACT.md`): what a router must do to be judged.
+pub const ROUTER_CONTRACT: &str = include_str!("../../ROUTER-CONTRACT.md");

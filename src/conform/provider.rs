@@ -34,6 +34,7 @@ pub enum ProviderSetupError {
 struct Plan {
     kill: Option<(KillTrigger, u32)>,
     hold_first: Option<Duration>,
+    fail_next: Option<u16>,
     killed: bool,
     keys_seen: Vec<String>,
 }
@@ -69,6 +70,11 @@ impl RunnerHooks {
         self.plan.lock().expect("plan lock").hold_first = Some(hold);
     }
 
+    /// Answers the next request with HTTP `status` without charging (a provider outage).
+    pub fn fail_next(&self, status: u16) {
+        self.plan.lock().expect("plan lock").fail_next = Some(status);
+    }
+
     /// Every idempotency key the provider received since the last reset.
     pub fn keys_seen(&self) -> Vec<String> {
         self.plan.lock().expect("plan lock").keys_seen.clone()
@@ -87,22 +93,30 @@ impl RunnerHooks {
     }
 }
 
-/// Sends SIGKILL to `pid` and waits until the signal is delivered (`kill` has returned).
-fn sigkill(pid: u32) -> bool {
-    std::process::Command::new("kill")
-        .args(["-KILL", &pid.to_string()])
-        .stderr(std::process::Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
+/// Sends SIGKILL to the process group `pid` leads (the runner starts every router as a group
+/// leader, so a wrapper script and the router it started die together), or to `pid` alone when
+/// it leads no group, and waits until the signal is delivered (`kill` has returned).
+pub fn sigkill(pid: u32) -> bool {
+    let kill = |target: String| {
+        std::process::Command::new("kill")
+            .args(["-KILL", "--", &target])
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    kill(format!("-{pid}")) || kill(pid.to_string())
 }
 
 impl ProviderHooks for RunnerHooks {
     fn before_charge(&self, key: &str) -> HookAction {
-        let hold = {
+        let (hold, fail) = {
             let mut plan = self.plan.lock().expect("plan lock");
             plan.keys_seen.push(key.to_string());
-            plan.hold_first.take()
+            (plan.hold_first.take(), plan.fail_next.take())
         };
+        if let Some(status) = fail {
+            return HookAction::Fail(status);
+        }
         if self.kill_if(KillTrigger::BeforeCharge) {
             return HookAction::Fail(503);
         }

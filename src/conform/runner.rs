@@ -9,8 +9,11 @@
 //! # Verdicts
 //! - `pass`: every expectation held.
 //! - `fail`: an expectation did not hold; the reason names the step and what differed.
-//! - `n-a`: the target lacks what the scenario needs (restart, kill, approval, a countable
-//!   ledger); never counted as passed.
+//! - `skipped`: the profile declares absent what the scenario needs (`capabilities: {approval:
+//!   false}`); never counted as passed.
+//! - `not run`: the runner cannot run it against this target (it does not start the router, cannot
+//!   count charges, the profile leaves a capability undeclared); never counted as passed, and the
+//!   run is incomplete.
 //! - `error`: the scenario could not finish (the router died outside a planned kill, a request
 //!   timed out, an operator command failed); the run goes on with the next scenario.
 
@@ -18,7 +21,7 @@ use super::provider::RunnerProvider;
 use super::scenario::{
     ArgumentSet, Arguments, CallIds, Expect, KillTrigger, Scenario, Step, expand,
 };
-use super::target::{Profile, Transport, Vars};
+use super::target::{Can, Profile, Transport, Vars};
 use crate::jsonrpc::{Child, Connection, Response, RpcError};
 use serde_json::{Map, Value, json};
 use std::collections::HashMap;
@@ -44,10 +47,14 @@ pub enum Outcome {
     Pass,
     /// An expectation did not hold.
     Fail(String),
-    /// The target cannot run it.
-    NotApplicable(String),
+    /// The profile declares absent what it needs.
+    Skipped(String),
+    /// The runner cannot run it against this target (the run is incomplete).
+    NotRun(String),
     /// It could not finish.
     Error(String),
+    /// The target is set up so that the check cannot judge it (a setup error for the run).
+    Setup(String),
 }
 
 /// A fatal setup problem: the router program could not be started at all.
@@ -67,69 +74,79 @@ pub trait ProgressSink: Send + Sync {
     fn step(&self, index: usize, kind: &str);
 }
 
-/// Why the scenario cannot be run against this target, if it cannot.
-pub fn not_applicable(profile: &Profile, scenario: &Scenario) -> Option<String> {
-    let mut missing: Vec<&str> = Vec::new();
-    let mut need = |cond: bool, what: &'static str| {
-        if !cond && !missing.contains(&what) {
-            missing.push(what);
+/// Why the scenario cannot be run against this target, if it cannot: [`Outcome::Skipped`] when
+/// every missing capability is one the profile declares absent, [`Outcome::NotRun`] otherwise.
+pub fn not_runnable(profile: &Profile, scenario: &Scenario) -> Option<Outcome> {
+    let mut skipped: Vec<String> = Vec::new();
+    let mut not_run: Vec<String> = Vec::new();
+    let mut need = |can: Can| match can {
+        Can::Yes => {}
+        Can::DeclaredAbsent(r) => {
+            if !skipped.contains(&r) {
+                skipped.push(r);
+            }
+        }
+        Can::Cannot(r) => {
+            if !not_run.contains(&r) {
+                not_run.push(r);
+            }
         }
     };
     for step in &scenario.steps {
         match step {
-            Step::Restart(_) => need(
-                profile.can_restart(),
-                "restarting the router on the same state",
-            ),
-            Step::Reconnect(_) => need(
-                profile.transport == Transport::Http || profile.can_restart(),
-                "reconnecting (a stdio router must be restartable)",
-            ),
+            Step::Restart(_) => need(profile.restart()),
+            Step::Reconnect(_) => {
+                if profile.transport == Transport::Stdio {
+                    need(profile.restart());
+                }
+            }
             Step::Call(c) => {
-                need(
-                    c.kill.is_none() || profile.can_kill(),
-                    "killing the router (kill -9)",
-                );
-                need(
-                    c.arguments.set != Some(ArgumentSet::Approval) || profile.can_approve(),
-                    "an approval policy",
-                );
+                if c.kill.is_some() {
+                    need(profile.kill());
+                }
+                if c.arguments.set == Some(ArgumentSet::Approval) {
+                    need(profile.approval());
+                }
+                if c.provider_fails.is_some() {
+                    need(profile.ledger());
+                }
             }
             Step::Concurrent(c) => {
-                need(
-                    c.arguments.set != Some(ArgumentSet::Approval) || profile.can_approve(),
-                    "an approval policy",
-                );
+                if c.arguments.set == Some(ArgumentSet::Approval) {
+                    need(profile.approval());
+                }
             }
-            Step::Approve(_) | Step::Deny(_) => {
-                need(profile.can_approve(), "approve and deny commands")
-            }
-            Step::Status(_) => need(profile.tools.status.is_some(), "a status tool"),
-            Step::Resume(_) => need(profile.tools.resume.is_some(), "a resume tool"),
-            Step::Redeliver(_) | Step::ListTools(_) => {}
+            Step::Approve(_) | Step::Deny(_) => need(profile.approval()),
+            Step::Status(_) if profile.tools.status.is_none() => need(Can::Cannot(
+                "a status tool: the profile names none (`tools.status`)".into(),
+            )),
+            Step::Resume(_) if profile.tools.resume.is_none() => need(Can::Cannot(
+                "a resume tool: the profile names none (`tools.resume`)".into(),
+            )),
+            Step::Status(_) | Step::Resume(_) | Step::Redeliver(_) | Step::ListTools(_) => {}
         }
         if step.expect().is_some_and(Expect::needs_ledger) {
-            need(
-                profile.has_ledger(),
-                "counting charges (the router must use the runner's provider)",
-            );
+            need(profile.ledger());
         }
     }
-    if missing.is_empty() {
-        None
+    if !not_run.is_empty() {
+        not_run.extend(skipped);
+        Some(Outcome::NotRun(not_run.join("; ")))
+    } else if !skipped.is_empty() {
+        Some(Outcome::Skipped(skipped.join("; ")))
     } else {
-        Some(format!(
-            "the target does not support {}",
-            missing.join(", ")
-        ))
+        None
     }
 }
+
+/// A `tools/call`: tool, arguments, `_meta`, and whether the arguments are written escaped.
+type Params = (String, Value, Option<Value>, bool);
 
 /// What a named step left behind for later steps.
 #[derive(Debug, Clone, Default)]
 struct Done {
     /// The `tools/call` params to redeliver.
-    params: Option<(String, Value, Option<Value>)>,
+    params: Option<Params>,
     handle: Option<String>,
     result: Option<Value>,
 }
@@ -153,7 +170,11 @@ impl Process {
         }
     }
 
+    /// SIGKILL to its whole process group, then to it (and reaped).
     async fn kill9(&mut self) {
+        if let Some(pid) = self.pid() {
+            super::provider::sigkill(pid);
+        }
         let _ = match self {
             Process::Stdio(c) => c.kill9().await,
             Process::Http(c) => c.kill().await,
@@ -162,10 +183,31 @@ impl Process {
 
     fn stderr_tail(&self) -> String {
         match self {
-            Process::Stdio(c) => last_line(&c.stderr_text()),
+            Process::Stdio(c) => tail(&c.stderr_text()),
             Process::Http(_) => String::new(),
         }
     }
+}
+
+/// The last lines of a program's stderr (up to 8 non-empty lines, 800 bytes), on one line each
+/// joined by ` | `: a traceback or a panic names its problem a few lines above its last line.
+fn tail(text: &str) -> String {
+    let lines: Vec<&str> = text
+        .lines()
+        .map(str::trim_end)
+        .filter(|l| !l.trim().is_empty())
+        .collect();
+    let mut kept: Vec<&str> = Vec::new();
+    let mut size = 0;
+    for line in lines.iter().rev().take(8) {
+        size += line.len() + 3;
+        if size > 800 && !kept.is_empty() {
+            break;
+        }
+        kept.push(line);
+    }
+    kept.reverse();
+    clip(&kept.join(" | "), 800)
 }
 
 fn last_line(text: &str) -> String {
@@ -199,12 +241,17 @@ pub struct ScenarioRun<'a> {
     done: HashMap<String, Done>,
     baseline: u64,
     _state: tempfile::TempDir,
+    _port: PortLease,
 }
 
-/// A step's failure: a broken rule, or a scenario that could not go on.
+/// A step's failure: a broken rule, a convention not followed (reported only when no rule
+/// breaks later: the money leads), or a scenario that could not go on.
 enum StepError {
     Fail(String),
+    Cosmetic(String),
     Error(String),
+    /// The target is set up wrong for this check (a wrapper survived SIGKILL): a setup error.
+    Setup(String),
 }
 
 type StepResult<T = ()> = Result<T, StepError>;
@@ -224,12 +271,13 @@ impl<'a> ScenarioRun<'a> {
         let state = tempfile::Builder::new()
             .prefix("callid-conform-state-")
             .tempdir()?;
+        let port = PortLease::take()?;
         let vars = Vars {
             callid: callid.to_string(),
             state_dir: state.path().display().to_string(),
             registry: state.path().join("registry.sqlite3").display().to_string(),
             provider_url: provider.map(RunnerProvider::url).unwrap_or_default(),
-            port: free_port()?.to_string(),
+            port: port.port.to_string(),
             profile_dir: profile.dir.display().to_string(),
             handle: String::new(),
         };
@@ -244,6 +292,7 @@ impl<'a> ScenarioRun<'a> {
             done: HashMap::new(),
             baseline: 0,
             _state: state,
+            _port: port,
         })
     }
 
@@ -262,8 +311,12 @@ impl<'a> ScenarioRun<'a> {
                     ),
                 });
             }
-            Err(StepError::Error(e)) => Outcome::Error(format!("{START_FAILED}: {e}")),
-            Err(StepError::Fail(e)) => Outcome::Fail(format!("{START_FAILED}: {e}")),
+            Err(StepError::Error(e) | StepError::Setup(e)) => {
+                Outcome::Error(format!("{START_FAILED}: {e}"))
+            }
+            Err(StepError::Fail(e) | StepError::Cosmetic(e)) => {
+                Outcome::Fail(format!("{START_FAILED}: {e}"))
+            }
             Ok(()) => self.steps(progress).await,
         };
         self.stop().await;
@@ -272,17 +325,29 @@ impl<'a> ScenarioRun<'a> {
 
     async fn steps(&mut self, progress: &dyn ProgressSink) -> Outcome {
         let scenario = self.scenario;
+        let mut cosmetic: Option<String> = None;
         for (i, step) in scenario.steps.iter().enumerate() {
             progress.step(i, step.kind());
             let label = step_label(i, step);
             if let Err(e) = self.step(step).await {
-                return match e {
-                    StepError::Fail(m) => Outcome::Fail(format!("{label}: {m}")),
-                    StepError::Error(m) => Outcome::Error(format!("{label}: {m}")),
+                let also = |m: String| match &cosmetic {
+                    Some(c) => format!("{label}: {m} (also {c})"),
+                    None => format!("{label}: {m}"),
                 };
+                match e {
+                    StepError::Setup(m) => return Outcome::Setup(format!("{label}: {m}")),
+                    StepError::Fail(m) => return Outcome::Fail(also(m)),
+                    StepError::Error(m) => return Outcome::Error(also(m)),
+                    StepError::Cosmetic(m) => {
+                        cosmetic.get_or_insert(format!("{label}: {m}"));
+                    }
+                }
             }
         }
-        Outcome::Pass
+        match cosmetic {
+            Some(c) => Outcome::Fail(c),
+            None => Outcome::Pass,
+        }
     }
 
     async fn step(&mut self, step: &Step) -> StepResult {
@@ -290,6 +355,9 @@ impl<'a> ScenarioRun<'a> {
             Step::Call(s) => {
                 let params = self.params(&s.meta, &s.arguments, None);
                 let id = self.id(s.jsonrpc_id.clone());
+                if let (Some(status), Some(provider)) = (s.provider_fails, self.provider) {
+                    provider.hooks().fail_next(status);
+                }
                 let response = match s.kill {
                     Some(trigger) => self.call_killed(trigger, id, &params).await?,
                     None => Some(self.call(id, &params).await?),
@@ -321,13 +389,13 @@ impl<'a> ScenarioRun<'a> {
                     Step::Status(_) => self.profile.tools.status.clone(),
                     _ => self.profile.tools.resume.clone(),
                 }
-                .expect("checked by not_applicable");
+                .expect("checked by not_runnable");
                 let handle = match (&s.of, &s.handle) {
                     (Some(of), _) => self.handle_of(of)?,
                     (None, Some(h)) => h.clone(),
                     (None, None) => unreachable!("validated on load"),
                 };
-                let params = (tool, json!({"handle": handle}), None);
+                let params = (tool, json!({"handle": handle}), None, false);
                 let id = self.id(None);
                 let response = self.call(id, &params).await?;
                 self.after(s.name.as_deref(), None, Some(&response), &s.expect)
@@ -338,7 +406,7 @@ impl<'a> ScenarioRun<'a> {
                     Step::Approve(_) => self.profile.approve.clone(),
                     _ => self.profile.deny.clone(),
                 }
-                .expect("checked by not_applicable");
+                .expect("checked by not_runnable");
                 self.operator(step.kind(), &command, &handle).await
             }
             Step::Restart(s) => {
@@ -397,7 +465,7 @@ impl<'a> ScenarioRun<'a> {
         meta: &Option<Map<String, Value>>,
         arguments: &Arguments,
         tool: Option<&str>,
-    ) -> (String, Value, Option<Value>) {
+    ) -> Params {
         let args = match (&arguments.set, &arguments.literal) {
             (_, Some(literal)) => literal.clone(),
             (Some(set), None) => {
@@ -414,7 +482,10 @@ impl<'a> ScenarioRun<'a> {
             }
             (None, None) => unreachable!("validated on load"),
         };
-        let args = expand(&args, &mut self.ids);
+        let mut args = expand(&args, &mut self.ids);
+        if let Some(form) = arguments.form {
+            args = form.apply(&args);
+        }
         let meta = meta
             .as_ref()
             .map(|m| expand(&Value::Object(m.clone()), &mut self.ids));
@@ -422,20 +493,29 @@ impl<'a> ScenarioRun<'a> {
             tool.unwrap_or(&self.profile.tools.spend).to_string(),
             args,
             meta,
+            arguments.form == Some(super::scenario::Form::Escaped),
         )
     }
 
-    async fn call(
-        &self,
-        id: Value,
-        params: &(String, Value, Option<Value>),
-    ) -> StepResult<Response> {
-        let (tool, args, meta) = params;
-        let response = self
-            .conn()?
-            .call_tool(id, tool, args.clone(), meta.clone())
-            .await
-            .map_err(|e| self.transport_error(e))?;
+    async fn call(&self, id: Value, params: &Params) -> StepResult<Response> {
+        let (tool, args, meta, escaped) = params;
+        let sent = if *escaped {
+            let text = format!(
+                r#"{{"jsonrpc":"2.0","id":{},"method":"tools/call","params":{{"name":{},"arguments":{}{}}}}}"#,
+                id,
+                json!(tool),
+                super::scenario::escaped_json(args),
+                meta.as_ref()
+                    .map(|m| format!(r#","_meta":{m}"#))
+                    .unwrap_or_default()
+            );
+            self.conn()?.request_text(id, "tools/call", &text).await
+        } else {
+            self.conn()?
+                .call_tool(id, tool, args.clone(), meta.clone())
+                .await
+        };
+        let response = sent.map_err(|e| self.transport_error(e))?;
         self.scan(&response)?;
         Ok(response)
     }
@@ -445,9 +525,9 @@ impl<'a> ScenarioRun<'a> {
         &mut self,
         trigger: KillTrigger,
         id: Value,
-        params: &(String, Value, Option<Value>),
+        params: &Params,
     ) -> StepResult<Option<Response>> {
-        let provider = self.provider.expect("checked by not_applicable");
+        let provider = self.provider.expect("checked by not_runnable");
         let pid = self
             .router
             .as_ref()
@@ -455,7 +535,7 @@ impl<'a> ScenarioRun<'a> {
             .and_then(Process::pid)
             .ok_or_else(|| StepError::Error("the router process has no pid to kill".into()))?;
         provider.hooks().arm_kill(trigger, pid);
-        let (tool, args, meta) = params;
+        let (tool, args, meta, _) = params;
         let mut conn = self.conn()?.clone();
         conn.set_timeout(KILL_TIMEOUT);
         let result = conn.call_tool(id, tool, args.clone(), meta.clone()).await;
@@ -463,6 +543,12 @@ impl<'a> ScenarioRun<'a> {
         match result {
             Ok(response) => {
                 self.scan(&response)?;
+                if killed && self.still_answers().await {
+                    return Err(StepError::Setup(format!(
+                        "the runner killed the router's process group with SIGKILL at `{}`, yet the process that answers survived and replied: the profile's command is probably a wrapper that starts the router in a new session or process group without `exec`; start the router itself, or `exec` it from the wrapper",
+                        trigger_name(trigger)
+                    )));
+                }
                 if killed {
                     // The router died after writing this reply: possible only if it replied
                     // before the provider answered, which is itself a broken rule.
@@ -491,6 +577,17 @@ impl<'a> ScenarioRun<'a> {
         }
     }
 
+    /// Whether something still answers on the connection of a router that was just killed.
+    async fn still_answers(&mut self) -> bool {
+        let Ok(conn) = self.conn() else {
+            return false;
+        };
+        let mut conn = conn.clone();
+        conn.set_timeout(Duration::from_secs(2));
+        let id = self.id(None);
+        conn.request(id, "ping", json!({})).await.is_ok()
+    }
+
     async fn concurrent(&mut self, s: &super::scenario::ConcurrentStep) -> StepResult {
         let params = self.params(&s.meta, &s.arguments, None);
         if s.hold_ms > 0
@@ -503,7 +600,7 @@ impl<'a> ScenarioRun<'a> {
         for _ in 0..s.count {
             let id = self.id(None);
             let conn = conn.clone();
-            let (tool, args, meta) = params.clone();
+            let (tool, args, meta, _) = params.clone();
             set.spawn(async move { conn.call_tool(id, &tool, args, meta).await });
         }
         let mut responses = Vec::new();
@@ -528,7 +625,9 @@ impl<'a> ScenarioRun<'a> {
             let handle = pointer_str(r, &pointers.handle);
             if r.is_tool_error() {
                 let code = pointer_str(r, &pointers.error).unwrap_or_default();
-                if s.expect.one_operation == Some(true) && code != "operation_in_progress" {
+                if s.expect.one_operation == Some(true)
+                    && code != self.profile.error_code("operation_in_progress")
+                {
                     return fail(format!(
                         "a delivery was refused with `{code}`; concurrent deliveries of one call may only succeed or answer `operation_in_progress`"
                     ));
@@ -611,17 +710,19 @@ impl<'a> ScenarioRun<'a> {
     fn after(
         &mut self,
         name: Option<&str>,
-        params: Option<(String, Value, Option<Value>)>,
+        params: Option<Params>,
         response: Option<&Response>,
         expect: &Expect,
     ) -> StepResult {
         let pointers = &self.profile.pointers;
         let handle = response.and_then(|r| pointer_str(r, &pointers.handle));
         let result = response.and_then(|r| pointer(r, &pointers.result).cloned());
-        if let Some(r) = response {
-            self.check_response(r, expect, handle.as_deref(), result.as_ref())?;
-        }
+        // Money first: a double charge is the reason, not a missing marker.
         self.check_ledger_with(expect, response)?;
+        let checked = match response {
+            Some(r) => self.check_response(r, expect, handle.as_deref(), result.as_ref()),
+            None => Ok(()),
+        };
         if let Some(name) = name {
             self.done.insert(
                 name.to_string(),
@@ -632,7 +733,7 @@ impl<'a> ScenarioRun<'a> {
                 },
             );
         }
-        Ok(())
+        checked
     }
 
     fn check_response(
@@ -643,6 +744,10 @@ impl<'a> ScenarioRun<'a> {
         result: Option<&Value>,
     ) -> StepResult {
         let pointers = &self.profile.pointers;
+        let profile = self.profile;
+        // Conventions (a code's name, a status word, the replay marker) are checked after the
+        // rules, so a broken rule is the reason whenever both break.
+        let mut cosmetic: Option<String> = None;
         if let Some(error) = &r.error {
             return fail(format!(
                 "answered a JSON-RPC error ({}) where the contract requires a tool result",
@@ -664,7 +769,14 @@ impl<'a> ScenarioRun<'a> {
                 return fail("expected a tool error, got success");
             }
         }
-        if let Some(want) = &expect.error {
+        for (want, named) in [
+            (
+                expect.error.as_deref().map(|w| profile.error_code(w)),
+                false,
+            ),
+            (expect.error_named.as_deref(), true),
+        ] {
+            let Some(want) = want else { continue };
             if !r.is_tool_error() {
                 return fail(format!(
                     "expected the tool error `{want}`, got success{}",
@@ -674,13 +786,20 @@ impl<'a> ScenarioRun<'a> {
                 ));
             }
             if code.as_deref() != Some(want) {
-                return fail(format!(
-                    "expected the tool error `{want}`, got {}",
+                let message = format!(
+                    "expected the tool error `{want}`{}, got {}",
+                    if named { " (callid's name for it)" } else { "" },
                     describe(r, &pointers.error)
-                ));
+                );
+                if named {
+                    cosmetic.get_or_insert(message);
+                } else {
+                    return fail(message);
+                }
             }
         }
         if let Some(want) = &expect.status {
+            let want = profile.status_word(want);
             let got = pointer_str(r, &pointers.status);
             if got.as_deref() != Some(want) {
                 return fail(format!(
@@ -691,14 +810,22 @@ impl<'a> ScenarioRun<'a> {
             }
         }
         if let Some(want) = expect.replayed {
-            let got = pointer(r, &pointers.replayed);
-            if got.and_then(Value::as_bool) != Some(want) {
-                return fail(format!(
-                    "expected the replay flag at `{}` to be {want}, got {}",
-                    pointers.replayed,
-                    got.map(|g| format!("`{g}`"))
-                        .unwrap_or_else(|| "none".into())
-                ));
+            match &pointers.replayed {
+                None => {
+                    cosmetic.get_or_insert(
+                        "the profile names no replay marker (`pointers.replayed: null`)".into(),
+                    );
+                }
+                Some(at) => {
+                    let got = pointer(r, at);
+                    if got.and_then(Value::as_bool) != Some(want) {
+                        cosmetic.get_or_insert(format!(
+                            "expected the replay flag at `{at}` to be {want}, got {}",
+                            got.map(|g| format!("`{g}`"))
+                                .unwrap_or_else(|| "none".into())
+                        ));
+                    }
+                }
             }
         }
         if let Some(want) = expect.has_handle
@@ -771,7 +898,10 @@ impl<'a> ScenarioRun<'a> {
                 }
             }
         }
-        Ok(())
+        match cosmetic {
+            Some(c) => Err(StepError::Cosmetic(c)),
+            None => Ok(()),
+        }
     }
 
     fn check_ledger(&self, expect: &Expect) -> StepResult {
@@ -782,7 +912,7 @@ impl<'a> ScenarioRun<'a> {
         if !expect.needs_ledger() {
             return Ok(());
         }
-        let provider = self.provider.expect("checked by not_applicable");
+        let provider = self.provider.expect("checked by not_runnable");
         let ledger_error =
             |e: String| StepError::Error(format!("reading the runner's ledger failed: {e}"));
         if let Some(want) = expect.charges {
@@ -816,6 +946,17 @@ impl<'a> ScenarioRun<'a> {
                 return fail(format!(
                     "the provider received the private operation key as its idempotency key (`{}`)",
                     clip(key, 40)
+                ));
+            }
+        }
+        if expect.provider_one_key == Some(true) {
+            let mut keys = provider.hooks().keys_seen();
+            keys.sort();
+            keys.dedup();
+            if keys.len() > 1 {
+                return fail(format!(
+                    "the provider received {} different idempotency keys for one operation: a redelivery must continue the same operation under the same key",
+                    keys.len()
                 ));
             }
         }
@@ -882,7 +1023,7 @@ impl<'a> ScenarioRun<'a> {
         let router = match (profile.transport, &profile.command) {
             (Transport::Stdio, Some(command)) => {
                 let program = PathBuf::from(vars.apply(command));
-                let (mut conn, child) = Connection::spawn_stdio(&program, &args, &env)
+                let (mut conn, child) = Connection::spawn_stdio_in(&program, &args, &env, true)
                     .await
                     .map_err(|e| match e {
                         RpcError::Spawn { program, source } => {
@@ -906,6 +1047,7 @@ impl<'a> ScenarioRun<'a> {
                             .stdin(std::process::Stdio::null())
                             .stdout(std::process::Stdio::null())
                             .stderr(std::process::Stdio::null())
+                            .process_group(0)
                             .kill_on_drop(true)
                             .spawn()
                             .map_err(|e| StepError::Error(format!("spawn: `{program}`: {e}")))?;
@@ -933,26 +1075,23 @@ impl<'a> ScenarioRun<'a> {
             }
             Ok(())
         } else {
-            initialize(&conn, id, &self.scenario.protocol)
-                .await
-                .map_err(|e| match e {
-                    StepError::Error(m)
-                        if self.router.as_ref().is_some_and(|r| r.process.is_some()) =>
-                    {
-                        let tail = self
-                            .router
-                            .as_ref()
-                            .and_then(|r| r.process.as_ref())
-                            .map(Process::stderr_tail)
-                            .unwrap_or_default();
-                        StepError::Error(if tail.is_empty() {
-                            m
-                        } else {
-                            format!("{m} (its stderr ends with: {tail})")
-                        })
+            match initialize(&conn, id, &self.scenario.protocol).await {
+                Err(StepError::Error(m)) => {
+                    let mut tail = String::new();
+                    if let Some(process) = self.router.as_ref().and_then(|r| r.process.as_ref()) {
+                        if let Process::Stdio(child) = process {
+                            child.stderr_closed(Duration::from_secs(2)).await;
+                        }
+                        tail = process.stderr_tail();
                     }
-                    other => other,
-                })
+                    Err(StepError::Error(if tail.is_empty() {
+                        m
+                    } else {
+                        format!("{m} (its stderr ends with: {tail})")
+                    }))
+                }
+                other => other,
+            }
         }
     }
 
@@ -1011,10 +1150,72 @@ async fn initialize(conn: &Connection, id: Value, protocol: &str) -> StepResult 
     Ok(())
 }
 
-fn free_port() -> std::io::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
+/// A loopback port for `{port}`, held for one scenario against every other conform process.
+///
+/// A port found free and then released can be taken by another scenario (or another conform
+/// run) before the router binds it, and the runner would then drive someone else's router. So the
+/// port comes from outside the kernel's ephemeral range (where `bind(0)` never lands), and the
+/// file `callid-conform-ports/PORT.claim` in the temporary directory, created exclusively, claims
+/// it until the scenario ends. A claim older than [`STALE_CLAIM`] is left over from a killed run
+/// and is taken over.
+struct PortLease {
+    port: u16,
+    claim: Option<PathBuf>,
+}
+
+/// Age after which a port claim is considered abandoned (a scenario takes seconds).
+const STALE_CLAIM: Duration = Duration::from_secs(600);
+
+/// Ports handed out for `{port}`: below Linux's default ephemeral range (32768-60999).
+const PORT_RANGE: std::ops::Range<u16> = 20000..32000;
+
+impl PortLease {
+    fn take() -> std::io::Result<PortLease> {
+        let dir = std::env::temp_dir().join("callid-conform-ports");
+        std::fs::create_dir_all(&dir)?;
+        let span = PORT_RANGE.end - PORT_RANGE.start;
+        let start = (uuid::Uuid::new_v4().as_u128() % u128::from(span)) as u16;
+        for i in 0..span {
+            let port = PORT_RANGE.start + (start + i) % span;
+            let path = dir.join(format!("{port}.claim"));
+            let stale = std::fs::metadata(&path)
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age > STALE_CLAIM);
+            if stale {
+                let _ = std::fs::remove_file(&path);
+            }
+            let claimed = std::fs::OpenOptions::new()
+                .create_new(true)
+                .write(true)
+                .open(&path)
+                .is_ok();
+            if !claimed {
+                continue;
+            }
+            let lease = PortLease {
+                port,
+                claim: Some(path),
+            };
+            if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                return Ok(lease);
+            }
+        }
+        Err(std::io::Error::other(format!(
+            "no free loopback port in {}..{}",
+            PORT_RANGE.start, PORT_RANGE.end
+        )))
+    }
+}
+
+impl Drop for PortLease {
+    fn drop(&mut self) {
+        // Dropped after the scenario's router is stopped: the port is free again.
+        if let Some(path) = self.claim.take() {
+            let _ = std::fs::remove_file(path);
+        }
+    }
 }
 
 fn step_label(i: usize, step: &Step) -> String {
@@ -1205,7 +1406,7 @@ mod tests {
     }
 
     #[test]
-    fn not_applicable_names_every_missing_capability() {
+    fn skipped_only_when_declared_absent_otherwise_not_run() {
         use crate::conform::scenario::parse;
         use std::path::Path;
         let scenario = |steps: &str| {
@@ -1217,9 +1418,13 @@ mod tests {
         };
         let reference = Profile::reference();
         let url = Profile::url("http://127.0.0.1:9/mcp");
-        let mut stdio_no_restart = Profile::reference();
-        stdio_no_restart.capabilities.restart = false;
-        let cases: Vec<(&Profile, &str, Option<&str>)> = vec![
+        let mut no_restart = Profile::reference();
+        no_restart.capabilities.restart = Some(false);
+        let mut undeclared = Profile::reference();
+        undeclared.capabilities.approval = None;
+        let skip = |r: &str| Some(Outcome::Skipped(r.to_string()));
+        let not_run = |r: &str| Some(Outcome::NotRun(r.to_string()));
+        let cases: Vec<(&Profile, &str, Option<Outcome>)> = vec![
             (
                 &reference,
                 "  - do: restart\n  - {do: call, kill: after_charge}\n",
@@ -1234,36 +1439,51 @@ mod tests {
             (
                 &url,
                 "  - {do: call, expect: {charges: 0}}\n",
-                Some(
-                    "the target does not support counting charges (the router must use the runner's provider)",
+                not_run(
+                    "charges cannot be counted: the router does not use the runner's provider (start it from the profile with `{provider_url}`, or set `provider_listen` and point the router there)",
                 ),
             ),
             (&url, "  - do: reconnect\n", None),
             (
-                &stdio_no_restart,
+                &no_restart,
                 "  - do: reconnect\n  - do: restart\n",
-                Some(
-                    "the target does not support reconnecting (a stdio router must be restartable), restarting the router on the same state",
+                skip(
+                    "restarting the router on the same state: the profile declares `capabilities.restart: false`",
+                ),
+            ),
+            (
+                &undeclared,
+                "  - {do: call, name: a, arguments: {set: approval}}\n  - {do: approve, of: a}\n",
+                not_run(
+                    "an approval policy: the profile does not declare `capabilities.approval`; set it to true (with `approve`, `deny`, `arguments.approval`, `tools.resume`), or to false to skip these checks",
                 ),
             ),
             (
                 &url,
-                "  - {do: call, name: a, arguments: {set: approval}}\n  - {do: approve, of: a}\n",
-                Some("the target does not support an approval policy, approve and deny commands"),
-            ),
-            (
-                &url,
                 "  - {do: call, kill: before_charge}\n",
-                Some("the target does not support killing the router (kill -9)"),
+                not_run(
+                    "killing the router (kill -9): the runner does not start this router (no `command` in the profile, or `--url`), so it cannot do that",
+                ),
             ),
         ];
         for (profile, steps, want) in cases {
-            assert_eq!(
-                not_applicable(profile, &scenario(steps)).as_deref(),
-                want,
-                "{steps}"
-            );
+            assert_eq!(not_runnable(profile, &scenario(steps)), want, "{steps}");
         }
+    }
+
+    #[test]
+    fn the_stderr_tail_keeps_the_lines_that_name_the_problem() {
+        let traceback = "Traceback (most recent call last):\n  File \"r.py\", line 3, in <module>\n    import nope\nModuleNotFoundError: No module named 'nope'\n\n";
+        assert_eq!(
+            tail(traceback),
+            "Traceback (most recent call last): |   File \"r.py\", line 3, in <module> |     import nope | ModuleNotFoundError: No module named 'nope'"
+        );
+        let long: String = (0..100).map(|i| format!("line {i}\n")).collect();
+        let got = tail(&long);
+        assert!(
+            got.starts_with("line 92 | ") && got.ends_with("line 99"),
+            "{got}"
+        );
     }
 
     #[test]

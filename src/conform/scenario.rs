@@ -10,6 +10,8 @@
 //! - `{call:NAME}`: a fresh ID, the same for every use of `NAME` within one run of the scenario and
 //!   different in every run (so a router with a long-lived registry never sees an old ID).
 //! - `{long:N}`: `N` ASCII letters (bounds tests).
+//! - `{repeat:N:TEXT}`: `TEXT` (no `}`) `N` times, e.g. `{repeat:171:€}` is 171 characters and
+//!   513 bytes (bounds counted in bytes).
 
 use serde::Deserialize;
 use serde_json::{Map, Value};
@@ -27,6 +29,8 @@ pub struct Scenario {
     pub rule: String,
     /// The article's own words for the rule.
     pub article: String,
+    /// Required (an article rule: decides the exit code) or recommended (a callid convention).
+    pub level: super::report::Level,
     /// MCP protocol version to initialize with (default [`DEFAULT_PROTOCOL`]).
     pub protocol: String,
     /// The steps, in order.
@@ -45,6 +49,8 @@ struct RawScenario {
     title: String,
     rule: String,
     article: String,
+    #[serde(default)]
+    level: super::report::Level,
     #[serde(default)]
     protocol: Option<String>,
     steps: Vec<serde_yaml::Value>,
@@ -125,6 +131,9 @@ pub struct CallStep {
     /// Kill the router at this provider trigger while the call is in flight.
     #[serde(default)]
     pub kill: Option<KillTrigger>,
+    /// The provider answers the next request with this HTTP status (charging nothing).
+    #[serde(default)]
+    pub provider_fails: Option<u16>,
     /// What must hold after the step.
     #[serde(default)]
     pub expect: Expect,
@@ -232,6 +241,9 @@ pub struct Arguments {
     /// A literal arguments value instead of a set.
     #[serde(default)]
     pub literal: Option<Value>,
+    /// Write the same arguments in another JSON form (the same JSON value, other bytes).
+    #[serde(default)]
+    pub form: Option<Form>,
 }
 
 impl Default for Arguments {
@@ -240,8 +252,107 @@ impl Default for Arguments {
             set: Some(ArgumentSet::Spend),
             add: None,
             literal: None,
+            form: None,
         }
     }
+}
+
+/// Other ways to write the same JSON arguments, for the request hash's canonical form.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Form {
+    /// Every object's members in reverse order, at every depth.
+    Reordered,
+    /// Every integer written as a number with a fraction (`512` as `512.0`).
+    FractionNumbers,
+    /// Both.
+    ReorderedFractionNumbers,
+    /// Every character of every string (keys included) written as a `\uXXXX` escape.
+    Escaped,
+}
+
+impl Form {
+    /// `value` written in this form.
+    pub fn apply(self, value: &Value) -> Value {
+        fn reorder(v: &Value) -> Value {
+            match v {
+                Value::Object(m) => Value::Object(
+                    m.iter()
+                        .rev()
+                        .map(|(k, v)| (k.clone(), reorder(v)))
+                        .collect(),
+                ),
+                Value::Array(a) => Value::Array(a.iter().map(reorder).collect()),
+                other => other.clone(),
+            }
+        }
+        fn fractions(v: &Value) -> Value {
+            match v {
+                Value::Object(m) => {
+                    Value::Object(m.iter().map(|(k, v)| (k.clone(), fractions(v))).collect())
+                }
+                Value::Array(a) => Value::Array(a.iter().map(fractions).collect()),
+                Value::Number(n) if n.is_i64() || n.is_u64() => n
+                    .as_f64()
+                    .filter(|f| f.abs() < 9_007_199_254_740_992.0)
+                    .and_then(serde_json::Number::from_f64)
+                    .map_or_else(|| v.clone(), Value::Number),
+                other => other.clone(),
+            }
+        }
+        match self {
+            Form::Reordered => reorder(value),
+            Form::FractionNumbers => fractions(value),
+            Form::ReorderedFractionNumbers => reorder(&fractions(value)),
+            Form::Escaped => value.clone(),
+        }
+    }
+}
+
+/// `value` as JSON text with every character of every string (keys included) written as a
+/// `\uXXXX` escape (UTF-16, surrogate pairs beyond the BMP): the same JSON value in other bytes.
+pub fn escaped_json(value: &Value) -> String {
+    fn string(s: &str, out: &mut String) {
+        out.push('"');
+        let mut units = [0u16; 2];
+        for c in s.chars() {
+            for unit in c.encode_utf16(&mut units) {
+                out.push_str(&format!("\\u{unit:04x}"));
+            }
+        }
+        out.push('"');
+    }
+    fn write(value: &Value, out: &mut String) {
+        match value {
+            Value::String(s) => string(s, out),
+            Value::Array(items) => {
+                out.push('[');
+                for (i, item) in items.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    write(item, out);
+                }
+                out.push(']');
+            }
+            Value::Object(map) => {
+                out.push('{');
+                for (i, (k, v)) in map.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    string(k, out);
+                    out.push(':');
+                    write(v, out);
+                }
+                out.push('}');
+            }
+            other => out.push_str(&other.to_string()),
+        }
+    }
+    let mut out = String::new();
+    write(value, &mut out);
+    out
 }
 
 /// The argument sets every target profile names.
@@ -273,9 +384,14 @@ pub struct Expect {
     /// A successful tool result (`isError` not true).
     #[serde(default)]
     pub ok: Option<bool>,
-    /// A tool error with this code.
+    /// A tool error with this contract code (the profile's `error_codes` maps it to the router's
+    /// own name).
     #[serde(default)]
     pub error: Option<String>,
+    /// A tool error whose code is literally this name, whatever the profile maps (callid's
+    /// error-code convention: recommended checks only).
+    #[serde(default)]
+    pub error_named: Option<String>,
     /// The operation status in the result.
     #[serde(default)]
     pub status: Option<String>,
@@ -303,6 +419,10 @@ pub struct Expect {
     /// No idempotency key the provider received contains the private key prefix.
     #[serde(default)]
     pub provider_keys_not_private: Option<bool>,
+    /// Every request the provider received in this scenario carried one idempotency key (one
+    /// operation continued under the same key).
+    #[serde(default)]
+    pub provider_one_key: Option<bool>,
     /// The router died without answering (with `kill:`).
     #[serde(default)]
     pub no_reply: Option<bool>,
@@ -321,6 +441,7 @@ impl Expect {
         self.charges.is_some()
             || self.charge_in_ledger.is_some()
             || self.provider_keys_not_private.is_some()
+            || self.provider_one_key.is_some()
     }
 }
 
@@ -387,6 +508,31 @@ impl ScenarioError {
     }
 }
 
+/// The built-in scenarios ([`super::builtin::SCENARIOS`]), sorted by check id.
+pub fn load_builtin() -> Result<Vec<Scenario>, ScenarioError> {
+    let texts = super::builtin::SCENARIOS.iter().map(|(name, text)| {
+        (
+            PathBuf::from(format!("scenarios/{name} (built in)")),
+            text.to_string(),
+        )
+    });
+    collect(texts)
+}
+
+/// The built-in scenarios with those of `dir` added; a file of `dir` whose id is a built-in one
+/// replaces it.
+pub fn load_with_overrides(dir: &Path) -> Result<Vec<Scenario>, ScenarioError> {
+    let mut scenarios = load_builtin()?;
+    for own in load_dir(dir)? {
+        match scenarios.iter_mut().find(|s| s.id == own.id) {
+            Some(slot) => *slot = own,
+            None => scenarios.push(own),
+        }
+    }
+    scenarios.sort_by(|a, b| a.id.cmp(&b.id));
+    Ok(scenarios)
+}
+
 /// Loads every `*.yaml` file directly in `dir` (not subdirectories), sorted by check id.
 pub fn load_dir(dir: &Path) -> Result<Vec<Scenario>, ScenarioError> {
     let entries = std::fs::read_dir(dir).map_err(|source| ScenarioError::Dir {
@@ -402,13 +548,24 @@ pub fn load_dir(dir: &Path) -> Result<Vec<Scenario>, ScenarioError> {
     if files.is_empty() {
         return Err(ScenarioError::Empty(dir.to_path_buf()));
     }
-    let mut seen: HashMap<String, PathBuf> = HashMap::new();
-    let mut scenarios = Vec::new();
+    let mut texts = Vec::new();
     for file in files {
         let text = std::fs::read_to_string(&file).map_err(|source| ScenarioError::Read {
             file: file.clone(),
             source,
         })?;
+        texts.push((file, text));
+    }
+    collect(texts)
+}
+
+/// Parses `(file, text)` pairs, refusing duplicate ids; sorted by check id.
+fn collect(
+    texts: impl IntoIterator<Item = (PathBuf, String)>,
+) -> Result<Vec<Scenario>, ScenarioError> {
+    let mut seen: HashMap<String, PathBuf> = HashMap::new();
+    let mut scenarios = Vec::new();
+    for (file, text) in texts {
         let scenario = parse(&text, &file)?;
         if let Some(first) = seen.insert(scenario.id.clone(), file.clone()) {
             return Err(ScenarioError::DuplicateId {
@@ -491,6 +648,7 @@ pub fn parse(text: &str, file: &Path) -> Result<Scenario, ScenarioError> {
         title: raw.title,
         rule: raw.rule,
         article: raw.article,
+        level: raw.level,
         protocol: raw.protocol.unwrap_or_else(|| DEFAULT_PROTOCOL.to_string()),
         steps,
         file: file.to_path_buf(),
@@ -596,9 +754,25 @@ fn validate(scenario: &Scenario) -> Result<(), ScenarioError> {
             }
         }
         match step {
-            Step::Call(s) => check_arguments(&s.arguments, file, &at)?,
+            Step::Call(s) => {
+                check_arguments(&s.arguments, file, &at)?;
+                if s.arguments.form == Some(Form::Escaped) && s.kill.is_some() {
+                    return Err(invalid(
+                        file,
+                        format!("{at}.arguments.form"),
+                        "`escaped` arguments cannot be combined with `kill`",
+                    ));
+                }
+            }
             Step::Concurrent(s) => {
                 check_arguments(&s.arguments, file, &at)?;
+                if s.arguments.form == Some(Form::Escaped) {
+                    return Err(invalid(
+                        file,
+                        format!("{at}.arguments.form"),
+                        "`escaped` arguments go in `call` steps only",
+                    ));
+                }
                 if !(2..=256).contains(&s.count) {
                     return Err(invalid(
                         file,
@@ -678,6 +852,12 @@ fn expand_str(text: &str, ids: &mut CallIds) -> String {
             .and_then(|n| n.parse::<usize>().ok())
         {
             out.extend(std::iter::repeat_n('x', n));
+        } else if let Some((n, text)) = token
+            .strip_prefix("repeat:")
+            .and_then(|rest| rest.split_once(':'))
+            .and_then(|(n, text)| Some((n.parse::<usize>().ok()?, text)))
+        {
+            out.push_str(&text.repeat(n));
         } else {
             out.push_str(&after[..=end]);
         }
@@ -727,8 +907,7 @@ mod tests {
 
     #[test]
     fn every_shipped_scenario_loads() {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios");
-        let scenarios = load_dir(&dir).expect("shipped scenarios load");
+        let scenarios = load_builtin().expect("built-in scenarios load");
         assert!(scenarios.len() >= 25, "{} scenarios", scenarios.len());
     }
 
@@ -788,6 +967,20 @@ mod tests {
         assert_eq!(out["callId"], out["x"][0]);
         assert_eq!(out["x"][1], "pxxxq");
         assert_eq!(out["x"][2], "{odd}");
+        let v = serde_json::json!({"a": 1, "b": {"c": 2, "d": [3, "x"]}});
+        assert_eq!(
+            serde_json::to_string(&Form::ReorderedFractionNumbers.apply(&v)).unwrap(),
+            r#"{"b":{"d":[3.0,"x"],"c":2.0},"a":1.0}"#
+        );
+        let escaped = escaped_json(&serde_json::json!({"a": ["é🦊", 1.5, null]}));
+        assert_eq!(escaped, r#"{"\u0061":["\u00e9\ud83e\udd8a",1.5,null]}"#);
+        assert_eq!(
+            serde_json::from_str::<Value>(&escaped).unwrap(),
+            serde_json::json!({"a": ["é🦊", 1.5, null]})
+        );
+        let multibyte = expand(&serde_json::json!("{repeat:3:€}y"), &mut ids);
+        assert_eq!(multibyte, "€€€y");
+        assert_eq!(multibyte.as_str().unwrap().len(), 10);
         let other = expand(&v, &mut CallIds::new());
         assert_ne!(out["callId"], other["callId"]);
     }

@@ -59,6 +59,13 @@ pub struct Profile {
     /// What the runner may do to this target.
     #[serde(default)]
     pub capabilities: Capabilities,
+    /// The router's own error codes, by the contract's name (`missing_identity: no_call_id`);
+    /// a code not listed is the contract's own name.
+    #[serde(default)]
+    pub error_codes: BTreeMap<String, String>,
+    /// The router's own status words, by the contract's name (`completed: done`).
+    #[serde(default)]
+    pub statuses: BTreeMap<String, String>,
     /// For a router the runner does not start: the address the runner's provider listens on
     /// (the router was configured with `http://{provider_listen}`). Without it, and without a
     /// start command, charges cannot be counted.
@@ -129,9 +136,10 @@ pub struct Pointers {
     /// The provider's charge id.
     #[serde(default = "p_charge")]
     pub charge_id: String,
-    /// The boolean that marks a replayed result.
+    /// The boolean that marks a replayed result (`null`: the router has no replay marker; only
+    /// the recommended check that looks for one is affected).
     #[serde(default = "p_replayed")]
-    pub replayed: String,
+    pub replayed: Option<String>,
 }
 
 fn p_handle() -> String {
@@ -149,8 +157,8 @@ fn p_result() -> String {
 fn p_charge() -> String {
     "/structuredContent/result/charge_id".into()
 }
-fn p_replayed() -> String {
-    "/_meta/callid~1replayed".into()
+fn p_replayed() -> Option<String> {
+    Some("/_meta/callid~1replayed".into())
 }
 
 impl Default for Pointers {
@@ -180,20 +188,44 @@ pub struct OperatorCommand {
     pub env: BTreeMap<String, String>,
 }
 
-/// What the runner may do to the target.
+/// What the runner may do to the target. `false` declares the capability absent: the checks
+/// that need it are *skipped*. Left out, it is undeclared: those checks are *not run*, which
+/// makes the run incomplete (exit 1 unless `--allow-incomplete`).
 #[derive(Debug, Clone, Copy, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Capabilities {
     /// Stop and start it again on the same state.
     #[serde(default)]
-    pub restart: bool,
+    pub restart: Option<bool>,
     /// Kill it with SIGKILL at a provider trigger.
     #[serde(default)]
-    pub kill: bool,
+    pub kill: Option<bool>,
     /// It has an approval policy and operator commands.
     #[serde(default)]
-    pub approval: bool,
+    pub approval: Option<bool>,
 }
+
+/// Whether the runner can use a capability, and if not, why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Can {
+    /// It can.
+    Yes,
+    /// The profile declares it absent: the check is skipped.
+    DeclaredAbsent(String),
+    /// It cannot for another reason: the check is not run.
+    Cannot(String),
+}
+
+/// The placeholders a profile may use, for error messages.
+pub const PLACEHOLDERS: &[&str] = &[
+    "callid",
+    "state_dir",
+    "registry",
+    "provider_url",
+    "port",
+    "profile_dir",
+    "handle",
+];
 
 /// Why a target could not be set up.
 #[derive(Debug, thiserror::Error)]
@@ -217,6 +249,20 @@ pub enum TargetError {
         /// What.
         message: String,
     },
+    /// A `{placeholder}` the runner does not know (a typo would otherwise pass through
+    /// literally and, say, put every scenario's state in one directory).
+    #[error(
+        "{file}: {path}: unknown placeholder `{{{name}}}`; the known ones are {}",
+        PLACEHOLDERS.iter().map(|p| format!("`{{{p}}}`")).collect::<Vec<_>>().join(", ")
+    )]
+    UnknownPlaceholder {
+        /// The file.
+        file: String,
+        /// Where.
+        path: String,
+        /// The placeholder, without braces.
+        name: String,
+    },
     /// `--stdio` could not be split into words.
     #[error("failed to split `--stdio {0}` into words: unbalanced quote")]
     Split(String),
@@ -228,6 +274,7 @@ impl TargetError {
         match self {
             TargetError::Read { .. } => "target_unreadable",
             TargetError::Invalid { .. } => "target_invalid",
+            TargetError::UnknownPlaceholder { .. } => "target_unknown_placeholder",
             TargetError::Split(_) => "target_command_invalid",
         }
     }
@@ -270,7 +317,8 @@ impl Profile {
             }
             _ => {}
         }
-        if profile.capabilities.approval
+        profile.check_placeholders(name)?;
+        if profile.capabilities.approval == Some(true)
             && (profile.approve.is_none()
                 || profile.deny.is_none()
                 || profile.arguments.approval.is_none()
@@ -287,7 +335,10 @@ impl Profile {
             ("pointers.status", &profile.pointers.status),
             ("pointers.result", &profile.pointers.result),
             ("pointers.charge_id", &profile.pointers.charge_id),
-            ("pointers.replayed", &profile.pointers.replayed),
+            (
+                "pointers.replayed",
+                profile.pointers.replayed.as_ref().unwrap_or(&String::new()),
+            ),
         ] {
             if !(pointer.is_empty() || pointer.starts_with('/')) {
                 return Err(invalid(
@@ -303,6 +354,58 @@ impl Profile {
             ));
         }
         Ok(profile)
+    }
+
+    /// Refuses any `{name}` in the command, arguments, environment, URL or operator commands
+    /// that is not a known placeholder (`{handle}` only in operator commands).
+    fn check_placeholders(&self, file: &str) -> Result<(), TargetError> {
+        let mut fields: Vec<(String, &str, bool)> = Vec::new();
+        if let Some(c) = &self.command {
+            fields.push(("command".into(), c, false));
+        }
+        for (i, a) in self.args.iter().enumerate() {
+            fields.push((format!("args[{i}]"), a, false));
+        }
+        for (k, v) in &self.env {
+            fields.push((format!("env.{k}"), v, false));
+        }
+        if let Some(u) = &self.url {
+            fields.push(("url".into(), u, false));
+        }
+        for (verb, op) in [("approve", &self.approve), ("deny", &self.deny)] {
+            if let Some(op) = op {
+                fields.push((format!("{verb}.command"), &op.command, true));
+                for (i, a) in op.args.iter().enumerate() {
+                    fields.push((format!("{verb}.args[{i}]"), a, true));
+                }
+                for (k, v) in &op.env {
+                    fields.push((format!("{verb}.env.{k}"), v, true));
+                }
+            }
+        }
+        for (path, text, operator) in fields {
+            for name in placeholders_in(text) {
+                let known = PLACEHOLDERS.contains(&name) && (operator || name != "handle");
+                if !known {
+                    return Err(TargetError::UnknownPlaceholder {
+                        file: file.to_string(),
+                        path,
+                        name: name.to_string(),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The router's own name for the contract's error code `code`.
+    pub fn error_code<'a>(&'a self, code: &'a str) -> &'a str {
+        self.error_codes.get(code).map_or(code, String::as_str)
+    }
+
+    /// The router's own word for the contract's status `status`.
+    pub fn status_word<'a>(&'a self, status: &'a str) -> &'a str {
+        self.statuses.get(status).map_or(status, String::as_str)
     }
 
     /// The reference router's profile.
@@ -368,6 +471,66 @@ impl Profile {
         profile
     }
 
+    fn capability(&self, declared: Option<bool>, field: &str, what: &str) -> Can {
+        match declared {
+            Some(false) => Can::DeclaredAbsent(format!(
+                "{what}: the profile declares `capabilities.{field}: false`"
+            )),
+            _ if !self.runner_starts() => Can::Cannot(format!(
+                "{what}: the runner does not start this router (no `command` in the profile, or `--url`), so it cannot do that"
+            )),
+            None => Can::Cannot(format!(
+                "{what}: the profile does not declare `capabilities.{field}`; set it to true, or to false to skip these checks"
+            )),
+            Some(true) => Can::Yes,
+        }
+    }
+
+    /// Whether stop-and-start on the same state is possible.
+    pub fn restart(&self) -> Can {
+        self.capability(
+            self.capabilities.restart,
+            "restart",
+            "restarting the router on the same state",
+        )
+    }
+
+    /// Whether the runner may kill the router with SIGKILL (it must own the process).
+    pub fn kill(&self) -> Can {
+        self.capability(
+            self.capabilities.kill,
+            "kill",
+            "killing the router (kill -9)",
+        )
+    }
+
+    /// Whether approval scenarios can run.
+    pub fn approval(&self) -> Can {
+        match self.capabilities.approval {
+            Some(false) => Can::DeclaredAbsent(
+                "an approval policy: the profile declares `capabilities.approval: false`".into(),
+            ),
+            Some(true) if self.approve.is_some() && self.deny.is_some() => Can::Yes,
+            Some(true) => Can::Cannot(
+                "an approval policy: the profile names no `approve` and `deny` commands".into(),
+            ),
+            None => Can::Cannot(
+                "an approval policy: the profile does not declare `capabilities.approval`; set it to true (with `approve`, `deny`, `arguments.approval`, `tools.resume`), or to false to skip these checks".into(),
+            ),
+        }
+    }
+
+    /// Whether charges can be counted.
+    pub fn ledger(&self) -> Can {
+        if self.has_ledger() {
+            Can::Yes
+        } else {
+            Can::Cannot(
+                "charges cannot be counted: the router does not use the runner's provider (start it from the profile with `{provider_url}`, or set `provider_listen` and point the router there)".into(),
+            )
+        }
+    }
+
     /// Whether the runner starts the router itself (and so can point it at its provider).
     pub fn runner_starts(&self) -> bool {
         self.command.is_some()
@@ -377,21 +540,28 @@ impl Profile {
     pub fn has_ledger(&self) -> bool {
         self.runner_starts() || self.provider_listen.is_some()
     }
+}
 
-    /// Whether stop-and-start on the same state is possible.
-    pub fn can_restart(&self) -> bool {
-        self.capabilities.restart && self.runner_starts()
+/// The `{name}` tokens of `text` (a name of letters, digits and `_`).
+fn placeholders_in(text: &str) -> Vec<&str> {
+    let mut found = Vec::new();
+    let mut rest = text;
+    while let Some(start) = rest.find('{') {
+        let after = &rest[start + 1..];
+        match after.find('}') {
+            Some(end)
+                if end > 0
+                    && after[..end]
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || c == '_') =>
+            {
+                found.push(&after[..end]);
+                rest = &after[end + 1..];
+            }
+            _ => rest = after,
+        }
     }
-
-    /// Whether the runner may kill the router with SIGKILL (it must own the process).
-    pub fn can_kill(&self) -> bool {
-        self.capabilities.kill && self.runner_starts()
-    }
-
-    /// Whether approval scenarios can run.
-    pub fn can_approve(&self) -> bool {
-        self.capabilities.approval && self.approve.is_some() && self.deny.is_some()
-    }
+    found
 }
 
 /// Values of the placeholders for one scenario.
@@ -516,7 +686,9 @@ mod tests {
     #[test]
     fn reference_profile_is_valid_and_fully_capable() {
         let p = Profile::reference();
-        assert!(p.can_restart() && p.can_kill() && p.can_approve() && p.has_ledger());
+        for can in [p.restart(), p.kill(), p.approval(), p.ledger()] {
+            assert_eq!(can, Can::Yes);
+        }
         assert_eq!(p.tools.spend, "generate_image");
     }
 
@@ -543,7 +715,42 @@ mod tests {
     #[test]
     fn url_profile_can_do_nothing_it_does_not_own() {
         let p = Profile::url("http://127.0.0.1:9/mcp");
-        assert!(!p.can_restart() && !p.can_kill() && !p.can_approve() && !p.has_ledger());
+        for can in [p.restart(), p.kill(), p.approval(), p.ledger()] {
+            assert!(matches!(can, Can::Cannot(_)), "{can:?}");
+        }
+    }
+
+    #[test]
+    fn unknown_placeholders_are_named_with_the_known_ones() {
+        let bad = Profile::parse(
+            &REFERENCE_PROFILE.replace(
+                "\"{registry}\", --provider-url",
+                "\"{regsitry}\", --provider-url",
+            ),
+            "p.yaml",
+            PathBuf::new(),
+        )
+        .unwrap_err();
+        assert_eq!(bad.code(), "target_unknown_placeholder");
+        let text = bad.to_string();
+        assert!(
+            text.starts_with("p.yaml: args[2]: unknown placeholder `{regsitry}`; the known ones are `{callid}`, `{state_dir}`, `{registry}`"),
+            "{text}"
+        );
+        let bad = Profile::parse(
+            &REFERENCE_PROFILE.replace(
+                "\"{registry}\", --provider-url",
+                "\"{handle}\", --provider-url",
+            ),
+            "p.yaml",
+            PathBuf::new(),
+        )
+        .unwrap_err();
+        assert!(
+            bad.to_string().contains("unknown placeholder `{handle}`"),
+            "{bad}"
+        );
+        assert_eq!(placeholders_in("a {x} {y_1}{ {} }z {a b}"), ["x", "y_1"]);
     }
 
     #[test]

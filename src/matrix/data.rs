@@ -305,9 +305,12 @@ pub enum CheckVerdict {
     Pass,
     /// The router breaks the rule.
     Fail,
-    /// The check does not apply to this router.
+    /// The check does not apply to this router (conform's `skipped`: the profile declares the
+    /// capability absent).
+    #[serde(alias = "skipped")]
     NotApplicable,
-    /// The check could not run.
+    /// The check could not run (conform's `not-run` and `error`).
+    #[serde(alias = "not-run")]
     Error,
 }
 

@@ -130,9 +130,10 @@ fn reference_router_over_streamable_http_passes_every_check() {
 }
 
 /// A router at a bare URL: the runner neither starts it nor sees its provider, so every check that
-/// counts charges, restarts or approves is not applicable, and only what can be judged is judged.
+/// counts charges, restarts or kills is not run: the run exits 1 saying why (never a pass), and
+/// `--allow-incomplete` accepts it.
 #[test]
-fn bare_url_target_reports_what_it_cannot_check_as_not_applicable() {
+fn bare_url_target_reports_what_it_cannot_check_as_not_run_and_fails() {
     let dir = tempfile::tempdir().unwrap();
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -160,28 +161,58 @@ fn bare_url_target_reports_what_it_cannot_check_as_not_applicable() {
         );
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
-    let output = conform(&[
+    let url = format!("http://127.0.0.1:{port}/mcp");
+    let output = conform(&["--url", &url, "--format", "json"]);
+    let table = conform(&["--url", &url, "--only", "redelivery.same-connection"]);
+    let allowed = conform(&[
         "--url",
-        &format!("http://127.0.0.1:{port}/mcp"),
-        "--format",
-        "json",
+        &url,
+        "--allow-incomplete",
+        "--only",
+        "redelivery.same-connection",
+        "schema.no-identity-field",
     ]);
     router.kill().unwrap();
     router.wait().unwrap();
-    assert_eq!(code(&output), 0, "{}", stderr(&output));
+    assert_eq!(code(&output), 1, "{}", stderr(&output));
+    let doc: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(doc["success"], false);
     let verdicts = verdicts(&output);
     assert_eq!(verdicts.len(), scenario_ids().len());
-    for (id, (verdict, reason)) in &verdicts {
-        if id == "schema.no-identity-field" {
-            assert_eq!(verdict, "pass", "{reason}");
-        } else {
-            assert_eq!(verdict, "not-applicable", "{id}: {reason}");
-            assert!(
-                reason.starts_with("the target does not support "),
-                "{id}: {reason}"
-            );
-        }
-    }
+    let (verdict, reason) = &verdicts["schema.no-identity-field"];
+    assert_eq!(verdict, "pass", "{reason}");
+    let (verdict, reason) = &verdicts["redelivery.same-connection"];
+    assert_eq!(verdict, "not-run");
+    assert!(
+        reason.starts_with(
+            "charges cannot be counted: the router does not use the runner's provider"
+        ),
+        "{reason}"
+    );
+    let (verdict, reason) = &verdicts["crash.after-charge-before-reply"];
+    assert_eq!(verdict, "not-run");
+    assert!(
+        reason.contains("killing the router (kill -9): the runner does not start this router"),
+        "{reason}"
+    );
+    assert!(
+        verdicts
+            .values()
+            .all(|(v, _)| v == "pass" || v == "not-run")
+    );
+
+    assert_eq!(code(&table), 1);
+    assert!(
+        stdout(&table).contains("1 checks: 0 pass, 0 fail, 0 skipped by profile, 1 not run, 0 error (incomplete: 1 check(s) not run)"),
+        "{}",
+        stdout(&table)
+    );
+    assert_eq!(code(&allowed), 0, "{}", stdout(&allowed));
+    assert!(
+        stdout(&allowed).contains("(1 not run allowed by --allow-incomplete)"),
+        "{}",
+        stdout(&allowed)
+    );
 }
 
 /// Each flaw of the Python router breaks one rule; conform must fail it on these checks.
@@ -351,7 +382,7 @@ fn out_writes_the_report_to_a_file_and_the_summary_to_stderr() {
     assert!(stdout(&output).is_empty());
     assert_eq!(
         stderr(&output).trim(),
-        "1 checks: 1 pass, 0 fail, 0 n-a, 0 error"
+        "1 checks: 1 pass, 0 fail, 0 skipped by profile, 0 not run, 0 error"
     );
     let xml = std::fs::read_to_string(&file).unwrap();
     assert!(

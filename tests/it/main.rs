@@ -6,6 +6,7 @@ mod common;
 mod conform;
 mod hardening_transport;
 mod hardening_money;
+mod conform_contract;
 mod matrix;
 mod probe;
 mod provider;

@@ -1,5 +1,7 @@
-//! JSON: `{target, duration_ms, success, summary, checks: [{id, title, rule, article, verdict,
-//! reason, baseline, duration_ms}]}`, pretty-printed.
+//! JSON: `{target, duration_ms, success, allow_incomplete, summary, checks: [{id, title, rule,
+//! article, level, verdict, reason, baseline, duration_ms}]}`, pretty-printed. `verdict` is one of
+//! `pass`, `fail`, `skipped` (the profile declares the capability absent), `not-run`, `error`;
+//! `level` is `required` or `recommended`.
 
 use super::Report;
 use std::io::Write;
@@ -15,6 +17,7 @@ pub fn render(report: &Report, out: &mut dyn Write) -> std::io::Result<()> {
                 "title": c.title,
                 "rule": c.rule,
                 "article": c.article,
+                "level": c.level,
                 "verdict": c.verdict,
                 "reason": c.reason,
                 "baseline": c.baseline,
@@ -26,6 +29,7 @@ pub fn render(report: &Report, out: &mut dyn Write) -> std::io::Result<()> {
         "target": report.target,
         "duration_ms": report.duration.as_millis() as u64,
         "success": report.success(),
+        "allow_incomplete": report.allow_incomplete,
         "summary": report.summary(),
         "checks": checks,
     });

@@ -1,7 +1,7 @@
 //! Markdown: a heading, a summary line and one table row per check (for the support matrix and CI
 //! job summaries).
 
-use super::{Report, verdict_label};
+use super::{CheckResult, Level, Report, verdict_label};
 use std::io::Write;
 
 /// Renders `report` as GitHub-flavoured Markdown.
@@ -10,9 +10,26 @@ pub fn render(report: &Report, out: &mut dyn Write) -> std::io::Result<()> {
     writeln!(out)?;
     writeln!(out, "{}", report.summary_line())?;
     writeln!(out)?;
+    rows(report.level(Level::Required), out)?;
+    if report.level(Level::Recommended).next().is_some() {
+        writeln!(out)?;
+        writeln!(
+            out,
+            "### Recommended (callid's conventions, not the article's rules: they never fail the run)"
+        )?;
+        writeln!(out)?;
+        rows(report.level(Level::Recommended), out)?;
+    }
+    Ok(())
+}
+
+fn rows<'a>(
+    checks: impl Iterator<Item = &'a CheckResult>,
+    out: &mut dyn Write,
+) -> std::io::Result<()> {
     writeln!(out, "| check id | rule | verdict | reason |")?;
     writeln!(out, "|---|---|---|---|")?;
-    for check in &report.checks {
+    for check in checks {
         writeln!(
             out,
             "| `{}` | {} | {} | {} |",

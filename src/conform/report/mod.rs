@@ -20,8 +20,11 @@ pub enum Verdict {
     Pass,
     /// An expectation did not hold: the router broke the rule.
     Fail,
-    /// The target cannot do what the check needs (never counted as passed).
-    NotApplicable,
+    /// The profile declares absent what the check needs (`capabilities: {approval: false}`).
+    Skipped,
+    /// The check was not run for another reason (the runner cannot count charges, restart or
+    /// kill this target): never a pass, and it makes the run incomplete.
+    NotRun,
     /// The check could not be completed (the router died unexpectedly, a command failed).
     Error,
 }
@@ -32,10 +35,23 @@ impl Verdict {
         match self {
             Verdict::Pass => "pass",
             Verdict::Fail => "fail",
-            Verdict::NotApplicable => "n-a",
+            Verdict::Skipped => "skipped",
+            Verdict::NotRun => "not run",
             Verdict::Error => "error",
         }
     }
+}
+
+/// Whether a check decides the exit code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Level {
+    /// A rule of the design article: a failure fails the run.
+    #[default]
+    Required,
+    /// One of callid's conventions (error-code names, replay marker, status returning the
+    /// result): reported in its own section, never fails the run.
+    Recommended,
 }
 
 /// How a verdict compares with the expected-failures baseline.
@@ -63,6 +79,8 @@ pub struct CheckResult {
     pub rule: String,
     /// The article's words.
     pub article: String,
+    /// Required (decides the exit code) or recommended.
+    pub level: Level,
     /// The verdict.
     pub verdict: Verdict,
     /// Why (empty on pass).
@@ -88,6 +106,8 @@ pub struct Report {
     /// Wall time of the run.
     #[serde(serialize_with = "millis")]
     pub duration: Duration,
+    /// `--allow-incomplete`: checks not run do not fail the run.
+    pub allow_incomplete: bool,
 }
 
 /// Counts by verdict and baseline.
@@ -97,16 +117,20 @@ pub struct Summary {
     pub pass: usize,
     /// Failed.
     pub fail: usize,
-    /// Not applicable.
-    pub not_applicable: usize,
+    /// Skipped because the profile declares the capability absent.
+    pub skipped: usize,
+    /// Not run for another reason (the run is incomplete).
+    pub not_run: usize,
     /// Errored.
     pub error: usize,
     /// Failed or errored as the baseline expects.
     pub expected: usize,
-    /// Failed or errored but not listed.
+    /// Required checks that failed or errored but are not listed.
     pub unexpected: usize,
     /// Listed but passed.
     pub stale: usize,
+    /// Recommended checks that failed or errored (never fail the run).
+    pub recommended_failed: usize,
 }
 
 impl Report {
@@ -117,8 +141,15 @@ impl Report {
             match c.verdict {
                 Verdict::Pass => s.pass += 1,
                 Verdict::Fail => s.fail += 1,
-                Verdict::NotApplicable => s.not_applicable += 1,
+                Verdict::Skipped => s.skipped += 1,
+                Verdict::NotRun => s.not_run += 1,
                 Verdict::Error => s.error += 1,
+            }
+            if c.level == Level::Recommended {
+                if matches!(c.verdict, Verdict::Fail | Verdict::Error) {
+                    s.recommended_failed += 1;
+                }
+                continue;
             }
             match c.baseline {
                 Baseline::Ok => {}
@@ -130,24 +161,44 @@ impl Report {
         s
     }
 
-    /// Whether the run succeeds: no unexpected failure and no stale expected failure.
+    /// Whether the run succeeds: no unexpected failure of a required check, no stale expected
+    /// failure, and every check run (or skipped by the profile) unless `--allow-incomplete`.
     pub fn success(&self) -> bool {
         let s = self.summary();
-        s.unexpected == 0 && s.stale == 0
+        s.unexpected == 0 && s.stale == 0 && (s.not_run == 0 || self.allow_incomplete)
     }
 
-    /// One line: `29 checks: 27 pass, 1 fail, 1 n-a, 0 error (1 expected)`.
+    /// The checks of one level, in id order.
+    pub fn level(&self, level: Level) -> impl Iterator<Item = &CheckResult> {
+        self.checks.iter().filter(move |c| c.level == level)
+    }
+
+    /// One line: `29 checks: 27 pass, 1 fail, 1 skipped by profile, 0 not run, 0 error (…)`.
     pub fn summary_line(&self) -> String {
         let s = self.summary();
         let mut line = format!(
-            "{} checks: {} pass, {} fail, {} n-a, {} error",
+            "{} checks: {} pass, {} fail, {} skipped by profile, {} not run, {} error",
             self.checks.len(),
             s.pass,
             s.fail,
-            s.not_applicable,
+            s.skipped,
+            s.not_run,
             s.error
         );
         let mut notes = Vec::new();
+        if s.not_run > 0 {
+            notes.push(if self.allow_incomplete {
+                format!("{} not run allowed by --allow-incomplete", s.not_run)
+            } else {
+                format!("incomplete: {} check(s) not run", s.not_run)
+            });
+        }
+        if s.recommended_failed > 0 {
+            notes.push(format!(
+                "{} recommended check(s) failed",
+                s.recommended_failed
+            ));
+        }
         if s.expected > 0 {
             notes.push(format!("{} expected failure(s)", s.expected));
         }
@@ -214,6 +265,11 @@ pub(crate) mod tests {
     /// A report with every verdict and every baseline outcome, for the snapshot tests.
     pub fn sample() -> Report {
         let check = |id: &str, verdict, reason: &str, baseline, ms| CheckResult {
+            level: if id.starts_with("convention.") {
+                Level::Recommended
+            } else {
+                Level::Required
+            },
             id: id.to_string(),
             title: format!("title of {id}"),
             rule: "step 5: same call ID + same request hash is redelivery".to_string(),
@@ -242,10 +298,24 @@ pub(crate) mod tests {
                 ),
                 check(
                     "redelivery.after-restart",
-                    Verdict::NotApplicable,
-                    "the target cannot be restarted by the runner",
+                    Verdict::NotRun,
+                    "restarting the router on the same state: the runner does not start this router (`--url`)",
                     Baseline::Ok,
                     0,
+                ),
+                check(
+                    "approval.deny-refuses",
+                    Verdict::Skipped,
+                    "the profile declares `capabilities.approval: false`",
+                    Baseline::Ok,
+                    0,
+                ),
+                check(
+                    "convention.replay-marker",
+                    Verdict::Fail,
+                    "steps[1] (redeliver `first`): expected the replay flag at `/_meta/callid~1replayed` to be true, got none",
+                    Baseline::Unexpected,
+                    7,
                 ),
                 check(
                     "crash.after-charge-before-reply",
@@ -263,6 +333,7 @@ pub(crate) mod tests {
                 ),
             ],
             duration: Duration::from_millis(1234),
+            allow_incomplete: false,
         }
     }
 }
