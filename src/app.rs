@@ -233,6 +233,8 @@ fn run_router(args: crate::cli::RouterArgs) -> anyhow::Result<ExitCode> {
                 approval_models: serve.approval_models,
                 budget_cents: serve.budget_cents,
             });
+            policy.check()?;
+            crate::keys::check_prefixes(&serve.key_prefix, &serve.handle_prefix)?;
             let options = crate::router::RouterOptions {
                 registry: registry_path(&serve.registry)?,
                 provider_url: serve.provider_url,

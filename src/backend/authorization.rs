@@ -15,10 +15,10 @@
 //! reserved for its retry, which reuses it.
 //!
 //! ## Compatibility
-//! `application_id` `0x434c4155` ("CLAU"), `user_version` 1; see [`super::store`].
+//! `application_id` `0x434c4155` ("CLAU"), `user_version` 1; see [`crate::store`].
 
 use super::error::BackendError;
-use super::store::{Store, StoreError, StoreSpec};
+use crate::store::{Store, StoreError, StoreSpec};
 use rusqlite::{OptionalExtension as _, params};
 use std::path::Path;
 use std::sync::Arc;

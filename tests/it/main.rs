@@ -8,3 +8,4 @@ mod matrix;
 mod probe;
 mod provider;
 mod router;
+mod store;
