@@ -281,3 +281,27 @@ fn a_missing_file_is_not_created_when_creation_is_not_allowed() {
     assert!(open_connection(&path, &SPEC, Create::Never).is_err());
     assert!(!path.exists());
 }
+
+/// SQLite's busy handler does not cover the switch to WAL of a fresh file while another
+/// connection holds the write lock (the switch upgrades a read transaction, which answers
+/// `SQLITE_BUSY` at once to avoid a deadlock): the race behind a flaky fresh-file open.
+#[test]
+fn a_fresh_file_opens_while_another_connection_holds_its_write_lock() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fresh.sqlite3");
+    create_private_file(&path).unwrap();
+    let holder = Connection::open(&path).unwrap();
+    holder.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            // Released once the opener had time to reach the switch (or when it returned).
+            let _ = released.recv_timeout(Duration::from_millis(500));
+            holder.execute_batch("ROLLBACK").unwrap();
+        });
+        let opened = open_connection(&path, &SPEC, Create::IfMissing);
+        let _ = release.send(());
+        let conn = opened.expect("the opener waits for the write lock instead of failing");
+        assert_eq!(read_header(&conn).unwrap().user_version, 2);
+    });
+}
