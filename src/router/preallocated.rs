@@ -161,6 +161,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("keys.sqlite3");
         let mut pool = KeyPool::open(&path).unwrap();
+        let journal: String = pool
+            .conn
+            .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(journal, "wal", "the pool is opened like every store");
         assert_eq!(pool.fill(2, "hubu:operation:v1:").unwrap(), 2);
         let a = pool.claim("h1").unwrap();
         let b = pool.claim("h2").unwrap();
