@@ -59,6 +59,7 @@ static SPEC: StoreSpec = StoreSpec {
     application_id: APPLICATION_ID,
     migrations: MIGRATIONS,
 };
+
 /// The schema, one migration per `user_version` step. Append only: never edit a shipped entry.
 pub const MIGRATIONS: &[&str] = &[
     // 1: the installation id and the operations.
