@@ -115,7 +115,7 @@ pub enum StoreError {
     /// The file (or a journal beside it) is readable or writable by other users.
     #[error(
         "{kind} `{path}` is open to other users ({}); it holds private keys, so callid does not \
-         use it: run `chmod 600 {}` and start again",
+         use it: run `chmod 600 {}`, then try again",
         modes(.files), shell_words(.files)
     )]
     Permissions {

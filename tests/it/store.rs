@@ -250,6 +250,10 @@ async fn a_registry_open_to_other_users_is_refused_with_the_chmod_to_run() {
     );
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains(&fix), "{}", stderr(&out));
+    insta::assert_snapshot!(
+        "registry_open_to_other_users",
+        stderr(&out).replace(&dir.path().display().to_string(), "[TMP]")
+    );
 
     std::fs::set_permissions(&registry, std::fs::Permissions::from_mode(0o600)).unwrap();
     let r = Router::start(dir.path(), registry.to_str().unwrap(), &[]).await;
