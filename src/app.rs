@@ -249,6 +249,8 @@ fn run_router(args: crate::cli::RouterArgs) -> anyhow::Result<ExitCode> {
                 budget_cents: serve.budget_cents,
                 ..Policy::default()
             });
+            policy.check()?;
+            crate::keys::check_prefixes(&serve.key_prefix, &serve.handle_prefix)?;
             let provider = match &serve.provider_url {
                 Some(url) => {
                     let url = url

@@ -71,6 +71,47 @@ impl std::fmt::Display for PublicHandle {
     }
 }
 
+/// Why a pair of key and handle prefixes cannot be used together.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum PrefixError {
+    /// The key prefix is empty: the scrubber could not recognize a key it was not handed.
+    #[error(
+        "`--key-prefix` is empty, so a private key in a reply could not be recognized and \
+         redacted; pass a non-empty prefix such as the default `{DEFAULT_KEY_PREFIX}`"
+    )]
+    EmptyKeyPrefix,
+    /// One prefix contains the other: keys and handles could not be told apart.
+    #[error(
+        "`--key-prefix` `{key}` and `--handle-prefix` `{handle}` overlap (one contains the \
+         other), so private keys and public handles could not be told apart: replies would have \
+         their handles redacted, or a key would pass for a handle; pick two prefixes where \
+         neither contains the other, like the defaults `{DEFAULT_KEY_PREFIX}` and \
+         `{DEFAULT_HANDLE_PREFIX}`"
+    )]
+    Overlap {
+        /// The key prefix.
+        key: String,
+        /// The handle prefix.
+        handle: String,
+    },
+}
+
+/// Refuses a key prefix and a handle prefix that could be mistaken for each other (checked at
+/// start-up): the scrubber redacts every string that contains the key prefix, and a handle is
+/// looked up by its text.
+pub fn check_prefixes(key: &str, handle: &str) -> Result<(), PrefixError> {
+    if key.is_empty() {
+        return Err(PrefixError::EmptyKeyPrefix);
+    }
+    if handle.is_empty() || handle.contains(key) || key.contains(handle) {
+        return Err(PrefixError::Overlap {
+            key: key.to_owned(),
+            handle: handle.to_owned(),
+        });
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -86,5 +127,31 @@ mod tests {
         let key_uuid = key.expose().rsplit(':').next().unwrap();
         assert!(!handle.as_str().contains(key_uuid));
         assert_ne!(key, OperationKey::generate(DEFAULT_KEY_PREFIX, "codex"));
+    }
+
+    #[test]
+    fn prefixes_that_overlap_are_refused() {
+        let overlap = |k: &str, h: &str| {
+            Err(PrefixError::Overlap {
+                key: k.into(),
+                handle: h.into(),
+            })
+        };
+        let cases = [
+            (DEFAULT_KEY_PREFIX, DEFAULT_HANDLE_PREFIX, Ok(())),
+            ("acme:k:", "acme:h:", Ok(())),
+            ("", "h:", Err(PrefixError::EmptyKeyPrefix)),
+            (
+                "hubu:",
+                DEFAULT_HANDLE_PREFIX,
+                overlap("hubu:", DEFAULT_HANDLE_PREFIX),
+            ),
+            ("k:", "k:", overlap("k:", "k:")),
+            ("acme:key:", "key:", overlap("acme:key:", "key:")),
+            ("k:", "", overlap("k:", "")),
+        ];
+        for (key, handle, want) in cases {
+            assert_eq!(check_prefixes(key, handle), want, "{key} / {handle}");
+        }
     }
 }

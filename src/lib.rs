@@ -23,6 +23,7 @@
 //!   control of ids and `_meta`, used by the conformance runner, `measure` and `bench`.
 //! - [`probe`]: an MCP server (and a transparent proxy) that records the shape of every request.
 //! - [`classify`]: turns probe logs into one identity verdict per client.
+//! - [`store`]: how every SQLite file of callid is opened, inspected, protected and migrated.
 //! - [`provider`]: the paid image provider with a durable ledger that charges once per key.
 //! - [`backend`]: the authorization and execution layers, each idempotent on its own.
 //! - [`router`]: the reference router: identity, request hash, registry, keys, scrubbing,
@@ -55,3 +56,4 @@ pub mod provider;
 pub mod router;
 pub mod secret;
 pub mod shape;
+pub mod store;

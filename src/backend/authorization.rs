@@ -29,11 +29,11 @@
 //! before the provider is called.
 //!
 //! ## Compatibility
-//! `application_id` `0x434c4155` ("CLAU"), `user_version` 2; see [`super::store`]. Decisions
+//! `application_id` `0x434c4155` ("CLAU"), `user_version` 2; see [`crate::store`]. Decisions
 //! recorded by version 1 are `dispatched`.
 
 use super::error::BackendError;
-use super::store::{Store, StoreError, StoreSpec};
+use crate::store::{Store, StoreError, StoreSpec};
 use rusqlite::{OptionalExtension as _, params};
 use std::path::Path;
 use std::sync::Arc;

@@ -1,7 +1,7 @@
 //! [`BackendError`]: why a spend was refused or failed, with a stable code the router reports.
 
-use super::store::StoreError;
 use crate::provider::ProviderError;
+use crate::store::StoreError;
 
 /// Why the backend did not complete a spend. No variant carries the operation key.
 #[derive(Debug, thiserror::Error)]
@@ -127,12 +127,14 @@ impl BackendError {
     }
 }
 
-/// Whether a store error says the file itself is bad (not a transient lock or I/O failure).
+/// Whether a store error needs an operator (a bad, foreign, newer or exposed file), not a retry.
 fn store_corrupt(err: &StoreError) -> bool {
     match err {
-        StoreError::Foreign { .. } | StoreError::TooNew { .. } => true,
-        StoreError::Sqlite { source, .. } => matches!(
-            source.sqlite_error_code(),
+        StoreError::Foreign { .. } | StoreError::TooNew { .. } | StoreError::Permissions { .. } => {
+            true
+        }
+        StoreError::Sqlite { cause, .. } => matches!(
+            cause.sqlite_error_code(),
             Some(rusqlite::ErrorCode::DatabaseCorrupt | rusqlite::ErrorCode::NotADatabase)
         ),
         StoreError::Io { .. } => false,

@@ -16,12 +16,12 @@
 //! between the provider's answer and the `completed` commit: the case the derived key exists for.
 //!
 //! ## Compatibility
-//! `application_id` `0x434c4558` ("CLEX"), `user_version` 1; see [`super::store`].
+//! `application_id` `0x434c4558` ("CLEX"), `user_version` 1; see [`crate::store`].
 
 use super::error::BackendError;
-use super::store::{Store, StoreError, StoreSpec};
 use crate::crashpoint::{self, Boundary};
 use crate::provider::{ImageRequest, ProviderApi, Receipt};
+use crate::store::{Store, StoreError, StoreSpec};
 use rusqlite::{OptionalExtension as _, params};
 use sha2::{Digest as _, Sha256};
 use std::collections::HashMap;
@@ -170,7 +170,7 @@ impl Execution {
         tokio::task::spawn_blocking(move || f(&this))
             .await
             .map_err(|join| {
-                BackendError::from(self.store.error(super::store::other_error(format!(
+                BackendError::from(self.store.error(crate::store::other_error(format!(
                     "execution task failed: {join}"
                 ))))
             })?
@@ -226,7 +226,7 @@ impl Execution {
                     ..
                 }) if state == "completed" => {
                     let receipt = serde_json::from_str(&receipt).map_err(|e| {
-                        sql(super::store::other_error(format!(
+                        sql(crate::store::other_error(format!(
                             "stored receipt of a decision does not parse: {e}"
                         )))
                     })?;
@@ -276,7 +276,7 @@ impl Execution {
                 )
                 .map_err(sql)?;
             let receipt = serde_json::from_str(&stored).map_err(|e| {
-                sql(super::store::other_error(format!(
+                sql(crate::store::other_error(format!(
                     "stored receipt of a decision does not parse: {e}"
                 )))
             })?;

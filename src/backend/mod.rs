@@ -29,7 +29,6 @@
 pub mod authorization;
 pub mod error;
 pub mod execution;
-pub mod store;
 
 pub use authorization::{Authorization, AuthorizationRequest, Decision};
 pub use error::BackendError;
@@ -358,10 +357,10 @@ impl Backend {
 }
 
 fn join_error(join: tokio::task::JoinError) -> BackendError {
-    BackendError::StateUnavailable(store::StoreError::Sqlite {
+    BackendError::StateUnavailable(crate::store::StoreError::Sqlite {
         kind: "backend state",
         path: PathBuf::new(),
-        source: store::other_error(format!("backend task failed: {join}")),
+        cause: crate::store::other_error(format!("backend task failed: {join}")),
     })
 }
 

@@ -11,11 +11,11 @@
 //! one process or from several processes on the same file, make exactly one charge.
 //!
 //! ## Compatibility
-//! `application_id` `0x434c504c` ("CLPL"), `user_version` 1; see [`crate::backend::store`].
+//! `application_id` `0x434c504c` ("CLPL"), `user_version` 1; see [`crate::store`].
 
 use super::error::ProviderError;
 use super::types::{ChargeOutcome, ChargeRecord, Image, ImageRequest, Receipt, validate_key};
-use crate::backend::store::{Store, StoreSpec};
+use crate::store::{Store, StoreSpec};
 use rusqlite::{OptionalExtension as _, params};
 use sha2::{Digest as _, Sha256};
 use std::path::Path;
@@ -117,7 +117,7 @@ impl Ledger {
             Ok((body, false))
         })?;
         let receipt: Receipt = serde_json::from_str(&body).map_err(|e| {
-            ProviderError::from(self.store.error(crate::backend::store::other_error(format!(
+            ProviderError::from(self.store.error(crate::store::other_error(format!(
                 "stored receipt is not valid: {e}"
             ))))
         })?;

@@ -66,6 +66,19 @@ pub enum PolicyError {
         /// What is wrong.
         message: String,
     },
+    /// An approval model the price table does not sell: no spend could match it, so the approval
+    /// it asks for would silently never happen.
+    #[error(
+        "approval model `{model}` is not in the price table, so no spend would ever match it and \
+         approval would never be asked; pass `--approval-model` (or `approval_models` in the \
+         policy file) with one of {known}"
+    )]
+    UnknownModel {
+        /// The model named.
+        model: String,
+        /// The models of the price table, quoted.
+        known: String,
+    },
 }
 
 impl Policy {
@@ -115,6 +128,21 @@ impl Policy {
             .unwrap_or(crate::backend::authorization::DEFAULT_RESERVATION_EXPIRY)
     }
 
+    /// Refuses a policy that names a model the price table does not know (checked at start-up).
+    pub fn check(&self) -> Result<(), PolicyError> {
+        let known = |m: &str| crate::provider::prices::price_cents(m).is_some();
+        match self.approval_models.iter().find(|m| !known(m)) {
+            None => Ok(()),
+            Some(model) => Err(PolicyError::UnknownModel {
+                model: model.clone(),
+                known: crate::provider::prices::models()
+                    .map(|m| format!("`{m}`"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            }),
+        }
+    }
+
     /// Whether a spend of `amount_cents` with `model` needs a person's approval.
     pub fn needs_approval(&self, amount_cents: u64, model: &str) -> bool {
         self.approval_above_cents
@@ -145,6 +173,23 @@ mod tests {
             assert_eq!(p.needs_approval(amount, model), want, "{amount} {model}");
         }
         assert!(!Policy::default().needs_approval(u64::MAX, "any"));
+    }
+
+    #[test]
+    fn approval_models_must_be_in_the_price_table() {
+        let policy = |models: &[&str]| Policy {
+            approval_models: models.iter().map(|m| m.to_string()).collect(),
+            ..Policy::default()
+        };
+        assert!(policy(&[]).check().is_ok());
+        assert!(policy(&["flux-pro", "flux-dev"]).check().is_ok());
+        let err = policy(&["flux-pro", "FLUX-PRO"]).check().unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "approval model `FLUX-PRO` is not in the price table, so no spend would ever match it \
+             and approval would never be asked; pass `--approval-model` (or `approval_models` in \
+             the policy file) with one of `flux-schnell`, `flux-dev`, `flux-pro`"
+        );
     }
 
     #[test]

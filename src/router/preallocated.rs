@@ -10,27 +10,34 @@
 //!   router records the operation, so no key is ever given to two operations. A crash between
 //!   the claim and the registry row wastes one key, never reuses it.
 //! - An empty pool fails closed: no key, no operation.
-//! - The file is created 0600, like the registry: it holds private keys.
+//! - The file is opened, identified, protected (0600) and migrated by [`crate::store`], like the
+//!   registry: it holds private keys. A newer pool is refused untouched, never downgraded.
 
 use crate::keys::OperationKey;
+use crate::store::{self, Create, StoreError, StoreSpec};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use std::path::{Path, PathBuf};
 
 /// `PRAGMA application_id` of a key pool (`"cKey"`).
 pub const APPLICATION_ID: i32 = 0x634b_6579;
 
+/// What a key pool file is, for [`crate::store`]. Append only: never edit a shipped migration.
+static SPEC: StoreSpec = StoreSpec {
+    kind: "preallocated key database",
+    application_id: APPLICATION_ID,
+    migrations: &["CREATE TABLE keys (
+         operation_key TEXT PRIMARY KEY NOT NULL,
+         claimed_by    TEXT,
+         claimed_ms    INTEGER
+     ) STRICT;"],
+};
+
 /// Why the pool cannot give a key.
 #[derive(Debug, thiserror::Error)]
 pub enum KeyPoolError {
-    /// The file cannot be created or opened.
-    #[error("cannot open preallocated key database `{path}`: {source}")]
-    Io {
-        /// The file.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: std::io::Error,
-    },
+    /// The file cannot be created, opened, identified or migrated (see [`crate::store`]).
+    #[error(transparent)]
+    Store(#[from] StoreError),
     /// SQLite refused.
     #[error("preallocated key database `{path}` failed while {doing}: {source}")]
     Sqlite {
@@ -41,16 +48,6 @@ pub enum KeyPoolError {
         /// The cause.
         #[source]
         source: rusqlite::Error,
-    },
-    /// Not a key pool.
-    #[error(
-        "`{path}` is not a callid key database (application_id {found:#x}); it was left untouched"
-    )]
-    Foreign {
-        /// The file.
-        path: PathBuf,
-        /// Its application id.
-        found: i32,
     },
     /// No unclaimed key left.
     #[error(
@@ -71,49 +68,10 @@ pub struct KeyPool {
 }
 
 impl KeyPool {
-    /// Opens (creating if absent, mode 0600) the pool at `path`.
+    /// Opens (creating if absent, mode 0600) the pool at `path`; see [`crate::store`].
     pub fn open(path: &Path) -> Result<KeyPool, KeyPoolError> {
-        super::registry::create_private(path).map_err(|source| KeyPoolError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        let err = |doing| {
-            move |source| KeyPoolError::Sqlite {
-                path: path.to_path_buf(),
-                doing,
-                source,
-            }
-        };
-        let conn = Connection::open(path).map_err(err("opening"))?;
-        conn.busy_timeout(super::registry::BUSY_TIMEOUT)
-            .map_err(err("setting the busy timeout"))?;
-        let header =
-            crate::backend::store::read_header(&conn).map_err(err("reading its header"))?;
-        let (found, objects) = (header.application_id, header.objects);
-        if found != APPLICATION_ID && (found != 0 || objects > 0) {
-            return Err(KeyPoolError::Foreign {
-                path: path.to_path_buf(),
-                found,
-            });
-        }
-        conn.pragma_update(None, "journal_mode", "WAL")
-            .map_err(err("switching to WAL"))?;
-        conn.pragma_update(None, "synchronous", "FULL")
-            .map_err(err("setting synchronous=FULL"))?;
-        conn.execute_batch(&format!(
-            "BEGIN IMMEDIATE;
-             CREATE TABLE IF NOT EXISTS keys (
-                 operation_key TEXT PRIMARY KEY NOT NULL,
-                 claimed_by    TEXT,
-                 claimed_ms    INTEGER
-             ) STRICT;
-             PRAGMA application_id = {APPLICATION_ID};
-             PRAGMA user_version = 1;
-             COMMIT;"
-        ))
-        .map_err(err("creating its schema"))?;
         Ok(KeyPool {
-            conn,
+            conn: store::open_connection(path, &SPEC, Create::IfMissing)?,
             path: path.to_path_buf(),
         })
     }
@@ -203,6 +161,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("keys.sqlite3");
         let mut pool = KeyPool::open(&path).unwrap();
+        let journal: String = pool
+            .conn
+            .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(journal, "wal", "the pool is opened like every store");
         assert_eq!(pool.fill(2, "hubu:operation:v1:").unwrap(), 2);
         let a = pool.claim("h1").unwrap();
         let b = pool.claim("h2").unwrap();

@@ -18,7 +18,10 @@
 //!   the reply is sent ([`Registry::record_result`]). A crash between the two leaves a `pending`
 //!   row, and redelivery continues that operation under the same private key, which every layer
 //!   behind the router treats as the same operation.
-//! - The file and its journal are created with mode 0600: the rows hold private operation keys.
+//! - The file is opened, identified, protected and migrated by [`crate::store`], like every state
+//!   file of callid: it and its `-wal`/`-shm` are 0600 (the rows hold private operation keys), a
+//!   file open to other users is refused with the `chmod` to run, and `--registry` is a plain
+//!   path (never a SQLite URI such as `file:x?mode=memory`).
 //!
 //! ## Concurrency
 //! - Every write runs in an `IMMEDIATE` transaction (the write lock is taken first, so two writers
@@ -39,7 +42,7 @@
 //!   transaction; a registry written by an older callid is upgraded in place.
 //! - A file with another application id, a non-empty file without one, a file that is not a
 //!   SQLite database, or a registry newer than this build knows is refused and never modified:
-//!   the checks run before any pragma that writes (such as switching to WAL).
+//!   it is inspected through a read-only connection, so not even its `-wal` is checkpointed.
 //! - Schema 2 adds the source installation to the key and the charged amount. Rows recorded by
 //!   schema 1 keep an empty source installation: an envelope call recorded before the upgrade is
 //!   found again only when it is redelivered without an `installation_id`.
@@ -52,15 +55,23 @@
 
 use crate::canonical::RequestHash;
 use crate::keys::{OperationKey, PublicHandle};
-use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, params};
+use crate::store::{self, Create, StoreError, StoreSpec};
+use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// `PRAGMA application_id` of a callid registry (`"cLiD"` in ASCII).
 pub const APPLICATION_ID: i32 = 0x634c_6944;
-/// How long a statement waits for another connection's lock before failing.
-pub const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+pub use crate::store::BUSY_TIMEOUT;
+
+/// What a registry file is, for [`crate::store`].
+static SPEC: StoreSpec = StoreSpec {
+    kind: "registry",
+    application_id: APPLICATION_ID,
+    migrations: MIGRATIONS,
+};
+
 /// The schema, one migration per `user_version` step. Append only: never edit a shipped entry.
 pub const MIGRATIONS: &[&str] = &[
     // 1: the installation id and the operations.
@@ -128,17 +139,9 @@ pub const MIGRATIONS: &[&str] = &[
 /// of these, naming the file and the cause.
 #[derive(Debug, thiserror::Error)]
 pub enum RegistryError {
-    /// The file or its directory could not be created or opened.
-    #[error(
-        "cannot open registry `{path}`: {source}; check that its directory exists and is writable"
-    )]
-    Io {
-        /// The registry file.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: std::io::Error,
-    },
+    /// The file cannot be created, opened, identified or migrated (see [`crate::store`]).
+    #[error(transparent)]
+    Store(#[from] StoreError),
     /// SQLite refused an operation (not a database, locked too long, disk full, read-only...).
     #[error("registry `{path}` failed while {doing}: {source}")]
     Sqlite {
@@ -149,30 +152,6 @@ pub enum RegistryError {
         /// The cause.
         #[source]
         source: rusqlite::Error,
-    },
-    /// The file belongs to another program.
-    #[error(
-        "`{path}` is not a callid registry (application_id {found:#x}, expected {APPLICATION_ID:#x}); \
-         it was left untouched: point `--registry` at another file"
-    )]
-    Foreign {
-        /// The file.
-        path: PathBuf,
-        /// Its application id.
-        found: i32,
-    },
-    /// The file was written by a newer callid.
-    #[error(
-        "registry `{path}` has schema version {found}, newer than this callid knows ({known}); it \
-         was left untouched: upgrade callid"
-    )]
-    Newer {
-        /// The file.
-        path: PathBuf,
-        /// Its `user_version`.
-        found: i64,
-        /// The newest version this build knows.
-        known: i64,
     },
     /// The operator named a file that does not exist.
     #[error("registry `{path}` does not exist; pass the `--registry` the router runs with")]
@@ -401,17 +380,11 @@ pub fn default_path() -> Option<PathBuf> {
 
 impl Registry {
     /// Opens the registry at `path`, creating it (mode 0600, and its directory) if absent, and
-    /// migrating it to the newest schema. A foreign, newer or corrupt file is refused untouched.
+    /// migrating it to the newest schema. A foreign, newer, corrupt or world-readable file is
+    /// refused untouched (see [`crate::store`]).
     pub fn open(path: &Path) -> Result<Registry, RegistryError> {
-        let io = |source| RegistryError::Io {
-            path: path.to_path_buf(),
-            source,
-        };
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(io)?;
-        }
-        create_private(path).map_err(io)?;
-        Self::open_file(path, OpenFlags::SQLITE_OPEN_READ_WRITE)
+        let conn = store::open_connection(path, &SPEC, Create::IfMissing)?;
+        Self::init(conn, path.to_path_buf())
     }
 
     /// Opens an existing registry (operator commands): never creates one.
@@ -421,63 +394,22 @@ impl Registry {
                 path: path.to_path_buf(),
             });
         }
-        Self::open_file(path, OpenFlags::SQLITE_OPEN_READ_WRITE)
+        let conn = store::open_connection(path, &SPEC, Create::Never)?;
+        Self::init(conn, path.to_path_buf())
     }
 
     /// Opens an in-memory registry (unit tests).
     pub fn open_in_memory() -> Result<Registry, RegistryError> {
-        let path = PathBuf::from(":memory:");
-        let conn = Connection::open_in_memory().map_err(sqlite(&path, "opening"))?;
-        Self::init(conn, path)
-    }
-
-    fn open_file(path: &Path, flags: OpenFlags) -> Result<Registry, RegistryError> {
-        let flags = flags | OpenFlags::SQLITE_OPEN_NO_MUTEX | OpenFlags::SQLITE_OPEN_URI;
-        let conn = Connection::open_with_flags(path, flags).map_err(sqlite(path, "opening"))?;
-        Self::init(conn, path.to_path_buf())
+        let conn = store::open_in_memory(&SPEC)?;
+        Self::init(conn, PathBuf::from(":memory:"))
     }
 
     fn init(conn: Connection, path: PathBuf) -> Result<Registry, RegistryError> {
-        conn.busy_timeout(BUSY_TIMEOUT)
-            .map_err(sqlite(&path, "setting the busy timeout"))?;
-        // Identify the file before anything writes to it.
-        let header = crate::backend::store::read_header(&conn)
-            .map_err(sqlite(&path, "reading its header"))?;
-        let (app_id, version, objects) =
-            (header.application_id, header.user_version, header.objects);
-        if app_id != APPLICATION_ID && (app_id != 0 || objects > 0 || version != 0) {
-            return Err(RegistryError::Foreign {
-                path,
-                found: app_id,
-            });
-        }
-        let known = MIGRATIONS.len() as i64;
-        if version > known {
-            return Err(RegistryError::Newer {
-                path,
-                found: version,
-                known,
-            });
-        }
-        if path.as_os_str() != ":memory:" {
-            let mode: String = conn
-                .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
-                .map_err(sqlite(&path, "switching to WAL"))?;
-            if !mode.eq_ignore_ascii_case("wal") {
-                return Err(RegistryError::Corrupt {
-                    path,
-                    detail: format!("journal mode stayed `{mode}`, WAL is required"),
-                });
-            }
-        }
-        conn.pragma_update(None, "synchronous", "FULL")
-            .map_err(sqlite(&path, "setting synchronous=FULL"))?;
         let mut registry = Registry {
             conn,
             path,
             installation_id: String::new(),
         };
-        registry.migrate()?;
         registry.installation_id = registry.ensure_installation_id()?;
         Ok(registry)
     }
@@ -485,23 +417,7 @@ impl Registry {
     /// Applies every migration above the file's `user_version` in one exclusive transaction.
     /// Running it again is a no-op.
     pub fn migrate(&mut self) -> Result<(), RegistryError> {
-        let path = self.path.clone();
-        let tx = self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Exclusive)
-            .map_err(sqlite(&path, "starting a migration"))?;
-        let version: i64 = tx
-            .query_row("PRAGMA user_version", [], |r| r.get(0))
-            .map_err(sqlite(&path, "reading its schema version"))?;
-        for (i, sql) in MIGRATIONS.iter().enumerate().skip(version as usize) {
-            tx.execute_batch(sql)
-                .map_err(sqlite(&path, "migrating its schema"))?;
-            tx.pragma_update(None, "user_version", (i + 1) as i64)
-                .map_err(sqlite(&path, "migrating its schema"))?;
-        }
-        tx.pragma_update(None, "application_id", APPLICATION_ID)
-            .map_err(sqlite(&path, "writing its application id"))?;
-        tx.commit().map_err(sqlite(&path, "committing a migration"))
+        store::migrate(&mut self.conn, &SPEC).map_err(sqlite(&self.path, "migrating its schema"))
     }
 
     fn ensure_installation_id(&mut self) -> Result<String, RegistryError> {
@@ -945,23 +861,6 @@ fn sqlite<'a>(
         path: path.to_path_buf(),
         doing,
         source,
-    }
-}
-
-/// Creates `path` with mode 0600 if it does not exist yet (SQLite then gives its journal files
-/// the same mode). An existing file is left as it is.
-pub fn create_private(path: &Path) -> std::io::Result<()> {
-    let mut options = std::fs::OpenOptions::new();
-    options.write(true).create_new(true);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        options.mode(0o600);
-    }
-    match options.open(path) {
-        Ok(_) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
-        Err(e) => Err(e),
     }
 }
 

@@ -4,10 +4,11 @@
 mod bench;
 mod common;
 mod conform;
-mod hardening_transport;
-mod hardening_money;
 mod conform_contract;
+mod hardening_money;
+mod hardening_transport;
 mod matrix;
 mod probe;
 mod provider;
 mod router;
+mod store;

@@ -1,37 +1,54 @@
-//! How every durable file of the backend layers and the provider ledger is opened: [`Store`].
+//! How callid opens every SQLite file it owns: [`open_connection`] and the pooled [`Store`].
 //!
-//! One discipline for three SQLite files (`authorization.sqlite3`, `execution.sqlite3`,
-//! `provider-ledger.sqlite3`), so that each keeps the same promises.
+//! One discipline for all five files: the router's registry, its preallocated key pool, the
+//! backend's `authorization.sqlite3` and `execution.sqlite3`, and the provider ledger. Each kind is
+//! described by a [`StoreSpec`] (its name, `application_id` and migrations); everything else (how
+//! the file is created, identified, protected, migrated and configured) is decided here, once.
 //!
 //! ## Durability
 //! WAL journal with `synchronous=FULL`: a transaction that returned from `COMMIT` survives a
 //! `kill -9` of the process and a power cut. Callers commit before they reply or act on a result.
+//! A path is always a plain file path: SQLite's URI syntax is never interpreted, so
+//! `file:x?mode=memory` is a file literally named so in the current directory, not an in-memory
+//! database that would lose every row.
 //!
 //! ## Concurrency
 //! Every write runs in an `IMMEDIATE` transaction, so two writers (threads of this process or other
 //! processes on the same file) never both read "absent" and both insert. Each connection waits up to
-//! [`BUSY_TIMEOUT`] for the write lock before it gives up with an error. Connections are pooled:
-//! concurrent callers in one process get separate connections and are serialized by SQLite, not by
-//! a lock of ours.
+//! [`BUSY_TIMEOUT`] for a lock before it gives up with an error. The first-open steps (inspection,
+//! the switch to WAL, the migration) also run where SQLite's busy handler does not reach (a
+//! journal-mode change racing another opener answers `SQLITE_BUSY` at once): they are retried on
+//! `SQLITE_BUSY`/`SQLITE_LOCKED` until the same deadline, so any number of processes may create one
+//! fresh file at once. A [`Store`] pools connections: concurrent callers in one process get
+//! separate connections and are serialized by SQLite, not by a lock of ours.
 //!
 //! ## Compatibility
 //! Each kind of file has its own `application_id`; its schema version is `user_version`, and
 //! migrations are append-only and run in one `EXCLUSIVE` transaction. A file whose
 //! `application_id` belongs to someone else, a non-empty database without one, a file that is not
 //! SQLite, or a file from a newer callid is refused and never modified: it is inspected through a
-//! read-only connection before anything is written. New files are created `0600` (and missing
-//! parent directories `0700`).
+//! read-only connection (which cannot checkpoint a `-wal` into it) before any connection that could
+//! write is opened.
+//!
+//! ## Permissions
+//! These files hold private operation keys and idempotency keys. A file callid creates is `0600`
+//! (missing parent directories `0700`), and SQLite gives its `-wal` and `-shm` the same mode. An
+//! existing file (an empty one included) or a leftover `-wal`, `-shm` or `-journal` that other users
+//! may read or write is refused before anything is written, with the `chmod 600` to run.
 
-use rusqlite::{Connection, OpenFlags, TransactionBehavior};
+use rusqlite::{Connection, ErrorCode, OpenFlags, TransactionBehavior};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-/// How long a connection waits for another writer before failing.
+/// How long a connection waits for another connection's lock before failing.
 pub const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How many idle connections a store keeps for reuse.
 const MAX_IDLE: usize = 8;
+
+/// The files SQLite keeps beside a database, by suffix.
+const SIDE_FILES: [&str; 3] = ["-wal", "-shm", "-journal"];
 
 /// What a kind of store file is: its name in messages, its `application_id`, its migrations.
 #[derive(Debug)]
@@ -51,12 +68,13 @@ impl StoreSpec {
     }
 }
 
-/// Why a store file cannot be opened or used.
+/// Why a store file cannot be opened or used. Each message names the file and its cause.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// The file or its directory could not be created or opened.
     #[error(
-        "cannot create or open {kind} `{path}`; check that the directory exists and is writable"
+        "cannot create or open {kind} `{path}`: {cause}; check that the directory exists and is \
+         writable"
     )]
     Io {
         /// File kind.
@@ -64,8 +82,7 @@ pub enum StoreError {
         /// The file.
         path: PathBuf,
         /// The cause.
-        #[source]
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     /// The file is not a database of this kind; it was left untouched.
     #[error(
@@ -95,17 +112,68 @@ pub enum StoreError {
         /// The newest version this build knows.
         supported: i64,
     },
+    /// The file (or a journal beside it) is readable or writable by other users.
+    #[error(
+        "{kind} `{path}` is open to other users ({}); it holds private keys, so callid does not \
+         use it: run `chmod 600 {}`, then try again",
+        modes(.files), shell_words(.files)
+    )]
+    Permissions {
+        /// File kind.
+        kind: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// Each offending file with its mode.
+        files: Vec<(PathBuf, u32)>,
+    },
     /// SQLite failed while opening, migrating, reading or writing the file.
-    #[error("{kind} `{path}` cannot be read or written")]
+    #[error("{kind} `{path}` cannot be read or written: {cause}")]
     Sqlite {
         /// File kind.
         kind: &'static str,
         /// The file.
         path: PathBuf,
         /// The cause.
-        #[source]
-        source: rusqlite::Error,
+        cause: rusqlite::Error,
     },
+}
+
+fn modes(files: &[(PathBuf, u32)]) -> String {
+    files
+        .iter()
+        .map(|(f, mode)| format!("`{}` has mode {mode:04o}", f.display()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn shell_words(files: &[(PathBuf, u32)]) -> String {
+    files
+        .iter()
+        .map(|(f, _)| shell_word(&f.display().to_string()))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// `text` as one POSIX shell word: unchanged when it is plain, single-quoted otherwise.
+fn shell_word(text: &str) -> String {
+    let plain = !text.is_empty()
+        && text
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "/._-+,=@%:".contains(c));
+    if plain {
+        text.to_owned()
+    } else {
+        format!("'{}'", text.replace('\'', r"'\''"))
+    }
+}
+
+/// Whether [`open_connection`] may create a missing file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Create {
+    /// Create the file (and its directory) when it does not exist.
+    IfMissing,
+    /// Only open an existing file (operator commands that read what a router wrote).
+    Never,
 }
 
 /// An open store file: a pool of connections that all follow the discipline above.
@@ -119,7 +187,7 @@ pub struct Store {
 impl Store {
     /// Opens (creating and migrating when needed) the store file at `path`.
     pub fn open(path: &Path, spec: &'static StoreSpec) -> Result<Store, StoreError> {
-        let first = open_connection(path, spec)?;
+        let first = open_connection(path, spec, Create::IfMissing)?;
         Ok(Store {
             path: path.to_path_buf(),
             spec,
@@ -133,12 +201,8 @@ impl Store {
     }
 
     /// Wraps a SQLite error that happened on this store.
-    pub fn error(&self, source: rusqlite::Error) -> StoreError {
-        StoreError::Sqlite {
-            kind: self.spec.kind,
-            path: self.path.clone(),
-            source,
-        }
+    pub fn error(&self, cause: rusqlite::Error) -> StoreError {
+        sqlite(self.spec, &self.path, cause)
     }
 
     /// Runs `f` on a pooled connection (blocking; call it from a blocking thread in async code).
@@ -189,28 +253,68 @@ impl Store {
     }
 }
 
-/// Creates the file if needed (0600), checks it through a read-only connection, then migrates it.
-fn open_connection(path: &Path, spec: &'static StoreSpec) -> Result<Connection, StoreError> {
-    let io = |source| StoreError::Io {
+/// Opens one connection to the store file at `path`: creates it when allowed (`0600`), refuses it
+/// if it is foreign, newer or open to other users (inspected read-only, untouched), then switches
+/// it to WAL and migrates it. The steps of the module's contract, in that order.
+pub fn open_connection(
+    path: &Path,
+    spec: &'static StoreSpec,
+    create: Create,
+) -> Result<Connection, StoreError> {
+    let io = |cause| StoreError::Io {
         kind: spec.kind,
         path: path.to_path_buf(),
-        source,
+        cause,
     };
-    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        create_private_dir(parent).map_err(io)?;
+    if create == Create::IfMissing {
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            create_private_dir(parent).map_err(io)?;
+        }
+        create_private_file(path).map_err(io)?;
     }
-    create_private_file(path).map_err(io)?;
+    // Modes are read before the inspection: SQLite gives an empty journal it opens the database
+    // file's mode, and the refusal must describe the files as the operator left them.
+    let exposed = exposed_files(path);
     inspect(path, spec)?;
+    if !exposed.is_empty() {
+        return Err(StoreError::Permissions {
+            kind: spec.kind,
+            path: path.to_path_buf(),
+            files: exposed,
+        });
+    }
     let mut conn = connect(path, spec)?;
+    retry_busy(|| migrate(&mut conn, spec)).map_err(|e| sqlite(spec, path, e))?;
+    Ok(conn)
+}
+
+/// A migrated in-memory database of kind `spec` (unit tests).
+pub fn open_in_memory(spec: &'static StoreSpec) -> Result<Connection, StoreError> {
+    let path = Path::new(":memory:");
+    let mut conn = Connection::open_in_memory().map_err(|e| sqlite(spec, path, e))?;
+    conn.pragma_update(None, "foreign_keys", true)
+        .map_err(|e| sqlite(spec, path, e))?;
     migrate(&mut conn, spec).map_err(|e| sqlite(spec, path, e))?;
     Ok(conn)
 }
 
-fn sqlite(spec: &StoreSpec, path: &Path, source: rusqlite::Error) -> StoreError {
+fn sqlite(spec: &StoreSpec, path: &Path, cause: rusqlite::Error) -> StoreError {
     StoreError::Sqlite {
         kind: spec.kind,
         path: path.to_path_buf(),
-        source,
+        cause,
+    }
+}
+
+/// `path` as SQLite must be given it so that it is read as a plain path. The bundled SQLite is
+/// built with `SQLITE_USE_URI`, so a name that starts with `file:` would be parsed as a URI even
+/// without `SQLITE_OPEN_URI`; `./file:...` is the same file and is never a URI.
+fn plain(path: &Path) -> PathBuf {
+    use std::os::unix::ffi::OsStrExt as _;
+    if path.as_os_str().as_bytes().starts_with(b"file:") {
+        Path::new(".").join(path)
+    } else {
+        path.to_path_buf()
     }
 }
 
@@ -239,6 +343,25 @@ fn create_private_file(path: &Path) -> std::io::Result<()> {
     }
 }
 
+/// The file and the journals beside it that grant any permission to group or others, with their
+/// modes.
+fn exposed_files(path: &Path) -> Vec<(PathBuf, u32)> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let mut files = vec![path.to_path_buf()];
+    files.extend(SIDE_FILES.iter().map(|suffix| {
+        let mut name = path.as_os_str().to_owned();
+        name.push(suffix);
+        PathBuf::from(name)
+    }));
+    files
+        .into_iter()
+        .filter_map(|f| {
+            let mode = std::fs::metadata(&f).ok()?.permissions().mode() & 0o777;
+            (mode & 0o077 != 0).then_some((f, mode))
+        })
+        .collect()
+}
+
 /// What identifies a SQLite file: its `application_id`, its `user_version`, and how many schema
 /// objects it has.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -253,8 +376,7 @@ pub struct Header {
 
 /// Reads a file's [`Header`] in ONE statement, so all three values come from the same snapshot.
 /// Read separately, a migration committed by another process between the reads makes a fresh
-/// file look like "tables but no application id", that is, foreign. Every store, the router's
-/// registry and the key pool identify their files through this function.
+/// file look like "tables but no application id", that is, foreign.
 pub fn read_header(conn: &Connection) -> rusqlite::Result<Header> {
     conn.query_row(
         "SELECT (SELECT application_id FROM pragma_application_id), \
@@ -278,24 +400,36 @@ fn inspect(path: &Path, spec: &StoreSpec) -> Result<(), StoreError> {
         path: path.to_path_buf(),
         detail,
     };
-    let conn = Connection::open_with_flags(
-        path,
-        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-    )
-    .map_err(|e| sqlite(spec, path, e))?;
-    let _ = conn.busy_timeout(BUSY_TIMEOUT);
-    let (app, version, objects) = match read_header(&conn) {
-        Ok(h) => (h.application_id, h.user_version, h.objects),
-        Err(rusqlite::Error::SqliteFailure(e, _))
-            if e.code == rusqlite::ErrorCode::NotADatabase =>
-        {
+    let header = retry_busy(|| {
+        let conn = Connection::open_with_flags(
+            plain(path),
+            OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )?;
+        conn.busy_timeout(BUSY_TIMEOUT)?;
+        // A read-only connection cannot checkpoint; this says so twice, for a file not ours.
+        conn.set_db_config(
+            rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE,
+            true,
+        )?;
+        read_header(&conn)
+    });
+    let header = match header {
+        Ok(h) => h,
+        Err(e) if e.sqlite_error_code() == Some(ErrorCode::NotADatabase) => {
             return Err(foreign("not a SQLite database".into()));
         }
         Err(e) => return Err(sqlite(spec, path, e)),
     };
-    if app == 0 && version == 0 && objects == 0 {
+    if header
+        == (Header {
+            application_id: 0,
+            user_version: 0,
+            objects: 0,
+        })
+    {
         return Ok(());
     }
+    let app = header.application_id;
     if app != spec.application_id {
         return Err(foreign(if app == 0 {
             "a SQLite database of another program: it has tables but no application id".to_owned()
@@ -303,20 +437,21 @@ fn inspect(path: &Path, spec: &StoreSpec) -> Result<(), StoreError> {
             format!("a SQLite database with application id {app:#010x}")
         }));
     }
-    if version > spec.latest_version() {
+    if header.user_version > spec.latest_version() {
         return Err(StoreError::TooNew {
             kind: spec.kind,
             path: path.to_path_buf(),
-            found: version,
+            found: header.user_version,
             supported: spec.latest_version(),
         });
     }
     Ok(())
 }
 
+/// A read-write connection to a file already inspected: busy timeout, WAL, `synchronous=FULL`.
 fn connect(path: &Path, spec: &StoreSpec) -> Result<Connection, StoreError> {
     let conn = Connection::open_with_flags(
-        path,
+        plain(path),
         OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
     )
     .map_err(|e| sqlite(spec, path, e))?;
@@ -326,8 +461,8 @@ fn connect(path: &Path, spec: &StoreSpec) -> Result<Connection, StoreError> {
 
 fn configure(conn: &Connection) -> rusqlite::Result<()> {
     conn.busy_timeout(BUSY_TIMEOUT)?;
-    let mode: String = conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))?;
-    if !mode.eq_ignore_ascii_case("wal") && !mode.eq_ignore_ascii_case("memory") {
+    let mode: String = retry_busy(|| conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0)))?;
+    if !mode.eq_ignore_ascii_case("wal") {
         return Err(other_error(format!(
             "journal mode stayed `{mode}` instead of `wal`"
         )));
@@ -337,8 +472,32 @@ fn configure(conn: &Connection) -> rusqlite::Result<()> {
     Ok(())
 }
 
+/// Runs a first-open step again while SQLite answers `SQLITE_BUSY` or `SQLITE_LOCKED`, until
+/// [`BUSY_TIMEOUT`] has passed. Only for steps that are safe to repeat (they read, or they run in
+/// one transaction that a failure rolls back).
+fn retry_busy<T>(mut step: impl FnMut() -> rusqlite::Result<T>) -> rusqlite::Result<T> {
+    let deadline = Instant::now() + BUSY_TIMEOUT;
+    let mut pause = Duration::from_millis(1);
+    loop {
+        match step() {
+            Err(e) if is_busy(&e) && Instant::now() < deadline => {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(50));
+            }
+            done => return done,
+        }
+    }
+}
+
+fn is_busy(e: &rusqlite::Error) -> bool {
+    matches!(
+        e.sqlite_error_code(),
+        Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked)
+    )
+}
+
 /// A SQLite-shaped error for conditions SQLite itself does not report.
-pub(crate) fn other_error(message: String) -> rusqlite::Error {
+pub fn other_error(message: String) -> rusqlite::Error {
     rusqlite::Error::SqliteFailure(
         rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_ERROR),
         Some(message),
@@ -346,15 +505,18 @@ pub(crate) fn other_error(message: String) -> rusqlite::Error {
 }
 
 /// Applies the missing migrations in one exclusive transaction; re-checks the header inside it so
-/// two processes creating the same file at once cannot both migrate.
-pub(crate) fn migrate(conn: &mut Connection, spec: &StoreSpec) -> rusqlite::Result<()> {
+/// two processes creating the same file at once cannot both migrate. Running it again is a no-op.
+pub fn migrate(conn: &mut Connection, spec: &StoreSpec) -> rusqlite::Result<()> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Exclusive)?;
-    let app: i32 = tx.query_row("PRAGMA application_id", [], |r| r.get(0))?;
-    let version: i64 = tx.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    let header = read_header(&tx)?;
+    let (app, version) = (header.application_id, header.user_version);
     if app != 0 && app != spec.application_id || version > spec.latest_version() {
         return Err(other_error(format!(
             "the file changed while it was opened (application id {app:#010x}, version {version})"
         )));
+    }
+    if version == spec.latest_version() && app == spec.application_id {
+        return Ok(());
     }
     for migration in &spec.migrations[version as usize..] {
         tx.execute_batch(migration)?;
@@ -365,148 +527,4 @@ pub(crate) fn migrate(conn: &mut Connection, spec: &StoreSpec) -> rusqlite::Resu
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::os::unix::fs::PermissionsExt as _;
-
-    static SPEC: StoreSpec = StoreSpec {
-        kind: "test store",
-        application_id: 0x7465_7374,
-        migrations: &[
-            "CREATE TABLE a (x INTEGER PRIMARY KEY);",
-            "CREATE TABLE b (y TEXT NOT NULL);",
-        ],
-    };
-
-    #[test]
-    fn migrate_twice_in_memory_is_a_no_op_the_second_time() {
-        let mut conn = Connection::open_in_memory().unwrap();
-        migrate(&mut conn, &SPEC).unwrap();
-        migrate(&mut conn, &SPEC).unwrap();
-        let version: i64 = conn
-            .query_row("PRAGMA user_version", [], |r| r.get(0))
-            .unwrap();
-        assert_eq!(version, 2);
-        let tables: i64 = conn
-            .query_row(
-                "SELECT count(*) FROM sqlite_master WHERE type='table'",
-                [],
-                |r| r.get(0),
-            )
-            .unwrap();
-        assert_eq!(tables, 2);
-    }
-
-    #[test]
-    fn new_file_is_private_wal_and_versioned() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("nested/s.sqlite3");
-        let store = Store::open(&path, &SPEC).unwrap();
-        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
-        assert_eq!(mode, 0o600);
-        let dir_mode = std::fs::metadata(path.parent().unwrap())
-            .unwrap()
-            .permissions()
-            .mode()
-            & 0o777;
-        assert_eq!(dir_mode, 0o700);
-        let (journal, sync, app): (String, i64, i32) = store
-            .read(|c| {
-                Ok::<_, StoreError>((
-                    c.query_row("PRAGMA journal_mode", [], |r| r.get(0))
-                        .unwrap(),
-                    c.query_row("PRAGMA synchronous", [], |r| r.get(0)).unwrap(),
-                    c.query_row("PRAGMA application_id", [], |r| r.get(0))
-                        .unwrap(),
-                ))
-            })
-            .unwrap();
-        assert_eq!(journal, "wal");
-        assert_eq!(sync, 2, "synchronous=FULL");
-        assert_eq!(app, SPEC.application_id);
-        drop(store);
-        Store::open(&path, &SPEC).expect("reopening our own file works");
-    }
-
-    #[test]
-    fn many_processes_creating_one_file_at_once_all_succeed() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("fresh.sqlite3");
-        let barrier = std::sync::Barrier::new(16);
-        std::thread::scope(|s| {
-            for _ in 0..16 {
-                let (path, barrier) = (&path, &barrier);
-                s.spawn(move || {
-                    barrier.wait();
-                    let store = Store::open(path, &SPEC).unwrap();
-                    store
-                        .write(|tx| {
-                            tx.execute("INSERT INTO b (y) VALUES ('x')", [])
-                                .map_err(|e| store.error(e))
-                        })
-                        .unwrap();
-                });
-            }
-        });
-        let store = Store::open(&path, &SPEC).unwrap();
-        let rows: i64 = store
-            .read(|c| {
-                c.query_row("SELECT count(*) FROM b", [], |r| r.get(0))
-                    .map_err(|e| store.error(e))
-            })
-            .unwrap();
-        assert_eq!(rows, 16);
-    }
-
-    fn refused_unmodified(prepare: impl FnOnce(&Path)) -> StoreError {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("f.sqlite3");
-        prepare(&path);
-        let before = std::fs::read(&path).unwrap();
-        let err = Store::open(&path, &SPEC).unwrap_err();
-        assert_eq!(std::fs::read(&path).unwrap(), before, "file was modified");
-        err
-    }
-
-    #[test]
-    fn foreign_newer_and_non_sqlite_files_are_refused_unmodified() {
-        let err = refused_unmodified(|p| {
-            let c = Connection::open(p).unwrap();
-            c.execute_batch("CREATE TABLE people (name TEXT); INSERT INTO people VALUES ('x');")
-                .unwrap();
-        });
-        assert!(matches!(err, StoreError::Foreign { .. }), "{err:?}");
-        assert!(err.to_string().contains("no application id"), "{err}");
-
-        let err = refused_unmodified(|p| {
-            let c = Connection::open(p).unwrap();
-            c.execute_batch("PRAGMA application_id = 1234; CREATE TABLE t (x);")
-                .unwrap();
-        });
-        assert!(
-            err.to_string().contains("application id 0x000004d2"),
-            "{err}"
-        );
-
-        let err = refused_unmodified(|p| {
-            let c = Connection::open(p).unwrap();
-            c.pragma_update(None, "application_id", SPEC.application_id)
-                .unwrap();
-            c.pragma_update(None, "user_version", 3).unwrap();
-        });
-        assert!(
-            matches!(
-                err,
-                StoreError::TooNew {
-                    found: 3,
-                    supported: 2,
-                    ..
-                }
-            ),
-            "{err:?}"
-        );
-
-        let err = refused_unmodified(|p| std::fs::write(p, vec![b'x'; 4096]).unwrap());
-        assert!(err.to_string().contains("not a SQLite database"), "{err}");
-    }
-}
+mod tests;

@@ -1,0 +1,307 @@
+use super::*;
+use std::os::unix::fs::PermissionsExt as _;
+
+static SPEC: StoreSpec = StoreSpec {
+    kind: "test store",
+    application_id: 0x7465_7374,
+    migrations: &[
+        "CREATE TABLE a (x INTEGER PRIMARY KEY);",
+        "CREATE TABLE b (y TEXT NOT NULL);",
+    ],
+};
+
+fn mode(path: &Path) -> u32 {
+    std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+}
+
+fn side(path: &Path, suffix: &str) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(suffix);
+    PathBuf::from(name)
+}
+
+#[test]
+fn migrate_twice_in_memory_is_a_no_op_the_second_time() {
+    let mut conn = Connection::open_in_memory().unwrap();
+    migrate(&mut conn, &SPEC).unwrap();
+    migrate(&mut conn, &SPEC).unwrap();
+    let version: i64 = conn
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(version, 2);
+    let tables: i64 = conn
+        .query_row(
+            "SELECT count(*) FROM sqlite_master WHERE type='table'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(tables, 2);
+}
+
+#[test]
+fn new_file_is_private_wal_and_versioned() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("nested/s.sqlite3");
+    let store = Store::open(&path, &SPEC).unwrap();
+    assert_eq!(mode(&path), 0o600);
+    assert_eq!(mode(path.parent().unwrap()), 0o700);
+    let (journal, sync, app): (String, i64, i32) = store
+        .write(|c| {
+            c.execute("INSERT INTO b (y) VALUES ('x')", []).unwrap();
+            Ok::<_, StoreError>((
+                c.query_row("PRAGMA journal_mode", [], |r| r.get(0))
+                    .unwrap(),
+                c.query_row("PRAGMA synchronous", [], |r| r.get(0)).unwrap(),
+                c.query_row("PRAGMA application_id", [], |r| r.get(0))
+                    .unwrap(),
+            ))
+        })
+        .unwrap();
+    assert_eq!(journal, "wal");
+    assert_eq!(sync, 2, "synchronous=FULL");
+    assert_eq!(app, SPEC.application_id);
+    for suffix in ["-wal", "-shm"] {
+        assert_eq!(mode(&side(&path, suffix)), 0o600, "{suffix}");
+    }
+    drop(store);
+    Store::open(&path, &SPEC).expect("reopening our own file works");
+}
+
+#[test]
+fn many_processes_creating_one_file_at_once_all_succeed() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fresh.sqlite3");
+    let barrier = std::sync::Barrier::new(16);
+    std::thread::scope(|s| {
+        for _ in 0..16 {
+            let (path, barrier) = (&path, &barrier);
+            s.spawn(move || {
+                barrier.wait();
+                let store = Store::open(path, &SPEC).unwrap();
+                store
+                    .write(|tx| {
+                        tx.execute("INSERT INTO b (y) VALUES ('x')", [])
+                            .map_err(|e| store.error(e))
+                    })
+                    .unwrap();
+            });
+        }
+    });
+    let store = Store::open(&path, &SPEC).unwrap();
+    let rows: i64 = store
+        .read(|c| {
+            c.query_row("SELECT count(*) FROM b", [], |r| r.get(0))
+                .map_err(|e| store.error(e))
+        })
+        .unwrap();
+    assert_eq!(rows, 16);
+}
+
+/// The file and, when present, its `-wal`, read as bytes.
+fn snapshot(path: &Path) -> (Vec<u8>, Option<Vec<u8>>) {
+    (
+        std::fs::read(path).unwrap(),
+        std::fs::read(side(path, "-wal")).ok(),
+    )
+}
+
+fn refused_unmodified(prepare: impl FnOnce(&Path)) -> StoreError {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("f.sqlite3");
+    prepare(&path);
+    let before = snapshot(&path);
+    let err = open_connection(&path, &SPEC, Create::IfMissing).unwrap_err();
+    assert_eq!(snapshot(&path), before, "file or -wal was modified");
+    err
+}
+
+#[test]
+fn foreign_newer_and_non_sqlite_files_are_refused_unmodified() {
+    let err = refused_unmodified(|p| {
+        let c = Connection::open(p).unwrap();
+        c.execute_batch("CREATE TABLE people (name TEXT); INSERT INTO people VALUES ('x');")
+            .unwrap();
+    });
+    assert!(matches!(err, StoreError::Foreign { .. }), "{err:?}");
+    assert!(err.to_string().contains("no application id"), "{err}");
+
+    let err = refused_unmodified(|p| {
+        let c = Connection::open(p).unwrap();
+        c.execute_batch("PRAGMA application_id = 1234; CREATE TABLE t (x);")
+            .unwrap();
+    });
+    assert!(
+        err.to_string().contains("application id 0x000004d2"),
+        "{err}"
+    );
+
+    let err = refused_unmodified(|p| {
+        let c = Connection::open(p).unwrap();
+        c.pragma_update(None, "application_id", SPEC.application_id)
+            .unwrap();
+        c.pragma_update(None, "user_version", 3).unwrap();
+    });
+    assert!(
+        matches!(
+            err,
+            StoreError::TooNew {
+                found: 3,
+                supported: 2,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+
+    let err = refused_unmodified(|p| std::fs::write(p, vec![b'x'; 4096]).unwrap());
+    assert!(err.to_string().contains("not a SQLite database"), "{err}");
+}
+
+/// Leaves a WAL-mode database whose last commits are still in its `-wal` (as a process that was
+/// killed leaves it), `setup` run on it.
+fn with_live_wal(path: &Path, setup: &str) {
+    let c = Connection::open(path).unwrap();
+    c.set_db_config(
+        rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE,
+        true,
+    )
+    .unwrap();
+    let mode: String = c
+        .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(mode, "wal");
+    c.execute_batch(setup).unwrap();
+    drop(c);
+    let wal = std::fs::metadata(side(path, "-wal")).unwrap();
+    assert!(wal.len() > 0, "the -wal holds the commits");
+}
+
+#[test]
+fn foreign_and_newer_files_with_a_wal_are_refused_with_file_and_wal_unchanged() {
+    let err = refused_unmodified(|p| {
+        with_live_wal(
+            p,
+            "CREATE TABLE notes (body TEXT); INSERT INTO notes VALUES ('mine');",
+        )
+    });
+    assert!(matches!(err, StoreError::Foreign { .. }), "{err:?}");
+
+    let err = refused_unmodified(|p| {
+        with_live_wal(
+            p,
+            &format!(
+                "PRAGMA application_id = {}; PRAGMA user_version = 7; CREATE TABLE future (x);",
+                SPEC.application_id
+            ),
+        )
+    });
+    assert!(
+        matches!(err, StoreError::TooNew { found: 7, .. }),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn files_open_to_other_users_are_refused_with_the_chmod_to_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("empty.sqlite3");
+    std::fs::write(&path, b"").unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let err = open_connection(&path, &SPEC, Create::IfMissing).unwrap_err();
+    assert!(matches!(err, StoreError::Permissions { .. }), "{err:?}");
+    let text = err.to_string();
+    assert!(text.contains("has mode 0644"), "{text}");
+    assert!(
+        text.contains(&format!("run `chmod 600 {}`", path.display())),
+        "{text}"
+    );
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), 0, "still empty");
+    assert!(!side(&path, "-wal").exists(), "no journal was created");
+
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    drop(
+        open_connection(&path, &SPEC, Create::IfMissing).expect("a private empty file is adopted"),
+    );
+
+    // A leftover journal that others may read is refused as well, and named in the fix.
+    let conn = open_connection(&path, &SPEC, Create::IfMissing).unwrap();
+    conn.set_db_config(
+        rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE,
+        true,
+    )
+    .unwrap();
+    conn.execute("INSERT INTO b (y) VALUES ('secret')", [])
+        .unwrap();
+    drop(conn);
+    let wal = side(&path, "-wal");
+    assert!(
+        std::fs::metadata(&wal).unwrap().len() > 0,
+        "the row is in the -wal"
+    );
+    std::fs::set_permissions(&wal, std::fs::Permissions::from_mode(0o640)).unwrap();
+    let err = open_connection(&path, &SPEC, Create::IfMissing).unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains(&format!("`{}` has mode 0640", wal.display())),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("chmod 600 {}", wal.display())),
+        "{text}"
+    );
+}
+
+#[test]
+fn shell_words_are_quoted_only_when_needed() {
+    for (text, word) in [
+        ("/tmp/a.sqlite3", "/tmp/a.sqlite3"),
+        ("/tmp/my state/a", "'/tmp/my state/a'"),
+        ("it's", r"'it'\''s'"),
+        ("file:x?mode=memory", "'file:x?mode=memory'"),
+    ] {
+        assert_eq!(shell_word(text), word, "{text}");
+    }
+}
+
+#[test]
+fn a_name_that_looks_like_a_uri_is_a_plain_file() {
+    assert_eq!(
+        plain(Path::new("file:x?mode=memory")),
+        Path::new("./file:x?mode=memory")
+    );
+    assert_eq!(plain(Path::new("/d/file:x")), Path::new("/d/file:x"));
+    assert_eq!(plain(Path::new("a/b")), Path::new("a/b"));
+}
+
+#[test]
+fn a_missing_file_is_not_created_when_creation_is_not_allowed() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("absent.sqlite3");
+    assert!(open_connection(&path, &SPEC, Create::Never).is_err());
+    assert!(!path.exists());
+}
+
+/// SQLite's busy handler does not cover the switch to WAL of a fresh file while another
+/// connection holds the write lock (the switch upgrades a read transaction, which answers
+/// `SQLITE_BUSY` at once to avoid a deadlock): the race behind a flaky fresh-file open.
+#[test]
+fn a_fresh_file_opens_while_another_connection_holds_its_write_lock() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fresh.sqlite3");
+    create_private_file(&path).unwrap();
+    let holder = Connection::open(&path).unwrap();
+    holder.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            // Released once the opener had time to reach the switch (or when it returned).
+            let _ = released.recv_timeout(Duration::from_millis(500));
+            holder.execute_batch("ROLLBACK").unwrap();
+        });
+        let opened = open_connection(&path, &SPEC, Create::IfMissing);
+        let _ = release.send(());
+        let conn = opened.expect("the opener waits for the write lock instead of failing");
+        assert_eq!(read_header(&conn).unwrap().user_version, 2);
+    });
+}
