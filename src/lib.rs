@@ -10,8 +10,10 @@
 //! - [`cli`]: the command line (clap types only), converted into domain options by [`app`].
 //! - [`app`]: runs one command and maps every error to a message and an exit code.
 //! - [`exit_codes`]: the exit codes every command uses.
+//! - [`error_chain`]: an error and its causes as one line of text, each cause said once.
 //! - [`identity`]: the trusted-identity rules: sources in `_meta`, bounds, identity in arguments.
 //! - [`canonical`]: RFC 8785 canonical JSON and the request hash `sha256(tool, 0, canonical args)`.
+//! - [`yaml`]: the message of a strict YAML loading error, its path said once.
 //! - [`shape`]: the shape of `_meta` (paths, types, lengths, short digests), never its values.
 //! - [`keys`]: private operation keys and public handles as distinct, leak-resistant types.
 //! - [`crashpoint`]: test-only crash points that kill the process at a named spend boundary.
@@ -37,6 +39,7 @@ pub mod classify;
 pub mod cli;
 pub mod conform;
 pub mod crashpoint;
+pub mod error_chain;
 pub mod exit_codes;
 pub mod identity;
 pub mod jsonrpc;
@@ -47,3 +50,4 @@ pub mod probe;
 pub mod provider;
 pub mod router;
 pub mod shape;
+pub mod yaml;

@@ -2,6 +2,7 @@
 //! real SQLite files) the way a user would.
 
 mod bench;
+mod cli;
 mod common;
 mod conform;
 mod matrix;
