@@ -5,14 +5,18 @@
 //! own message with the same path, so printing both said it twice (`transport: transport: unknown
 //! variant`); [`message`] is the parser's message without it.
 
-/// The parser's message for `err`, without the path it starts with (the caller prints
-/// `err.path()` itself).
+/// The parser's message for `err`, without the path it starts with when that path is the
+/// error's path or a parent of it (the caller prints `err.path()` itself).
 pub fn message(err: &serde_path_to_error::Error<serde_yaml::Error>) -> String {
     let text = err.inner().to_string();
     let path = err.path().to_string();
-    match text.strip_prefix(&format!("{path}: ")) {
-        Some(rest) => rest.to_owned(),
-        None => text,
+    // The parser's own path is the caller's or a parent of it (`steps[0]` for an unknown field
+    // at `steps[0].extra`).
+    match text.split_once(": ") {
+        Some((own, rest)) if !own.contains(char::is_whitespace) && path.starts_with(own) => {
+            rest.to_owned()
+        }
+        _ => text,
     }
 }
 
@@ -53,11 +57,16 @@ mod tests {
             message.starts_with("unknown variant `carrier-pigeon`, expected `stdio`"),
             "{message}"
         );
+        let (path, message) = error("transport: stdio\nsteps:\n- charges: 1\n  extra: 2\n");
+        assert_eq!(path, "steps[0].extra");
+        assert!(
+            message.starts_with("unknown field `extra`, expected `charges`"),
+            "{message}"
+        );
         let (path, message) = error("transport: stdio\nsteps:\n- charges: -1\n");
         assert_eq!(path, "steps[0].charges");
-        assert!(!message.contains("steps[0]"), "{message}");
         assert!(
-            message.starts_with("invalid value: integer `-1`"),
+            message.starts_with("invalid type: integer `-1`"),
             "{message}"
         );
     }
