@@ -662,3 +662,66 @@ fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
         std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
     }
 }
+
+/// The approval hint a spend returns names the router's registry, so the operator can run it as
+/// given; running it approves the operation.
+#[test]
+fn the_approval_hint_is_a_command_that_works() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = dir.path().join("registry.sqlite3");
+    let lines = [
+        json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "sh", "version": "1"}}}),
+        json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+        json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+            "name": "generate_image", "arguments": {"prompt": "an origami fox"},
+            "_meta": {"callId": "call_approval_hint"}}}),
+    ];
+    let mut child = Command::new(bin())
+        .args(["router", "--approval-above-cents", "1", "--registry"])
+        .arg(&registry)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    for line in &lines {
+        writeln!(stdin, "{line}").unwrap();
+    }
+    drop(stdin);
+    let out = child.wait_with_output().unwrap();
+    let reply: Value = text(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .find(|v| v["id"] == 1)
+        .unwrap_or_else(|| panic!("no reply: {}", text(&out.stderr)));
+    let message = reply["result"]["content"][0]["text"].as_str().unwrap();
+    let hint = message
+        .split('`')
+        .find(|part| part.starts_with("callid router approve "))
+        .unwrap_or_else(|| panic!("no approval command in {message}"));
+    let words: Vec<&str> = hint.split_whitespace().collect();
+    assert_eq!(
+        words[words.len() - 2..],
+        ["--registry", registry.to_str().unwrap()],
+        "{hint}"
+    );
+    let approve = callid(&words[1..]);
+    assert_eq!(approve.status.code(), Some(0), "{}", text(&approve.stderr));
+    let handle = words[3];
+    let status = callid(&[
+        "router",
+        "status",
+        handle,
+        "--registry",
+        registry.to_str().unwrap(),
+    ]);
+    assert_eq!(status.status.code(), Some(0), "{}", text(&status.stderr));
+    assert!(
+        !text(&status.stdout).contains("awaiting_approval"),
+        "{}",
+        text(&status.stdout)
+    );
+}
