@@ -725,3 +725,66 @@ fn the_approval_hint_is_a_command_that_works() {
         text(&status.stdout)
     );
 }
+
+/// What `cargo install` and `cargo package` ship: what the binary needs to build and run (its
+/// sources, the scenarios it embeds and reads, the script `bench` embeds), the licences and the
+/// README; no tests, fixtures, matrices data or client installs.
+#[test]
+fn the_package_holds_what_the_binary_needs_and_nothing_else() {
+    let out = Command::new(env!("CARGO"))
+        .args(["package", "--list", "--allow-dirty", "--offline"])
+        .current_dir(repo())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let files = text(&out.stdout);
+    let files: Vec<&str> = files.lines().collect();
+    for needed in [
+        "Cargo.toml",
+        "Cargo.lock",
+        "README.md",
+        "LICENSE-MIT",
+        "LICENSE-APACHE",
+        "build.rs",
+        "src/main.rs",
+        "src/lib.rs",
+        "scenarios/targets/reference.yaml",
+        "scenarios/identity-missing.yaml",
+        "benches/python_probe.py",
+    ] {
+        assert!(
+            files.contains(&needed),
+            "`{needed}` is not packaged: {files:?}"
+        );
+    }
+    for file in &files {
+        let allowed = ["src/", "scenarios/", "benches/python_probe.py"]
+            .iter()
+            .any(|p| file.starts_with(p))
+            || !file.contains('/');
+        assert!(
+            allowed,
+            "`{file}` is packaged but the binary does not need it"
+        );
+        assert!(!file.contains("node_modules"), "`{file}`");
+    }
+    // Every Rust source under src/ is packaged (a new module must not be left out).
+    let mut sources = Vec::new();
+    let mut dirs = vec![repo().join("src")];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                sources.push(path.strip_prefix(repo()).unwrap().display().to_string());
+            }
+        }
+    }
+    for source in sources {
+        assert!(
+            files.contains(&source.as_str()),
+            "`{source}` is not packaged"
+        );
+    }
+}
