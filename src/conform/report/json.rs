@@ -1,8 +1,12 @@
-//! JSON: `{target, duration_ms, success, summary, checks: [{id, title, rule, article, verdict,
+//! JSON: `{version, target, duration_ms, success, summary, checks: [{id, title, rule, article, verdict,
 //! reason, baseline, duration_ms}]}`, pretty-printed.
 
 use super::Report;
 use std::io::Write;
+
+/// The `version` of the JSON report (schema: `schemas/conform.json`). It goes up when a field is
+/// removed or changes meaning; new fields may appear within a version.
+pub const VERSION: u32 = 1;
 
 /// Renders `report` as JSON.
 pub fn render(report: &Report, out: &mut dyn Write) -> std::io::Result<()> {
@@ -23,6 +27,7 @@ pub fn render(report: &Report, out: &mut dyn Write) -> std::io::Result<()> {
         })
         .collect();
     let doc = serde_json::json!({
+        "version": VERSION,
         "target": report.target,
         "duration_ms": report.duration.as_millis() as u64,
         "success": report.success(),
