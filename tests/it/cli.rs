@@ -788,3 +788,184 @@ fn the_package_holds_what_the_binary_needs_and_nothing_else() {
         );
     }
 }
+
+/// The JSON Schemas in `schemas/`, compiled by a real validator (boon).
+struct Schemas {
+    schemas: boon::Schemas,
+    index: BTreeMap<&'static str, boon::SchemaIndex>,
+}
+
+impl Schemas {
+    fn load() -> Schemas {
+        let mut schemas = boon::Schemas::new();
+        let mut compiler = boon::Compiler::new();
+        let mut index = BTreeMap::new();
+        for name in ["probe-record", "classify", "conform", "bench"] {
+            let path = repo().join(format!("schemas/{name}.json"));
+            let i = compiler
+                .compile(path.to_str().unwrap(), &mut schemas)
+                .unwrap_or_else(|e| panic!("schemas/{name}.json: {e:#}"));
+            index.insert(name, i);
+        }
+        Schemas { schemas, index }
+    }
+
+    fn check(&self, name: &str, what: &str, value: &Value) {
+        if let Err(e) = self.schemas.validate(value, self.index[name]) {
+            panic!("{what} does not match schemas/{name}.json: {e:#}");
+        }
+    }
+
+    fn is_valid(&self, name: &str, value: &Value) -> bool {
+        self.schemas.validate(value, self.index[name]).is_ok()
+    }
+}
+
+fn json_stdout(args: &[&str]) -> Value {
+    let out = callid(args);
+    assert!(
+        out.status.code().is_some_and(|c| c < 2),
+        "{args:?}: {}",
+        text(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{args:?} printed no JSON: {e}: {}", text(&out.stdout)))
+}
+
+/// Every JSON output carries `version` and matches its schema in `schemas/`: probe records (the
+/// committed fixtures and evidence, and a fresh log with malformed input), `classify`, `conform`
+/// (passing and failing checks) and `bench`.
+#[test]
+fn json_outputs_match_their_schemas() {
+    let schemas = Schemas::load();
+    let dir = tempfile::tempdir().unwrap();
+
+    let log = dir.path().join("fresh.jsonl");
+    let mut child = Command::new(bin())
+        .args(["probe", "--log", log.to_str().unwrap()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    for line in [
+        json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "schema-client", "version": "1"}}})
+        .to_string(),
+        json!({"jsonrpc": "2.0", "method": "notifications/initialized"}).to_string(),
+        json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+            "name": "capabilities", "arguments": {},
+            "_meta": {"callId": "call_schema", "nested": {"a": [1, 2]}}}})
+        .to_string(),
+        json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+            "name": "capabilities", "arguments": {}, "_meta": "not an object"}})
+        .to_string(),
+        "{not json".to_owned(),
+    ] {
+        writeln!(stdin, "{line}").unwrap();
+    }
+    drop(stdin);
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+
+    let mut logs = vec![log.clone()];
+    for folder in ["tests/fixtures/probe", "matrices/evidence"] {
+        for entry in std::fs::read_dir(repo().join(folder)).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "jsonl") {
+                logs.push(path);
+            }
+        }
+    }
+    let mut kinds = std::collections::BTreeSet::new();
+    for path in &logs {
+        for (n, line) in std::fs::read_to_string(path).unwrap().lines().enumerate() {
+            let record: Value = serde_json::from_str(line).unwrap();
+            kinds.insert(record["kind"].as_str().unwrap_or_default().to_owned());
+            schemas.check(
+                "probe-record",
+                &format!("{}:{}", path.display(), n + 1),
+                &record,
+            );
+        }
+    }
+    assert!(
+        kinds.contains("malformed") && kinds.contains("request"),
+        "{kinds:?}"
+    );
+
+    let mut args = vec!["classify", "--format", "json"];
+    args.extend(logs.iter().map(|p| p.to_str().unwrap()));
+    let verdicts = json_stdout(&args);
+    schemas.check("classify", "classify", &verdicts);
+    assert!(
+        verdicts
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|v| v["version"] == 1)
+    );
+
+    let broken = format!(
+        "python3 '{}' --flaw ignore-hash",
+        repo()
+            .join("tests/fixtures/broken_routers/router.py")
+            .display()
+    );
+    let failing = json_stdout(&[
+        "conform",
+        "--stdio",
+        &broken,
+        "--only",
+        "call-id.reused-other-arguments",
+        "status.public-handle",
+        "--format",
+        "json",
+    ]);
+    schemas.check("conform", "conform (failing)", &failing);
+    assert_eq!(failing["version"], 1);
+    assert_eq!(failing["success"], false);
+    let passing = json_stdout(&[
+        "conform",
+        "--only",
+        "status.public-handle",
+        "--format",
+        "json",
+    ]);
+    schemas.check("conform", "conform (passing)", &passing);
+
+    let bench = json_stdout(&[
+        "bench",
+        "--quick",
+        "--only",
+        "request_hash",
+        "shape_extraction",
+        "--format",
+        "json",
+    ]);
+    schemas.check("bench", "bench", &bench);
+    assert_eq!(bench["version"], 1);
+
+    // The schemas have teeth: a missing `version`, an unknown field or a wrong enum value fails.
+    let mut no_version = verdicts.clone();
+    no_version[0].as_object_mut().unwrap().remove("version");
+    assert!(!schemas.is_valid("classify", &no_version));
+    let mut extra = failing.clone();
+    extra["surprise"] = json!(true);
+    assert!(!schemas.is_valid("conform", &extra));
+    let mut bad = bench.clone();
+    bad["rows"][0]["verdict"] = json!("great");
+    assert!(!schemas.is_valid("bench", &bad));
+    let mut bad_record: Value = serde_json::from_str(
+        std::fs::read_to_string(&log)
+            .unwrap()
+            .lines()
+            .next()
+            .unwrap(),
+    )
+    .unwrap();
+    bad_record["meta"] = json!({"status": "absent", "value": "leaked"});
+    assert!(!schemas.is_valid("probe-record", &bad_record));
+}
