@@ -26,6 +26,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Conform(args) => conform(args),
         Command::Matrix(args) => matrix_command(args),
         Command::Measure(args) => measure_command(args),
+        #[cfg(feature = "bench")]
         Command::Bench(args) => bench(args),
         Command::Completions(args) => completions(args),
     }
@@ -507,6 +508,7 @@ fn measure_command(args: crate::cli::MeasureArgs) -> anyhow::Result<ExitCode> {
 
 /// `callid bench`: exit 0 when every row was measured or skipped (a missed target is reported,
 /// not an error: the figures are for people to read), 1 when a row could not be measured.
+#[cfg(feature = "bench")]
 fn bench(args: crate::cli::BenchArgs) -> anyhow::Result<ExitCode> {
     use crate::bench;
     use crate::cli::PlainFormatArg;

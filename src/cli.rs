@@ -94,6 +94,7 @@ pub enum Command {
     /// Measure a real client program offline against the probe and print its matrix row.
     Measure(MeasureArgs),
     /// Run the end-to-end benchmarks, each figure beside its baseline.
+    #[cfg(feature = "bench")]
     Bench(BenchArgs),
     /// Print a shell completion script for `callid` to standard output.
     Completions(CompletionsArgs),
@@ -368,6 +369,7 @@ pub struct MeasureArgs {
 }
 
 /// `callid bench`
+#[cfg(feature = "bench")]
 #[derive(Debug, Args)]
 pub struct BenchArgs {
     /// A smoke run that finishes in under a minute.

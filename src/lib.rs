@@ -28,11 +28,13 @@
 //! - [`conform`]: the conformance runner that replays `scenarios/*.yaml` against any router.
 //! - [`matrix`]: the support matrix data in `matrices/` and its Markdown rendering.
 //! - [`measure`]: drives real agent clients offline against the probe to measure a matrix row.
-//! - [`mod@bench`]: end-to-end benchmarks that run each figure beside its baseline.
+//! - `bench` (with the `bench` feature): end-to-end benchmarks that run each figure beside its
+//!   baseline; developer tooling, not in the installed binary.
 #![warn(missing_docs)]
 
 pub mod app;
 pub mod backend;
+#[cfg(feature = "bench")]
 pub mod bench;
 pub mod canonical;
 pub mod classify;

@@ -390,11 +390,11 @@ fn classify_dash_reads_standard_input() {
 /// renderer, and the help lists only the real formats.
 #[test]
 fn format_lists_only_the_formats_each_command_has() {
-    for args in [
-        &["classify", "x.jsonl"][..],
-        &["demo"][..],
-        &["bench", "--quick"][..],
-    ] {
+    let mut commands = vec![&["classify", "x.jsonl"][..], &["demo"][..]];
+    if cfg!(feature = "bench") {
+        commands.push(&["bench", "--quick"][..]);
+    }
+    for args in commands {
         let mut argv = args.to_vec();
         argv.extend(["--format", "junit"]);
         let out = callid(&argv);
@@ -936,6 +936,7 @@ fn json_outputs_match_their_schemas() {
     ]);
     schemas.check("conform", "conform (passing)", &passing);
 
+    #[cfg(feature = "bench")]
     let bench = json_stdout(&[
         "bench",
         "--quick",
@@ -945,8 +946,14 @@ fn json_outputs_match_their_schemas() {
         "--format",
         "json",
     ]);
-    schemas.check("bench", "bench", &bench);
-    assert_eq!(bench["version"], 1);
+    #[cfg(feature = "bench")]
+    {
+        schemas.check("bench", "bench", &bench);
+        assert_eq!(bench["version"], 1);
+        let mut bad = bench.clone();
+        bad["rows"][0]["verdict"] = json!("great");
+        assert!(!schemas.is_valid("bench", &bad));
+    }
 
     // The schemas have teeth: a missing `version`, an unknown field or a wrong enum value fails.
     let mut no_version = verdicts.clone();
@@ -955,9 +962,6 @@ fn json_outputs_match_their_schemas() {
     let mut extra = failing.clone();
     extra["surprise"] = json!(true);
     assert!(!schemas.is_valid("conform", &extra));
-    let mut bad = bench.clone();
-    bad["rows"][0]["verdict"] = json!("great");
-    assert!(!schemas.is_valid("bench", &bad));
     let mut bad_record: Value = serde_json::from_str(
         std::fs::read_to_string(&log)
             .unwrap()
@@ -968,4 +972,19 @@ fn json_outputs_match_their_schemas() {
     .unwrap();
     bad_record["meta"] = json!({"status": "absent", "value": "leaked"});
     assert!(!schemas.is_valid("probe-record", &bad_record));
+}
+
+/// `callid bench` is developer tooling: the default build (what `cargo install` ships) has no
+/// such command; `--features bench` builds it.
+#[cfg(not(feature = "bench"))]
+#[test]
+fn bench_is_not_in_the_default_build() {
+    let out = callid(&["bench", "--quick"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("unrecognized subcommand 'bench'"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(!text(&callid(&["--help"]).stdout).contains("bench"));
 }
