@@ -7,11 +7,11 @@
 //! `.duplicate-id.jsonl`, `.timeout.jsonl` and `.server-dies.jsonl` hold the runs for the (b) and
 //! (c) stability columns.
 
+use super::analyze;
 use super::data::{
     ClientRow, ClientsFile, DistinctIds, How, IdOrigin, MatrixError, Stability, Verdict,
 };
 use crate::classify::{self, ClientVerdict, KeySplit};
-use crate::measure::analyze;
 use crate::measure::client::Client;
 use crate::measure::run::Scenario;
 use crate::probe::record::Record;
