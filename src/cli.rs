@@ -11,7 +11,7 @@ use std::path::PathBuf;
 #[derive(Debug, Parser)]
 #[command(
     name = "callid",
-    version,
+    version = VERSION,
     propagate_version = true,
     max_term_width = 100
 )]
@@ -21,7 +21,11 @@ pub struct Cli {
     pub command: Command,
 }
 
-/// Output formats. Each command accepts the subset it can render and says so in its help.
+/// `callid --version`: the crate version, and the git commit when built from a checkout
+/// (`0.1.0 (commit 0123456789ab)`; see `build.rs`).
+pub const VERSION: &str = env!("CALLID_VERSION");
+
+/// `--format` of `callid conform`: every renderer of the conformance report.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum FormatArg {
     /// A table for people.
@@ -32,6 +36,41 @@ pub enum FormatArg {
     Json,
     /// JUnit XML for CI systems.
     Junit,
+}
+
+/// `--format` of `callid classify`, `demo` and `bench`: they have no JUnit renderer, so clap
+/// refuses `junit` and their help lists only what they print.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum PlainFormatArg {
+    /// A table for people.
+    Table,
+    /// GitHub-flavoured Markdown.
+    Markdown,
+    /// JSON for machines.
+    Json,
+}
+
+impl From<PlainFormatArg> for crate::classify::Format {
+    fn from(arg: PlainFormatArg) -> Self {
+        match arg {
+            PlainFormatArg::Table => crate::classify::Format::Table,
+            PlainFormatArg::Markdown => crate::classify::Format::Markdown,
+            PlainFormatArg::Json => crate::classify::Format::Json,
+        }
+    }
+}
+
+/// Shells `callid completions` writes a completion script for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ShellArg {
+    /// Bash: `callid completions bash > ~/.local/share/bash-completion/completions/callid`.
+    Bash,
+    /// Zsh: `callid completions zsh > "${fpath[1]}/_callid"`.
+    Zsh,
+    /// Fish: `callid completions fish > ~/.config/fish/completions/callid.fish`.
+    Fish,
+    /// PowerShell: `callid completions powershell >> $PROFILE`.
+    Powershell,
 }
 
 /// The subcommands.
@@ -55,7 +94,18 @@ pub enum Command {
     /// Measure a real client program offline against the probe and print its matrix row.
     Measure(MeasureArgs),
     /// Run the end-to-end benchmarks, each figure beside its baseline.
+    #[cfg(feature = "bench")]
     Bench(BenchArgs),
+    /// Print a shell completion script for `callid` to standard output.
+    Completions(CompletionsArgs),
+}
+
+/// `callid completions`
+#[derive(Debug, Args)]
+pub struct CompletionsArgs {
+    /// The shell to complete in.
+    #[arg(value_enum)]
+    pub shell: ShellArg,
 }
 
 /// `callid probe`
@@ -92,20 +142,20 @@ pub struct ProbeArgs {
 /// `callid classify`
 #[derive(Debug, Args)]
 pub struct ClassifyArgs {
-    /// Probe log files (JSON lines).
+    /// Probe log files (JSON lines); `-` reads standard input.
     #[arg(required = true, value_name = "LOG")]
     pub logs: Vec<PathBuf>,
-    /// Output format: table, markdown or json.
+    /// Output format.
     #[arg(long, value_enum, default_value = "table")]
-    pub format: FormatArg,
+    pub format: PlainFormatArg,
 }
 
 /// `callid demo`
 #[derive(Debug, Args)]
 pub struct DemoArgs {
-    /// Output format: table, markdown or json.
+    /// Output format.
     #[arg(long, value_enum, default_value = "table")]
-    pub format: FormatArg,
+    pub format: PlainFormatArg,
 }
 
 /// `callid router`
@@ -363,7 +413,8 @@ pub struct MeasureArgs {
     /// The client program to measure.
     #[arg(long, value_enum)]
     pub client: ClientArg,
-    /// Path of the agent client's binary (default: `DIR/clients/node_modules/.bin`, then PATH).
+    /// Measure this binary of the agent client (codex and claude-code only) instead of the one in
+    /// `DIR/clients/node_modules/.bin`, else on PATH.
     #[arg(long, value_name = "PATH")]
     pub bin: Option<PathBuf>,
     /// Write the row to `matrices/clients.yaml` and the evidence files, and render SUPPORT.md.
@@ -378,14 +429,15 @@ pub struct MeasureArgs {
 }
 
 /// `callid bench`
+#[cfg(feature = "bench")]
 #[derive(Debug, Args)]
 pub struct BenchArgs {
     /// A smoke run that finishes in under a minute.
     #[arg(long)]
     pub quick: bool,
-    /// Output format: table, markdown or json.
+    /// Output format.
     #[arg(long, value_enum, default_value = "table")]
-    pub format: FormatArg,
+    pub format: PlainFormatArg,
     /// Run only these rows (repeatable): probe_round_trip, probe_throughput, shape_extraction,
     /// request_hash, router_new_operation, router_concurrent, router_replay, conform_suite,
     /// probe_rss, router_rss.

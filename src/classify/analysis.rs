@@ -533,11 +533,28 @@ impl ClassifyError {
     }
 }
 
+/// The path argument that means standard input (`callid classify -`).
+pub const STDIN_PATH: &str = "-";
+/// How standard input is named in warnings and errors (`<stdin>:3: not JSON`).
+pub const STDIN_NAME: &str = "<stdin>";
+
 /// Reads probe logs: every record, and every line that is not one (skipped, with its place).
+/// A path of [`STDIN_PATH`] reads standard input.
 pub fn read_logs(paths: &[PathBuf]) -> Result<(Vec<Record>, Vec<BadLine>), ClassifyError> {
     let mut records = Vec::new();
     let mut bad = Vec::new();
     for path in paths {
+        if path.as_os_str() == STDIN_PATH {
+            let mut text = Vec::new();
+            std::io::Read::read_to_end(&mut std::io::stdin().lock(), &mut text).map_err(
+                |source| ClassifyError::Read {
+                    path: PathBuf::from(STDIN_NAME),
+                    source,
+                },
+            )?;
+            parse_log(Path::new(STDIN_NAME), &text, &mut records, &mut bad);
+            continue;
+        }
         let text = std::fs::read(path).map_err(|source| ClassifyError::Read {
             path: path.clone(),
             source,
@@ -546,7 +563,13 @@ pub fn read_logs(paths: &[PathBuf]) -> Result<(Vec<Record>, Vec<BadLine>), Class
     }
     if records.is_empty() {
         return Err(ClassifyError::NoRecords {
-            paths: paths.to_vec(),
+            paths: paths
+                .iter()
+                .map(|p| match p.as_os_str() == STDIN_PATH {
+                    true => PathBuf::from(STDIN_NAME),
+                    false => p.clone(),
+                })
+                .collect(),
         });
     }
     Ok((records, bad))

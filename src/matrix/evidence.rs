@@ -7,11 +7,11 @@
 //! `.duplicate-id.jsonl`, `.timeout.jsonl` and `.server-dies.jsonl` hold the runs for the (b) and
 //! (c) stability columns.
 
+use super::analyze;
 use super::data::{
     ClientRow, ClientsFile, DistinctIds, How, IdOrigin, MatrixError, Stability, Verdict,
 };
 use crate::classify::{self, ClientVerdict, KeySplit};
-use crate::measure::analyze;
 use crate::measure::client::Client;
 use crate::measure::run::Scenario;
 use crate::probe::record::Record;
@@ -235,8 +235,8 @@ pub fn row_from_observed(
         verdict: o.verdict,
         reason: o.reason.clone(),
         per_call_id: o.per_call_id.clone(),
-        call_level_keys: o.call_level_keys.clone(),
-        context_keys: o.context_keys.clone(),
+        call_level_keys: o.split_known.then(|| o.call_level_keys.clone()),
+        context_keys: o.split_known.then(|| o.context_keys.clone()),
         stability: Stability::default(),
         how,
         notes,
@@ -341,18 +341,26 @@ pub fn check_row(dir: &Path, row: &ClientRow) -> Result<(), EvidenceError> {
         let calls = analyze::tool_calls(&records);
         let scenario = scenario_of(file);
         if i == 0 {
-            let mut call_level = row.call_level_keys.clone();
-            call_level.sort();
-            let mut context = row.context_keys.clone();
-            context.sort();
+            let sorted = |keys: &Option<Vec<String>>| {
+                keys.clone().map(|mut k| {
+                    k.sort();
+                    k
+                })
+            };
             disagree(
                 row,
                 &path,
                 "call_level_keys",
-                call_level,
-                o.call_level_keys.clone(),
+                sorted(&row.call_level_keys),
+                o.split_known.then(|| o.call_level_keys.clone()),
             )?;
-            disagree(row, &path, "context_keys", context, o.context_keys.clone())?;
+            disagree(
+                row,
+                &path,
+                "context_keys",
+                sorted(&row.context_keys),
+                o.split_known.then(|| o.context_keys.clone()),
+            )?;
             if row.stability.distinct_ids != DistinctIds::NotMeasured {
                 disagree(
                     row,
@@ -418,10 +426,13 @@ pub fn row_differences(committed: &ClientRow, measured: &ClientRow) -> Vec<Strin
             out.push(format!("`{field}`: committed {a}, measured {b}"));
         }
     };
-    let sorted = |v: &[String]| {
-        let mut v = v.to_vec();
-        v.sort();
-        format!("{v:?}")
+    let sorted = |v: &Option<Vec<String>>| match v {
+        None => "unknown".to_owned(),
+        Some(v) => {
+            let mut v = v.clone();
+            v.sort();
+            format!("{v:?}")
+        }
     };
     cmp(
         "version",

@@ -59,8 +59,8 @@ fn render_clients(out: &mut String, rows: &[ClientRow]) {
                 .as_deref()
                 .map(code)
                 .unwrap_or_else(|| "none".into()),
-            keys(&row.call_level_keys),
-            keys(&row.context_keys),
+            keys(row.call_level_keys.as_deref()),
+            keys(row.context_keys.as_deref()),
             row.version
                 .as_deref()
                 .map(cell)
@@ -253,10 +253,12 @@ fn code(key: &str) -> String {
     format!("`{}`", key.replace('`', "'").replace('|', "\\|"))
 }
 
-fn keys(list: &[String]) -> String {
-    if list.is_empty() {
-        "none".into()
-    } else {
-        list.iter().map(|k| code(k)).collect::<Vec<_>>().join(", ")
+/// A key-list cell: the keys, `none`, or `unknown` when the split could not be told (as
+/// `callid classify` says for a single call).
+fn keys(list: Option<&[String]>) -> String {
+    match list {
+        None => "unknown".into(),
+        Some([]) => "none".into(),
+        Some(list) => list.iter().map(|k| code(k)).collect::<Vec<_>>().join(", "),
     }
 }

@@ -9,7 +9,6 @@
 //!   Code).
 //! - [`client`]: how to run each client non-interactively with a temporary home and config.
 //! - [`run`]: one bounded scenario run, leaving the probe's shape log.
-//! - [`analyze`]: the stability findings read out of a shape log.
 //! - [`sdk`]: MCP client libraries and tools without a model (Inspector CLI, TypeScript and
 //!   Python SDKs, rmcp), measured with two plain calls.
 //!
@@ -19,12 +18,12 @@
 //! - Bounded: at most [`endpoint::MAX_MODEL_REQUESTS`] scripted answers per run and
 //!   [`run::SCENARIO_TIMEOUT`] per scenario, after which the client's process group is killed.
 
-pub mod analyze;
 pub mod client;
 pub mod endpoint;
 pub mod run;
 pub mod sdk;
 
+use crate::matrix::analyze;
 use crate::matrix::data::{ClientRow, How, Stability};
 use crate::matrix::evidence::{self, EvidenceError};
 use client::{Client, ClientError};

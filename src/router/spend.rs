@@ -454,7 +454,7 @@ impl Router {
         crashpoint::hit(Boundary::AfterRowCommit);
         tracing::info!(handle = %op.handle, platform = %op.platform, amount, needs_approval, "operation recorded");
         if op.status == Status::AwaitingApproval {
-            return Err(awaiting_approval(&op));
+            return Err(awaiting_approval(&op, &self.opts.registry));
         }
         self.dispatch(op).await
     }
@@ -485,7 +485,7 @@ impl Router {
             Status::Completed => Ok(completed(&op, true)),
             Status::Failed => Err(recorded_failure(&op)),
             Status::Denied => Err(denied(&op)),
-            Status::AwaitingApproval => Err(awaiting_approval(&op)),
+            Status::AwaitingApproval => Err(awaiting_approval(&op, &self.opts.registry)),
             Status::Pending => self.dispatch(op).await,
         }
     }
@@ -714,7 +714,7 @@ impl Router {
             "approval": {
                 "above_cents": policy.approval_above_cents,
                 "models": policy.approval_models,
-                "how": "an operator runs `callid router approve HANDLE` or `deny`; then call `resume_operation` or redeliver the original call",
+                "how": format!("an operator runs `callid router approve HANDLE --registry {}` or `deny`; then call `resume_operation` or redeliver the original call", self.opts.registry.display()),
             },
             "budget_cents": policy.budget_cents,
             "preallocated_keys": self.pool.is_some(),
@@ -867,14 +867,18 @@ fn unknown_operation(handle: &str) -> ToolError {
     )
 }
 
-fn awaiting_approval(op: &Operation) -> ToolError {
+fn awaiting_approval(op: &Operation, registry: &std::path::Path) -> ToolError {
     ToolError::new(
         "awaiting_approval",
         format!(
             "operation `{}` ({} cents) needs a person's approval and nothing was spent; ask the \
-             operator to run `callid router approve {}`, then call `resume_operation` with this \
-             handle (redelivering this call never skips the approval)",
-            op.handle, op.amount_cents, op.handle
+             operator to run `callid router approve {} --registry {}`, then call \
+             `resume_operation` with this handle (redelivering this call never skips the \
+             approval)",
+            op.handle,
+            op.amount_cents,
+            op.handle,
+            registry.display()
         ),
     )
     .of(op)

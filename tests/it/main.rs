@@ -1,7 +1,9 @@
 //! Integration tests: every test here runs the real `callid` binary (or real child processes and
 //! real SQLite files) the way a user would.
 
+#[cfg(feature = "bench")]
 mod bench;
+mod cli;
 mod common;
 mod conform;
 mod conform_contract;
