@@ -426,6 +426,11 @@ fn a_missing_file_error_says_its_cause_once() {
     let dir = tempfile::tempdir().unwrap();
     let missing = dir.path().join("missing.yaml");
     let missing = missing.to_str().unwrap();
+    // A key pool under a plain file: its directory can be neither found nor created.
+    let plain_file = dir.path().join("plain-file");
+    std::fs::write(&plain_file, "").unwrap();
+    let keys = plain_file.join("keys.sqlite3");
+    let keys = keys.to_str().unwrap();
     let mut transcript = String::new();
     for args in [
         vec!["classify", missing],
@@ -433,16 +438,12 @@ fn a_missing_file_error_says_its_cause_once() {
         vec!["conform", "--target", missing],
         vec!["conform", "--scenarios", missing],
         vec!["matrix", "render", "--dir", missing],
-        vec![
-            "router",
-            "keys",
-            "/nonexistent-dir/keys.sqlite3",
-            "--count",
-            "1",
-        ],
+        vec!["router", "keys", keys, "--count", "1"],
     ] {
         let out = callid(&args);
-        let stderr = text(&out.stderr).replace(missing, "[MISSING]");
+        let stderr = text(&out.stderr)
+            .replace(missing, "[MISSING]")
+            .replace(keys, "[PLAIN-FILE]/keys.sqlite3");
         assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
         for cause in [
             "No such file or directory",
@@ -457,7 +458,9 @@ fn a_missing_file_error_says_its_cause_once() {
         assert_eq!(stderr.matches("error:").count(), 1, "{args:?}: {stderr}");
         transcript.push_str(&format!(
             "$ callid {}\n{stderr}",
-            args.join(" ").replace(missing, "[MISSING]")
+            args.join(" ")
+                .replace(missing, "[MISSING]")
+                .replace(keys, "[PLAIN-FILE]/keys.sqlite3")
         ));
     }
     insta::assert_snapshot!(transcript);
