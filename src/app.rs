@@ -23,7 +23,40 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Matrix(args) => matrix_command(args),
         Command::Measure(args) => measure_command(args),
         Command::Bench(args) => bench(args),
+        Command::IdentitySources(args) => identity_sources_command(args),
     }
+}
+
+/// The built-in identity table extended by `--identity-sources` files.
+fn identity_sources(
+    arg: &crate::cli::IdentitySourcesArg,
+) -> anyhow::Result<std::sync::Arc<crate::identity::IdentitySources>> {
+    if arg.identity_sources.is_empty() {
+        return Ok(crate::identity::IdentitySources::built_in_shared());
+    }
+    Ok(std::sync::Arc::new(crate::identity::IdentitySources::load(
+        &arg.identity_sources,
+    )?))
+}
+
+/// `callid identity-sources`: prints the table in force.
+fn identity_sources_command(args: crate::cli::IdentitySourcesArgs) -> anyhow::Result<ExitCode> {
+    use crate::cli::FormatArg;
+    use std::io::Write as _;
+    let table = identity_sources(&args.sources)?;
+    let text = match args.format {
+        FormatArg::Table => table.render_text(),
+        FormatArg::Json => serde_json::to_string_pretty(table.entries())? + "\n",
+        other => anyhow::bail!(
+            "`--format {}` is not available here; use table or json",
+            format!("{other:?}").to_lowercase()
+        ),
+    };
+    std::io::stdout()
+        .lock()
+        .write_all(text.as_bytes())
+        .context("failed to write to standard output")?;
+    Ok(ExitCode::from(exit_codes::SUCCESS))
 }
 
 /// `callid conform`: runs the scenarios and renders the report; 1 when a required check failed
@@ -103,6 +136,7 @@ fn run_probe(args: crate::cli::ProbeArgs) -> anyhow::Result<ExitCode> {
         log: args.log,
         digest_salt: args.digest_salt,
         wrap: if args.wrap { args.command } else { Vec::new() },
+        identity_sources: identity_sources(&args.sources)?,
     };
     let runtime = tokio::runtime::Runtime::new()?;
     let result = runtime.block_on(crate::probe::run(options));
@@ -126,11 +160,12 @@ fn verdict_format(format: crate::cli::FormatArg) -> anyhow::Result<crate::classi
 
 fn run_classify(args: crate::cli::ClassifyArgs) -> anyhow::Result<ExitCode> {
     let format = verdict_format(args.format)?;
+    let sources = identity_sources(&args.sources)?;
     let (records, bad) = crate::classify::read_logs(&args.logs)?;
     for line in &bad {
         eprintln!("warning: skipped {line}");
     }
-    let verdicts = crate::classify::classify(&records);
+    let verdicts = crate::classify::classify_with(&records, &sources);
     let mut out = std::io::stdout().lock();
     crate::classify::render(&verdicts, format, &mut out)?;
     Ok(ExitCode::from(exit_codes::SUCCESS))
@@ -271,6 +306,7 @@ fn run_router(args: crate::cli::RouterArgs) -> anyhow::Result<ExitCode> {
                 key_prefix: serve.key_prefix,
                 handle_prefix: serve.handle_prefix,
                 diagnose_meta: serve.diagnose_meta,
+                identity_sources: identity_sources(&serve.sources)?,
             };
             let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
             runtime.block_on(crate::router::run(

@@ -56,6 +56,29 @@ pub enum Command {
     Measure(MeasureArgs),
     /// Run the end-to-end benchmarks, each figure beside its baseline.
     Bench(BenchArgs),
+    /// Print the identity sources accepted: the built-in table, extended by `--identity-sources`.
+    IdentitySources(IdentitySourcesArgs),
+}
+
+/// `--identity-sources`, shared by probe, classify and router.
+#[derive(Debug, Clone, Default, Args)]
+pub struct IdentitySourcesArg {
+    /// Also accept the sources of this YAML table (repeatable; e.g.
+    /// `identity-sources/goose.yaml`). A key is only as trustworthy as the harness that sets it:
+    /// see `callid identity-sources` and the README.
+    #[arg(long = "identity-sources", value_name = "FILE")]
+    pub identity_sources: Vec<PathBuf>,
+}
+
+/// `callid identity-sources`
+#[derive(Debug, Args)]
+pub struct IdentitySourcesArgs {
+    /// Tables to add to the built-in one.
+    #[command(flatten)]
+    pub sources: IdentitySourcesArg,
+    /// Output format: table or json.
+    #[arg(long, value_enum, default_value = "table")]
+    pub format: FormatArg,
 }
 
 /// `callid probe`
@@ -87,6 +110,9 @@ pub struct ProbeArgs {
     /// The server command `--wrap` runs (after `--`).
     #[arg(last = true, value_name = "CMD", requires = "wrap")]
     pub command: Vec<String>,
+    /// Identity sources beyond the built-in table.
+    #[command(flatten)]
+    pub sources: IdentitySourcesArg,
 }
 
 /// `callid classify`
@@ -98,6 +124,9 @@ pub struct ClassifyArgs {
     /// Output format: table, markdown or json.
     #[arg(long, value_enum, default_value = "table")]
     pub format: FormatArg,
+    /// Identity sources beyond the built-in table (re-judged from each call's `_meta` shape).
+    #[command(flatten)]
+    pub sources: IdentitySourcesArg,
 }
 
 /// `callid demo`
@@ -181,6 +210,9 @@ pub struct RouterServeArgs {
     /// Append the probe's shape record of each call's `_meta` to this file (opt-in; never values).
     #[arg(long, value_name = "FILE")]
     pub diagnose_meta: Option<PathBuf>,
+    /// Identity sources beyond the built-in table.
+    #[command(flatten)]
+    pub sources: IdentitySourcesArg,
 }
 
 /// Operator commands of the router. None of them is reachable by the model.

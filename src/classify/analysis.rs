@@ -17,6 +17,14 @@
 //!   no digest repeats. A digest that repeats with the same request digest is a redelivery; with
 //!   a different request digest it is a reused ID, which the router refuses.
 //!
+//! - Identity sources beyond the built-in table ([`classify_with`], `--identity-sources`): each
+//!   `tools/call` is judged again from its recorded `_meta` shape, by the same rules. A call
+//!   that carries one of the table's extra keys and no other source is accepted when the value
+//!   is a string of 1 to `max_bytes` bytes (its white space and control characters were checked
+//!   by no one: the shape records only type, length and digest, so the router's own check still
+//!   applies); a call that carries two or more sources is `ambiguous_identity`; a call that
+//!   carries none of the extra keys keeps the verdict the probe recorded.
+//!
 //! Digests are only comparable within one digest scheme and salt: combine logs written with the
 //! same `--digest-salt` (or none).
 
@@ -194,7 +202,90 @@ pub struct ClientVerdict {
     pub keys: Vec<KeySummary>,
 }
 
-/// Groups records by client and gives each its verdict, in order of first appearance.
+/// Groups records by client and gives each its verdict, in order of first appearance, judging
+/// each call by `sources` (see the module's rules).
+pub fn classify_with(
+    records: &[Record],
+    sources: &crate::identity::IdentitySources,
+) -> Vec<ClientVerdict> {
+    if sources.extended().next().is_none() {
+        return classify(records);
+    }
+    let rejudged: Vec<Record> = records
+        .iter()
+        .map(|r| {
+            let mut r = r.clone();
+            if r.kind == Kind::Request
+                && r.method.as_deref() == Some("tools/call")
+                && let Some(verdict) = rejudge(&r, sources)
+            {
+                r.identity = Some(verdict);
+            }
+            r
+        })
+        .collect();
+    classify(&rejudged)
+}
+
+/// The verdict of one recorded call by a table with extra sources, from its `_meta` shape, or
+/// `None` when the call carries none of the extra keys (the recorded verdict stands).
+fn rejudge(r: &Record, sources: &crate::identity::IdentitySources) -> Option<IdentityVerdict> {
+    use crate::identity::{IdentityError, Source, ValueRule};
+    let shape = r.meta_shape()?;
+    let present: Vec<(&crate::identity::SourceEntry, &crate::shape::ShapeEntry)> = sources
+        .entries()
+        .iter()
+        .filter_map(|s| {
+            let path = format!("/{}", s.key.replace('~', "~0").replace('/', "~1"));
+            shape
+                .entries
+                .iter()
+                .find(|e| e.valid_key.is_some() && e.path == path)
+                .map(|e| (s, e))
+        })
+        .collect();
+    if !present.iter().any(|(s, _)| s.source == Source::Extended) {
+        return None;
+    }
+    let rejected = |e: IdentityError| IdentityVerdict::Rejected {
+        code: e.code().to_string(),
+        message: e.to_string(),
+    };
+    let [(source, entry)] = present.as_slice() else {
+        return Some(rejected(IdentityError::Ambiguous {
+            keys: present.iter().map(|(s, _)| s.key.clone()).collect(),
+        }));
+    };
+    let ValueRule::Identifier { max_bytes } = source.value else {
+        return None;
+    };
+    let field = crate::identity::field_name(&source.key);
+    let len = entry.value.len.unwrap_or(0);
+    let rule = if entry.value.kind != JsonType::String {
+        Some(format!(
+            "must be a JSON string; got {}",
+            entry.value.kind.name()
+        ))
+    } else if len == 0 {
+        Some("must not be empty".to_string())
+    } else if len > max_bytes {
+        Some(format!(
+            "must be at most {max_bytes} bytes; got {len} bytes"
+        ))
+    } else {
+        None
+    };
+    Some(match rule {
+        Some(rule) => rejected(IdentityError::Invalid { field, rule }),
+        None => IdentityVerdict::Accepted {
+            platform: source.platform.clone().unwrap_or_default(),
+            source: source.key.clone(),
+        },
+    })
+}
+
+/// Groups records by client and gives each its verdict, in order of first appearance, by the
+/// identity verdicts the probe recorded.
 pub fn classify(records: &[Record]) -> Vec<ClientVerdict> {
     let mut by_connection: HashMap<&str, ClientName> = HashMap::new();
     for r in records {

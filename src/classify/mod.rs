@@ -15,7 +15,7 @@ pub mod table;
 
 pub use analysis::{
     BadLine, ClassifyError, ClientName, ClientVerdict, KeyClass, KeySplit, Verdict, classify,
-    read_logs,
+    classify_with, read_logs,
 };
 
 use std::io::Write;

@@ -4,9 +4,10 @@
 mod bench;
 mod common;
 mod conform;
-mod hardening_transport;
-mod hardening_money;
 mod conform_contract;
+mod hardening_money;
+mod hardening_transport;
+mod identity_sources;
 mod matrix;
 mod probe;
 mod provider;
