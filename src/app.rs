@@ -161,11 +161,11 @@ fn verdict_format(format: crate::cli::FormatArg) -> anyhow::Result<crate::classi
 fn run_classify(args: crate::cli::ClassifyArgs) -> anyhow::Result<ExitCode> {
     let format = verdict_format(args.format)?;
     let sources = identity_sources(&args.sources)?;
-    let (records, bad) = crate::classify::read_logs(&args.logs)?;
+    let (runs, bad) = crate::classify::read_runs(&args.logs)?;
     for line in &bad {
         eprintln!("warning: skipped {line}");
     }
-    let verdicts = crate::classify::classify_with(&records, &sources);
+    let verdicts = crate::classify::classify_runs(&runs, &sources);
     let mut out = std::io::stdout().lock();
     crate::classify::render(&verdicts, format, &mut out)?;
     Ok(ExitCode::from(exit_codes::SUCCESS))

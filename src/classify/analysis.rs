@@ -28,6 +28,7 @@
 //! Digests are only comparable within one digest scheme and salt: combine logs written with the
 //! same `--digest-salt` (or none).
 
+use super::kinds::RunKind;
 use crate::probe::record::{IdentityVerdict, Kind, RECORD_VERSION, Record};
 use crate::shape::JsonType;
 use serde::Serialize;
@@ -200,6 +201,78 @@ pub struct ClientVerdict {
     pub connections: usize,
     /// Every `_meta` key path seen, in order of first appearance.
     pub keys: Vec<KeySummary>,
+    /// Call ID, per-attempt value or context, per top-level key, with the evidence; only when
+    /// the input holds a run that knows its redeliveries (see [`super::kinds`]).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub key_kinds: Vec<super::kinds::KeyKind>,
+}
+
+/// One log file: its records, and what the run knows about its calls (from the file's name,
+/// [`RunKind::of_file`]; `None` leaves it out of [`super::kinds`]).
+#[derive(Debug, Clone)]
+pub struct Run {
+    /// The file.
+    pub path: PathBuf,
+    /// What the run knows.
+    pub kind: Option<RunKind>,
+    /// Its records.
+    pub records: Vec<Record>,
+}
+
+/// Reads each log as a [`Run`]: every record, and every line that is not one (skipped, with its
+/// place). Fails only when no log holds a record.
+pub fn read_runs(paths: &[PathBuf]) -> Result<(Vec<Run>, Vec<BadLine>), ClassifyError> {
+    let mut runs = Vec::new();
+    let mut bad = Vec::new();
+    for path in paths {
+        match read_logs(std::slice::from_ref(path)) {
+            Ok((records, skipped)) => {
+                bad.extend(skipped);
+                runs.push(Run {
+                    path: path.clone(),
+                    kind: RunKind::of_file(path),
+                    records,
+                });
+            }
+            Err(ClassifyError::NoRecords { .. }) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    if runs.is_empty() {
+        return Err(ClassifyError::NoRecords {
+            paths: paths.to_vec(),
+        });
+    }
+    Ok((runs, bad))
+}
+
+/// [`classify_with`] over every run's records, then each client's key kinds from the runs (see
+/// [`super::kinds`]).
+pub fn classify_runs(
+    runs: &[Run],
+    sources: &crate::identity::IdentitySources,
+) -> Vec<ClientVerdict> {
+    let all: Vec<Record> = runs
+        .iter()
+        .flat_map(|r| r.records.iter().cloned())
+        .collect();
+    let mut verdicts = classify_with(&all, sources);
+    for v in &mut verdicts {
+        let per_run: Vec<(RunKind, Vec<&Record>)> = runs
+            .iter()
+            .filter_map(|run| {
+                let kind = run.kind?;
+                group_by_client(&run.records)
+                    .into_iter()
+                    .find(|(name, _)| *name == v.client)
+                    .map(|(_, records)| (kind, records))
+            })
+            .collect();
+        if per_run.iter().any(|(k, _)| *k == RunKind::OneCall) {
+            v.key_kinds = super::kinds::key_kinds(&per_run);
+        }
+    }
+    verdicts
 }
 
 /// Groups records by client and gives each its verdict, in order of first appearance, judging
@@ -287,6 +360,14 @@ fn rejudge(r: &Record, sources: &crate::identity::IdentitySources) -> Option<Ide
 /// Groups records by client and gives each its verdict, in order of first appearance, by the
 /// identity verdicts the probe recorded.
 pub fn classify(records: &[Record]) -> Vec<ClientVerdict> {
+    group_by_client(records)
+        .into_iter()
+        .map(|(name, records)| verdict_for(name, &records))
+        .collect()
+}
+
+/// Records grouped by client, in order of first appearance (see the module's rules).
+fn group_by_client(records: &[Record]) -> Vec<(ClientName, Vec<&Record>)> {
     let mut by_connection: HashMap<&str, ClientName> = HashMap::new();
     for r in records {
         if let Some(c) = &r.client {
@@ -325,8 +406,8 @@ pub fn classify(records: &[Record]) -> Vec<ClientVerdict> {
     order
         .into_iter()
         .map(|name| {
-            let records = &groups[&name];
-            verdict_for(name, records)
+            let records = groups.remove(&name).expect("a group per client");
+            (name, records)
         })
         .collect()
 }
@@ -451,6 +532,7 @@ fn verdict_for(client: ClientName, records: &[&Record]) -> ClientVerdict {
             .count(),
         connections: connections.len(),
         keys,
+        key_kinds: Vec::new(),
     }
 }
 
@@ -568,7 +650,7 @@ fn per_call_ids(accepted: &[(&Record, &str, &str)]) -> PerCallIds {
     }
 }
 
-fn pointer_key(path: &str) -> String {
+pub(crate) fn pointer_key(path: &str) -> String {
     path.trim_start_matches('/')
         .replace("~1", "/")
         .replace("~0", "~")
