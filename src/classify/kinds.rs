@@ -108,19 +108,23 @@ pub fn key_kinds(runs: &[(RunKind, Vec<&Record>)]) -> Vec<KeyKind> {
     let mut order: Vec<String> = Vec::new();
     let mut tallies: HashMap<String, [usize; 4]> = HashMap::new();
     for (kind, records) in runs {
-        let calls: Vec<(&Record, HashMap<String, &str>)> = records
+        let calls: Vec<(&Record, Vec<(String, &str)>)> = records
             .iter()
             .copied()
             .filter(|r| r.kind == Kind::Request && r.method.as_deref() == Some("tools/call"))
             .map(|r| (r, top_level(r)))
             .collect();
         for (_, keys) in &calls {
-            for k in keys.keys() {
+            for (k, _) in keys {
                 if !order.iter().any(|o| o == k) {
                     order.push(k.clone());
                 }
             }
         }
+        let calls: Vec<(&Record, HashMap<String, &str>)> = calls
+            .into_iter()
+            .map(|(r, keys)| (r, keys.into_iter().collect()))
+            .collect();
         for (i, (a, ka)) in calls.iter().enumerate() {
             for (b, kb) in &calls[i + 1..] {
                 let same_call = *kind == RunKind::OneCall
@@ -224,8 +228,8 @@ fn judge(redeliveries: usize, changed: usize, pairs: usize, same: usize) -> (Val
     }
 }
 
-/// Top-level `_meta` keys of a record and their digests.
-fn top_level(r: &Record) -> HashMap<String, &str> {
+/// Top-level `_meta` keys of a record and their digests, in the record's order.
+fn top_level(r: &Record) -> Vec<(String, &str)> {
     r.meta_shape()
         .map(|s| {
             s.entries

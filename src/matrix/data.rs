@@ -130,6 +130,11 @@ pub struct ClientRow {
     /// `_meta` keys whose value stays the same across calls.
     #[serde(default)]
     pub context_keys: Vec<String>,
+    /// `_meta` keys whose value changed when the client redelivered a call: per-attempt values,
+    /// never call IDs. A measured row takes them from its timeout and server-dies runs (see
+    /// [`crate::classify::kinds`]) and is checked against them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub per_attempt_keys: Vec<String>,
     /// How the per-call ID behaves beyond one call.
     #[serde(default, skip_serializing_if = "Stability::is_not_measured")]
     pub stability: Stability,

@@ -310,3 +310,187 @@ fn identity_sources_prints_the_table_in_force() {
             .contains("trusted only where")
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// per-attempt values are not call IDs
+
+/// A probe log at `log` of client `gem 1.0`: one `capabilities {}` call per `_meta`.
+async fn probe_log(log: &Path, metas: &[Value]) {
+    let args = vec![
+        "probe".to_string(),
+        "--log".into(),
+        log.display().to_string(),
+    ];
+    let (mut conn, mut child) = Connection::spawn_stdio(&bin(), &args, &[]).await.unwrap();
+    conn.set_timeout(Duration::from_secs(20));
+    conn.initialize(json!(0), "2025-06-18", "gem", "1.0")
+        .await
+        .unwrap();
+    for (i, meta) in metas.iter().enumerate() {
+        let r = conn
+            .call_tool(json!(i + 1), "capabilities", json!({}), Some(meta.clone()))
+            .await
+            .unwrap();
+        assert!(r.result.is_some(), "{}", r.raw);
+    }
+    conn.close().await;
+    assert_eq!(
+        child.wait().await.unwrap().code(),
+        Some(0),
+        "{}",
+        child.stderr_text()
+    );
+}
+
+/// A two-calls run and a timeout run in which the client redelivered its one call: the same
+/// `callId`, a fresh `progressToken` (as Gemini CLI sends), the conversation's `sessionId`.
+async fn measured_runs(evidence: &Path) -> (PathBuf, PathBuf) {
+    std::fs::create_dir_all(evidence).unwrap();
+    let two = evidence.join("gem-1.0.jsonl");
+    let timeout = evidence.join("gem-1.0.timeout.jsonl");
+    probe_log(
+        &two,
+        &[
+            json!({"callId": "c1", "progressToken": "3f1c7d0e-1", "sessionId": "s1"}),
+            json!({"callId": "c2", "progressToken": "9a0b2c4d-2", "sessionId": "s1"}),
+        ],
+    )
+    .await;
+    probe_log(
+        &timeout,
+        &[
+            json!({"callId": "c9", "progressToken": "77aa01bc-3", "sessionId": "s2"}),
+            json!({"callId": "c9", "progressToken": "e2d4f6a8-4", "sessionId": "s2"}),
+        ],
+    )
+    .await;
+    (two, timeout)
+}
+
+fn kinds_of(verdict: &Value) -> Vec<(String, String)> {
+    verdict["key_kinds"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no key_kinds in {verdict}"))
+        .iter()
+        .map(|k| {
+            (
+                k["key"].as_str().unwrap().to_string(),
+                k["kind"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn classify_tells_call_ids_from_per_attempt_values_and_context() {
+    let dir = tempfile::tempdir().unwrap();
+    let (two, timeout) = measured_runs(&dir.path().join("evidence")).await;
+    let v = classify_json(&two, &[timeout.to_str().unwrap()]);
+    assert_eq!(
+        kinds_of(&v),
+        vec![
+            ("callId".to_string(), "call_id".to_string()),
+            ("progressToken".into(), "per_attempt".into()),
+            ("sessionId".into(), "context".into()),
+        ],
+        "{v}"
+    );
+    let progress = &v["key_kinds"][1];
+    assert_eq!(progress["redeliveries"], 1);
+    assert_eq!(progress["changed_on_redelivery"], 1);
+    assert!(
+        progress["evidence"]
+            .as_str()
+            .unwrap()
+            .starts_with("changed on 1 of 1 redelivery"),
+        "{progress}"
+    );
+    let call_id = &v["key_kinds"][0];
+    assert_eq!(call_id["distinct_call_pairs"], 1, "{call_id}");
+    assert_eq!(call_id["redeliveries"], 1, "{call_id}");
+    assert_eq!(call_id["same_on_distinct_calls"], 0);
+    // The verdict itself does not change.
+    assert_eq!(v["verdict"], "accepted");
+    assert_eq!(v["source_key"], "callId");
+    // The table says it too, one note per key.
+    let out = callid(&["classify", two.to_str().unwrap(), timeout.to_str().unwrap()]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.contains("gem 1.0: `progressToken`: per-attempt value: changed on 1 of 1 redelivery"),
+        "{text}"
+    );
+
+    // Without the run that knows its redelivery, nothing tells a call ID from a per-attempt
+    // value: no kinds are claimed.
+    let alone = classify_json(&two, &[]);
+    assert!(alone.get("key_kinds").is_none(), "{alone}");
+    // The same records under a name that does not mark a redelivery are two distinct calls:
+    // `callId` stayed the same across them, so it is context there, never a call ID.
+    let renamed = dir.path().join("plain.jsonl");
+    std::fs::copy(&timeout, &renamed).unwrap();
+    let other = dir.path().join("evidence/gem-1.0.server-dies.jsonl");
+    probe_log(
+        &other,
+        &[json!({"callId": "c7", "progressToken": "0000-5", "sessionId": "s3"})],
+    )
+    .await;
+    let v = classify_json(&renamed, &[other.to_str().unwrap()]);
+    assert_eq!(kinds_of(&v)[0], ("callId".into(), "context".into()), "{v}");
+}
+
+#[tokio::test]
+async fn the_matrix_marks_per_attempt_keys_and_checks_them_against_the_evidence() {
+    let dir = tempfile::tempdir().unwrap();
+    let matrix = dir.path();
+    measured_runs(&matrix.join("evidence")).await;
+    std::fs::copy(
+        repo().join("tests/fixtures/matrix/routers.yaml"),
+        matrix.join("routers.yaml"),
+    )
+    .unwrap();
+    let row = |per_attempt: &str| {
+        format!(
+            "version: 1\nclients:\n- id: gem-cli\n  client: Gem CLI\n  surface: stdio\n  \
+             version: '1.0'\n  date: 2026-11-30\n  verdict: accepted\n  per_call_id: callId\n  \
+             call_level_keys:\n  - progressToken\n  context_keys:\n  - sessionId\n{per_attempt}  \
+             stability:\n    on_timeout: retried-same-id\n  how:\n    kind: measured\n    command: callid measure --client gem\n    evidence:\n    \
+             - evidence/gem-1.0.jsonl\n    - evidence/gem-1.0.timeout.jsonl\n"
+        )
+    };
+    let d = matrix.to_str().unwrap();
+    std::fs::write(
+        matrix.join("clients.yaml"),
+        row("  per_attempt_keys:\n  - progressToken\n"),
+    )
+    .unwrap();
+    let out = callid(&["matrix", "render", "--dir", d]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let support = std::fs::read_to_string(matrix.join("SUPPORT.md")).unwrap();
+    assert!(
+        support.contains("| `callId` | `progressToken` (*per attempt*) | `sessionId` |"),
+        "{support}"
+    );
+    assert!(support.contains("*per attempt*: the value changed when the client redelivered"));
+
+    // A row that leaves the per-attempt key out says something its evidence does not.
+    std::fs::write(matrix.join("clients.yaml"), row("")).unwrap();
+    let out = callid(&["matrix", "render", "--check", "--dir", d]);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(
+            "`per_attempt_keys` is [] in the row but [\"progressToken\"] in the evidence"
+        ),
+        "{stderr}"
+    );
+}
