@@ -157,6 +157,18 @@ pub enum IdentityError {
          request has none; retrying will not help: use a client that sends a per-call ID"
     )]
     Missing,
+    /// No source key in `_meta`, under a table with extra sources (`--identity-sources`).
+    #[error(
+        "spend tools require a trusted per-call identity in `_meta` from Codex (`callId`), Claude \
+         Code (`claudecode/toolUseId`), the `hubu.dev/platform-invocation` envelope, or a source \
+         of the `--identity-sources` table ({}), and this request has none; retrying will not \
+         help: use a client that sends a per-call ID",
+        .sources.join(", ")
+    )]
+    MissingExtended {
+        /// The extra sources, as `` `key` (platform) ``.
+        sources: Vec<String>,
+    },
     /// More than one source key in `_meta`.
     #[error(
         "ambiguous identity: `_meta` carries {} at once; exactly one per-call identity source \
@@ -190,7 +202,7 @@ impl IdentityError {
     /// Stable machine code.
     pub fn code(&self) -> &'static str {
         match self {
-            IdentityError::Missing => "missing_identity",
+            IdentityError::Missing | IdentityError::MissingExtended { .. } => "missing_identity",
             IdentityError::Ambiguous { .. } => "ambiguous_identity",
             IdentityError::Invalid { .. } => "invalid_identity",
             IdentityError::InArguments { .. } => "identity_in_arguments",
@@ -221,7 +233,7 @@ impl IdentitySources {
     /// Reads the trusted identity from a request's `_meta` (`None` when the request has none).
     pub fn from_meta(&self, meta: Option<&Value>) -> Result<Identity, IdentityError> {
         match meta {
-            None | Some(Value::Null) => Err(IdentityError::Missing),
+            None | Some(Value::Null) => Err(self.missing()),
             Some(Value::Object(map)) => self.from_meta_map(map),
             Some(other) => Err(IdentityError::Invalid {
                 field: "_meta".into(),
@@ -238,7 +250,7 @@ impl IdentitySources {
             .filter(|e| meta.contains_key(&e.key))
             .collect();
         match present.as_slice() {
-            [] => Err(IdentityError::Missing),
+            [] => Err(self.missing()),
             [entry] => {
                 let value = &meta[&entry.key];
                 let field = field_name(&entry.key);
@@ -260,6 +272,19 @@ impl IdentitySources {
             many => Err(IdentityError::Ambiguous {
                 keys: many.iter().map(|e| e.key.clone()).collect(),
             }),
+        }
+    }
+
+    /// The `missing_identity` error of this table, naming its extra sources.
+    fn missing(&self) -> IdentityError {
+        let sources: Vec<String> = self
+            .extended()
+            .map(|e| format!("`{}` ({})", e.key, e.platform.as_deref().unwrap_or("")))
+            .collect();
+        if sources.is_empty() {
+            IdentityError::Missing
+        } else {
+            IdentityError::MissingExtended { sources }
         }
     }
 
@@ -1228,6 +1253,14 @@ mod tests {
             assert_eq!(v(meta.clone()), Err(code), "{meta}");
         }
         assert_eq!(v(json!({key: "x".repeat(64)})).unwrap().0, "goose");
+        assert_eq!(
+            t.from_meta(None).unwrap_err().to_string(),
+            "spend tools require a trusted per-call identity in `_meta` from Codex (`callId`), \
+             Claude Code (`claudecode/toolUseId`), the `hubu.dev/platform-invocation` envelope, \
+             or a source of the `--identity-sources` table (`agent-tool-call-request-id` \
+             (goose)), and this request has none; retrying will not help: use a client that \
+             sends a per-call ID"
+        );
         // Without the table the key is nobody's identity.
         assert_eq!(
             from_meta(Some(&json!({key: "a"}))).unwrap_err().code(),

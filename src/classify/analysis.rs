@@ -304,7 +304,20 @@ pub fn classify_with(
 /// `None` when the call carries none of the extra keys (the recorded verdict stands).
 fn rejudge(r: &Record, sources: &crate::identity::IdentitySources) -> Option<IdentityVerdict> {
     use crate::identity::{IdentityError, Source, ValueRule};
-    let shape = r.meta_shape()?;
+    let rejected = |e: IdentityError| IdentityVerdict::Rejected {
+        code: e.code().to_string(),
+        message: e.to_string(),
+    };
+    // Still missing, but the message names the table's sources too.
+    let still_missing = || match &r.identity {
+        Some(IdentityVerdict::Rejected { code, .. }) if code == "missing_identity" => {
+            sources.from_meta(None).err().map(rejected)
+        }
+        _ => None,
+    };
+    let Some(shape) = r.meta_shape() else {
+        return still_missing();
+    };
     let present: Vec<(&crate::identity::SourceEntry, &crate::shape::ShapeEntry)> = sources
         .entries()
         .iter()
@@ -318,12 +331,8 @@ fn rejudge(r: &Record, sources: &crate::identity::IdentitySources) -> Option<Ide
         })
         .collect();
     if !present.iter().any(|(s, _)| s.source == Source::Extended) {
-        return None;
+        return still_missing();
     }
-    let rejected = |e: IdentityError| IdentityVerdict::Rejected {
-        code: e.code().to_string(),
-        message: e.to_string(),
-    };
     let [(source, entry)] = present.as_slice() else {
         return Some(rejected(IdentityError::Ambiguous {
             keys: present.iter().map(|(s, _)| s.key.clone()).collect(),

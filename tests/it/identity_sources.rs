@@ -130,6 +130,13 @@ async fn router_with_the_goose_preset_accepts_its_key_and_dedupes_a_redelivery()
     let sources = &caps.structured().unwrap()["identity_sources"];
     assert_eq!(sources[3]["meta_key"], GOOSE_KEY, "{}", caps.raw);
     assert_eq!(sources[3]["platform"], "goose");
+    let none = spend(&conn, 7, json!({"agent-session-id": "sess-1"})).await;
+    assert_eq!(none.structured().unwrap()["error"], "missing_identity");
+    assert!(
+        none.raw.contains("`agent-tool-call-request-id` (goose)"),
+        "{}",
+        none.raw
+    );
     assert_eq!(charges(&reg), 2);
     conn.close().await;
     let _ = child.kill9().await;
@@ -140,6 +147,11 @@ async fn router_with_the_goose_preset_accepts_its_key_and_dedupes_a_redelivery()
     let refused = spend(&conn, 1, goose_meta("toolu_goose_1")).await;
     assert!(refused.is_tool_error(), "{}", refused.raw);
     assert_eq!(refused.structured().unwrap()["error"], "missing_identity");
+    assert!(
+        !refused.raw.contains("--identity-sources"),
+        "without a table the message names only the built-in sources: {}",
+        refused.raw
+    );
     assert_eq!(charges(&reg), 0);
     conn.close().await;
     let _ = child.kill9().await;
@@ -199,6 +211,23 @@ async fn classify_with_the_goose_preset_accepts_a_goose_log() {
     let plain = classify_json(&log, &[]);
     assert_eq!(plain["verdict"], "rejected", "{plain}");
     assert_eq!(plain["reason"], "missing_identity");
+    assert!(
+        !plain["reason_message"]
+            .as_str()
+            .unwrap()
+            .contains("--identity-sources")
+    );
+    // With a table that the log does not match, the message names the table's source.
+    let pi = repo().join("identity-sources/gsd-pi.yaml");
+    let other = classify_json(&log, &["--identity-sources", pi.to_str().unwrap()]);
+    assert_eq!(other["reason"], "missing_identity", "{other}");
+    assert!(
+        other["reason_message"]
+            .as_str()
+            .unwrap()
+            .contains("`io.opengsd/idempotency-key` (gsd-pi)"),
+        "{other}"
+    );
     let judged = classify_json(&log, &["--identity-sources", &preset]);
     assert_eq!(judged["verdict"], "accepted", "{judged}");
     assert_eq!(judged["source"], "goose");
