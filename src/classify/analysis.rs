@@ -13,6 +13,9 @@
 //!   key whose digest (or presence) changes between calls is call-level, one whose digest is the
 //!   same on every call is context. From a single call nothing can be told apart: every key is
 //!   listed as `unknown_keys` and `key_split` says `unknown`.
+//! - Call ID, per-attempt value or context, per key: [`classify_runs`] adds each client's
+//!   [`super::kinds`] when the input holds a run that knows its redeliveries (a timeout or
+//!   server-dies log); the call-level / context split above stays as it is.
 //! - Per-call IDs: the digests of the accepted source key across accepted calls; distinct when
 //!   no digest repeats. A digest that repeats with the same request digest is a redelivery; with
 //!   a different request digest it is a reused ID, which the router refuses.

@@ -5,7 +5,9 @@
 //! Evidence files are the probe's own logs (shapes and digests, never a value). A measured row's
 //! first evidence file holds the run with two distinct model tool calls; files ending in
 //! `.duplicate-id.jsonl`, `.timeout.jsonl` and `.server-dies.jsonl` hold the runs for the (b) and
-//! (c) stability columns.
+//! (c) stability columns. A row's `per_attempt_keys` come from all of them together
+//! ([`per_attempt_keys`]): only a timeout or server-dies run in which the client redelivered its
+//! one call can show that a value changes per attempt (see [`crate::classify::kinds`]).
 
 use super::data::{
     ClientRow, ClientsFile, DistinctIds, How, IdOrigin, MatrixError, Stability, Verdict,
