@@ -28,6 +28,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Measure(args) => measure_command(args),
         #[cfg(feature = "bench")]
         Command::Bench(args) => bench(args),
+        Command::IdentitySources(args) => identity_sources_command(args),
         Command::Completions(args) => completions(args),
     }
 }
@@ -114,6 +115,33 @@ pub fn stdio_banner(program: &str, state: &str) {
     }
 }
 
+/// The built-in identity table extended by `--identity-sources` files.
+fn identity_sources(
+    arg: &crate::cli::IdentitySourcesArg,
+) -> anyhow::Result<std::sync::Arc<crate::identity::IdentitySources>> {
+    if arg.identity_sources.is_empty() {
+        return Ok(crate::identity::IdentitySources::built_in_shared());
+    }
+    Ok(std::sync::Arc::new(crate::identity::IdentitySources::load(
+        &arg.identity_sources,
+    )?))
+}
+
+/// `callid identity-sources`: prints the table in force.
+fn identity_sources_command(args: crate::cli::IdentitySourcesArgs) -> anyhow::Result<ExitCode> {
+    use crate::cli::SourcesFormatArg;
+    use std::io::Write as _;
+    let table = identity_sources(&args.sources)?;
+    let text = match args.format {
+        SourcesFormatArg::Table => table.render_text(),
+        SourcesFormatArg::Json => serde_json::to_string_pretty(table.entries())? + "\n",
+    };
+    stdout()
+        .write_all(text.as_bytes())
+        .context("failed to write to standard output")?;
+    Ok(ExitCode::from(exit_codes::SUCCESS))
+}
+
 /// `callid conform`: runs the scenarios and renders the report; 1 when a required check failed
 /// unexpectedly, an expected failure is stale, or a check was not run (unless
 /// `--allow-incomplete`). `--list`, `--print-profile` and `--contract` print and exit.
@@ -197,6 +225,7 @@ fn run_probe(args: crate::cli::ProbeArgs) -> anyhow::Result<ExitCode> {
         log: args.log,
         digest_salt: args.digest_salt,
         wrap: if args.wrap { args.command } else { Vec::new() },
+        identity_sources: identity_sources(&args.sources)?,
     };
     let runtime = tokio::runtime::Runtime::new()?;
     let result = runtime.block_on(crate::probe::run(options));
@@ -207,11 +236,12 @@ fn run_probe(args: crate::cli::ProbeArgs) -> anyhow::Result<ExitCode> {
 }
 
 fn run_classify(args: crate::cli::ClassifyArgs) -> anyhow::Result<ExitCode> {
-    let (records, bad) = crate::classify::read_logs(&args.logs)?;
+    let sources = identity_sources(&args.sources)?;
+    let (runs, bad) = crate::classify::read_runs(&args.logs)?;
     for line in &bad {
         eprintln!("warning: skipped {line}");
     }
-    let verdicts = crate::classify::classify(&records);
+    let verdicts = crate::classify::classify_runs(&runs, &sources);
     crate::classify::render(&verdicts, args.format.into(), &mut stdout())
         .context("failed to write the verdicts")?;
     Ok(ExitCode::from(exit_codes::SUCCESS))
@@ -354,6 +384,7 @@ fn run_router(args: crate::cli::RouterArgs) -> anyhow::Result<ExitCode> {
                 key_prefix: serve.key_prefix,
                 handle_prefix: serve.handle_prefix,
                 diagnose_meta: serve.diagnose_meta,
+                identity_sources: identity_sources(&serve.sources)?,
             };
             let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
             runtime.block_on(crate::router::run(

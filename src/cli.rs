@@ -60,6 +60,15 @@ impl From<PlainFormatArg> for crate::classify::Format {
     }
 }
 
+/// `--format` of `callid identity-sources`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SourcesFormatArg {
+    /// A table for people.
+    Table,
+    /// JSON for machines.
+    Json,
+}
+
 /// Shells `callid completions` writes a completion script for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum ShellArg {
@@ -98,6 +107,8 @@ pub enum Command {
     Bench(BenchArgs),
     /// Print a shell completion script for `callid` to standard output.
     Completions(CompletionsArgs),
+    /// Print the identity sources accepted: the built-in table, extended by `--identity-sources`.
+    IdentitySources(IdentitySourcesArgs),
 }
 
 /// `callid completions`
@@ -106,6 +117,27 @@ pub struct CompletionsArgs {
     /// The shell to complete in.
     #[arg(value_enum)]
     pub shell: ShellArg,
+}
+
+/// `--identity-sources`, shared by probe, classify and router.
+#[derive(Debug, Clone, Default, Args)]
+pub struct IdentitySourcesArg {
+    /// Also accept the sources of this YAML table (repeatable; e.g.
+    /// `identity-sources/goose.yaml`). A key is only as trustworthy as the harness that sets it:
+    /// see `callid identity-sources` and the README.
+    #[arg(long = "identity-sources", value_name = "FILE")]
+    pub identity_sources: Vec<PathBuf>,
+}
+
+/// `callid identity-sources`
+#[derive(Debug, Args)]
+pub struct IdentitySourcesArgs {
+    /// Tables to add to the built-in one.
+    #[command(flatten)]
+    pub sources: IdentitySourcesArg,
+    /// Output format: table or json.
+    #[arg(long, value_enum, default_value = "table")]
+    pub format: SourcesFormatArg,
 }
 
 /// `callid probe`
@@ -137,6 +169,9 @@ pub struct ProbeArgs {
     /// The server command `--wrap` runs (after `--`).
     #[arg(last = true, value_name = "CMD", requires = "wrap")]
     pub command: Vec<String>,
+    /// Identity sources beyond the built-in table.
+    #[command(flatten)]
+    pub sources: IdentitySourcesArg,
 }
 
 /// `callid classify`
@@ -148,6 +183,9 @@ pub struct ClassifyArgs {
     /// Output format.
     #[arg(long, value_enum, default_value = "table")]
     pub format: PlainFormatArg,
+    /// Identity sources beyond the built-in table (re-judged from each call's `_meta` shape).
+    #[command(flatten)]
+    pub sources: IdentitySourcesArg,
 }
 
 /// `callid demo`
@@ -231,6 +269,9 @@ pub struct RouterServeArgs {
     /// Append the probe's shape record of each call's `_meta` to this file (opt-in; never values).
     #[arg(long, value_name = "FILE")]
     pub diagnose_meta: Option<PathBuf>,
+    /// Identity sources beyond the built-in table.
+    #[command(flatten)]
+    pub sources: IdentitySourcesArg,
 }
 
 /// Operator commands of the router. None of them is reachable by the model.

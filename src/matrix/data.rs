@@ -131,6 +131,11 @@ pub struct ClientRow {
     /// `_meta` keys whose value stays the same across calls; absent when it could not be told.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub context_keys: Option<Vec<String>>,
+    /// `_meta` keys whose value changed when the client redelivered a call: per-attempt values,
+    /// never call IDs. A measured row takes them from its timeout and server-dies runs (see
+    /// [`crate::classify::kinds`]) and is checked against them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub per_attempt_keys: Vec<String>,
     /// How the per-call ID behaves beyond one call.
     #[serde(default, skip_serializing_if = "Stability::is_not_measured")]
     pub stability: Stability,

@@ -155,6 +155,7 @@ pub async fn measure(
     let mut files = Vec::new();
     let mut stability = Stability::default();
     let mut observed = None;
+    let mut read = Vec::new();
     for run in &runs {
         let name = match run.scenario.tag() {
             "" => format!("{}/{base}.jsonl", crate::matrix::data::EVIDENCE_DIR),
@@ -178,6 +179,7 @@ pub async fn measure(
             what: format!("read the probe log `{}`", run.log.display()),
             source,
         })?;
+        read.push((std::path::PathBuf::from(&name), records));
         files.push((name, bytes));
     }
     let observed = observed.expect("the two-calls scenario always runs");
@@ -201,6 +203,11 @@ pub async fn measure(
     );
     row.client = name.to_owned();
     row.stability = stability;
+    let read: Vec<(&Path, &[crate::probe::Record])> = read
+        .iter()
+        .map(|(p, r): &(std::path::PathBuf, Vec<crate::probe::Record>)| (p.as_path(), r.as_slice()))
+        .collect();
+    row.per_attempt_keys = evidence::per_attempt_keys(&read);
     Ok(Measurement {
         row,
         evidence: files,

@@ -102,6 +102,9 @@ pub struct RouterOptions {
     pub handle_prefix: String,
     /// Append the shape of each call's `_meta` to this file.
     pub diagnose_meta: Option<PathBuf>,
+    /// The identity sources spend calls are identified by: the built-in table, or one extended
+    /// by `--identity-sources` ([`identity::IdentitySources::load`]).
+    pub identity_sources: Arc<identity::IdentitySources>,
 }
 
 impl RouterOptions {
@@ -115,6 +118,7 @@ impl RouterOptions {
             key_prefix: crate::keys::DEFAULT_KEY_PREFIX.into(),
             handle_prefix: crate::keys::DEFAULT_HANDLE_PREFIX.into(),
             diagnose_meta: None,
+            identity_sources: identity::IdentitySources::built_in_shared(),
         }
     }
 }
@@ -287,7 +291,7 @@ impl Router {
             }
         };
         let diagnostics = opts.diagnose_meta.as_ref().and_then(|path| {
-            Diagnostics::open(path)
+            Diagnostics::open(path, opts.identity_sources.clone())
                 .map_err(|e| tracing::warn!("--diagnose-meta is off: {e}"))
                 .ok()
         });
@@ -371,8 +375,9 @@ impl Router {
         meta: &Map<String, Value>,
         keys: &mut Vec<OperationKey>,
     ) -> Result<Reply, ToolError> {
-        identity::check_arguments(&args).map_err(identity_error)?;
-        let id = identity::from_meta_map(meta).map_err(identity_error)?;
+        let sources = &self.opts.identity_sources;
+        sources.check_arguments(&args).map_err(identity_error)?;
+        let id = sources.from_meta_map(meta).map_err(identity_error)?;
         let hash = canonical::request_hash(GENERATE_IMAGE, &args)
             .map_err(|e| ToolError::new(e.code(), format!("{e}; nothing was dispatched")))?;
         let request = image_request(&args)?;
@@ -426,7 +431,7 @@ impl Router {
                         "this router runs with preallocated operation keys, and in that mode only \
                          Codex `callId` identities may start new operations; `{}` identities may \
                          only redeliver operations already recorded",
-                        id.source.key()
+                        id.source_key
                     ),
                 ));
             }
@@ -659,7 +664,10 @@ impl Router {
     }
 
     async fn handle_argument(&self, args: &Value) -> Result<Operation, ToolError> {
-        identity::check_arguments(args).map_err(identity_error)?;
+        self.opts
+            .identity_sources
+            .check_arguments(args)
+            .map_err(identity_error)?;
         let map = args.as_object().expect("arguments are an object");
         if let Some(extra) = map.keys().find(|k| *k != "handle") {
             return Err(ToolError::new(
@@ -683,7 +691,7 @@ impl Router {
     }
 
     fn capabilities(&self, args: Value) -> Reply {
-        if let Err(e) = identity::check_arguments(&args) {
+        if let Err(e) = self.opts.identity_sources.check_arguments(&args) {
             return identity_error(e).into();
         }
         if let Some(extra) = args.as_object().and_then(|m| m.keys().next()) {
@@ -698,12 +706,7 @@ impl Router {
             "router": "callid reference router",
             "version": env!("CARGO_PKG_VERSION"),
             "spend_tools": [GENERATE_IMAGE],
-            "identity_sources": [
-                {"meta_key": identity::CODEX_KEY, "platform": "codex"},
-                {"meta_key": identity::CLAUDE_CODE_KEY, "platform": "claude-code"},
-                {"meta_key": identity::ENVELOPE_KEY, "platform": "<envelope platform>",
-                 "fields": identity::ENVELOPE_FIELDS},
-            ],
+            "identity_sources": self.opts.identity_sources.capabilities(),
             "identity_rule": "exactly one source in `_meta`; none fails closed; identity-like argument names are refused",
             "limits": {
                 "max_id_bytes": identity::MAX_ID_BYTES,

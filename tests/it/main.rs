@@ -9,6 +9,7 @@ mod conform;
 mod conform_contract;
 mod hardening_money;
 mod hardening_transport;
+mod identity_sources;
 mod matrix;
 mod probe;
 mod provider;
