@@ -243,7 +243,7 @@ pub fn read_runs(paths: &[PathBuf]) -> Result<(Vec<Run>, Vec<BadLine>), Classify
     }
     if runs.is_empty() {
         return Err(ClassifyError::NoRecords {
-            paths: paths.to_vec(),
+            paths: paths.iter().map(|p| shown_path(p)).collect(),
         });
     }
     Ok((runs, bad))
@@ -723,6 +723,14 @@ pub const STDIN_PATH: &str = "-";
 /// How standard input is named in warnings and errors (`<stdin>:3: not JSON`).
 pub const STDIN_NAME: &str = "<stdin>";
 
+/// `path` as warnings and errors name it: [`STDIN_NAME`] for [`STDIN_PATH`].
+fn shown_path(path: &Path) -> PathBuf {
+    match path.as_os_str() == STDIN_PATH {
+        true => PathBuf::from(STDIN_NAME),
+        false => path.to_path_buf(),
+    }
+}
+
 /// Reads probe logs: every record, and every line that is not one (skipped, with its place).
 /// A path of [`STDIN_PATH`] reads standard input.
 pub fn read_logs(paths: &[PathBuf]) -> Result<(Vec<Record>, Vec<BadLine>), ClassifyError> {
@@ -748,13 +756,7 @@ pub fn read_logs(paths: &[PathBuf]) -> Result<(Vec<Record>, Vec<BadLine>), Class
     }
     if records.is_empty() {
         return Err(ClassifyError::NoRecords {
-            paths: paths
-                .iter()
-                .map(|p| match p.as_os_str() == STDIN_PATH {
-                    true => PathBuf::from(STDIN_NAME),
-                    false => p.clone(),
-                })
-                .collect(),
+            paths: paths.iter().map(|p| shown_path(p)).collect(),
         });
     }
     Ok((records, bad))
