@@ -78,6 +78,7 @@ fn run_probe(args: crate::cli::ProbeArgs) -> anyhow::Result<ExitCode> {
         log: args.log,
         digest_salt: args.digest_salt,
         wrap: if args.wrap { args.command } else { Vec::new() },
+        legacy_handshake: args.legacy_handshake,
     };
     let runtime = tokio::runtime::Runtime::new()?;
     let result = runtime.block_on(crate::probe::run(options));

@@ -1,8 +1,8 @@
 //! The probe on streamable HTTP: an axum layer taps each POST body, then rmcp serves it.
 //!
 //! The layer reads the body itself (bounded: past [`super::tap::MAX_MESSAGE_BYTES`] it only
-//! counts and skims), records it, and either answers it directly (`server/discover`, malformed
-//! or oversize bodies; see [`super::tap`]) or hands the same bytes to rmcp's
+//! counts and skims), records it, and either answers it directly (malformed or oversize bodies,
+//! `server/discover` under `--legacy-handshake`; see [`super::tap`]) or hands the same bytes to rmcp's
 //! `StreamableHttpService` at `/mcp`.
 //!
 //! # Connections

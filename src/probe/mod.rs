@@ -53,6 +53,8 @@ pub struct ProbeOptions {
     pub digest_salt: Option<String>,
     /// Wrap this server command instead of serving.
     pub wrap: Vec<String>,
+    /// Speak only the `initialize` lifecycle: answer `server/discover` with `-32601`.
+    pub legacy_handshake: bool,
 }
 
 /// Runs the probe until its input ends (stdio, `--wrap`) or forever (HTTP). Returns the exit
@@ -74,7 +76,7 @@ pub async fn run(options: ProbeOptions) -> Result<i32, ProbeError> {
         Some(path) => ShapeLog::open(path)?,
         None => ShapeLog::stderr(),
     });
-    let server = ProbeServer::new(digester.clone());
+    let server = ProbeServer::new(digester.clone()).legacy_handshake(options.legacy_handshake);
     if !options.wrap.is_empty() {
         let tap = Arc::new(Tap::new(
             digester,
@@ -85,12 +87,10 @@ pub async fn run(options: ProbeOptions) -> Result<i32, ProbeError> {
         return wrap::run_wrap(&options.wrap, tokio::io::stdin(), tokio::io::stdout(), tap).await;
     }
     if let Some(bound) = bound {
-        let tap = Arc::new(Tap::new(
-            digester,
-            log,
-            record::Transport::Http,
-            Mode::Serve,
-        ));
+        let tap = Arc::new(
+            Tap::new(digester, log, record::Transport::Http, Mode::Serve)
+                .legacy_handshake(options.legacy_handshake),
+        );
         crate::logging::line(format_args!(
             "callid probe: serving MCP over streamable HTTP at http://{}{}",
             bound.addr,
@@ -99,12 +99,10 @@ pub async fn run(options: ProbeOptions) -> Result<i32, ProbeError> {
         http::serve_http(bound, tap, server).await?;
         return Ok(0);
     }
-    let tap = Arc::new(Tap::new(
-        digester,
-        log,
-        record::Transport::Stdio,
-        Mode::Serve,
-    ));
+    let tap = Arc::new(
+        Tap::new(digester, log, record::Transport::Stdio, Mode::Serve)
+            .legacy_handshake(options.legacy_handshake),
+    );
     stdio::serve_stdio(tokio::io::stdin(), tokio::io::stdout(), tap, server).await?;
     Ok(0)
 }

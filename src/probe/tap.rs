@@ -15,16 +15,29 @@
 //!
 //! # Serving mode ([`Mode::Serve`])
 //! The tap decides what the MCP server behind it sees:
-//! - `server/discover` is answered here with `-32601` (method not found), whatever its `_meta`,
-//!   so a client such as Claude Code 2.1 falls back to `initialize`.
+//! - `server/discover` goes to the server, which answers it per MCP 2026-07-28; only with
+//!   [`Tap::legacy_handshake`] (`--legacy-handshake`) is it answered here with `-32601` (method
+//!   not found), whatever its `_meta`, so a client such as Claude Code 2.1 falls back to
+//!   `initialize`.
 //! - A request whose `params` or `params._meta` is not an object, or a `tools/call` whose
 //!   `arguments` is not an object, gets `-32602` (rmcp could not parse it, and would answer
 //!   without the request's id).
 //! - A JSON-RPC batch (an array) gets `-32600`; each element is still recorded.
 //! - Malformed JSON gets `-32700`, an oversize or too-deep message or a non-object `-32600`,
 //!   each with the message's id when it could be found; none reach the server.
-//! - Notifications and responses sent before the client's first request are recorded and
-//!   dropped: rmcp ends a session whose first message is not a request.
+//! - Notifications and responses sent before the client's lifecycle began are recorded and
+//!   dropped: rmcp ends a session whose first message after its requests is not a request. The
+//!   lifecycle begins with `initialize`, or with the first request other than `server/discover`
+//!   and `ping` whose `_meta` carries the 2026-07-28 keys rmcp requires
+//!   (`io.modelcontextprotocol/protocolVersion`, a version the server supports, and
+//!   `io.modelcontextprotocol/clientCapabilities`).
+//!
+//! # Protocol version in records
+//! A record's `protocol_version` is the one its own message declares (`initialize`'s
+//! `protocolVersion`, or the per-request `_meta["io.modelcontextprotocol/protocolVersion"]` of
+//! 2026-07-28); otherwise the connection's: the version the server agreed in its `initialize`
+//! reply, the one the client asked for, the last per-request one, or HTTP's
+//! `mcp-protocol-version` header, in that order.
 //!
 //! In [`Mode::Observe`] (`--wrap`) the tap never answers and never drops anything.
 
@@ -37,6 +50,8 @@ use std::sync::Arc;
 
 /// Longest message recorded in full, in bytes (1 MiB).
 pub const MAX_MESSAGE_BYTES: usize = 1 << 20;
+/// The per-request client capabilities key of protocol 2026-07-28.
+const INLINE_CAPABILITIES_META_KEY: &str = "io.modelcontextprotocol/clientCapabilities";
 /// Longest id or method token the skimmer keeps.
 const MAX_SKIM_TOKEN: usize = 1024;
 
@@ -78,6 +93,7 @@ pub struct Tap {
     log: Arc<ShapeLog>,
     transport: Transport,
     mode: Mode,
+    legacy_handshake: bool,
 }
 
 impl std::fmt::Debug for Tap {
@@ -87,6 +103,7 @@ impl std::fmt::Debug for Tap {
             .field("digest", &self.digester.scheme())
             .field("transport", &self.transport)
             .field("mode", &self.mode)
+            .field("legacy_handshake", &self.legacy_handshake)
             .finish()
     }
 }
@@ -99,7 +116,15 @@ impl Tap {
             log,
             transport,
             mode,
+            legacy_handshake: false,
         }
+    }
+
+    /// Answers `server/discover` with `-32601` when `legacy` is true, so clients fall back to
+    /// `initialize` (pair it with [`super::ProbeServer::legacy_handshake`]).
+    pub fn legacy_handshake(mut self, legacy: bool) -> Self {
+        self.legacy_handshake = legacy;
+        self
     }
 
     /// The digester (the `capabilities` tool uses the same one).
@@ -115,6 +140,7 @@ impl Tap {
             requested_protocol: None,
             negotiated_protocol: None,
             header_protocol: None,
+            inline_protocol: None,
             pending_initialize: Vec::new(),
             started: false,
         }
@@ -135,6 +161,7 @@ pub struct TapConnection {
     requested_protocol: Option<String>,
     negotiated_protocol: Option<String>,
     header_protocol: Option<String>,
+    inline_protocol: Option<String>,
     pending_initialize: Vec<String>,
     started: bool,
 }
@@ -217,6 +244,7 @@ impl TapConnection {
             .negotiated_protocol
             .clone()
             .or_else(|| self.requested_protocol.clone())
+            .or_else(|| self.inline_protocol.clone())
             .or_else(|| self.header_protocol.clone());
         ctx
     }
@@ -334,6 +362,14 @@ impl TapConnection {
             self.requested_protocol = record.protocol_version.clone();
             self.pending_initialize.push(id.to_string());
         }
+        let params = msg.get("params");
+        let meta = params.and_then(|p| p.get("_meta"));
+        let inline_version = meta
+            .and_then(|m| m.get(record::PROTOCOL_VERSION_META_KEY))
+            .and_then(Value::as_str);
+        if let Some(v) = inline_version {
+            self.inline_protocol = Some(record::label(v, &digester));
+        }
         let mut obs = Observation {
             records: vec![record],
             answer: None,
@@ -342,8 +378,6 @@ impl TapConnection {
         if self.tap.mode == Mode::Observe {
             return obs;
         }
-        let params = msg.get("params");
-        let meta = params.and_then(|p| p.get("_meta"));
         match id {
             Some(id) if params.is_some_and(|p| !p.is_object() && !p.is_null()) => {
                 obs.forward = false;
@@ -383,7 +417,7 @@ impl TapConnection {
                     ),
                 ));
             }
-            Some(id) if method == "server/discover" => {
+            Some(id) if method == "server/discover" && self.tap.legacy_handshake => {
                 obs.forward = false;
                 obs.answer = Some(error_response(
                     id,
@@ -392,10 +426,30 @@ impl TapConnection {
                      lifecycle (protocol 2025-11-25 and earlier)",
                 ));
             }
-            Some(_) => self.started = true,
+            Some(_) => {
+                self.started |= method == "initialize"
+                    || (method != "server/discover"
+                        && method != "ping"
+                        && inline_version.is_some_and(|v| self.supports(v))
+                        && meta
+                            .and_then(|m| m.get(INLINE_CAPABILITIES_META_KEY))
+                            .is_some_and(Value::is_object));
+            }
             None => obs.forward = self.started,
         }
         obs
+    }
+
+    /// Whether the server behind the tap serves `version` without `initialize`.
+    fn supports(&self, version: &str) -> bool {
+        let versions = if self.tap.legacy_handshake {
+            rmcp::model::ProtocolVersion::known_up_to(
+                &rmcp::model::ProtocolVersion::LATEST_WITH_INITIALIZE,
+            )
+        } else {
+            rmcp::model::ProtocolVersion::KNOWN_VERSIONS
+        };
+        versions.iter().any(|v| v.as_str() == version)
     }
 
     fn refused(
@@ -786,8 +840,44 @@ mod tests {
     }
 
     #[test]
-    fn discover_is_answered_and_initialize_is_forwarded() {
+    fn discover_goes_to_the_server_and_a_stateless_request_begins_the_lifecycle() {
         let (_tap, mut c) = serve_tap();
+        let inline = json!({
+            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientInfo": {"name": "claude-code", "version": "2.1.400"},
+            "io.modelcontextprotocol/clientCapabilities": {},
+        });
+        let o = c.client_frame(&msg(
+            json!({"jsonrpc":"2.0","id":"d-1","method":"server/discover","params":{"_meta": inline}}),
+        ));
+        assert!(o.forward && o.answer.is_none());
+        assert_eq!(o.records[0].protocol_version.as_deref(), Some("2026-07-28"));
+        // A notification after a discover is held back: rmcp has not begun a lifecycle yet.
+        let o = c.client_frame(&msg(json!({"jsonrpc":"2.0","method":"notifications/x"})));
+        assert!(!o.forward);
+        assert_eq!(o.records[0].protocol_version.as_deref(), Some("2026-07-28"));
+        let o = c.client_frame(&msg(json!({"jsonrpc":"2.0","id":1,"method":"tools/call",
+            "params":{"name":"capabilities","_meta": inline}})));
+        assert!(o.forward && o.answer.is_none());
+        let r = &o.records[0];
+        assert_eq!(r.protocol_version.as_deref(), Some("2026-07-28"));
+        assert_eq!(r.client.as_ref().unwrap().from, ClientInfoFrom::Meta);
+        let o = c.client_frame(&msg(json!({"jsonrpc":"2.0","method":"notifications/x"})));
+        assert!(o.forward, "the stateless request began the lifecycle");
+    }
+
+    #[test]
+    fn legacy_handshake_answers_discover_and_initialize_is_forwarded() {
+        let tap = Arc::new(
+            Tap::new(
+                Digester::Plain,
+                Arc::new(ShapeLog::from_writer(Box::new(std::io::sink()))),
+                Transport::Stdio,
+                Mode::Serve,
+            )
+            .legacy_handshake(true),
+        );
+        let mut c = tap.connection();
         let o = c.client_frame(&msg(
             json!({"jsonrpc":"2.0","id":"d-1","method":"server/discover","params":{}}),
         ));

@@ -7,5 +7,6 @@ mod conform;
 mod hardening_transport;
 mod matrix;
 mod probe;
+mod probe_protocol;
 mod provider;
 mod router;

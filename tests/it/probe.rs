@@ -224,7 +224,13 @@ async fn spawn_probe(args: &[&str]) -> (Connection, Child) {
 async fn stdio_probe_records_every_request() {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("probe.log");
-    let (conn, mut child) = spawn_probe(&["probe", "--log", log.to_str().unwrap()]).await;
+    let (conn, mut child) = spawn_probe(&[
+        "probe",
+        "--legacy-handshake",
+        "--log",
+        log.to_str().unwrap(),
+    ])
+    .await;
     let discover = conn
         .request(
             json!("discover-1"),
@@ -359,6 +365,7 @@ async fn http_probe_records_sessions_and_answers_discover() {
     let log = dir.path().join("http.log");
     let (_stdin, mut child) = spawn_probe(&[
         "probe",
+        "--legacy-handshake",
         "--http",
         "127.0.0.1:0",
         "--log",
