@@ -42,9 +42,12 @@
 //! In [`Mode::Observe`] (`--wrap`) the tap never answers and never drops anything.
 
 use super::record::{
-    self, ClientInfoFrom, Kind, Record, RecordContext, RecordError, ShapeLog, Transport,
+    self, ClientInfo, ClientInfoFrom, Kind, Record, RecordContext, RecordError, ShapeLog, Transport,
 };
+use super::writer::{Job, RecordWriter, WriterSummary};
 use crate::shape::{self, Digester};
+use rmcp::model::ClientJsonRpcMessage;
+use serde::Deserialize as _;
 use serde_json::{Value, json};
 use std::sync::Arc;
 
@@ -76,21 +79,29 @@ pub enum Mode {
     Observe,
 }
 
-/// What the transport must do with one client message.
+/// What the transport must do with one client message. Its record (one, or one per element of
+/// a batch) has been handed to the tap's [`RecordWriter`].
 #[derive(Debug, Default)]
 pub struct Observation {
-    /// The records written for it (one, or one per element of a batch).
-    pub records: Vec<Record>,
     /// A JSON-RPC response to send back instead of forwarding.
     pub answer: Option<Value>,
     /// Whether to pass the message on to the server.
     pub forward: bool,
+    /// With [`TapConnection::feeding_server`]: the message to forward, as the server's typed message, made
+    /// from the tap's own parse (so the server does not parse it again).
+    pub message: Option<ClientJsonRpcMessage>,
+}
+
+/// The record of one message: built already, or to be built by the writer from the message.
+enum Pending {
+    Built(Box<Record>),
+    Deferred(RecordContext),
 }
 
 /// State shared by every connection: how to digest, where to write, how to behave.
 pub struct Tap {
     digester: Digester,
-    log: Arc<ShapeLog>,
+    writer: RecordWriter,
     transport: Transport,
     mode: Mode,
     legacy_handshake: bool,
@@ -109,15 +120,26 @@ impl std::fmt::Debug for Tap {
 }
 
 impl Tap {
-    /// A tap writing to `log`.
+    /// A tap writing to `log` through a [`RecordWriter`] (records are written off the reply
+    /// path; [`Tap::flush`] waits for them, [`Tap::finish`] ends the writer).
     pub fn new(digester: Digester, log: Arc<ShapeLog>, transport: Transport, mode: Mode) -> Self {
         Tap {
+            writer: RecordWriter::start(log, digester.clone()),
             digester,
-            log,
             transport,
             mode,
             legacy_handshake: false,
         }
+    }
+
+    /// Waits until every record handed over so far is written.
+    pub fn flush(&self) {
+        self.writer.flush();
+    }
+
+    /// Writes what is queued and stops the writer (see [`RecordWriter::finish`]).
+    pub fn finish(&self) -> WriterSummary {
+        self.writer.finish()
     }
 
     /// Answers `server/discover` with `-32601` when `legacy` is true, so clients fall back to
@@ -141,15 +163,14 @@ impl Tap {
             negotiated_protocol: None,
             header_protocol: None,
             inline_protocol: None,
+            feeds_server: false,
             pending_initialize: Vec::new(),
             started: false,
         }
     }
 
-    fn write(&self, record: &Record) {
-        if let Err(e) = self.log.write(record) {
-            tracing::error!("{e:#}");
-        }
+    fn submit(&self, record: Record) {
+        self.writer.submit(Job::Record(Box::new(record)));
     }
 }
 
@@ -162,6 +183,7 @@ pub struct TapConnection {
     negotiated_protocol: Option<String>,
     header_protocol: Option<String>,
     inline_protocol: Option<String>,
+    feeds_server: bool,
     pending_initialize: Vec<String>,
     started: bool,
 }
@@ -181,6 +203,13 @@ pub enum Frame {
 }
 
 impl TapConnection {
+    /// This connection feeds the server directly: [`Observation::message`] carries each
+    /// forwarded message as the server's typed message, made from the tap's own parse (stdio).
+    pub fn feeding_server(mut self) -> Self {
+        self.feeds_server = true;
+        self
+    }
+
     /// The connection id written in its records.
     pub fn id(&self) -> &str {
         &self.ctx.connection
@@ -194,7 +223,7 @@ impl TapConnection {
 
     /// Records one client message and says what to do with it.
     pub fn client_frame(&mut self, frame: &Frame) -> Observation {
-        let obs = match frame {
+        match frame {
             Frame::Message(bytes) => self.client_message(bytes),
             Frame::Oversize { len, skim } => {
                 let len = *len;
@@ -210,11 +239,19 @@ impl TapConnection {
                     codes::INVALID_REQUEST,
                 )
             }
-        };
-        for r in &obs.records {
-            self.tap.write(r);
         }
-        obs
+    }
+
+    /// Learns from the server's typed reply to `initialize` the agreed protocol version.
+    pub fn server_initialized(&mut self, id: &rmcp::model::RequestId, version: &str) {
+        if self.pending_initialize.is_empty() {
+            return;
+        }
+        let key = serde_json::to_string(id).unwrap_or_default();
+        if let Some(pos) = self.pending_initialize.iter().position(|k| *k == key) {
+            self.pending_initialize.remove(pos);
+            self.negotiated_protocol = Some(record::label(version, &self.tap.digester));
+        }
     }
 
     /// Learns from one message the server sent (the agreed protocol version).
@@ -274,7 +311,34 @@ impl TapConnection {
             }
         };
         match value {
-            Value::Object(_) => self.one_message(&value, bytes.len()),
+            Value::Object(_) => {
+                let (mut obs, pending) = self.one_message(&value, bytes.len());
+                if obs.forward && self.feeds_server {
+                    match ClientJsonRpcMessage::deserialize(&value) {
+                        Ok(message) => obs.message = Some(message),
+                        Err(e) => {
+                            // rmcp would answer this without the request's id.
+                            obs.forward = false;
+                            obs.answer = value.get("id").map(|id| {
+                                error_response(
+                                    id,
+                                    codes::INVALID_PARAMS,
+                                    &format!("invalid request: {e}"),
+                                )
+                            });
+                        }
+                    }
+                }
+                match pending {
+                    Pending::Built(record) => self.tap.submit(*record),
+                    Pending::Deferred(ctx) => self.tap.writer.submit(Job::Message {
+                        message: value,
+                        bytes: bytes.len(),
+                        ctx,
+                    }),
+                }
+                obs
+            }
             Value::Array(items) => {
                 let mut obs = Observation {
                     forward: true,
@@ -282,7 +346,14 @@ impl TapConnection {
                 };
                 for item in &items {
                     let size = serde_json::to_vec(item).map(|v| v.len()).unwrap_or(0);
-                    obs.records.extend(self.one_message(item, size).records);
+                    match self.one_message(item, size).1 {
+                        Pending::Built(record) => self.tap.submit(*record),
+                        Pending::Deferred(ctx) => self.tap.writer.submit(Job::Message {
+                            message: item.clone(),
+                            bytes: size,
+                            ctx,
+                        }),
+                    }
                 }
                 if self.tap.mode == Mode::Serve {
                     // MCP dropped JSON-RPC batches in 2025-06-18; rmcp cannot answer one by id.
@@ -314,7 +385,9 @@ impl TapConnection {
         }
     }
 
-    fn one_message(&mut self, msg: &Value, bytes: usize) -> Observation {
+    /// Decides what to do with one message and updates the connection's state; the record is
+    /// built by the caller's writer from the message and the returned context.
+    fn one_message(&mut self, msg: &Value, bytes: usize) -> (Observation, Pending) {
         let digester = self.tap.digester.clone();
         let id = msg.get("id");
         let Some(method) = msg.get("method").and_then(Value::as_str) else {
@@ -322,17 +395,17 @@ impl TapConnection {
                 let mut r = Record::new(Kind::Response, bytes, &self.context(), &digester);
                 r.id = id.map(|id| shape::value_shape(id, &digester));
                 let forward = self.tap.mode == Mode::Observe || self.started;
-                return Observation {
-                    records: vec![r],
-                    answer: None,
+                let obs = Observation {
                     forward,
+                    ..Default::default()
                 };
+                return (obs, Pending::Built(Box::new(r)));
             }
             let skim = Skim {
                 id: id.cloned(),
                 method: None,
             };
-            return self.refused(
+            let (obs, record) = self.refused_record(
                 Kind::Malformed,
                 bytes,
                 &skim,
@@ -342,41 +415,54 @@ impl TapConnection {
                     .into(),
                 codes::INVALID_REQUEST,
             );
+            return (obs, Pending::Built(Box::new(record)));
         };
-        let record = record::record_for_request(
-            method,
-            id,
-            msg.get("params"),
-            bytes,
-            &self.context(),
-            &digester,
-        );
-        if let Some(client) = &record.client
+        // The record is built later from the message and this context; what the message teaches
+        // the connection (its client, its protocol version) is read here, as the record will.
+        let pending = Pending::Deferred(self.context());
+        let params = msg.get("params");
+        let params_obj = params.and_then(Value::as_object);
+        let meta = params_obj.and_then(|p| p.get("_meta"));
+        let meta_obj = meta.and_then(Value::as_object);
+        let inline_version = meta_obj
+            .and_then(|m| m.get(record::PROTOCOL_VERSION_META_KEY))
+            .and_then(Value::as_str);
+        let client = meta_obj
+            .and_then(|m| m.get(record::CLIENT_INFO_META_KEY))
+            .and_then(|v| ClientInfo::from_value(v, ClientInfoFrom::Meta, &digester))
+            .or_else(|| {
+                (method == "initialize")
+                    .then(|| params_obj.and_then(|p| p.get("clientInfo")))
+                    .flatten()
+                    .and_then(|v| ClientInfo::from_value(v, ClientInfoFrom::Initialize, &digester))
+            });
+        if let Some(client) = client
             && (client.from == ClientInfoFrom::Initialize || self.ctx.client.is_none())
         {
-            self.ctx.client = Some(client.clone());
+            self.ctx.client = Some(client);
         }
         if method == "initialize"
             && let Some(id) = id
         {
-            self.requested_protocol = record.protocol_version.clone();
+            let version = inline_version.or_else(|| {
+                params_obj
+                    .and_then(|p| p.get("protocolVersion"))
+                    .and_then(Value::as_str)
+            });
+            if let Some(v) = version {
+                self.requested_protocol = Some(record::label(v, &digester));
+            }
             self.pending_initialize.push(id.to_string());
         }
-        let params = msg.get("params");
-        let meta = params.and_then(|p| p.get("_meta"));
-        let inline_version = meta
-            .and_then(|m| m.get(record::PROTOCOL_VERSION_META_KEY))
-            .and_then(Value::as_str);
         if let Some(v) = inline_version {
             self.inline_protocol = Some(record::label(v, &digester));
         }
         let mut obs = Observation {
-            records: vec![record],
-            answer: None,
             forward: true,
+            ..Default::default()
         };
         if self.tap.mode == Mode::Observe {
-            return obs;
+            return (obs, pending);
         }
         match id {
             Some(id) if params.is_some_and(|p| !p.is_object() && !p.is_null()) => {
@@ -437,7 +523,7 @@ impl TapConnection {
             }
             None => obs.forward = self.started,
         }
-        obs
+        (obs, pending)
     }
 
     /// Whether the server behind the tap serves `version` without `initialize`.
@@ -452,6 +538,7 @@ impl TapConnection {
         versions.iter().any(|v| v.as_str() == version)
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn refused(
         &mut self,
         kind: Kind,
@@ -461,6 +548,20 @@ impl TapConnection {
         message: String,
         rpc_code: i64,
     ) -> Observation {
+        let (obs, record) = self.refused_record(kind, bytes, skim, code, message, rpc_code);
+        self.tap.submit(record);
+        obs
+    }
+
+    fn refused_record(
+        &mut self,
+        kind: Kind,
+        bytes: usize,
+        skim: &Skim,
+        code: &str,
+        message: String,
+        rpc_code: i64,
+    ) -> (Observation, Record) {
         let digester = &self.tap.digester;
         let mut r = Record::new(kind, bytes, &self.context(), digester);
         r.method = skim.method.as_deref().map(|m| record::label(m, digester));
@@ -479,11 +580,12 @@ impl TapConnection {
                 &message,
             )),
         };
-        Observation {
-            records: vec![r],
+        let obs = Observation {
             answer,
             forward: self.tap.mode == Mode::Observe,
-        }
+            message: None,
+        };
+        (obs, r)
     }
 }
 
@@ -824,15 +926,57 @@ mod tests {
         assert!(matches!(&out[2], Frame::Message(m) if m == b"{\"id\":2}"));
     }
 
-    fn serve_tap() -> (Arc<Tap>, TapConnection) {
-        let tap = Arc::new(Tap::new(
-            Digester::Plain,
-            Arc::new(ShapeLog::from_writer(Box::new(std::io::sink()))),
-            Transport::Stdio,
-            Mode::Serve,
-        ));
-        let conn = tap.connection();
-        (tap, conn)
+    /// A log the test reads back.
+    #[derive(Clone, Default)]
+    struct Shared(Arc<std::sync::Mutex<Vec<u8>>>);
+    impl std::io::Write for Shared {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// A tap, and its records so far (waiting for the writer).
+    struct Harness {
+        tap: Arc<Tap>,
+        log: Shared,
+    }
+
+    impl Harness {
+        fn new(mode: Mode, legacy: bool) -> Self {
+            let log = Shared::default();
+            let tap = Arc::new(
+                Tap::new(
+                    Digester::Plain,
+                    Arc::new(ShapeLog::from_writer(Box::new(log.clone()))),
+                    Transport::Stdio,
+                    mode,
+                )
+                .legacy_handshake(legacy),
+            );
+            Harness { tap, log }
+        }
+
+        fn records(&self) -> Vec<Record> {
+            self.tap.flush();
+            let text = String::from_utf8(self.log.0.lock().unwrap().clone()).unwrap();
+            text.lines()
+                .map(|l| serde_json::from_str(l).unwrap())
+                .collect()
+        }
+
+        fn last(&self) -> Record {
+            self.records().pop().expect("a record")
+        }
+    }
+
+    fn serve_tap() -> (Harness, TapConnection) {
+        let h = Harness::new(Mode::Serve, false);
+        let conn = h.tap.connection();
+        (h, conn)
     }
 
     fn msg(v: Value) -> Frame {
@@ -841,7 +985,7 @@ mod tests {
 
     #[test]
     fn discover_goes_to_the_server_and_a_stateless_request_begins_the_lifecycle() {
-        let (_tap, mut c) = serve_tap();
+        let (h, mut c) = serve_tap();
         let inline = json!({
             "io.modelcontextprotocol/protocolVersion": "2026-07-28",
             "io.modelcontextprotocol/clientInfo": {"name": "claude-code", "version": "2.1.400"},
@@ -851,15 +995,19 @@ mod tests {
             json!({"jsonrpc":"2.0","id":"d-1","method":"server/discover","params":{"_meta": inline}}),
         ));
         assert!(o.forward && o.answer.is_none());
-        assert_eq!(o.records[0].protocol_version.as_deref(), Some("2026-07-28"));
+        assert_eq!(h.last().protocol_version.as_deref(), Some("2026-07-28"));
         // A notification after a discover is held back: rmcp has not begun a lifecycle yet.
         let o = c.client_frame(&msg(json!({"jsonrpc":"2.0","method":"notifications/x"})));
         assert!(!o.forward);
-        assert_eq!(o.records[0].protocol_version.as_deref(), Some("2026-07-28"));
+        assert_eq!(h.last().protocol_version.as_deref(), Some("2026-07-28"));
         let o = c.client_frame(&msg(json!({"jsonrpc":"2.0","id":1,"method":"tools/call",
             "params":{"name":"capabilities","_meta": inline}})));
         assert!(o.forward && o.answer.is_none());
-        let r = &o.records[0];
+        assert!(
+            o.message.is_none(),
+            "typed only for a connection feeding the server"
+        );
+        let r = &h.last();
         assert_eq!(r.protocol_version.as_deref(), Some("2026-07-28"));
         assert_eq!(r.client.as_ref().unwrap().from, ClientInfoFrom::Meta);
         let o = c.client_frame(&msg(json!({"jsonrpc":"2.0","method":"notifications/x"})));
@@ -868,16 +1016,8 @@ mod tests {
 
     #[test]
     fn legacy_handshake_answers_discover_and_initialize_is_forwarded() {
-        let tap = Arc::new(
-            Tap::new(
-                Digester::Plain,
-                Arc::new(ShapeLog::from_writer(Box::new(std::io::sink()))),
-                Transport::Stdio,
-                Mode::Serve,
-            )
-            .legacy_handshake(true),
-        );
-        let mut c = tap.connection();
+        let h = Harness::new(Mode::Serve, true);
+        let mut c = h.tap.connection();
         let o = c.client_frame(&msg(
             json!({"jsonrpc":"2.0","id":"d-1","method":"server/discover","params":{}}),
         ));
@@ -900,16 +1040,16 @@ mod tests {
             json!({"jsonrpc":"2.0","method":"notifications/initialized"}),
         ));
         assert!(o.forward);
-        let r = &o.records[0];
+        let r = &h.last();
         assert_eq!(r.client.as_ref().unwrap().name, "claude-code");
         assert_eq!(r.protocol_version.as_deref(), Some("2025-06-18"));
     }
 
     #[test]
     fn bad_input_is_recorded_and_answered() {
-        let (_tap, mut c) = serve_tap();
+        let (h, mut c) = serve_tap();
         let o = c.client_frame(&Frame::Message(b"{not json".to_vec()));
-        assert_eq!(o.records[0].error.as_ref().unwrap().code, "malformed_json");
+        assert_eq!(h.last().error.as_ref().unwrap().code, "malformed_json");
         assert_eq!(o.answer.unwrap()["error"]["code"], json!(-32700));
         let deep = format!(
             r#"{{"jsonrpc":"2.0","id":11,"method":"tools/call","params":{{"_meta":{}{}}}}}"#,
@@ -917,8 +1057,9 @@ mod tests {
             "]".repeat(1000)
         );
         let o = c.client_frame(&Frame::Message(deep.into_bytes()));
-        assert_eq!(o.records[0].error.as_ref().unwrap().code, "too_deep");
-        assert_eq!(o.records[0].method.as_deref(), Some("tools/call"));
+        let r = h.last();
+        assert_eq!(r.error.as_ref().unwrap().code, "too_deep");
+        assert_eq!(r.method.as_deref(), Some("tools/call"));
         let a = o.answer.unwrap();
         assert_eq!(
             (a["id"].clone(), a["error"]["code"].clone()),
@@ -933,23 +1074,18 @@ mod tests {
         let o = c.client_frame(&msg(
             json!([{"jsonrpc":"2.0","id":1,"method":"ping"},{"jsonrpc":"2.0","method":"n"}]),
         ));
-        assert_eq!(o.records.len(), 2);
+        assert_eq!(h.records().len(), 5, "one record per batch element");
         assert!(!o.forward);
         assert_eq!(o.answer.unwrap()["error"]["code"], json!(-32600));
         let o = c.client_frame(&Frame::Message(b"42".to_vec()));
-        assert_eq!(o.records[0].error.as_ref().unwrap().code, "not_jsonrpc");
+        assert_eq!(h.last().error.as_ref().unwrap().code, "not_jsonrpc");
         assert!(!o.forward);
     }
 
     #[test]
     fn observe_mode_forwards_everything() {
-        let tap = Arc::new(Tap::new(
-            Digester::Plain,
-            Arc::new(ShapeLog::from_writer(Box::new(std::io::sink()))),
-            Transport::Wrap,
-            Mode::Observe,
-        ));
-        let mut c = tap.connection();
+        let h = Harness::new(Mode::Observe, false);
+        let mut c = h.tap.connection();
         for frame in [
             msg(json!({"jsonrpc":"2.0","id":"d","method":"server/discover"})),
             Frame::Message(b"garbage".to_vec()),
@@ -958,5 +1094,31 @@ mod tests {
             let o = c.client_frame(&frame);
             assert!(o.forward && o.answer.is_none());
         }
+        assert_eq!(h.records().len(), 3);
+    }
+
+    /// A connection feeding the server gets each forwarded message typed from the tap's parse;
+    /// one rmcp cannot type is answered here with its id instead.
+    #[test]
+    fn feeding_the_server_types_each_forwarded_message() {
+        let h = Harness::new(Mode::Serve, false);
+        let mut c = h.tap.connection().feeding_server();
+        let o = c.client_frame(&msg(
+            json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{
+            "protocolVersion":"2025-11-25","capabilities":{},
+            "clientInfo":{"name":"c","version":"1"}}}),
+        ));
+        assert!(matches!(
+            o.message,
+            Some(rmcp::model::JsonRpcMessage::Request(_))
+        ));
+        let o = c.client_frame(&msg(json!({"jsonrpc":"1.0","id":"x","method":"ping"})));
+        assert!(o.message.is_none() && !o.forward);
+        let a = o.answer.unwrap();
+        assert_eq!(
+            (a["id"].clone(), a["error"]["code"].clone()),
+            (json!("x"), json!(-32602))
+        );
+        assert_eq!(h.records().len(), 2);
     }
 }

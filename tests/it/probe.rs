@@ -418,6 +418,18 @@ async fn http_probe_records_sessions_and_answers_discover() {
     let unmatched = bad.take_unmatched();
     assert_eq!(unmatched.len(), 1, "{unmatched:?}");
     assert!(unmatched[0].contains("-32700"), "{unmatched:?}");
+    // Records are written off the reply path: stop the probe the way a person does (SIGTERM,
+    // which writes what is queued), not with kill -9.
+    #[cfg(unix)]
+    {
+        // SAFETY: sending a signal to our own child process.
+        assert_eq!(
+            unsafe { libc::kill(child.pid().unwrap() as i32, libc::SIGTERM) },
+            0
+        );
+        assert_eq!(child.wait().await.unwrap().code(), Some(0));
+    }
+    #[cfg(not(unix))]
     child.kill9().await.unwrap();
 
     let records = read_records(&log);
@@ -905,7 +917,12 @@ fn no_leak_property() {
                 conn.client_frame(&f);
             }
             calls += 1;
+            if i % 1_000 == 999 {
+                // Records are written off the caller's path, by a bounded queue: let it drain.
+                tap.flush();
+            }
         }
+        assert_eq!(tap.finish().dropped, 0);
     }
     assert_eq!(calls, 10_000);
     let bytes = log.0.lock().unwrap().clone();

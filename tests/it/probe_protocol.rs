@@ -358,3 +358,94 @@ async fn http_stateless_client_discovers_then_calls_and_legacy_refuses_discover(
     assert_eq!(refused["error"]["code"], json!(-32601), "{refused}");
     legacy.kill9().await.unwrap();
 }
+
+/// The log stays complete in normal operation: 10,000 calls (16 in flight, so the writer has
+/// work queued while replies go out) make 10,000 `tools/call` records, and nothing is reported
+/// dropped.
+#[tokio::test]
+async fn ten_thousand_calls_make_ten_thousand_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("probe.log");
+    let (conn, mut child) = spawn_probe(&["probe", "--log", log.to_str().unwrap()]).await;
+    conn.initialize(json!(0), "2025-11-25", "bulk-client", "1.0.0")
+        .await
+        .unwrap();
+    const CALLS: u64 = 10_000;
+    const IN_FLIGHT: u64 = 16;
+    let mut next = 1;
+    while next <= CALLS {
+        let batch: Vec<_> = (next..(next + IN_FLIGHT).min(CALLS + 1))
+            .map(|id| {
+                let conn = conn.clone();
+                tokio::spawn(async move {
+                    conn.call_tool(
+                        json!(id),
+                        "capabilities",
+                        json!({}),
+                        Some(json!({"callId": format!("call_{id:024}"), "progressToken": id})),
+                    )
+                    .await
+                })
+            })
+            .collect();
+        for call in batch {
+            let r = call.await.unwrap().unwrap();
+            assert!(r.result.is_some(), "{}", r.raw);
+        }
+        next += IN_FLIGHT;
+    }
+    conn.close().await;
+    assert_eq!(child.wait().await.unwrap().code(), Some(0));
+    let stderr = child.stderr_text();
+    assert!(!stderr.contains("dropped"), "{stderr}");
+    let records = read_records(&log);
+    let calls: Vec<&Record> = records
+        .iter()
+        .filter(|r| r.method.as_deref() == Some("tools/call"))
+        .collect();
+    assert_eq!(calls.len() as u64, CALLS);
+    let ids: std::collections::HashSet<&str> = calls
+        .iter()
+        .map(|r| r.id.as_ref().unwrap().digest.as_str())
+        .collect();
+    assert_eq!(ids.len() as u64, CALLS, "one record per call, none twice");
+    assert!(calls.iter().all(|r| r.request_digest.is_some()));
+}
+
+/// Over HTTP the probe runs until it is stopped: SIGTERM writes the queued records and exits 0.
+#[cfg(unix)]
+#[tokio::test]
+async fn http_probe_writes_every_record_before_exiting_on_sigterm() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("http.log");
+    let (_stdin, mut child) = spawn_probe(&[
+        "probe",
+        "--http",
+        "127.0.0.1:0",
+        "--log",
+        log.to_str().unwrap(),
+    ])
+    .await;
+    let url = callid::probe::demo::http_url(&child).await.unwrap();
+    for id in 1..=50 {
+        let (_, call) = post_stateless(
+            &url,
+            "tools/call",
+            json!(id),
+            json!({"name": "capabilities", "arguments": {},
+                   "_meta": inline_meta(json!({"callId": format!("call_{id}")}))}),
+        )
+        .await;
+        assert!(call["result"].is_object(), "{call}");
+    }
+    let pid = child.pid().unwrap();
+    // SAFETY: sending a signal to our own child process.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGTERM) }, 0);
+    let status = tokio::time::timeout(Duration::from_secs(20), child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status.code(), Some(0), "{}", child.stderr_text());
+    let records = read_records(&log);
+    assert_eq!(records.len(), 50);
+}
