@@ -94,6 +94,27 @@ pub fn canonical_json_with_spans(value: &Value) -> Result<(String, Vec<Span>), C
     Ok((out, spans.unwrap_or_default()))
 }
 
+/// Appends the canonical text of a string, for callers that assemble canonical text themselves
+/// (the shape module digests every sub-value of a `_meta` from one pass).
+pub fn push_string(s: &str, out: &mut String) {
+    write_string(s, out);
+}
+
+/// Appends the canonical text of a number; refuses the numbers [`canonical_json`] refuses.
+pub fn push_number(n: &serde_json::Number, out: &mut String) -> Result<(), CanonicalError> {
+    write_number(n, out, "")
+}
+
+/// The order of object member names in canonical JSON (their UTF-16 code units).
+pub fn member_order(a: &str, b: &str) -> std::cmp::Ordering {
+    // UTF-16 order differs from byte order only beyond ASCII; most keys are ASCII.
+    if a.is_ascii() && b.is_ascii() {
+        a.cmp(b)
+    } else {
+        a.encode_utf16().cmp(b.encode_utf16())
+    }
+}
+
 /// `sha256(tool, 0x00, canonical_json(arguments))` as `sha256:<hex>`.
 pub fn request_hash(tool: &str, arguments: &Value) -> Result<RequestHash, CanonicalError> {
     let canonical = canonical_json(arguments)?;
