@@ -59,7 +59,14 @@ pub async fn serve_http(
     let app = axum::Router::new()
         .nest_service(MCP_PATH, service)
         .layer(axum::middleware::from_fn_with_state(state, tap_layer));
-    axum::serve(bound.listener, bound.guard.protect(app))
+    // TCP_NODELAY: an SSE reply goes out as several small writes (headers, then each event);
+    // with Nagle's algorithm the later ones wait for the client's delayed ACK, ~40 ms per call.
+    let listener = axum::serve::ListenerExt::tap_io(bound.listener, |tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!("could not set TCP_NODELAY: {e}");
+        }
+    });
+    axum::serve(listener, bound.guard.protect(app))
         .await
         .map_err(|source| ProbeError::Io {
             doing: "serving HTTP",
