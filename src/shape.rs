@@ -207,11 +207,13 @@ pub fn value_shape(value: &Value, digester: &Digester) -> ValueShape {
 /// the value on its own. A value without a canonical form (an unsafe number inside) is digested
 /// as [`Digester::value`] digests it.
 pub fn meta_shape(meta: &Value, digester: &Digester) -> MetaShape {
+    // Sized for a Codex-sized `_meta` (about 20 entries; each value's text is written once and
+    // each object's once more when assembled), so the buffers do not grow on a typical call.
     let mut pass = Pass {
         digester,
-        text: String::with_capacity(1024),
-        path: String::new(),
-        entries: Vec::new(),
+        text: String::with_capacity(4096),
+        path: String::with_capacity(64),
+        entries: Vec::with_capacity(32),
         truncated: false,
         stopped: false,
     };
@@ -261,7 +263,7 @@ impl Pass<'_> {
                 if spans.iter().any(|(_, span)| span.is_none()) {
                     return None;
                 }
-                spans.sort_by(|a, b| canonical::member_order(a.0, b.0));
+                sort_members(&mut spans);
                 let start = self.text.len();
                 self.text.push('{');
                 for (i, (key, span)) in spans.into_iter().enumerate() {
@@ -277,8 +279,9 @@ impl Pass<'_> {
                 return Some(start..self.text.len());
             }
             (Value::Object(map), None) => {
-                let mut sorted: Vec<(&String, &Value)> = map.iter().collect();
-                sorted.sort_by(|a, b| canonical::member_order(a.0, b.0));
+                let mut sorted: Vec<(&str, &Value)> =
+                    map.iter().map(|(k, v)| (k.as_str(), v)).collect();
+                sort_members(&mut sorted);
                 self.text.push('{');
                 for (i, (key, child)) in sorted.into_iter().enumerate() {
                     if i > 0 {
@@ -352,6 +355,16 @@ impl Pass<'_> {
         self.path.truncate(len);
         self.entries[index].value.digest = self.shape(value, span.clone()).digest;
         span
+    }
+}
+
+/// Sorts members into canonical order (names are unique, so an unstable sort is exact); byte
+/// order when every name is ASCII, where it equals UTF-16 order.
+fn sort_members<T>(members: &mut [(&str, T)]) {
+    if members.iter().all(|(key, _)| key.is_ascii()) {
+        members.sort_unstable_by(|a, b| a.0.cmp(b.0));
+    } else {
+        members.sort_unstable_by(|a, b| canonical::member_order(a.0, b.0));
     }
 }
 

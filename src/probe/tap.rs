@@ -313,29 +313,41 @@ impl TapConnection {
         match value {
             Value::Object(_) => {
                 let (mut obs, pending) = self.one_message(&value, bytes.len());
-                if obs.forward && self.feeds_server {
-                    match ClientJsonRpcMessage::deserialize(&value) {
-                        Ok(message) => obs.message = Some(message),
-                        Err(e) => {
-                            // rmcp would answer this without the request's id.
-                            obs.forward = false;
-                            obs.answer = value.get("id").map(|id| {
-                                error_response(
-                                    id,
-                                    codes::INVALID_PARAMS,
-                                    &format!("invalid request: {e}"),
-                                )
-                            });
-                        }
+                if !(obs.forward && self.feeds_server) {
+                    match pending {
+                        Pending::Built(record) => self.tap.submit(*record),
+                        Pending::Deferred(ctx) => self.tap.writer.submit(Job::Message {
+                            message: value,
+                            bytes: bytes.len(),
+                            ctx,
+                        }),
                     }
+                    return obs;
                 }
+                // The parsed value becomes the server's typed message (moved, not copied); the
+                // writer re-reads the message's bytes off the reply path to build the record.
                 match pending {
                     Pending::Built(record) => self.tap.submit(*record),
-                    Pending::Deferred(ctx) => self.tap.writer.submit(Job::Message {
-                        message: value,
+                    Pending::Deferred(ctx) => self.tap.writer.submit(Job::Text {
+                        text: text.to_vec(),
                         bytes: bytes.len(),
                         ctx,
                     }),
+                }
+                let id = value.get("id").cloned();
+                match ClientJsonRpcMessage::deserialize(value) {
+                    Ok(message) => obs.message = Some(message),
+                    Err(e) => {
+                        // rmcp would answer this without the request's id.
+                        obs.forward = false;
+                        obs.answer = id.map(|id| {
+                            error_response(
+                                &id,
+                                codes::INVALID_PARAMS,
+                                &format!("invalid request: {e}"),
+                            )
+                        });
+                    }
                 }
                 obs
             }
