@@ -522,6 +522,8 @@ mod tests {
         let cases = [
             json!({"callId": "call_1", "x": {"b": [1, 2.0, {"z": null}], "a": "é\n\u{1}"}}),
             json!({"k": {"deep": {"deeper": {"n": -0.0, "t": true}}}, "e": {}, "l": []}),
+            json!({"i": [0, -1, 7, -9_007_199_254_740_991_i64, 9_007_199_254_740_991_u64, 10, -100],
+                   "s": ["", "plain", "q\"uote", "back\\slash", "tab\t", "\u{7f}\u{80}é"]}),
             json!({"big": 9_007_199_254_740_993_u64, "ok": {"s": "v"}}),
             json!({"\u{10000}": 1, "\u{e000}": 2, "a/b~c": {"q": "r"}}),
             // An unsafe number deep in one member, canonical siblings beside it, arrays of
