@@ -226,6 +226,7 @@ fn run_probe(args: crate::cli::ProbeArgs) -> anyhow::Result<ExitCode> {
         digest_salt: args.digest_salt,
         wrap: if args.wrap { args.command } else { Vec::new() },
         identity_sources: identity_sources(&args.sources)?,
+        legacy_handshake: args.legacy_handshake,
     };
     let runtime = tokio::runtime::Runtime::new()?;
     let result = runtime.block_on(crate::probe::run(options));

@@ -94,6 +94,56 @@ pub fn canonical_json_with_spans(value: &Value) -> Result<(String, Vec<Span>), C
     Ok((out, spans.unwrap_or_default()))
 }
 
+/// Appends the canonical text of a string, for callers that assemble canonical text themselves
+/// (the shape module digests every sub-value of a `_meta` from one pass).
+pub fn push_string(s: &str, out: &mut String) {
+    // Most strings need no escape: one scan the compiler vectorizes, then one copy.
+    if !s.bytes().any(|b| b < 0x20 || b == b'"' || b == b'\\') {
+        out.reserve(s.len() + 2);
+        out.push('"');
+        out.push_str(s);
+        out.push('"');
+        return;
+    }
+    write_string(s, out);
+}
+
+/// Appends the canonical text of a number; refuses the numbers [`canonical_json`] refuses.
+pub fn push_number(n: &serde_json::Number, out: &mut String) -> Result<(), CanonicalError> {
+    // Safe integers, the common case, without the formatting machinery.
+    if let Some(i) = n.as_i64()
+        && i.unsigned_abs() <= MAX_SAFE_INTEGER
+    {
+        let mut digits = [0u8; 20];
+        let mut at = digits.len();
+        let mut v = i.unsigned_abs();
+        loop {
+            at -= 1;
+            digits[at] = b'0' + (v % 10) as u8;
+            v /= 10;
+            if v == 0 {
+                break;
+            }
+        }
+        if i < 0 {
+            out.push('-');
+        }
+        out.push_str(std::str::from_utf8(&digits[at..]).expect("ASCII digits"));
+        return Ok(());
+    }
+    write_number(n, out, "")
+}
+
+/// The order of object member names in canonical JSON (their UTF-16 code units).
+pub fn member_order(a: &str, b: &str) -> std::cmp::Ordering {
+    // UTF-16 order differs from byte order only beyond ASCII; most keys are ASCII.
+    if a.is_ascii() && b.is_ascii() {
+        a.cmp(b)
+    } else {
+        a.encode_utf16().cmp(b.encode_utf16())
+    }
+}
+
 /// `sha256(tool, 0x00, canonical_json(arguments))` as `sha256:<hex>`.
 pub fn request_hash(tool: &str, arguments: &Value) -> Result<RequestHash, CanonicalError> {
     let canonical = canonical_json(arguments)?;

@@ -162,6 +162,10 @@ pub struct ProbeArgs {
         hide_env_values = true
     )]
     pub digest_salt: Option<String>,
+    /// Speak only the `initialize` lifecycle (MCP 2025-11-25 and earlier): answer
+    /// `server/discover` with -32601 so clients that try MCP 2026-07-28 first fall back.
+    #[arg(long, conflicts_with = "wrap")]
+    pub legacy_handshake: bool,
     /// Proxy stdio to the MCP server command given after `--`, forwarding every byte unchanged,
     /// and record shapes: `callid probe --wrap -- CMD ARGS...`.
     #[arg(long, requires = "command", conflicts_with = "http")]

@@ -36,14 +36,21 @@ pub enum Digester {
     /// Plain SHA-256 over the canonical JSON of the value.
     Plain,
     /// HMAC-SHA-256 keyed with a secret salt (`--digest-salt`).
-    Keyed(Vec<u8>),
+    Keyed(KeyedDigest),
 }
+
+/// HMAC-SHA-256 with its key already absorbed: each digest starts from a copy of this state
+/// instead of hashing the key again (two SHA-256 blocks saved per digest).
+#[derive(Clone)]
+pub struct KeyedDigest(Hmac<Sha256>);
 
 impl Digester {
     /// A digester from an optional salt.
     pub fn new(salt: Option<&str>) -> Self {
         match salt {
-            Some(s) if !s.is_empty() => Digester::Keyed(s.as_bytes().to_vec()),
+            Some(s) if !s.is_empty() => Digester::Keyed(KeyedDigest(
+                Hmac::<Sha256>::new_from_slice(s.as_bytes()).expect("HMAC takes a key of any size"),
+            )),
             _ => Digester::Plain,
         }
     }
@@ -71,9 +78,8 @@ impl Digester {
     pub fn bytes(&self, bytes: &[u8]) -> String {
         let full = match self {
             Digester::Plain => Sha256::digest(bytes),
-            Digester::Keyed(key) => {
-                let mut mac =
-                    Hmac::<Sha256>::new_from_slice(key).expect("HMAC takes a key of any size");
+            Digester::Keyed(KeyedDigest(keyed)) => {
+                let mut mac = keyed.clone();
                 mac.update(bytes);
                 mac.finalize().into_bytes()
             }
@@ -194,61 +200,171 @@ pub fn value_shape(value: &Value, digester: &Digester) -> ValueShape {
 }
 
 /// The shape of a request's `_meta`.
+///
+/// One pass over the value: each value's canonical text is written once into one buffer (an
+/// object's text is assembled from its members' texts, RFC 8785 being compositional), and each
+/// digest hashes its value's span of it, so every digest is the one [`Digester::value`] gives
+/// the value on its own. A value without a canonical form (an unsafe number inside) is digested
+/// as [`Digester::value`] digests it.
 pub fn meta_shape(meta: &Value, digester: &Digester) -> MetaShape {
-    // One canonical serialization of the whole `_meta` serves every digest: each sub-value's
-    // canonical text is a span of it. Without a canonical form (an unsafe number somewhere),
-    // each value is digested on its own, as `Digester::value` does.
-    let digests = match canonical::canonical_json_with_spans(meta) {
-        Ok((text, spans)) => Digests::Spans {
-            spans: spans.into_iter().collect(),
-            text,
-        },
-        Err(_) => Digests::PerValue,
-    };
-    let mut shape = MetaShape {
-        root: digests.shape(meta, digester),
-        entries: Vec::new(),
+    // Sized for a Codex-sized `_meta` (about 20 entries; each value's text is written once and
+    // each object's once more when assembled), so the buffers do not grow on a typical call.
+    let mut pass = Pass {
+        digester,
+        text: String::with_capacity(4096),
+        path: String::with_capacity(64),
+        entries: Vec::with_capacity(32),
         truncated: false,
+        stopped: false,
     };
-    if let Value::Object(map) = meta {
-        let mut path = String::new();
-        for (key, value) in map {
-            if !walk(
-                key, value, 1, true, &mut path, &digests, digester, &mut shape,
-            ) {
-                break;
-            }
-        }
+    let span = pass.canon(meta, Some(1));
+    let root = pass.shape(meta, span);
+    MetaShape {
+        root,
+        entries: pass.entries,
+        truncated: pass.truncated,
     }
-    shape
 }
 
-/// How [`meta_shape`] finds each value's digest.
-enum Digests {
-    /// Spans of one canonical text, by value address.
-    Spans {
-        text: String,
-        spans: std::collections::HashMap<*const Value, std::ops::Range<usize>>,
-    },
-    /// Each value serialized on its own.
-    PerValue,
+/// The state of one [`meta_shape`] pass.
+struct Pass<'a> {
+    digester: &'a Digester,
+    /// Canonical texts written so far; spans index into it.
+    text: String,
+    /// JSON pointer of the member being walked.
+    path: String,
+    entries: Vec<ShapeEntry>,
+    truncated: bool,
+    /// The entry bound was reached: no more entries.
+    stopped: bool,
 }
 
-impl Digests {
-    fn shape(&self, value: &Value, digester: &Digester) -> ValueShape {
-        let span = match self {
-            Digests::Spans { text, spans } => spans
-                .get(&(value as *const Value))
-                .map(|range| &text.as_bytes()[range.clone()]),
-            Digests::PerValue => None,
-        };
+impl Pass<'_> {
+    fn shape(&self, value: &Value, span: Option<std::ops::Range<usize>>) -> ValueShape {
         match span {
-            Some(bytes) => ValueShape {
-                digest: digester.bytes(bytes),
+            Some(range) => ValueShape {
+                digest: self.digester.bytes(&self.text.as_bytes()[range]),
                 ..value_shape_without_digest(value)
             },
-            None => value_shape(value, digester),
+            None => value_shape(value, self.digester),
         }
+    }
+
+    /// Appends `value`'s canonical text and returns its range (`None` without a canonical form).
+    /// With `members = Some(depth)` and an object, records one entry per member at `depth`.
+    fn canon(&mut self, value: &Value, members: Option<usize>) -> Option<std::ops::Range<usize>> {
+        let start = self.text.len();
+        match (value, members) {
+            (Value::Object(map), Some(depth)) => {
+                let mut spans = Vec::with_capacity(map.len());
+                for (key, child) in map {
+                    spans.push((key.as_str(), self.member(key, child, depth)));
+                }
+                if spans.iter().any(|(_, span)| span.is_none()) {
+                    return None;
+                }
+                sort_members(&mut spans);
+                let start = self.text.len();
+                self.text.push('{');
+                for (i, (key, span)) in spans.into_iter().enumerate() {
+                    if i > 0 {
+                        self.text.push(',');
+                    }
+                    canonical::push_string(key, &mut self.text);
+                    self.text.push(':');
+                    self.text
+                        .extend_from_within(span.expect("checked: every member has a span"));
+                }
+                self.text.push('}');
+                return Some(start..self.text.len());
+            }
+            (Value::Object(map), None) => {
+                let mut sorted: Vec<(&str, &Value)> =
+                    map.iter().map(|(k, v)| (k.as_str(), v)).collect();
+                sort_members(&mut sorted);
+                self.text.push('{');
+                for (i, (key, child)) in sorted.into_iter().enumerate() {
+                    if i > 0 {
+                        self.text.push(',');
+                    }
+                    canonical::push_string(key, &mut self.text);
+                    self.text.push(':');
+                    self.canon(child, None)?;
+                }
+                self.text.push('}');
+            }
+            (Value::Array(items), _) => {
+                self.text.push('[');
+                for (i, item) in items.iter().enumerate() {
+                    if i > 0 {
+                        self.text.push(',');
+                    }
+                    self.canon(item, None)?;
+                }
+                self.text.push(']');
+            }
+            (Value::String(s), _) => canonical::push_string(s, &mut self.text),
+            (Value::Number(n), _) => canonical::push_number(n, &mut self.text).ok()?,
+            (Value::Bool(true), _) => self.text.push_str("true"),
+            (Value::Bool(false), _) => self.text.push_str("false"),
+            (Value::Null, _) => self.text.push_str("null"),
+        }
+        Some(start..self.text.len())
+    }
+
+    /// Records the entry of `key: value` at `depth` (while the entry bound allows), walks its
+    /// members, and returns the value's canonical span.
+    fn member(&mut self, key: &str, value: &Value, depth: usize) -> Option<std::ops::Range<usize>> {
+        if self.stopped {
+            return self.canon(value, None);
+        }
+        if self.entries.len() >= MAX_ENTRIES {
+            self.truncated = true;
+            self.stopped = true;
+            return self.canon(value, None);
+        }
+        let len = self.path.len();
+        self.path.push('/');
+        let key_cut = cut(key, MAX_KEY_BYTES);
+        if key_cut.len() < key.len() {
+            self.truncated = true;
+        }
+        canonical::push_pointer_token(&mut self.path, key_cut);
+        let top = depth == 1;
+        let index = self.entries.len();
+        self.entries.push(ShapeEntry {
+            path: self.path.clone(),
+            value: value_shape_without_digest(value),
+            valid_key: top.then(|| is_valid_meta_key(key)),
+            reserved_prefix: top && is_reserved_prefix(key),
+            identity_source: if top {
+                identity::Source::from_key(key)
+            } else {
+                None
+            },
+        });
+        let members = match value {
+            Value::Object(map) if depth >= MAX_DEPTH => {
+                self.truncated |= !map.is_empty();
+                None
+            }
+            Value::Object(_) => Some(depth + 1),
+            _ => None,
+        };
+        let span = self.canon(value, members);
+        self.path.truncate(len);
+        self.entries[index].value.digest = self.shape(value, span.clone()).digest;
+        span
+    }
+}
+
+/// Sorts members into canonical order (names are unique, so an unstable sort is exact); byte
+/// order when every name is ASCII, where it equals UTF-16 order.
+fn sort_members<T>(members: &mut [(&str, T)]) {
+    if members.iter().all(|(key, _)| key.is_ascii()) {
+        members.sort_unstable_by(|a, b| a.0.cmp(b.0));
+    } else {
+        members.sort_unstable_by(|a, b| canonical::member_order(a.0, b.0));
     }
 }
 
@@ -264,57 +380,6 @@ fn value_shape_without_digest(value: &Value) -> ValueShape {
         len,
         digest: String::new(),
     }
-}
-
-/// Records `key: value` under `path`; false when the entry bound stops the walk.
-#[allow(clippy::too_many_arguments)]
-fn walk(
-    key: &str,
-    value: &Value,
-    depth: usize,
-    top: bool,
-    path: &mut String,
-    digests: &Digests,
-    digester: &Digester,
-    shape: &mut MetaShape,
-) -> bool {
-    if shape.entries.len() >= MAX_ENTRIES {
-        shape.truncated = true;
-        return false;
-    }
-    let len = path.len();
-    path.push('/');
-    let key_cut = cut(key, MAX_KEY_BYTES);
-    if key_cut.len() < key.len() {
-        shape.truncated = true;
-    }
-    canonical::push_pointer_token(path, key_cut);
-    shape.entries.push(ShapeEntry {
-        path: path.clone(),
-        value: digests.shape(value, digester),
-        valid_key: top.then(|| is_valid_meta_key(key)),
-        reserved_prefix: top && is_reserved_prefix(key),
-        identity_source: if top {
-            identity::Source::from_key(key)
-        } else {
-            None
-        },
-    });
-    let mut go_on = true;
-    if let Value::Object(map) = value {
-        if depth >= MAX_DEPTH {
-            shape.truncated |= !map.is_empty();
-        } else {
-            for (k, v) in map {
-                if !walk(k, v, depth + 1, false, path, digests, digester, shape) {
-                    go_on = false;
-                    break;
-                }
-            }
-        }
-    }
-    path.truncate(len);
-    go_on
 }
 
 fn cut(s: &str, max: usize) -> &str {
@@ -457,8 +522,21 @@ mod tests {
         let cases = [
             json!({"callId": "call_1", "x": {"b": [1, 2.0, {"z": null}], "a": "é\n\u{1}"}}),
             json!({"k": {"deep": {"deeper": {"n": -0.0, "t": true}}}, "e": {}, "l": []}),
+            json!({"i": [0, -1, 7, -9_007_199_254_740_991_i64, 9_007_199_254_740_991_u64, 10, -100],
+                   "s": ["", "plain", "q\"uote", "back\\slash", "tab\t", "\u{7f}\u{80}é"]}),
             json!({"big": 9_007_199_254_740_993_u64, "ok": {"s": "v"}}),
             json!({"\u{10000}": 1, "\u{e000}": 2, "a/b~c": {"q": "r"}}),
+            // An unsafe number deep in one member, canonical siblings beside it, arrays of
+            // objects, and nesting past MAX_DEPTH (entries stop, digests still cover it all).
+            json!({"a": {"b": {"n": 1e300, "ok": [{"y": 1, "x": 2}]}, "c": "d"}, "e": [[], {}]}),
+            {
+                let mut deep = json!({"leaf": [1, {"z": 0.5, "a": -0.0}]});
+                for i in 0..(MAX_DEPTH + 4) {
+                    deep = json!({ format!("k{i}"): deep, "s": i });
+                }
+                deep
+            },
+            crate::bench::fixtures::codex_meta(7),
         ];
         for digester in [Digester::Plain, Digester::new(Some("salt"))] {
             for meta in &cases {

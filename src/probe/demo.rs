@@ -7,7 +7,7 @@
 //!   2025-06-18, then two calls in two turns with `callId`, `itemId`, `threadId`, `sessionId`,
 //!   `windowId`, `progressToken` and `x-codex-turn-metadata`;
 //! - a Claude-Code-like client (stdio): `server/discover` with a string id and protocol
-//!   2026-07-28 (the probe answers `-32601`), then `initialize` with `claude-code` 2.1.332 and
+//!   2026-07-28 (the probe, run with `--legacy-handshake`, answers `-32601`), then `initialize` with `claude-code` 2.1.332 and
 //!   two calls with `claudecode/toolUseId` and `progressToken` equal to the JSON-RPC id;
 //! - a chat-like client (streamable HTTP): a new connection per call, JSON-RPC id `0` every
 //!   time, and only context keys in `_meta`.
@@ -228,7 +228,18 @@ async fn codex_like(exe: &Path, log: &Path) -> Result<Vec<String>, DemoError> {
 
 async fn claude_like(exe: &Path, log: &Path) -> Result<Vec<String>, DemoError> {
     let e = rpc("Claude-Code-like");
-    let (conn, mut child) = spawn_probe(exe, &["probe", "--log", &log.to_string_lossy()]).await?;
+    // `--legacy-handshake`: the fallback Claude Code 2.1 was observed to take against a server
+    // without `server/discover`.
+    let (conn, mut child) = spawn_probe(
+        exe,
+        &[
+            "probe",
+            "--legacy-handshake",
+            "--log",
+            &log.to_string_lossy(),
+        ],
+    )
+    .await?;
     let mut mismatches = Vec::new();
     let discover = conn
         .request(

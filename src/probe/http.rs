@@ -1,8 +1,8 @@
 //! The probe on streamable HTTP: an axum layer taps each POST body, then rmcp serves it.
 //!
 //! The layer reads the body itself (bounded: past [`super::tap::MAX_MESSAGE_BYTES`] it only
-//! counts and skims), records it, and either answers it directly (`server/discover`, malformed
-//! or oversize bodies; see [`super::tap`]) or hands the same bytes to rmcp's
+//! counts and skims), records it, and either answers it directly (malformed or oversize bodies,
+//! `server/discover` under `--legacy-handshake`; see [`super::tap`]) or hands the same bytes to rmcp's
 //! `StreamableHttpService` at `/mcp`.
 //!
 //! # Connections
@@ -59,7 +59,14 @@ pub async fn serve_http(
     let app = axum::Router::new()
         .nest_service(MCP_PATH, service)
         .layer(axum::middleware::from_fn_with_state(state, tap_layer));
-    axum::serve(bound.listener, bound.guard.protect(app))
+    // TCP_NODELAY: an SSE reply goes out as several small writes (headers, then each event);
+    // with Nagle's algorithm the later ones wait for the client's delayed ACK, ~40 ms per call.
+    let listener = axum::serve::ListenerExt::tap_io(bound.listener, |tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!("could not set TCP_NODELAY: {e}");
+        }
+    });
+    axum::serve(listener, bound.guard.protect(app))
         .await
         .map_err(|source| ProbeError::Io {
             doing: "serving HTTP",

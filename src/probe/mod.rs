@@ -10,6 +10,7 @@
 //! - [`record`]: the log record ([`Record`], [`record_for_request`]) and its JSON-lines writer
 //!   ([`ShapeLog`]); shared with the router's `--diagnose-meta` and the matrix tools.
 //! - [`tap`]: raw client message in, record out, per connection; decides what the server sees.
+//! - [`writer`]: the bounded queue and thread that build and write records off the reply path.
 //! - [`server`]: the rmcp server with the read-only `capabilities` tool.
 //! - [`stdio`], [`http`], [`wrap`]: the three transports, each feeding raw messages to the tap.
 //! - [`demo`]: `callid demo`, three scripted clients against real probe processes.
@@ -18,8 +19,11 @@
 //! # Design
 //! Recording happens at the message level, before rmcp parses anything, so every message is
 //! recorded the same way, including those rmcp would reject or never show a handler
-//! (`server/discover`, notifications, malformed lines). See [`tap`] for the bounds and for what
-//! the tap answers itself.
+//! (notifications, malformed lines). See [`tap`] for the bounds and for what the tap answers
+//! itself. Each message is parsed once: on stdio the tap's parse is what rmcp serves (the tap is
+//! rmcp's transport). The reply does not wait for the record: the tap hands the parsed message to
+//! the [`writer`] thread, which builds the record and appends it; the HTTP probe writes what is
+//! queued before exiting on SIGINT or SIGTERM.
 
 pub mod demo;
 pub mod error;
@@ -29,6 +33,7 @@ pub mod server;
 pub mod stdio;
 pub mod tap;
 pub mod wrap;
+pub mod writer;
 
 pub use error::ProbeError;
 pub use record::{Record, RecordContext, ShapeLog, record_for_request, record_for_tool_call};
@@ -56,6 +61,8 @@ pub struct ProbeOptions {
     /// The identity sources verdicts are given by (the built-in table, or one extended by
     /// `--identity-sources`).
     pub identity_sources: Arc<crate::identity::IdentitySources>,
+    /// Speak only the `initialize` lifecycle: answer `server/discover` with `-32601`.
+    pub legacy_handshake: bool,
 }
 
 /// Runs the probe until its input ends (stdio, `--wrap`) or forever (HTTP). Returns the exit
@@ -77,32 +84,75 @@ pub async fn run(options: ProbeOptions) -> Result<i32, ProbeError> {
         Some(path) => ShapeLog::open(path)?,
         None => ShapeLog::stderr(),
     });
-    let server =
-        ProbeServer::new(digester.clone()).with_identity_sources(options.identity_sources.clone());
+    let server = ProbeServer::new(digester.clone())
+        .with_identity_sources(options.identity_sources.clone())
+        .legacy_handshake(options.legacy_handshake);
     if !options.wrap.is_empty() {
         let tap = Arc::new(
             Tap::new(digester, log, record::Transport::Wrap, Mode::Observe)
                 .with_identity_sources(options.identity_sources.clone()),
         );
-        return wrap::run_wrap(&options.wrap, tokio::io::stdin(), tokio::io::stdout(), tap).await;
+        let code = wrap::run_wrap(
+            &options.wrap,
+            tokio::io::stdin(),
+            tokio::io::stdout(),
+            tap.clone(),
+        )
+        .await;
+        tap.finish();
+        return code;
     }
     if let Some(bound) = bound {
         let tap = Arc::new(
             Tap::new(digester, log, record::Transport::Http, Mode::Serve)
-                .with_identity_sources(options.identity_sources.clone()),
+                .with_identity_sources(options.identity_sources.clone())
+                .legacy_handshake(options.legacy_handshake),
         );
         crate::logging::line(format_args!(
             "callid probe: serving MCP over streamable HTTP at http://{}{}",
             bound.addr,
             http::MCP_PATH
         ));
-        http::serve_http(bound, tap, server).await?;
+        // Ended by SIGINT or SIGTERM: the records still queued are written before exiting.
+        let served = tokio::select! {
+            served = http::serve_http(bound, tap.clone(), server) => served,
+            () = shutdown_signal() => Ok(()),
+        };
+        tap.finish();
+        served?;
         return Ok(0);
     }
     let tap = Arc::new(
         Tap::new(digester, log, record::Transport::Stdio, Mode::Serve)
-            .with_identity_sources(options.identity_sources.clone()),
+            .with_identity_sources(options.identity_sources.clone())
+            .legacy_handshake(options.legacy_handshake),
     );
-    stdio::serve_stdio(tokio::io::stdin(), tokio::io::stdout(), tap, server).await?;
+    let served =
+        stdio::serve_stdio(tokio::io::stdin(), tokio::io::stdout(), tap.clone(), server).await;
+    tap.finish();
+    served?;
     Ok(0)
+}
+
+/// Resolves on SIGINT (Ctrl-C) or, on Unix, SIGTERM.
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
 }

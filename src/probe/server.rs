@@ -6,19 +6,27 @@
 //! JSON type and length, never a value. So a person can ask their agent to call the tool and read
 //! the verdict in the chat, while the tap writes the full shape record to the log.
 //!
-//! `server/discover` is refused with `-32601` here too (the tap answers it before rmcp sees it on
-//! every transport; this covers a [`ProbeServer`] served without a tap).
+//! # Protocol versions
+//! By default the probe speaks both lifecycles rmcp 3.11 knows: `server/discover` is answered
+//! per MCP 2026-07-28 (supported versions, capabilities, instructions, and the server's identity
+//! in `_meta["io.modelcontextprotocol/serverInfo"]`), requests that carry the per-request
+//! `io.modelcontextprotocol/*` keys are served without `initialize`, and `initialize` is
+//! answered for clients of 2025-11-25 and earlier. With [`ProbeServer::legacy_handshake`]
+//! (`callid probe --legacy-handshake`) the probe is a 2025-11-25 server: `server/discover` gets
+//! `-32601`, so a client that tries the new protocol first falls back to `initialize`, and a
+//! request declaring 2026-07-28 in its `_meta` is refused as an unsupported version.
 
 use crate::identity::IdentitySources;
 use crate::shape::{self, Digester};
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, DiscoverRequestMethod, DiscoverResult,
-    Implementation, ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig,
-    Tool, ToolAnnotations,
+    Implementation, ListToolsResult, PaginatedRequestParams, ProtocolVersion, ServerCapabilities,
+    ServerConfig, Tool, ToolAnnotations,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde_json::{Map, Value, json};
+use std::borrow::Cow;
 use std::sync::Arc;
 
 /// Name of the probe's one tool.
@@ -29,20 +37,30 @@ pub const CAPABILITIES_TOOL: &str = "capabilities";
 pub struct ProbeServer {
     digester: Digester,
     sources: Arc<IdentitySources>,
+    legacy_handshake: bool,
 }
 
 impl ProbeServer {
-    /// A server whose answers use `digester` (the same one as the log).
+    /// A server whose answers use `digester` (the same one as the log), speaking 2026-07-28 and
+    /// the `initialize` lifecycle.
     pub fn new(digester: Digester) -> Self {
         ProbeServer {
             digester,
             sources: IdentitySources::built_in_shared(),
+            legacy_handshake: false,
         }
     }
 
     /// The same server, giving verdicts by `sources` (`--identity-sources`).
     pub fn with_identity_sources(mut self, sources: Arc<IdentitySources>) -> Self {
         self.sources = sources;
+        self
+    }
+
+    /// The same server limited to the `initialize` lifecycle (protocol 2025-11-25 and earlier)
+    /// when `legacy` is true: see the module docs.
+    pub fn legacy_handshake(mut self, legacy: bool) -> Self {
+        self.legacy_handshake = legacy;
         self
     }
 
@@ -150,11 +168,27 @@ impl ServerHandler for ProbeServer {
             )
     }
 
+    fn supported_protocol_versions(&self) -> Cow<'static, [ProtocolVersion]> {
+        if self.legacy_handshake {
+            Cow::Borrowed(ProtocolVersion::known_up_to(
+                &ProtocolVersion::LATEST_WITH_INITIALIZE,
+            ))
+        } else {
+            Cow::Borrowed(ProtocolVersion::KNOWN_VERSIONS)
+        }
+    }
+
     async fn discover(
         &self,
         _context: RequestContext<RoleServer>,
     ) -> Result<DiscoverResult, McpError> {
-        Err(McpError::method_not_found::<DiscoverRequestMethod>())
+        if self.legacy_handshake {
+            return Err(McpError::method_not_found::<DiscoverRequestMethod>());
+        }
+        Ok(DiscoverResult::from_server_info(
+            self.supported_protocol_versions().into_owned(),
+            self.get_info(),
+        ))
     }
 
     async fn list_tools(

@@ -1,33 +1,165 @@
 //! The probe on stdio: every client line goes through the tap, then into an rmcp server.
 //!
 //! [`serve_stdio`] works on any byte streams, so the binary runs it on stdin/stdout and tests run
-//! it in-process on a `tokio::io::duplex`. The rmcp server sits behind an in-memory duplex pipe:
-//! the tap sees each raw line first and either forwards it unchanged or answers it itself
-//! (see [`super::tap`]). One writer task owns the output, so the server's replies and the tap's
-//! answers never interleave within a line.
+//! it in-process on a `tokio::io::duplex`. The tap is the rmcp server's transport
+//! ([`TapTransport`]): rmcp asks it for the next message, and it reads the client's bytes,
+//! frames them, and hands each line to the tap, which parses it once, decides (see
+//! [`super::tap`]), and gives rmcp the message already typed from its own parse; the record is
+//! built and written by the tap's writer thread, off the reply path. rmcp's replies are
+//! serialized once and written straight to the output; the tap's own answers (refused input) are
+//! written there too, whole lines under one lock, so nothing interleaves within a line.
 //!
 //! # Shutdown
-//! End of input closes the server's input; the server finishes, its output drains, and
-//! [`serve_stdio`] returns.
+//! End of input ends rmcp's session; the last replies and answers are written and
+//! [`serve_stdio`] returns. Should rmcp's session end first, the rest of the input is still read
+//! and recorded (the tap still answers what it answers itself).
 
 use super::error::ProbeError;
 use super::server::ProbeServer;
-use super::tap::{Frame, LineFramer, Tap};
+use super::tap::{Frame, LineFramer, Tap, TapConnection};
 use rmcp::ServiceExt as _;
+use rmcp::model::{ClientJsonRpcMessage, JsonRpcMessage, ServerJsonRpcMessage, ServerResult};
+use rmcp::service::RoleServer;
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
-use tokio::io::{
-    AsyncBufReadExt as _, AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _,
-};
-use tokio::sync::mpsc;
+use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
 
-fn io(doing: &'static str) -> impl FnOnce(std::io::Error) -> ProbeError {
-    move |source| ProbeError::Io { doing, source }
+type Output = Arc<tokio::sync::Mutex<Box<dyn AsyncWrite + Unpin + Send>>>;
+
+/// Writes one line (already ending in a newline) and flushes.
+async fn write_line(out: &Output, line: &[u8]) -> std::io::Result<()> {
+    let mut w = out.lock().await;
+    w.write_all(line).await?;
+    w.flush().await
+}
+
+/// The client side of the connection, shared by the transport and [`serve_stdio`].
+struct Input<R> {
+    input: R,
+    buf: Vec<u8>,
+    framer: LineFramer,
+    frames: VecDeque<Frame>,
+    scratch: Vec<Frame>,
+    eof: bool,
+    answers: Vec<tokio::task::JoinHandle<()>>,
+}
+
+/// rmcp's transport for the probe: messages come from the tap, replies go to the output.
+pub struct TapTransport<R> {
+    input: Arc<tokio::sync::Mutex<Input<R>>>,
+    conn: Arc<Mutex<TapConnection>>,
+    out: Output,
+}
+
+impl<R: AsyncRead + Unpin + Send> Input<R> {
+    /// The next frame, reading more input when none is buffered; `None` at the end of input.
+    async fn next_frame(&mut self) -> Option<Frame> {
+        loop {
+            if let Some(frame) = self.frames.pop_front() {
+                return Some(frame);
+            }
+            if self.eof {
+                return None;
+            }
+            // Cancel-safe: bytes are consumed only when the read completes.
+            let n = match self.input.read(&mut self.buf).await {
+                Ok(n) => n,
+                Err(e) => {
+                    tracing::error!("reading from the client failed: {e}");
+                    0
+                }
+            };
+            if n == 0 {
+                self.framer.finish(&mut self.scratch);
+                self.eof = true;
+            } else {
+                self.framer.push(&self.buf[..n], &mut self.scratch);
+            }
+            self.frames.extend(self.scratch.drain(..));
+        }
+    }
+
+    /// Sends the tap's answer without waiting (the write is awaited before the end).
+    fn answer(&mut self, out: &Output, answer: &serde_json::Value) {
+        let mut line = serde_json::to_vec(answer).expect("a Value serializes");
+        line.push(b'\n');
+        let out = out.clone();
+        self.answers.retain(|h| !h.is_finished());
+        self.answers.push(tokio::spawn(async move {
+            if let Err(e) = write_line(&out, &line).await {
+                tracing::debug!("writing to the client failed: {e}");
+            }
+        }));
+    }
+
+    /// Waits for the answers sent so far to be written.
+    async fn answers_written(&mut self) {
+        while let Some(handle) = self.answers.last_mut() {
+            let _ = handle.await;
+            self.answers.pop();
+        }
+    }
+}
+
+impl<R: AsyncRead + Unpin + Send + 'static> rmcp::transport::Transport<RoleServer>
+    for TapTransport<R>
+{
+    type Error = std::io::Error;
+
+    fn send(
+        &mut self,
+        item: ServerJsonRpcMessage,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
+        if let JsonRpcMessage::Response(r) = &item
+            && let ServerResult::InitializeResult(init) = &r.result
+        {
+            self.conn
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .server_initialized(&r.id, init.protocol_version.as_str());
+        }
+        let line = serde_json::to_vec(&item).map(|mut line| {
+            line.push(b'\n');
+            line
+        });
+        let out = self.out.clone();
+        async move {
+            let line = line.map_err(std::io::Error::other)?;
+            write_line(&out, &line).await
+        }
+    }
+
+    async fn receive(&mut self) -> Option<ClientJsonRpcMessage> {
+        let mut input = self.input.lock().await;
+        loop {
+            let Some(frame) = input.next_frame().await else {
+                input.answers_written().await;
+                return None;
+            };
+            let obs = self
+                .conn
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .client_frame(&frame);
+            if let Some(answer) = &obs.answer {
+                input.answer(&self.out, answer);
+            }
+            if let Some(message) = obs.message {
+                return Some(message);
+            }
+        }
+    }
+
+    async fn close(&mut self) -> Result<(), Self::Error> {
+        self.input.lock().await.answers_written().await;
+        self.out.lock().await.flush().await
+    }
 }
 
 /// Serves one MCP connection on `input`/`output` until `input` ends.
 pub async fn serve_stdio<R, W>(
-    mut input: R,
-    mut output: W,
+    input: R,
+    output: W,
     tap: Arc<Tap>,
     server: ProbeServer,
 ) -> Result<(), ProbeError>
@@ -35,100 +167,52 @@ where
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
 {
-    let conn = Arc::new(Mutex::new(tap.connection()));
-    let (probe_side, rmcp_side) = tokio::io::duplex(256 * 1024);
-    let rmcp_task = tokio::spawn(async move {
-        match server.serve(tokio::io::split(rmcp_side)).await {
-            Ok(running) => {
-                let _ = running.waiting().await;
-            }
-            Err(e) => tracing::debug!("the probe's MCP session ended before it began: {e}"),
-        }
-    });
-    let (probe_read, mut probe_write) = tokio::io::split(probe_side);
-
-    let (out_tx, mut out_rx) = mpsc::unbounded_channel::<Vec<u8>>();
-    let writer = tokio::spawn(async move {
-        while let Some(line) = out_rx.recv().await {
-            output
-                .write_all(&line)
-                .await
-                .map_err(io("writing to the client"))?;
-            output.flush().await.map_err(io("writing to the client"))?;
-        }
-        Ok::<(), ProbeError>(())
-    });
-
-    let server_out = {
-        let conn = conn.clone();
-        let out_tx = out_tx.clone();
-        tokio::spawn(async move {
-            let mut reader = tokio::io::BufReader::new(probe_read);
-            let mut line = Vec::new();
-            loop {
-                line.clear();
-                match reader.read_until(b'\n', &mut line).await {
-                    Ok(0) | Err(_) => break,
-                    Ok(_) => {
-                        conn.lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .server_message(line.strip_suffix(b"\n").unwrap_or(&line));
-                        if out_tx.send(line.clone()).is_err() {
-                            break;
-                        }
-                    }
-                }
-            }
-        })
+    let conn = Arc::new(Mutex::new(tap.connection().feeding_server()));
+    let out: Output = Arc::new(tokio::sync::Mutex::new(Box::new(output)));
+    let input = Arc::new(tokio::sync::Mutex::new(Input {
+        input,
+        buf: vec![0u8; 64 * 1024],
+        framer: LineFramer::default(),
+        frames: VecDeque::new(),
+        scratch: Vec::new(),
+        eof: false,
+        answers: Vec::new(),
+    }));
+    let transport = TapTransport {
+        input: input.clone(),
+        conn: conn.clone(),
+        out: out.clone(),
     };
-
-    let mut framer = LineFramer::default();
-    let mut buf = vec![0u8; 64 * 1024];
-    let mut frames = Vec::new();
-    let mut server_alive = true;
-    loop {
-        let n = input
-            .read(&mut buf)
-            .await
-            .map_err(io("reading from the client"))?;
-        if n == 0 {
-            framer.finish(&mut frames);
-        } else {
-            framer.push(&buf[..n], &mut frames);
+    match server.serve(transport).await {
+        Ok(running) => {
+            let _ = running.waiting().await;
         }
-        for frame in frames.drain(..) {
-            let obs = conn
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .client_frame(&frame);
-            if let Some(answer) = &obs.answer {
-                let mut line = serde_json::to_vec(answer).expect("a Value serializes");
-                line.push(b'\n');
-                let _ = out_tx.send(line);
-            }
-            if let (true, true, Frame::Message(bytes)) = (obs.forward, server_alive, &frame) {
-                let sent = async {
-                    probe_write.write_all(bytes).await?;
-                    probe_write.write_all(b"\n").await?;
-                    probe_write.flush().await
-                }
-                .await;
-                if let Err(e) = sent {
-                    tracing::error!("the probe's MCP server stopped reading: {e}");
-                    server_alive = false;
-                }
-            }
+        Err(e) => tracing::debug!("the probe's MCP session ended before it began: {e}"),
+    }
+    // Whatever rmcp left unread is still recorded (and answered where the tap answers).
+    let mut input = input.lock().await;
+    while let Some(frame) = input.next_frame().await {
+        let obs = conn
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .client_frame(&frame);
+        if let Some(answer) = &obs.answer {
+            input.answer(&out, answer);
         }
-        if n == 0 {
-            break;
+        if obs.message.is_some() {
+            tracing::error!(
+                "the probe's MCP session has ended; a message was recorded, not served"
+            );
         }
     }
-    drop(out_tx);
-    let _ = probe_write.shutdown().await;
-    drop(probe_write);
-    let _ = rmcp_task.await;
-    let _ = server_out.await;
-    writer.await.unwrap_or(Ok(()))
+    input.answers_written().await;
+    let mut w = out.lock().await;
+    w.flush().await.map_err(|source| ProbeError::Io {
+        doing: "writing to the client",
+        source,
+    })?;
+    let _ = w.shutdown().await;
+    Ok(())
 }
 
 #[cfg(test)]
@@ -171,7 +255,7 @@ mod tests {
         let server = tokio::spawn(serve_stdio(
             probe_in,
             probe_out,
-            tap,
+            tap.clone(),
             ProbeServer::new(Digester::Plain),
         ));
         let client = ().serve(tokio::io::split(client_side)).await.expect("initialized");
@@ -196,6 +280,7 @@ mod tests {
         assert_eq!(no_meta["identity"]["code"], json!("missing_identity"));
         client.cancel().await.unwrap();
         server.await.unwrap().unwrap();
+        assert_eq!(tap.finish().dropped, 0);
 
         let text = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
         assert!(!text.contains("inprocess-secret"), "{text}");

@@ -15,28 +15,46 @@
 //!
 //! # Serving mode ([`Mode::Serve`])
 //! The tap decides what the MCP server behind it sees:
-//! - `server/discover` is answered here with `-32601` (method not found), whatever its `_meta`,
-//!   so a client such as Claude Code 2.1 falls back to `initialize`.
+//! - `server/discover` goes to the server, which answers it per MCP 2026-07-28; only with
+//!   [`Tap::legacy_handshake`] (`--legacy-handshake`) is it answered here with `-32601` (method
+//!   not found), whatever its `_meta`, so a client such as Claude Code 2.1 falls back to
+//!   `initialize`.
 //! - A request whose `params` or `params._meta` is not an object, or a `tools/call` whose
 //!   `arguments` is not an object, gets `-32602` (rmcp could not parse it, and would answer
 //!   without the request's id).
 //! - A JSON-RPC batch (an array) gets `-32600`; each element is still recorded.
 //! - Malformed JSON gets `-32700`, an oversize or too-deep message or a non-object `-32600`,
 //!   each with the message's id when it could be found; none reach the server.
-//! - Notifications and responses sent before the client's first request are recorded and
-//!   dropped: rmcp ends a session whose first message is not a request.
+//! - Notifications and responses sent before the client's lifecycle began are recorded and
+//!   dropped: rmcp ends a session whose first message after its requests is not a request. The
+//!   lifecycle begins with `initialize`, or with the first request other than `server/discover`
+//!   and `ping` whose `_meta` carries the 2026-07-28 keys rmcp requires
+//!   (`io.modelcontextprotocol/protocolVersion`, a version the server supports, and
+//!   `io.modelcontextprotocol/clientCapabilities`).
+//!
+//! # Protocol version in records
+//! A record's `protocol_version` is the one its own message declares (`initialize`'s
+//! `protocolVersion`, or the per-request `_meta["io.modelcontextprotocol/protocolVersion"]` of
+//! 2026-07-28); otherwise the connection's: the version the server agreed in its `initialize`
+//! reply, the one the client asked for, the last per-request one, or HTTP's
+//! `mcp-protocol-version` header, in that order.
 //!
 //! In [`Mode::Observe`] (`--wrap`) the tap never answers and never drops anything.
 
 use super::record::{
-    self, ClientInfoFrom, Kind, Record, RecordContext, RecordError, ShapeLog, Transport,
+    self, ClientInfo, ClientInfoFrom, Kind, Record, RecordContext, RecordError, ShapeLog, Transport,
 };
+use super::writer::{Job, RecordWriter, WriterSummary};
 use crate::shape::{self, Digester};
+use rmcp::model::ClientJsonRpcMessage;
+use serde::Deserialize as _;
 use serde_json::{Value, json};
 use std::sync::Arc;
 
 /// Longest message recorded in full, in bytes (1 MiB).
 pub const MAX_MESSAGE_BYTES: usize = 1 << 20;
+/// The per-request client capabilities key of protocol 2026-07-28.
+const INLINE_CAPABILITIES_META_KEY: &str = "io.modelcontextprotocol/clientCapabilities";
 /// Longest id or method token the skimmer keeps.
 const MAX_SKIM_TOKEN: usize = 1024;
 
@@ -61,24 +79,33 @@ pub enum Mode {
     Observe,
 }
 
-/// What the transport must do with one client message.
+/// What the transport must do with one client message. Its record (one, or one per element of
+/// a batch) has been handed to the tap's [`RecordWriter`].
 #[derive(Debug, Default)]
 pub struct Observation {
-    /// The records written for it (one, or one per element of a batch).
-    pub records: Vec<Record>,
     /// A JSON-RPC response to send back instead of forwarding.
     pub answer: Option<Value>,
     /// Whether to pass the message on to the server.
     pub forward: bool,
+    /// With [`TapConnection::feeding_server`]: the message to forward, as the server's typed message, made
+    /// from the tap's own parse (so the server does not parse it again).
+    pub message: Option<ClientJsonRpcMessage>,
+}
+
+/// The record of one message: built already, or to be built by the writer from the message.
+enum Pending {
+    Built(Box<Record>),
+    Deferred(RecordContext),
 }
 
 /// State shared by every connection: how to digest, where to write, how to behave.
 pub struct Tap {
     digester: Digester,
     sources: Arc<crate::identity::IdentitySources>,
-    log: Arc<ShapeLog>,
+    writer: RecordWriter,
     transport: Transport,
     mode: Mode,
+    legacy_handshake: bool,
 }
 
 impl std::fmt::Debug for Tap {
@@ -88,25 +115,45 @@ impl std::fmt::Debug for Tap {
             .field("digest", &self.digester.scheme())
             .field("transport", &self.transport)
             .field("mode", &self.mode)
+            .field("legacy_handshake", &self.legacy_handshake)
             .finish()
     }
 }
 
 impl Tap {
-    /// A tap writing to `log`.
+    /// A tap writing to `log` through a [`RecordWriter`] (records are written off the reply
+    /// path; [`Tap::flush`] waits for them, [`Tap::finish`] ends the writer).
     pub fn new(digester: Digester, log: Arc<ShapeLog>, transport: Transport, mode: Mode) -> Self {
         Tap {
+            writer: RecordWriter::start(log, digester.clone()),
             digester,
             sources: crate::identity::IdentitySources::built_in_shared(),
-            log,
             transport,
             mode,
+            legacy_handshake: false,
         }
     }
 
     /// The same tap, giving identity verdicts by `sources` (`--identity-sources`).
     pub fn with_identity_sources(mut self, sources: Arc<crate::identity::IdentitySources>) -> Self {
         self.sources = sources;
+        self
+    }
+
+    /// Waits until every record handed over so far is written.
+    pub fn flush(&self) {
+        self.writer.flush();
+    }
+
+    /// Writes what is queued and stops the writer (see [`RecordWriter::finish`]).
+    pub fn finish(&self) -> WriterSummary {
+        self.writer.finish()
+    }
+
+    /// Answers `server/discover` with `-32601` when `legacy` is true, so clients fall back to
+    /// `initialize` (pair it with [`super::ProbeServer::legacy_handshake`]).
+    pub fn legacy_handshake(mut self, legacy: bool) -> Self {
+        self.legacy_handshake = legacy;
         self
     }
 
@@ -126,15 +173,15 @@ impl Tap {
             requested_protocol: None,
             negotiated_protocol: None,
             header_protocol: None,
+            inline_protocol: None,
+            feeds_server: false,
             pending_initialize: Vec::new(),
             started: false,
         }
     }
 
-    fn write(&self, record: &Record) {
-        if let Err(e) = self.log.write(record) {
-            tracing::error!("{e:#}");
-        }
+    fn submit(&self, record: Record) {
+        self.writer.submit(Job::Record(Box::new(record)));
     }
 }
 
@@ -146,6 +193,8 @@ pub struct TapConnection {
     requested_protocol: Option<String>,
     negotiated_protocol: Option<String>,
     header_protocol: Option<String>,
+    inline_protocol: Option<String>,
+    feeds_server: bool,
     pending_initialize: Vec<String>,
     started: bool,
 }
@@ -165,6 +214,13 @@ pub enum Frame {
 }
 
 impl TapConnection {
+    /// This connection feeds the server directly: [`Observation::message`] carries each
+    /// forwarded message as the server's typed message, made from the tap's own parse (stdio).
+    pub fn feeding_server(mut self) -> Self {
+        self.feeds_server = true;
+        self
+    }
+
     /// The connection id written in its records.
     pub fn id(&self) -> &str {
         &self.ctx.connection
@@ -178,7 +234,7 @@ impl TapConnection {
 
     /// Records one client message and says what to do with it.
     pub fn client_frame(&mut self, frame: &Frame) -> Observation {
-        let obs = match frame {
+        match frame {
             Frame::Message(bytes) => self.client_message(bytes),
             Frame::Oversize { len, skim } => {
                 let len = *len;
@@ -194,11 +250,19 @@ impl TapConnection {
                     codes::INVALID_REQUEST,
                 )
             }
-        };
-        for r in &obs.records {
-            self.tap.write(r);
         }
-        obs
+    }
+
+    /// Learns from the server's typed reply to `initialize` the agreed protocol version.
+    pub fn server_initialized(&mut self, id: &rmcp::model::RequestId, version: &str) {
+        if self.pending_initialize.is_empty() {
+            return;
+        }
+        let key = serde_json::to_string(id).unwrap_or_default();
+        if let Some(pos) = self.pending_initialize.iter().position(|k| *k == key) {
+            self.pending_initialize.remove(pos);
+            self.negotiated_protocol = Some(record::label(version, &self.tap.digester));
+        }
     }
 
     /// Learns from one message the server sent (the agreed protocol version).
@@ -228,6 +292,7 @@ impl TapConnection {
             .negotiated_protocol
             .clone()
             .or_else(|| self.requested_protocol.clone())
+            .or_else(|| self.inline_protocol.clone())
             .or_else(|| self.header_protocol.clone());
         ctx
     }
@@ -257,7 +322,46 @@ impl TapConnection {
             }
         };
         match value {
-            Value::Object(_) => self.one_message(&value, bytes.len()),
+            Value::Object(_) => {
+                let (mut obs, pending) = self.one_message(&value, bytes.len());
+                if !(obs.forward && self.feeds_server) {
+                    match pending {
+                        Pending::Built(record) => self.tap.submit(*record),
+                        Pending::Deferred(ctx) => self.tap.writer.submit(Job::Message {
+                            message: value,
+                            bytes: bytes.len(),
+                            ctx,
+                        }),
+                    }
+                    return obs;
+                }
+                // The parsed value becomes the server's typed message (moved, not copied); the
+                // writer re-reads the message's bytes off the reply path to build the record.
+                match pending {
+                    Pending::Built(record) => self.tap.submit(*record),
+                    Pending::Deferred(ctx) => self.tap.writer.submit(Job::Text {
+                        text: text.to_vec(),
+                        bytes: bytes.len(),
+                        ctx,
+                    }),
+                }
+                let id = value.get("id").cloned();
+                match ClientJsonRpcMessage::deserialize(value) {
+                    Ok(message) => obs.message = Some(message),
+                    Err(e) => {
+                        // rmcp would answer this without the request's id.
+                        obs.forward = false;
+                        obs.answer = id.map(|id| {
+                            error_response(
+                                &id,
+                                codes::INVALID_PARAMS,
+                                &format!("invalid request: {e}"),
+                            )
+                        });
+                    }
+                }
+                obs
+            }
             Value::Array(items) => {
                 let mut obs = Observation {
                     forward: true,
@@ -265,7 +369,14 @@ impl TapConnection {
                 };
                 for item in &items {
                     let size = serde_json::to_vec(item).map(|v| v.len()).unwrap_or(0);
-                    obs.records.extend(self.one_message(item, size).records);
+                    match self.one_message(item, size).1 {
+                        Pending::Built(record) => self.tap.submit(*record),
+                        Pending::Deferred(ctx) => self.tap.writer.submit(Job::Message {
+                            message: item.clone(),
+                            bytes: size,
+                            ctx,
+                        }),
+                    }
                 }
                 if self.tap.mode == Mode::Serve {
                     // MCP dropped JSON-RPC batches in 2025-06-18; rmcp cannot answer one by id.
@@ -297,7 +408,9 @@ impl TapConnection {
         }
     }
 
-    fn one_message(&mut self, msg: &Value, bytes: usize) -> Observation {
+    /// Decides what to do with one message and updates the connection's state; the record is
+    /// built by the caller's writer from the message and the returned context.
+    fn one_message(&mut self, msg: &Value, bytes: usize) -> (Observation, Pending) {
         let digester = self.tap.digester.clone();
         let id = msg.get("id");
         let Some(method) = msg.get("method").and_then(Value::as_str) else {
@@ -305,17 +418,17 @@ impl TapConnection {
                 let mut r = Record::new(Kind::Response, bytes, &self.context(), &digester);
                 r.id = id.map(|id| shape::value_shape(id, &digester));
                 let forward = self.tap.mode == Mode::Observe || self.started;
-                return Observation {
-                    records: vec![r],
-                    answer: None,
+                let obs = Observation {
                     forward,
+                    ..Default::default()
                 };
+                return (obs, Pending::Built(Box::new(r)));
             }
             let skim = Skim {
                 id: id.cloned(),
                 method: None,
             };
-            return self.refused(
+            let (obs, record) = self.refused_record(
                 Kind::Malformed,
                 bytes,
                 &skim,
@@ -325,36 +438,55 @@ impl TapConnection {
                     .into(),
                 codes::INVALID_REQUEST,
             );
+            return (obs, Pending::Built(Box::new(record)));
         };
-        let record = record::record_for_request(
-            method,
-            id,
-            msg.get("params"),
-            bytes,
-            &self.context(),
-            &digester,
-        );
-        if let Some(client) = &record.client
+        // The record is built later from the message and this context; what the message teaches
+        // the connection (its client, its protocol version) is read here, as the record will.
+        let pending = Pending::Deferred(self.context());
+        let params = msg.get("params");
+        let params_obj = params.and_then(Value::as_object);
+        let meta = params_obj.and_then(|p| p.get("_meta"));
+        let meta_obj = meta.and_then(Value::as_object);
+        let inline_version = meta_obj
+            .and_then(|m| m.get(record::PROTOCOL_VERSION_META_KEY))
+            .and_then(Value::as_str);
+        let client = meta_obj
+            .and_then(|m| m.get(record::CLIENT_INFO_META_KEY))
+            .and_then(|v| ClientInfo::from_value(v, ClientInfoFrom::Meta, &digester))
+            .or_else(|| {
+                (method == "initialize")
+                    .then(|| params_obj.and_then(|p| p.get("clientInfo")))
+                    .flatten()
+                    .and_then(|v| ClientInfo::from_value(v, ClientInfoFrom::Initialize, &digester))
+            });
+        if let Some(client) = client
             && (client.from == ClientInfoFrom::Initialize || self.ctx.client.is_none())
         {
-            self.ctx.client = Some(client.clone());
+            self.ctx.client = Some(client);
         }
         if method == "initialize"
             && let Some(id) = id
         {
-            self.requested_protocol = record.protocol_version.clone();
+            let version = inline_version.or_else(|| {
+                params_obj
+                    .and_then(|p| p.get("protocolVersion"))
+                    .and_then(Value::as_str)
+            });
+            if let Some(v) = version {
+                self.requested_protocol = Some(record::label(v, &digester));
+            }
             self.pending_initialize.push(id.to_string());
         }
+        if let Some(v) = inline_version {
+            self.inline_protocol = Some(record::label(v, &digester));
+        }
         let mut obs = Observation {
-            records: vec![record],
-            answer: None,
             forward: true,
+            ..Default::default()
         };
         if self.tap.mode == Mode::Observe {
-            return obs;
+            return (obs, pending);
         }
-        let params = msg.get("params");
-        let meta = params.and_then(|p| p.get("_meta"));
         match id {
             Some(id) if params.is_some_and(|p| !p.is_object() && !p.is_null()) => {
                 obs.forward = false;
@@ -394,7 +526,7 @@ impl TapConnection {
                     ),
                 ));
             }
-            Some(id) if method == "server/discover" => {
+            Some(id) if method == "server/discover" && self.tap.legacy_handshake => {
                 obs.forward = false;
                 obs.answer = Some(error_response(
                     id,
@@ -403,12 +535,33 @@ impl TapConnection {
                      lifecycle (protocol 2025-11-25 and earlier)",
                 ));
             }
-            Some(_) => self.started = true,
+            Some(_) => {
+                self.started |= method == "initialize"
+                    || (method != "server/discover"
+                        && method != "ping"
+                        && inline_version.is_some_and(|v| self.supports(v))
+                        && meta
+                            .and_then(|m| m.get(INLINE_CAPABILITIES_META_KEY))
+                            .is_some_and(Value::is_object));
+            }
             None => obs.forward = self.started,
         }
-        obs
+        (obs, pending)
     }
 
+    /// Whether the server behind the tap serves `version` without `initialize`.
+    fn supports(&self, version: &str) -> bool {
+        let versions = if self.tap.legacy_handshake {
+            rmcp::model::ProtocolVersion::known_up_to(
+                &rmcp::model::ProtocolVersion::LATEST_WITH_INITIALIZE,
+            )
+        } else {
+            rmcp::model::ProtocolVersion::KNOWN_VERSIONS
+        };
+        versions.iter().any(|v| v.as_str() == version)
+    }
+
+    #[allow(clippy::too_many_arguments)]
     fn refused(
         &mut self,
         kind: Kind,
@@ -418,6 +571,20 @@ impl TapConnection {
         message: String,
         rpc_code: i64,
     ) -> Observation {
+        let (obs, record) = self.refused_record(kind, bytes, skim, code, message, rpc_code);
+        self.tap.submit(record);
+        obs
+    }
+
+    fn refused_record(
+        &mut self,
+        kind: Kind,
+        bytes: usize,
+        skim: &Skim,
+        code: &str,
+        message: String,
+        rpc_code: i64,
+    ) -> (Observation, Record) {
         let digester = &self.tap.digester;
         let mut r = Record::new(kind, bytes, &self.context(), digester);
         r.method = skim.method.as_deref().map(|m| record::label(m, digester));
@@ -436,11 +603,12 @@ impl TapConnection {
                 &message,
             )),
         };
-        Observation {
-            records: vec![r],
+        let obs = Observation {
             answer,
             forward: self.tap.mode == Mode::Observe,
-        }
+            message: None,
+        };
+        (obs, r)
     }
 }
 
@@ -781,15 +949,57 @@ mod tests {
         assert!(matches!(&out[2], Frame::Message(m) if m == b"{\"id\":2}"));
     }
 
-    fn serve_tap() -> (Arc<Tap>, TapConnection) {
-        let tap = Arc::new(Tap::new(
-            Digester::Plain,
-            Arc::new(ShapeLog::from_writer(Box::new(std::io::sink()))),
-            Transport::Stdio,
-            Mode::Serve,
-        ));
-        let conn = tap.connection();
-        (tap, conn)
+    /// A log the test reads back.
+    #[derive(Clone, Default)]
+    struct Shared(Arc<std::sync::Mutex<Vec<u8>>>);
+    impl std::io::Write for Shared {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// A tap, and its records so far (waiting for the writer).
+    struct Harness {
+        tap: Arc<Tap>,
+        log: Shared,
+    }
+
+    impl Harness {
+        fn new(mode: Mode, legacy: bool) -> Self {
+            let log = Shared::default();
+            let tap = Arc::new(
+                Tap::new(
+                    Digester::Plain,
+                    Arc::new(ShapeLog::from_writer(Box::new(log.clone()))),
+                    Transport::Stdio,
+                    mode,
+                )
+                .legacy_handshake(legacy),
+            );
+            Harness { tap, log }
+        }
+
+        fn records(&self) -> Vec<Record> {
+            self.tap.flush();
+            let text = String::from_utf8(self.log.0.lock().unwrap().clone()).unwrap();
+            text.lines()
+                .map(|l| serde_json::from_str(l).unwrap())
+                .collect()
+        }
+
+        fn last(&self) -> Record {
+            self.records().pop().expect("a record")
+        }
+    }
+
+    fn serve_tap() -> (Harness, TapConnection) {
+        let h = Harness::new(Mode::Serve, false);
+        let conn = h.tap.connection();
+        (h, conn)
     }
 
     fn msg(v: Value) -> Frame {
@@ -797,8 +1007,40 @@ mod tests {
     }
 
     #[test]
-    fn discover_is_answered_and_initialize_is_forwarded() {
-        let (_tap, mut c) = serve_tap();
+    fn discover_goes_to_the_server_and_a_stateless_request_begins_the_lifecycle() {
+        let (h, mut c) = serve_tap();
+        let inline = json!({
+            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientInfo": {"name": "claude-code", "version": "2.1.400"},
+            "io.modelcontextprotocol/clientCapabilities": {},
+        });
+        let o = c.client_frame(&msg(
+            json!({"jsonrpc":"2.0","id":"d-1","method":"server/discover","params":{"_meta": inline}}),
+        ));
+        assert!(o.forward && o.answer.is_none());
+        assert_eq!(h.last().protocol_version.as_deref(), Some("2026-07-28"));
+        // A notification after a discover is held back: rmcp has not begun a lifecycle yet.
+        let o = c.client_frame(&msg(json!({"jsonrpc":"2.0","method":"notifications/x"})));
+        assert!(!o.forward);
+        assert_eq!(h.last().protocol_version.as_deref(), Some("2026-07-28"));
+        let o = c.client_frame(&msg(json!({"jsonrpc":"2.0","id":1,"method":"tools/call",
+            "params":{"name":"capabilities","_meta": inline}})));
+        assert!(o.forward && o.answer.is_none());
+        assert!(
+            o.message.is_none(),
+            "typed only for a connection feeding the server"
+        );
+        let r = &h.last();
+        assert_eq!(r.protocol_version.as_deref(), Some("2026-07-28"));
+        assert_eq!(r.client.as_ref().unwrap().from, ClientInfoFrom::Meta);
+        let o = c.client_frame(&msg(json!({"jsonrpc":"2.0","method":"notifications/x"})));
+        assert!(o.forward, "the stateless request began the lifecycle");
+    }
+
+    #[test]
+    fn legacy_handshake_answers_discover_and_initialize_is_forwarded() {
+        let h = Harness::new(Mode::Serve, true);
+        let mut c = h.tap.connection();
         let o = c.client_frame(&msg(
             json!({"jsonrpc":"2.0","id":"d-1","method":"server/discover","params":{}}),
         ));
@@ -821,16 +1063,16 @@ mod tests {
             json!({"jsonrpc":"2.0","method":"notifications/initialized"}),
         ));
         assert!(o.forward);
-        let r = &o.records[0];
+        let r = &h.last();
         assert_eq!(r.client.as_ref().unwrap().name, "claude-code");
         assert_eq!(r.protocol_version.as_deref(), Some("2025-06-18"));
     }
 
     #[test]
     fn bad_input_is_recorded_and_answered() {
-        let (_tap, mut c) = serve_tap();
+        let (h, mut c) = serve_tap();
         let o = c.client_frame(&Frame::Message(b"{not json".to_vec()));
-        assert_eq!(o.records[0].error.as_ref().unwrap().code, "malformed_json");
+        assert_eq!(h.last().error.as_ref().unwrap().code, "malformed_json");
         assert_eq!(o.answer.unwrap()["error"]["code"], json!(-32700));
         let deep = format!(
             r#"{{"jsonrpc":"2.0","id":11,"method":"tools/call","params":{{"_meta":{}{}}}}}"#,
@@ -838,8 +1080,9 @@ mod tests {
             "]".repeat(1000)
         );
         let o = c.client_frame(&Frame::Message(deep.into_bytes()));
-        assert_eq!(o.records[0].error.as_ref().unwrap().code, "too_deep");
-        assert_eq!(o.records[0].method.as_deref(), Some("tools/call"));
+        let r = h.last();
+        assert_eq!(r.error.as_ref().unwrap().code, "too_deep");
+        assert_eq!(r.method.as_deref(), Some("tools/call"));
         let a = o.answer.unwrap();
         assert_eq!(
             (a["id"].clone(), a["error"]["code"].clone()),
@@ -854,23 +1097,18 @@ mod tests {
         let o = c.client_frame(&msg(
             json!([{"jsonrpc":"2.0","id":1,"method":"ping"},{"jsonrpc":"2.0","method":"n"}]),
         ));
-        assert_eq!(o.records.len(), 2);
+        assert_eq!(h.records().len(), 5, "one record per batch element");
         assert!(!o.forward);
         assert_eq!(o.answer.unwrap()["error"]["code"], json!(-32600));
         let o = c.client_frame(&Frame::Message(b"42".to_vec()));
-        assert_eq!(o.records[0].error.as_ref().unwrap().code, "not_jsonrpc");
+        assert_eq!(h.last().error.as_ref().unwrap().code, "not_jsonrpc");
         assert!(!o.forward);
     }
 
     #[test]
     fn observe_mode_forwards_everything() {
-        let tap = Arc::new(Tap::new(
-            Digester::Plain,
-            Arc::new(ShapeLog::from_writer(Box::new(std::io::sink()))),
-            Transport::Wrap,
-            Mode::Observe,
-        ));
-        let mut c = tap.connection();
+        let h = Harness::new(Mode::Observe, false);
+        let mut c = h.tap.connection();
         for frame in [
             msg(json!({"jsonrpc":"2.0","id":"d","method":"server/discover"})),
             Frame::Message(b"garbage".to_vec()),
@@ -879,5 +1117,31 @@ mod tests {
             let o = c.client_frame(&frame);
             assert!(o.forward && o.answer.is_none());
         }
+        assert_eq!(h.records().len(), 3);
+    }
+
+    /// A connection feeding the server gets each forwarded message typed from the tap's parse;
+    /// one rmcp cannot type is answered here with its id instead.
+    #[test]
+    fn feeding_the_server_types_each_forwarded_message() {
+        let h = Harness::new(Mode::Serve, false);
+        let mut c = h.tap.connection().feeding_server();
+        let o = c.client_frame(&msg(
+            json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{
+            "protocolVersion":"2025-11-25","capabilities":{},
+            "clientInfo":{"name":"c","version":"1"}}}),
+        ));
+        assert!(matches!(
+            o.message,
+            Some(rmcp::model::JsonRpcMessage::Request(_))
+        ));
+        let o = c.client_frame(&msg(json!({"jsonrpc":"1.0","id":"x","method":"ping"})));
+        assert!(o.message.is_none() && !o.forward);
+        let a = o.answer.unwrap();
+        assert_eq!(
+            (a["id"].clone(), a["error"]["code"].clone()),
+            (json!("x"), json!(-32602))
+        );
+        assert_eq!(h.records().len(), 2);
     }
 }

@@ -12,6 +12,7 @@ mod hardening_transport;
 mod identity_sources;
 mod matrix;
 mod probe;
+mod probe_protocol;
 mod provider;
 mod router;
 mod store;

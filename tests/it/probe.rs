@@ -224,7 +224,13 @@ async fn spawn_probe(args: &[&str]) -> (Connection, Child) {
 async fn stdio_probe_records_every_request() {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("probe.log");
-    let (conn, mut child) = spawn_probe(&["probe", "--log", log.to_str().unwrap()]).await;
+    let (conn, mut child) = spawn_probe(&[
+        "probe",
+        "--legacy-handshake",
+        "--log",
+        log.to_str().unwrap(),
+    ])
+    .await;
     let discover = conn
         .request(
             json!("discover-1"),
@@ -359,6 +365,7 @@ async fn http_probe_records_sessions_and_answers_discover() {
     let log = dir.path().join("http.log");
     let (_stdin, mut child) = spawn_probe(&[
         "probe",
+        "--legacy-handshake",
         "--http",
         "127.0.0.1:0",
         "--log",
@@ -411,6 +418,18 @@ async fn http_probe_records_sessions_and_answers_discover() {
     let unmatched = bad.take_unmatched();
     assert_eq!(unmatched.len(), 1, "{unmatched:?}");
     assert!(unmatched[0].contains("-32700"), "{unmatched:?}");
+    // Records are written off the reply path: stop the probe the way a person does (SIGTERM,
+    // which writes what is queued), not with kill -9.
+    #[cfg(unix)]
+    {
+        // SAFETY: sending a signal to our own child process.
+        assert_eq!(
+            unsafe { libc::kill(child.pid().unwrap() as i32, libc::SIGTERM) },
+            0
+        );
+        assert_eq!(child.wait().await.unwrap().code(), Some(0));
+    }
+    #[cfg(not(unix))]
     child.kill9().await.unwrap();
 
     let records = read_records(&log);
@@ -898,7 +917,12 @@ fn no_leak_property() {
                 conn.client_frame(&f);
             }
             calls += 1;
+            if i % 1_000 == 999 {
+                // Records are written off the caller's path, by a bounded queue: let it drain.
+                tap.flush();
+            }
         }
+        assert_eq!(tap.finish().dropped, 0);
     }
     assert_eq!(calls, 10_000);
     let bytes = log.0.lock().unwrap().clone();
