@@ -4,8 +4,9 @@
 mod bench;
 mod common;
 mod conform;
-mod hardening_transport;
+mod gateway;
 mod hardening_money;
+mod hardening_transport;
 mod matrix;
 mod probe;
 mod provider;

@@ -1,0 +1,562 @@
+//! Integration tests of `callid gateway` in front of `callid provider --mcp`: the real binary as
+//! both processes, real SQLite files, the hand-written JSON-RPC client on the agent side. Every
+//! response is scanned for the private key prefix.
+
+use crate::common::bin;
+use callid::crashpoint::Boundary;
+use callid::jsonrpc::{Child, Connection, Response, RpcError};
+use callid::provider::Ledger;
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+const KEY_PREFIX: &str = "hubu:operation:v1:";
+const HANDLE_PREFIX: &str = "hubu:public-operation:v1:";
+
+static RPC_ID: AtomicU64 = AtomicU64::new(1);
+
+fn next_id() -> Value {
+    json!(RPC_ID.fetch_add(1, Ordering::Relaxed))
+}
+
+struct World {
+    dir: tempfile::TempDir,
+}
+
+impl World {
+    fn new() -> World {
+        World {
+            dir: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn registry(&self) -> PathBuf {
+        self.path("gateway.sqlite3")
+    }
+
+    fn ledger(&self) -> PathBuf {
+        self.path("ledger.sqlite3")
+    }
+
+    fn charges(&self) -> Vec<callid::provider::ChargeRecord> {
+        if !self.ledger().exists() {
+            return vec![];
+        }
+        Ledger::open(&self.ledger()).unwrap().charges().unwrap()
+    }
+
+    fn args(&self, extra: &[&str]) -> Vec<String> {
+        let mut args: Vec<String> = vec![
+            "gateway".into(),
+            "--registry".into(),
+            self.registry().display().to_string(),
+            "--spend".into(),
+            "generate_image".into(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        args.extend([
+            "--".into(),
+            bin().display().to_string(),
+            "provider".into(),
+            "--mcp".into(),
+            "--ledger".into(),
+            self.ledger().display().to_string(),
+        ]);
+        args
+    }
+
+    /// Starts a gateway in front of `callid provider --mcp` and initializes it.
+    async fn gateway(&self, extra: &[&str], envs: &[(&str, &str)]) -> Gw {
+        let mut env: Vec<(String, String)> = vec![("CALLID_LOG".into(), "debug".into())];
+        env.extend(envs.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        let (conn, child) = Connection::spawn_stdio(&bin(), &self.args(extra), &env)
+            .await
+            .unwrap();
+        let init = conn
+            .initialize(json!(0), "2025-06-18", "callid-tests", "1")
+            .await
+            .unwrap_or_else(|e| panic!("initialize: {e}\n{}", child.stderr_text()));
+        assert!(init.result.is_some(), "initialize failed: {}", init.raw);
+        Gw { conn, child }
+    }
+}
+
+struct Gw {
+    conn: Connection,
+    child: Child,
+}
+
+impl Gw {
+    async fn call(&self, tool: &str, args: Value, meta: Option<Value>) -> Response {
+        let r = self
+            .conn
+            .call_tool(next_id(), tool, args, meta)
+            .await
+            .unwrap_or_else(|e| panic!("{tool} failed: {e}\n{}", self.child.stderr_text()));
+        assert_clean(&r);
+        r
+    }
+
+    async fn spend(&self, args: Value, meta: Value) -> Response {
+        self.call("generate_image", args, Some(meta)).await
+    }
+
+    async fn stop(mut self) -> String {
+        let _ = self.child.kill9().await;
+        let stderr = self.child.stderr_text();
+        assert!(
+            !stderr.contains(KEY_PREFIX),
+            "the gateway's log shows a private key:\n{stderr}"
+        );
+        stderr
+    }
+}
+
+fn assert_clean(r: &Response) {
+    assert!(
+        !r.raw.contains(KEY_PREFIX),
+        "a response leaked a private key: {}",
+        r.raw
+    );
+}
+
+fn codex(id: &str) -> Value {
+    json!({"callId": id, "progressToken": 7})
+}
+
+fn fox() -> Value {
+    json!({"prompt": "an origami fox"})
+}
+
+fn meta(r: &Response) -> &Value {
+    &r.tool_result().unwrap()["_meta"]
+}
+
+fn replayed(r: &Response) -> bool {
+    meta(r)["callid/replayed"]
+        .as_bool()
+        .unwrap_or_else(|| panic!("no callid/replayed in {}", r.raw))
+}
+
+fn handle(r: &Response) -> String {
+    let h = meta(r)["callid/handle"]
+        .as_str()
+        .or_else(|| r.structured().and_then(|s| s["handle"].as_str()))
+        .unwrap_or_else(|| panic!("no handle in {}", r.raw))
+        .to_string();
+    assert!(h.starts_with(HANDLE_PREFIX), "{h}");
+    h
+}
+
+fn code(r: &Response) -> &str {
+    assert!(r.is_tool_error(), "expected a tool error, got {}", r.raw);
+    r.structured().unwrap()["error"].as_str().unwrap()
+}
+
+/// The upstream's receipt in a successful spend reply.
+fn receipt(r: &Response) -> Value {
+    assert!(!r.is_tool_error(), "expected success, got {}", r.raw);
+    let s = r.structured().unwrap().clone();
+    assert!(s["charge_id"].as_str().is_some(), "{}", r.raw);
+    s
+}
+
+fn registry_handle(registry: &Path, call_id: &str) -> Option<String> {
+    use rusqlite::OptionalExtension as _;
+    rusqlite::Connection::open(registry)
+        .unwrap()
+        .query_row(
+            "SELECT handle FROM operations WHERE harness_call_id = ?1",
+            [call_id],
+            |r| r.get(0),
+        )
+        .optional()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn tools_list_is_the_upstreams_plus_status_and_resume() {
+    let w = World::new();
+    let g = w.gateway(&[], &[]).await;
+    let list = g
+        .conn
+        .request(next_id(), "tools/list", json!({}))
+        .await
+        .unwrap();
+    let tools = list.result.as_ref().unwrap()["tools"].as_array().unwrap();
+    let names: Vec<&str> = tools.iter().map(|t| t["name"].as_str().unwrap()).collect();
+    assert_eq!(
+        names,
+        [
+            "generate_image",
+            "list_charges",
+            "operation_status",
+            "resume_operation"
+        ]
+    );
+    let upstream: Vec<Value> = callid::provider::mcp::tools()
+        .into_iter()
+        .map(|t| serde_json::to_value(t).unwrap())
+        .collect();
+    assert_eq!(tools[0]["inputSchema"], upstream[0]["inputSchema"]);
+    assert_eq!(tools[0]["description"], upstream[0]["description"]);
+    g.stop().await;
+}
+
+#[tokio::test]
+async fn a_spend_is_charged_once_and_redelivery_replays_without_the_upstream() {
+    let w = World::new();
+    let g = w.gateway(&[], &[]).await;
+    let first = g.spend(fox(), codex("call_1")).await;
+    let r1 = receipt(&first);
+    assert!(!replayed(&first));
+    let h = handle(&first);
+    assert_eq!(w.charges().len(), 1);
+    assert_eq!(r1["charge_id"], json!(w.charges()[0].charge_id));
+    let key = w.charges()[0].idempotency_key.clone();
+    assert!(key.starts_with("callid-idem-v1-"), "{key}");
+
+    // Redelivered with a new JSON-RPC id: the recorded result, not an upstream replay.
+    let again = g.spend(fox(), codex("call_1")).await;
+    assert_eq!(receipt(&again), r1);
+    assert!(replayed(&again));
+    assert_eq!(handle(&again), h);
+    assert!(
+        meta(&again).get("callid-provider/replayed").is_none(),
+        "the upstream was called again: {}",
+        again.raw
+    );
+    assert_eq!(w.charges().len(), 1);
+
+    // Same arguments, new call id: a second operation with a different idempotency key.
+    let second = g.spend(fox(), codex("call_2")).await;
+    assert_ne!(receipt(&second)["charge_id"], r1["charge_id"]);
+    assert_ne!(handle(&second), h);
+    let charges = w.charges();
+    assert_eq!(charges.len(), 2);
+    assert_ne!(charges[1].idempotency_key, key);
+
+    // The status tool knows the operation and its recorded result.
+    let status = g.call("operation_status", json!({"handle": h}), None).await;
+    assert_eq!(status.structured().unwrap()["status"], "completed");
+    assert_eq!(
+        status.structured().unwrap()["result"]["structuredContent"],
+        r1
+    );
+    g.stop().await;
+
+    // After a restart on the same registry, still the recorded result.
+    let g = w.gateway(&[], &[]).await;
+    let later = g.spend(fox(), codex("call_1")).await;
+    assert_eq!(receipt(&later), r1);
+    assert!(replayed(&later));
+    assert_eq!(w.charges().len(), 2);
+    g.stop().await;
+}
+
+#[tokio::test]
+async fn the_pipeline_refuses_before_the_upstream() {
+    let w = World::new();
+    let g = w.gateway(&[], &[]).await;
+    let first = g.spend(fox(), codex("call_r")).await;
+    let h = handle(&first);
+    let other = g
+        .spend(json!({"prompt": "a paper crane"}), codex("call_r"))
+        .await;
+    assert_eq!(code(&other), "request_mismatch");
+    assert_eq!(other.structured().unwrap()["handle"], json!(h));
+    let none = g.call("generate_image", fox(), None).await;
+    assert_eq!(code(&none), "missing_identity");
+    let session_only = g
+        .call(
+            "generate_image",
+            fox(),
+            Some(json!({"openai/session": "s"})),
+        )
+        .await;
+    assert_eq!(code(&session_only), "missing_identity");
+    let in_args = g
+        .spend(json!({"prompt": "fox", "call_id": "mine"}), codex("call_x"))
+        .await;
+    assert_eq!(code(&in_args), "identity_in_arguments");
+    let two = g
+        .call(
+            "generate_image",
+            fox(),
+            Some(json!({"callId": "a", "claudecode/toolUseId": "b"})),
+        )
+        .await;
+    assert_eq!(code(&two), "ambiguous_identity");
+    assert_eq!(w.charges().len(), 1);
+    assert_eq!(registry_handle(&w.registry(), "call_x"), None);
+    g.stop().await;
+}
+
+#[tokio::test]
+async fn other_requests_pass_through_without_identity() {
+    let w = World::new();
+    let g = w.gateway(&[], &[]).await;
+    receipt(&g.spend(fox(), codex("call_p")).await);
+    let list = g.call("list_charges", json!({}), None).await;
+    assert!(!list.is_tool_error(), "{}", list.raw);
+    assert_eq!(list.structured().unwrap()["count"], 1);
+    assert!(
+        meta(&list).is_null(),
+        "a pass-through is not marked: {}",
+        list.raw
+    );
+    let resources = g
+        .conn
+        .request(next_id(), "resources/list", json!({}))
+        .await
+        .unwrap();
+    assert_eq!(
+        resources.result.as_ref().unwrap()["resources"][0]["uri"],
+        "callid-provider://charges",
+        "{}",
+        resources.raw
+    );
+    let read = g
+        .conn
+        .request(
+            next_id(),
+            "resources/read",
+            json!({"uri": "callid-provider://charges"}),
+        )
+        .await
+        .unwrap();
+    let text = read.result.as_ref().unwrap()["contents"][0]["text"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{}", read.raw));
+    assert_eq!(serde_json::from_str::<Value>(text).unwrap()["count"], 1);
+    // An upstream JSON-RPC error comes back as it is.
+    let missing = g
+        .conn
+        .request(next_id(), "resources/read", json!({"uri": "nope://x"}))
+        .await
+        .unwrap();
+    assert!(
+        missing.raw.contains("callid-provider://charges"),
+        "{}",
+        missing.raw
+    );
+    // A tool neither side has is the upstream's error.
+    let unknown = g
+        .conn
+        .call_tool(next_id(), "nope", json!({}), None)
+        .await
+        .unwrap();
+    assert!(
+        unknown.raw.contains("unknown tool `nope`"),
+        "{}",
+        unknown.raw
+    );
+    assert_eq!(w.charges().len(), 1);
+    g.stop().await;
+}
+
+#[tokio::test]
+async fn an_upstream_tool_error_is_recorded_and_replayed() {
+    let w = World::new();
+    let g = w.gateway(&[], &[]).await;
+    let args = json!({"prompt": "fox", "model": "no-such-model"});
+    let first = g.spend(args.clone(), codex("call_e")).await;
+    assert_eq!(code(&first), "unknown_model");
+    assert!(!replayed(&first));
+    let again = g.spend(args, codex("call_e")).await;
+    assert_eq!(again.structured(), first.structured());
+    assert!(replayed(&again));
+    assert_eq!(handle(&again), handle(&first));
+    assert_eq!(w.charges().len(), 0);
+    g.stop().await;
+}
+
+#[tokio::test]
+async fn start_up_refuses_an_unknown_spend_tool_and_a_name_clash() {
+    let w = World::new();
+    let out = std::process::Command::new(bin())
+        .args(["gateway", "--registry"])
+        .arg(w.registry())
+        .args(["--spend", "buy_car", "--", &bin().display().to_string()])
+        .args(["provider", "--mcp", "--ledger"])
+        .arg(w.ledger())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("`--spend buy_car`") && stderr.contains("`generate_image`"),
+        "{stderr}"
+    );
+    // The built-in router already has `operation_status`.
+    let out = std::process::Command::new(bin())
+        .args(["gateway", "--registry"])
+        .arg(w.registry())
+        .args([
+            "--spend",
+            "generate_image",
+            "--",
+            &bin().display().to_string(),
+        ])
+        .args(["router", "--registry"])
+        .arg(w.path("router.sqlite3"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("already has a tool named `operation_status`"),
+        "{stderr}"
+    );
+    assert!(w.charges().is_empty());
+}
+
+#[tokio::test]
+async fn an_upstream_that_dies_mid_call_leaves_the_operation_open() {
+    let w = World::new();
+    // The upstream (the gateway's child inherits the variable) kills itself right after it
+    // committed a new charge, before it answers.
+    let g = w
+        .gateway(
+            &[],
+            &[(
+                callid::crashpoint::ENV,
+                Boundary::AfterProviderCharge.name(),
+            )],
+        )
+        .await;
+    let first = g.spend(fox(), codex("call_d")).await;
+    assert_eq!(code(&first), "outcome_unknown", "{}", first.raw);
+    let text = first.structured().unwrap()["message"].as_str().unwrap();
+    assert!(text.contains("Redeliver this same call"), "{text}");
+    let h = handle(&first);
+    assert_eq!(w.charges().len(), 1);
+    let status = g.call("operation_status", json!({"handle": h}), None).await;
+    assert_eq!(status.structured().unwrap()["status"], "pending");
+    // Redelivery reaches a new upstream with the same key: the original charge.
+    let again = g.spend(fox(), codex("call_d")).await;
+    let r = receipt(&again);
+    assert_eq!(handle(&again), h);
+    assert_eq!(w.charges().len(), 1);
+    assert_eq!(r["charge_id"], json!(w.charges()[0].charge_id));
+    assert_eq!(meta(&again)["callid-provider/replayed"], true);
+    g.stop().await;
+}
+
+#[tokio::test]
+async fn an_upstream_timeout_leaves_the_operation_open() {
+    let w = World::new();
+    let gate = w.path("gate");
+    let pause = format!(
+        "{}:{}",
+        Boundary::AfterProviderCharge.name(),
+        gate.display()
+    );
+    let g = w
+        .gateway(
+            &["--upstream-timeout", "1"],
+            &[(callid::crashpoint::PAUSE_ENV, &pause)],
+        )
+        .await;
+    let first = g.spend(fox(), codex("call_t")).await;
+    assert_eq!(code(&first), "outcome_unknown", "{}", first.raw);
+    assert!(first.raw.contains("within 1 seconds"), "{}", first.raw);
+    std::fs::write(&gate, b"").unwrap();
+    let again = g.spend(fox(), codex("call_t")).await;
+    assert_eq!(
+        receipt(&again)["charge_id"],
+        json!(w.charges()[0].charge_id)
+    );
+    assert_eq!(handle(&again), handle(&first));
+    assert_eq!(w.charges().len(), 1);
+    g.stop().await;
+}
+
+#[tokio::test]
+async fn a_crash_at_any_boundary_never_charges_twice() {
+    for boundary in [
+        Boundary::AfterRowCommit,
+        Boundary::BeforeResultRecorded,
+        Boundary::BeforeReply,
+    ] {
+        let label = boundary.name();
+        let w = World::new();
+        let mut g = w
+            .gateway(&[], &[(callid::crashpoint::ENV, boundary.name())])
+            .await;
+        let err = g
+            .conn
+            .call_tool(next_id(), "generate_image", fox(), Some(codex("crash")))
+            .await;
+        assert!(
+            matches!(err, Err(RpcError::Closed { .. })),
+            "{label}: the gateway should have died, got {err:?}"
+        );
+        let status = g.child.wait().await.unwrap();
+        assert!(!status.success(), "{label}: {status:?}");
+        let before = registry_handle(&w.registry(), "crash");
+        assert!(before.is_some(), "{label}: the row is committed first");
+        assert!(w.charges().len() <= 1, "{label}");
+
+        let g = w.gateway(&[], &[]).await;
+        let again = g.spend(fox(), codex("crash")).await;
+        let r = receipt(&again);
+        assert_eq!(Some(handle(&again)), before, "{label}: same handle");
+        assert_eq!(w.charges().len(), 1, "{label}: one charge");
+        assert_eq!(r["charge_id"], json!(w.charges()[0].charge_id), "{label}");
+        assert_eq!(
+            replayed(&again),
+            boundary == Boundary::BeforeReply,
+            "{label}"
+        );
+        let third = g.spend(fox(), codex("crash")).await;
+        assert_eq!(receipt(&third), r, "{label}");
+        assert!(replayed(&third), "{label}");
+        g.stop().await;
+    }
+}
+
+#[tokio::test]
+async fn a_gateway_killed_while_the_upstream_works_charges_once() {
+    let w = World::new();
+    let gate = w.path("gate");
+    let mut reached = gate.clone().into_os_string();
+    reached.push(".reached");
+    let pause = format!(
+        "{}:{}",
+        Boundary::AfterProviderCharge.name(),
+        gate.display()
+    );
+    let mut g = w
+        .gateway(&[], &[(callid::crashpoint::PAUSE_ENV, &pause)])
+        .await;
+    let conn = g.conn.clone();
+    let call = tokio::spawn(async move {
+        conn.call_tool(next_id(), "generate_image", fox(), Some(codex("busy")))
+            .await
+    });
+    while !Path::new(&reached).exists() {
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    g.child.kill9().await.unwrap();
+    g.child.wait().await.unwrap();
+    assert!(call.await.unwrap().is_err());
+    std::fs::write(&gate, b"").unwrap();
+    let before = registry_handle(&w.registry(), "busy");
+    assert!(before.is_some());
+    assert_eq!(w.charges().len(), 1);
+
+    let g = w.gateway(&[], &[]).await;
+    let again = g.spend(fox(), codex("busy")).await;
+    assert_eq!(Some(handle(&again)), before);
+    assert_eq!(
+        receipt(&again)["charge_id"],
+        json!(w.charges()[0].charge_id)
+    );
+    assert_eq!(w.charges().len(), 1);
+    g.stop().await;
+}
