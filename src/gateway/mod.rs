@@ -19,8 +19,8 @@
 //! derived from the operation's private key ([`crate::keys::OperationKey::idempotency_key`]),
 //! the same on every continuation of the operation and different for every operation. Nothing
 //! else of the agent's `_meta` is forwarded for a spend tool (not its identity, not its progress
-//! token), so every continuation sends the upstream the same request. Other tools receive the
-//! agent's `_meta` as it came.
+//! token; rmcp's client adds its own `progressToken`), so every continuation sends the upstream
+//! the same request. Other tools receive the agent's `_meta` as it came.
 //!
 //! # Guarantees
 //! - No spend reaches the upstream before its registry row is committed.
@@ -81,10 +81,10 @@ pub async fn run(options: GatewayOptions) -> anyhow::Result<()> {
     });
     let gateway = Gateway::start(core, upstream, options.spend.clone()).await?;
     crate::logging::line(format_args!(
-        "callid gateway: {} in front of {} ({} spend tools)",
+        "callid gateway: {} in front of {} (spend tools: {})",
         options.registry.display(),
         options.upstream,
-        options.spend.len()
+        options.spend.iter().cloned().collect::<Vec<_>>().join(", ")
     ));
     server::serve_stdio(server::GatewayServer::new(Arc::new(gateway), info)).await
 }

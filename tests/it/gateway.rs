@@ -386,7 +386,7 @@ async fn start_up_refuses_an_unknown_spend_tool_and_a_name_clash() {
         .arg(w.ledger())
         .output()
         .unwrap();
-    assert!(!out.status.success());
+    assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         stderr.contains("`--spend buy_car`") && stderr.contains("`generate_image`"),
@@ -406,7 +406,7 @@ async fn start_up_refuses_an_unknown_spend_tool_and_a_name_clash() {
         .arg(w.path("router.sqlite3"))
         .output()
         .unwrap();
-    assert!(!out.status.success());
+    assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         stderr.contains("already has a tool named `operation_status`"),
@@ -559,4 +559,57 @@ async fn a_gateway_killed_while_the_upstream_works_charges_once() {
     );
     assert_eq!(w.charges().len(), 1);
     g.stop().await;
+}
+
+#[tokio::test]
+async fn an_http_upstream_gets_the_derived_key_and_not_the_identity() {
+    let w = World::new();
+    let args: Vec<String> = ["probe", "--http", "127.0.0.1:0"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let (_probe_stdin, mut probe) = Connection::spawn_stdio(&bin(), &args, &[]).await.unwrap();
+    let url = callid::probe::demo::http_url(&probe).await.unwrap();
+    let gw_args: Vec<String> = vec![
+        "gateway".into(),
+        "--registry".into(),
+        w.registry().display().to_string(),
+        "--spend".into(),
+        "capabilities".into(),
+        "--upstream-url".into(),
+        url,
+    ];
+    let (conn, child) = Connection::spawn_stdio(&bin(), &gw_args, &[])
+        .await
+        .unwrap();
+    conn.initialize(json!(0), "2025-06-18", "callid-tests", "1")
+        .await
+        .unwrap_or_else(|e| panic!("initialize: {e}\n{}", child.stderr_text()));
+    let g = Gw { conn, child };
+    let first = g
+        .call("capabilities", json!({}), Some(codex("call_h")))
+        .await;
+    assert!(!first.is_tool_error(), "{}", first.raw);
+    let keys: Vec<&str> = first.structured().unwrap()["meta_keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k["key"].as_str().unwrap())
+        .collect();
+    assert!(keys.contains(&"callid/idempotency-key"), "{keys:?}");
+    assert!(!keys.contains(&"callId"), "{keys:?}");
+    // The upstream saw no identity: the probe's verdict on its own `_meta`.
+    assert_eq!(
+        first.structured().unwrap()["identity"]["verdict"],
+        "rejected",
+        "{}",
+        first.raw
+    );
+    let again = g
+        .call("capabilities", json!({}), Some(codex("call_h")))
+        .await;
+    assert!(replayed(&again));
+    assert_eq!(again.structured(), first.structured());
+    g.stop().await;
+    probe.kill9().await.unwrap();
 }
