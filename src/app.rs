@@ -185,7 +185,12 @@ fn run_gateway(args: crate::cli::GatewayArgs) -> anyhow::Result<ExitCode> {
         Some(url) => UpstreamSpec::Url(url),
         None => UpstreamSpec::Command(args.command),
     };
+    let policy = match &args.policy {
+        Some(path) => crate::gateway::policy::GatewayPolicy::load(path)?,
+        None => Default::default(),
+    };
     let options = GatewayOptions {
+        policy,
         registry: args.registry,
         spend: args.spend.into_iter().collect(),
         upstream,

@@ -266,8 +266,16 @@ pub struct GatewayArgs {
     pub registry: PathBuf,
     /// A tool of the upstream that spends money: its calls go through the whole pipeline
     /// (repeatable).
-    #[arg(long = "spend", value_name = "TOOL", required = true)]
+    #[arg(
+        long = "spend",
+        value_name = "TOOL",
+        required_unless_present = "policy"
+    )]
     pub spend: Vec<String>,
+    /// Prices per tool (fixed or read from the arguments), approvals and budget (YAML); every
+    /// tool it lists spends.
+    #[arg(long, value_name = "FILE")]
+    pub policy: Option<PathBuf>,
     /// Connect to an upstream MCP server over streamable HTTP at this URL instead of starting
     /// one (e.g. http://127.0.0.1:9000/mcp).
     #[arg(long, value_name = "URL", conflicts_with = "command")]

@@ -13,6 +13,7 @@
 //! - [`spend`]: [`Gateway`], the upstream as the pipeline's spender, and the start-up checks.
 //! - [`upstream`]: [`Upstream`], the (re)connecting MCP client of the upstream.
 //! - [`server`]: the agent-facing rmcp `ServerHandler`.
+//! - [`policy`]: `--policy FILE`: per-tool prices (fixed or from the arguments), approvals, budget.
 //!
 //! # What the upstream receives for a spend tool
 //! The call's arguments as recorded, and `_meta` holding only `callid/idempotency-key`: a key
@@ -33,6 +34,7 @@
 //!   `resume_operation`, lacks a `--spend` tool, or a spend tool's input schema has an
 //!   identity-like field (naming the tool and the field).
 
+pub mod policy;
 pub mod server;
 pub mod spend;
 pub mod upstream;
@@ -54,8 +56,10 @@ pub const DEFAULT_UPSTREAM_TIMEOUT: Duration = Duration::from_secs(100);
 pub struct GatewayOptions {
     /// The registry file.
     pub registry: PathBuf,
-    /// The tools that spend.
+    /// The tools that spend (the policy's tools spend too).
     pub spend: BTreeSet<String>,
+    /// Prices, approvals and budget.
+    pub policy: policy::GatewayPolicy,
     /// The upstream server.
     pub upstream: UpstreamSpec,
     /// How long to wait for an upstream answer.
@@ -79,12 +83,13 @@ pub async fn run(options: GatewayOptions) -> anyhow::Result<()> {
         key_prefix: options.key_prefix.clone(),
         handle_prefix: options.handle_prefix.clone(),
     });
-    let gateway = Gateway::start(core, upstream, options.spend.clone()).await?;
+    let gateway = Gateway::start(core, upstream, options.spend.clone(), options.policy).await?;
+    let spend: Vec<&str> = gateway.spend_tools().collect();
     crate::logging::line(format_args!(
         "callid gateway: {} in front of {} (spend tools: {})",
         options.registry.display(),
         options.upstream,
-        options.spend.iter().cloned().collect::<Vec<_>>().join(", ")
+        spend.join(", ")
     ));
     server::serve_stdio(server::GatewayServer::new(Arc::new(gateway), info)).await
 }

@@ -10,6 +10,7 @@
 //! leaves the operation open (`outcome_unknown`): redelivering the same call re-sends it under
 //! the same idempotency key.
 
+use super::policy::GatewayPolicy;
 use super::upstream::{Upstream, UpstreamError};
 use crate::identity;
 use crate::router::pipeline::{Core, Outcome, Quote, Reply, Spender, ToolError};
@@ -40,6 +41,7 @@ pub const ERROR_CODES: &[&str] = &[
     "unknown_operation",
     "registry_unavailable",
     "outcome_unknown",
+    "budget_exceeded",
     "upstream_unavailable",
     "upstream_error",
     "provider_error",
@@ -167,6 +169,7 @@ pub struct Gateway {
     core: Core,
     upstream: Upstream,
     spend: BTreeSet<String>,
+    policy: GatewayPolicy,
     tools: Vec<Tool>,
 }
 
@@ -180,12 +183,15 @@ impl std::fmt::Debug for Gateway {
 }
 
 impl Gateway {
-    /// A gateway over a connected upstream; lists and checks the upstream's tools.
+    /// A gateway over a connected upstream; lists and checks the upstream's tools. The spend
+    /// tools are `spend` and every tool the policy prices.
     pub async fn start(
         core: Core,
         upstream: Upstream,
-        spend: BTreeSet<String>,
+        mut spend: BTreeSet<String>,
+        policy: GatewayPolicy,
     ) -> Result<Gateway, StartError> {
+        spend.extend(policy.tools.keys().cloned());
         let mut tools = upstream.list_tools().await?;
         check_tools(&tools, &spend)?;
         tools.extend(
@@ -197,6 +203,7 @@ impl Gateway {
             core,
             upstream,
             spend,
+            policy,
             tools,
         })
     }
@@ -209,6 +216,11 @@ impl Gateway {
     /// The upstream connection (for requests passed through unchanged).
     pub fn upstream(&self) -> &Upstream {
         &self.upstream
+    }
+
+    /// The spend tools.
+    pub fn spend_tools(&self) -> impl Iterator<Item = &str> {
+        self.spend.iter().map(String::as_str)
     }
 
     /// Whether `tool` goes through the spend pipeline.
@@ -254,15 +266,18 @@ fn unknown_outcome(op: &Operation, e: &UpstreamError) -> ToolError {
 impl Spender for Gateway {
     const ERROR_CODES: &'static [&'static str] = ERROR_CODES;
     const OPERATOR: &'static str = "callid router";
+    const NAME_REGISTRY: bool = true;
 
-    fn check(&self, _tool: &str, _args: &Value) -> Result<(), ToolError> {
-        Ok(())
+    fn check(&self, tool: &str, args: &Value) -> Result<(), ToolError> {
+        self.policy.price(tool, args).map(|_| ())
     }
 
-    async fn quote(&self, _tool: &str, _args: &Value) -> Result<Quote, ToolError> {
+    async fn quote(&self, tool: &str, args: &Value) -> Result<Quote, ToolError> {
+        let amount_cents = self.policy.price(tool, args)?;
         Ok(Quote {
-            amount_cents: 0,
-            needs_approval: false,
+            amount_cents,
+            needs_approval: self.policy.needs_approval(tool, amount_cents),
+            budget_cents: self.policy.budget_cents,
         })
     }
 

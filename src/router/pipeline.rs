@@ -33,7 +33,8 @@
 
 use super::preallocated::{KeyPool, KeyPoolError};
 use super::registry::{
-    Lease, NewOperation, Operation, Registry, RegistryError, Status, process_owner, retire_owner,
+    Insert, Lease, NewOperation, Operation, Registry, RegistryError, Status, process_owner,
+    retire_owner,
 };
 use super::scrub::Scrubber;
 use crate::canonical::{self, RequestHash};
@@ -214,6 +215,9 @@ pub struct Quote {
     pub amount_cents: u64,
     /// Whether the policy wants a person before it runs (decided once, stored with the row).
     pub needs_approval: bool,
+    /// A budget the registry enforces when it records the operation (`None`: none, or one
+    /// enforced elsewhere, as the built-in router's authorization layer does).
+    pub budget_cents: Option<u64>,
 }
 
 /// What a spender's execution of an operation came to.
@@ -254,6 +258,8 @@ pub trait Spender: Sync {
     const ERROR_CODES: &'static [&'static str];
     /// The command an operator runs to approve (e.g. `callid router`).
     const OPERATOR: &'static str;
+    /// Whether the operator command needs `--registry FILE` (the gateway has no default one).
+    const NAME_REGISTRY: bool = false;
 
     /// Checks a spend call's arguments before the registry is consulted.
     fn check(&self, tool: &str, args: &Value) -> Result<(), ToolError>;
@@ -469,7 +475,24 @@ impl Core {
             amount_cents: quote.amount_cents,
             needs_approval: quote.needs_approval,
         };
-        let (op, created) = self.registry(move |r| r.insert_or_get(new)).await?;
+        let amount = quote.amount_cents;
+        let budget = quote.budget_cents;
+        let (op, created) = match self
+            .registry(move |r| r.insert_within_budget(new, budget))
+            .await?
+        {
+            Insert::Stored(op, created) => (*op, created),
+            Insert::OverBudget { committed_cents } => {
+                let budget = budget.unwrap_or_default();
+                return Err(ToolError::new(
+                    "budget_exceeded",
+                    format!(
+                        "this spend costs {amount} cents but only {} of the {budget}-cent budget                          remain; nothing was recorded or dispatched: ask the operator to raise                          the budget",
+                        budget.saturating_sub(committed_cents)
+                    ),
+                ));
+            }
+        };
         if !created {
             // Another process recorded this call between our lookup and our insert.
             keys.push(op.key.clone());
@@ -478,7 +501,7 @@ impl Core {
         crashpoint::hit(Boundary::AfterRowCommit);
         tracing::info!(handle = %op.handle, platform = %op.platform, tool, amount = quote.amount_cents, needs_approval = quote.needs_approval, "operation recorded");
         if op.status == Status::AwaitingApproval {
-            return Err(awaiting_approval::<S>(&op));
+            return Err(awaiting_approval::<S>(&op, &self.opts.registry));
         }
         self.dispatch(spender, op).await
     }
@@ -514,7 +537,7 @@ impl Core {
             Status::Completed => Ok(spender.completed(&op, true)),
             Status::Failed => Err(recorded_failure::<S>(&op)),
             Status::Denied => Err(denied(&op)),
-            Status::AwaitingApproval => Err(awaiting_approval::<S>(&op)),
+            Status::AwaitingApproval => Err(awaiting_approval::<S>(&op, &self.opts.registry)),
             Status::Pending => self.dispatch(spender, op).await,
         }
     }
@@ -774,12 +797,17 @@ fn unknown_operation(handle: &str) -> ToolError {
     )
 }
 
-fn awaiting_approval<S: Spender>(op: &Operation) -> ToolError {
+fn awaiting_approval<S: Spender>(op: &Operation, registry: &std::path::Path) -> ToolError {
+    let registry = if S::NAME_REGISTRY {
+        format!(" --registry {}", registry.display())
+    } else {
+        String::new()
+    };
     ToolError::new(
         "awaiting_approval",
         format!(
             "operation `{}` ({} cents) needs a person's approval and nothing was spent; ask the \
-             operator to run `{} approve {}`, then call `resume_operation` with this \
+             operator to run `{} approve{registry} {}`, then call `resume_operation` with this \
              handle (redelivering this call never skips the approval)",
             op.handle,
             op.amount_cents,

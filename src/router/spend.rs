@@ -288,6 +288,8 @@ impl Spender for Router {
         Ok(Quote {
             amount_cents: amount,
             needs_approval: self.opts.policy.needs_approval(amount, &request.model),
+            // The authorization layer enforces the router's budget.
+            budget_cents: None,
         })
     }
 

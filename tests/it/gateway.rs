@@ -613,3 +613,123 @@ async fn an_http_upstream_gets_the_derived_key_and_not_the_identity() {
     g.stop().await;
     probe.kill9().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_policy_prices_calls_and_enforces_its_budget() {
+    let w = World::new();
+    let policy = w.path("policy.yaml");
+    std::fs::write(
+        &policy,
+        "budget_cents: 8\ntools:\n  generate_image:\n    price_cents: 3\n",
+    )
+    .unwrap();
+    let g = w
+        .gateway(&["--policy", policy.to_str().unwrap()], &[])
+        .await;
+    let first = g.spend(fox(), codex("b1")).await;
+    receipt(&first);
+    // An upstream tool error charged nothing, and so holds none of the budget: without that,
+    // `b2` would take the total to 9 cents.
+    let refused = g
+        .spend(json!({"prompt": "fox", "model": "nope"}), codex("e1"))
+        .await;
+    assert_eq!(code(&refused), "unknown_model");
+    receipt(&g.spend(fox(), codex("b2")).await);
+    let third = g.spend(fox(), codex("b3")).await;
+    assert_eq!(code(&third), "budget_exceeded");
+    assert!(
+        third.raw.contains("only 2 of the 8-cent budget"),
+        "{}",
+        third.raw
+    );
+    assert_eq!(registry_handle(&w.registry(), "b3"), None);
+    // A redelivery of a recorded call is not a new spend.
+    assert!(replayed(&g.spend(fox(), codex("b1")).await));
+    assert_eq!(w.charges().len(), 2);
+    g.stop().await;
+}
+
+#[tokio::test]
+async fn a_policy_price_from_the_arguments_and_approvals() {
+    let w = World::new();
+    let policy = w.path("policy.yaml");
+    std::fs::write(
+        &policy,
+        "approval_above_cents: 1000\ntools:\n  generate_image:\n    price_pointer: /width\n",
+    )
+    .unwrap();
+    let g = w
+        .gateway(&["--policy", policy.to_str().unwrap()], &[])
+        .await;
+    let cheap = g
+        .spend(json!({"prompt": "fox", "width": 512}), codex("a1"))
+        .await;
+    receipt(&cheap);
+    let bad = g
+        .spend(json!({"prompt": "fox", "width": "wide"}), codex("a2"))
+        .await;
+    assert_eq!(code(&bad), "invalid_arguments");
+    assert!(bad.raw.contains("`/width`"), "{}", bad.raw);
+
+    let big = json!({"prompt": "fox", "width": 2048});
+    let waiting = g.spend(big.clone(), codex("a3")).await;
+    assert_eq!(code(&waiting), "awaiting_approval");
+    assert!(waiting.raw.contains("(2048 cents)"), "{}", waiting.raw);
+    let h = waiting.structured().unwrap()["handle"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let hint = format!(
+        "callid router approve --registry {} {h}",
+        w.registry().display()
+    );
+    assert!(waiting.raw.contains(&hint), "{}", waiting.raw);
+    assert_eq!(w.charges().len(), 1);
+    // Redelivery never skips the approval.
+    assert_eq!(
+        code(&g.spend(big.clone(), codex("a3")).await),
+        "awaiting_approval"
+    );
+    let out = std::process::Command::new(bin())
+        .args(["router", "approve", "--registry"])
+        .arg(w.registry())
+        .arg(&h)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let resumed = g.call("resume_operation", json!({"handle": h}), None).await;
+    let r = receipt(&resumed);
+    assert_eq!(w.charges().len(), 2);
+    let again = g.spend(big, codex("a3")).await;
+    assert_eq!(receipt(&again), r);
+    assert!(replayed(&again));
+
+    let denied = g
+        .spend(json!({"prompt": "wolf", "width": 4096}), codex("a4"))
+        .await;
+    let h4 = denied.structured().unwrap()["handle"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let out = std::process::Command::new(bin())
+        .args(["router", "deny", "--registry"])
+        .arg(w.registry())
+        .arg(&h4)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let after = g
+        .spend(json!({"prompt": "wolf", "width": 4096}), codex("a4"))
+        .await;
+    assert_eq!(code(&after), "operation_denied");
+    assert_eq!(w.charges().len(), 2);
+    g.stop().await;
+}
