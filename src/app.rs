@@ -199,7 +199,7 @@ fn run_gateway(args: crate::cli::GatewayArgs) -> anyhow::Result<ExitCode> {
         handle_prefix: crate::keys::DEFAULT_HANDLE_PREFIX.into(),
     };
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
-    runtime.block_on(crate::gateway::run(options))?;
+    runtime.block_on(crate::gateway::run(options, args.http, &args.allow_origins))?;
     Ok(ExitCode::from(exit_codes::SUCCESS))
 }
 

@@ -284,6 +284,13 @@ pub struct GatewayArgs {
     /// operation stays open; redelivering it re-sends it with the same idempotency key).
     #[arg(long, value_name = "SECS", default_value_t = 100)]
     pub upstream_timeout: u64,
+    /// Serve the agent over streamable HTTP on this loopback address instead of stdio (e.g.
+    /// 127.0.0.1:8766; port 0 picks one, printed on stderr).
+    #[arg(long, value_name = "ADDR", value_parser = crate::http_guard::parse_listen_addr)]
+    pub http: Option<SocketAddr>,
+    /// With `--http`: also answer browser requests from this origin (repeatable).
+    #[arg(long = "allow-origin", value_name = "ORIGIN", requires = "http")]
+    pub allow_origins: Vec<String>,
     /// The upstream MCP server to start, after `--`: `-- CMD ARGS...`.
     #[arg(
         last = true,

@@ -1,6 +1,7 @@
 //! `callid gateway`: the reference router's pipeline in front of anyone's paid MCP server.
 //!
-//! The agent connects to the gateway (stdio); the gateway starts the upstream MCP server as a
+//! The agent connects to the gateway (stdio, or streamable HTTP on loopback with `--http`); the
+//! gateway starts the upstream MCP server as a
 //! child process (`-- CMD ARGS...`) or connects to it over streamable HTTP (`--upstream-url`).
 //! Tools named with `--spend` go through the same pipeline as the built-in router's
 //! `generate_image` ([`crate::router::pipeline`]): identity in the arguments refused, trusted
@@ -13,6 +14,7 @@
 //! - [`spend`]: [`Gateway`], the upstream as the pipeline's spender, and the start-up checks.
 //! - [`upstream`]: [`Upstream`], the (re)connecting MCP client of the upstream.
 //! - [`server`]: the agent-facing rmcp `ServerHandler`.
+//! - [`guard`]: [`guard::Guard`], the same protection embedded in a Rust MCP server.
 //! - [`policy`]: `--policy FILE`: per-tool prices (fixed or from the arguments), approvals, budget.
 //!
 //! # What the upstream receives for a spend tool
@@ -34,6 +36,7 @@
 //!   `resume_operation`, lacks a `--spend` tool, or a spend tool's input schema has an
 //!   identity-like field (naming the tool and the field).
 
+pub mod guard;
 pub mod policy;
 pub mod server;
 pub mod spend;
@@ -71,8 +74,20 @@ pub struct GatewayOptions {
 }
 
 /// Connects to the upstream, checks its tools, then serves the agent on stdio until it goes
-/// away.
-pub async fn run(options: GatewayOptions) -> anyhow::Result<()> {
+/// away, or over streamable HTTP (`http`, loopback only) until Ctrl-C. Over HTTP it binds before
+/// it starts anything, so a refused address leaves no registry and no upstream behind.
+pub async fn run(
+    options: GatewayOptions,
+    http: Option<std::net::SocketAddr>,
+    allow_origins: &[String],
+) -> anyhow::Result<()> {
+    let bound = match http {
+        Some(addr) => Some(
+            crate::http_guard::bind(crate::http_guard::Server::Gateway, addr, allow_origins)
+                .await?,
+        ),
+        None => None,
+    };
     let upstream = Upstream::connect(options.upstream.clone(), options.upstream_timeout)
         .await
         .map_err(StartError::from)?;
@@ -91,5 +106,9 @@ pub async fn run(options: GatewayOptions) -> anyhow::Result<()> {
         options.upstream,
         spend.join(", ")
     ));
-    server::serve_stdio(server::GatewayServer::new(Arc::new(gateway), info)).await
+    let server = server::GatewayServer::new(Arc::new(gateway), info);
+    match bound {
+        Some(bound) => server::serve_http(server, bound).await,
+        None => server::serve_stdio(server).await,
+    }
 }

@@ -187,3 +187,32 @@ pub async fn serve_stdio(server: GatewayServer) -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("serving the gateway on stdio: {e}"))?;
     Ok(())
 }
+
+/// Serves streamable HTTP at `http://ADDR/mcp` on `bound` until Ctrl-C; prints the address on
+/// stderr. Every request passes the bound address's [`crate::http_guard::Guard`] first.
+pub async fn serve_http(
+    server: GatewayServer,
+    bound: crate::http_guard::Bound,
+) -> anyhow::Result<()> {
+    use anyhow::Context as _;
+    use rmcp::transport::StreamableHttpService;
+    use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+    let service = StreamableHttpService::new(
+        move || Ok(server.clone()),
+        Arc::new(LocalSessionManager::default()),
+        bound.guard.rmcp_config(),
+    );
+    let app = bound
+        .guard
+        .protect(axum::Router::new().nest_service("/mcp", service));
+    crate::logging::line(format_args!(
+        "callid gateway: listening on http://{}/mcp",
+        bound.addr
+    ));
+    axum::serve(bound.listener, app)
+        .with_graceful_shutdown(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await
+        .context("serving streamable HTTP")
+}

@@ -733,3 +733,76 @@ async fn a_policy_price_from_the_arguments_and_approvals() {
     assert_eq!(w.charges().len(), 2);
     g.stop().await;
 }
+
+#[tokio::test]
+async fn the_agent_side_over_streamable_http_keeps_the_rules() {
+    use tokio::io::AsyncBufReadExt;
+    let w = World::new();
+    let args = w.args(&["--http", "127.0.0.1:0"]);
+    let mut child = tokio::process::Command::new(bin())
+        .args(&args)
+        .stderr(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let url = tokio::time::timeout(std::time::Duration::from_secs(30), async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if let Some(rest) = line.strip_prefix("callid gateway: listening on ") {
+                return rest.trim().to_string();
+            }
+        }
+        panic!("the gateway exited before listening");
+    })
+    .await
+    .unwrap();
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    let connect = || async {
+        let c = Connection::http(&url).await.unwrap();
+        c.initialize(json!(0), "2025-06-18", "callid-tests", "1")
+            .await
+            .unwrap();
+        c
+    };
+    let a = connect().await;
+    let first = a
+        .call_tool(next_id(), "generate_image", fox(), Some(codex("h1")))
+        .await
+        .unwrap();
+    assert_clean(&first);
+    let r1 = receipt(&first);
+    assert!(!replayed(&first));
+    // A reconnecting client redelivers on a new session.
+    let b = connect().await;
+    let again = b
+        .call_tool(next_id(), "generate_image", fox(), Some(codex("h1")))
+        .await
+        .unwrap();
+    assert_eq!(receipt(&again), r1);
+    assert!(replayed(&again));
+    let none = b
+        .call_tool(next_id(), "generate_image", fox(), None)
+        .await
+        .unwrap();
+    assert_eq!(code(&none), "missing_identity");
+    assert_eq!(w.charges().len(), 1);
+    child.kill().await.unwrap();
+}
+
+#[test]
+fn the_gateway_refuses_a_non_loopback_http_address() {
+    let w = World::new();
+    let out = std::process::Command::new(bin())
+        .args(w.args(&["--http", "0.0.0.0:0"]))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("loopback"), "{stderr}");
+    assert!(!w.registry().exists(), "nothing is opened before the bind");
+    assert!(
+        !w.ledger().exists(),
+        "no upstream is started before the bind"
+    );
+}
