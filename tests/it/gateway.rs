@@ -806,3 +806,53 @@ fn the_gateway_refuses_a_non_loopback_http_address() {
         "no upstream is started before the bind"
     );
 }
+
+/// Builds `examples/guarded_server.rs` (cargo compiles examples for `cargo test`, not for
+/// `cargo test --test it`) and returns its path.
+fn guarded_server() -> PathBuf {
+    // `<target>/<profile>/deps/it-...`: build the example with the same profile.
+    let exe = std::env::current_exe().unwrap();
+    let profile_dir = exe.parent().and_then(Path::parent).unwrap().to_path_buf();
+    let mut cargo = std::process::Command::new(env!("CARGO"));
+    cargo
+        .args(["build", "--quiet", "--example", "guarded_server"])
+        .current_dir(crate::common::repo());
+    if profile_dir.file_name().is_some_and(|n| n == "release") {
+        cargo.arg("--release");
+    }
+    let status = cargo.status().unwrap();
+    assert!(status.success(), "building the example failed");
+    profile_dir.join("examples").join("guarded_server")
+}
+
+#[tokio::test]
+async fn the_guarded_server_example_charges_once_per_call() {
+    let w = World::new();
+    let exe = guarded_server();
+    let args = vec![
+        w.registry().display().to_string(),
+        w.ledger().display().to_string(),
+    ];
+    let (conn, child) = Connection::spawn_stdio(&exe, &args, &[]).await.unwrap();
+    conn.initialize(json!(0), "2025-06-18", "callid-tests", "1")
+        .await
+        .unwrap_or_else(|e| panic!("initialize: {e}\n{}", child.stderr_text()));
+    let g = Gw { conn, child };
+    let first = g.spend(fox(), codex("ex1")).await;
+    let r1 = receipt(&first);
+    assert!(!replayed(&first));
+    let again = g.spend(fox(), codex("ex1")).await;
+    assert_eq!(receipt(&again), r1);
+    assert!(replayed(&again));
+    assert_eq!(handle(&again), handle(&first));
+    let second = g.spend(fox(), codex("ex2")).await;
+    assert_ne!(receipt(&second)["charge_id"], r1["charge_id"]);
+    let mismatch = g.spend(json!({"prompt": "wolf"}), codex("ex1")).await;
+    assert_eq!(code(&mismatch), "request_mismatch");
+    let none = g.call("generate_image", fox(), None).await;
+    assert_eq!(code(&none), "missing_identity");
+    let charges = w.charges();
+    assert_eq!(charges.len(), 2);
+    assert!(charges[0].idempotency_key.starts_with("callid-idem-v1-"));
+    g.stop().await;
+}
