@@ -13,6 +13,7 @@
 //! # Layout
 //! - [`spend`]: [`Gateway`], the upstream as the pipeline's spender, and the start-up checks.
 //! - [`upstream`]: [`Upstream`], the (re)connecting MCP client of the upstream.
+//! - [`keyed_http`]: the HTTP client that also sends a spend's key as `Idempotency-Key`.
 //! - [`server`]: the agent-facing rmcp `ServerHandler`.
 //! - [`guard`]: [`guard::Guard`], the same protection embedded in a Rust MCP server.
 //! - [`policy`]: `--policy FILE`: per-tool prices (fixed or from the arguments), approvals, budget.
@@ -20,8 +21,9 @@
 //! # What the upstream receives for a spend tool
 //! The call's arguments as recorded, and `_meta` holding only `callid/idempotency-key`: a key
 //! derived from the operation's private key ([`crate::keys::OperationKey::idempotency_key`]),
-//! the same on every continuation of the operation and different for every operation. Nothing
-//! else of the agent's `_meta` is forwarded for a spend tool (not its identity, not its progress
+//! the same on every continuation of the operation and different for every operation; an HTTP
+//! upstream also gets it as the `Idempotency-Key` header ([`keyed_http`]). Nothing else of the
+//! agent's `_meta` is forwarded for a spend tool (not its identity, not its progress
 //! token; rmcp's client adds its own `progressToken`), so every continuation sends the upstream
 //! the same request. Other tools receive the agent's `_meta` as it came.
 //!
@@ -37,6 +39,7 @@
 //!   identity-like field (naming the tool and the field).
 
 pub mod guard;
+pub mod keyed_http;
 pub mod policy;
 pub mod server;
 pub mod spend;

@@ -102,8 +102,14 @@ impl Upstream {
                 ().serve(transport).await.map_err(|e| err(e.to_string()))
             }
             UpstreamSpec::Url(url) => {
-                let transport =
-                    rmcp::transport::StreamableHttpClientTransport::from_uri(url.as_str());
+                let client =
+                    super::keyed_http::KeyedClient::new().map_err(|e| err(e.to_string()))?;
+                let transport = rmcp::transport::StreamableHttpClientTransport::with_client(
+                    client,
+                    rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig::with_uri(
+                        url.as_str(),
+                    ),
+                );
                 ().serve(transport).await.map_err(|e| err(e.to_string()))
             }
         }

@@ -856,3 +856,104 @@ async fn the_guarded_server_example_charges_once_per_call() {
     assert!(charges[0].idempotency_key.starts_with("callid-idem-v1-"));
     g.stop().await;
 }
+
+/// An HTTP upstream that answers each `pay` call with the `Idempotency-Key` header and the
+/// `_meta` key it received, and counts its calls.
+#[derive(Clone, Default)]
+struct HeaderEcho {
+    calls: std::sync::Arc<AtomicU64>,
+}
+
+impl rmcp::ServerHandler for HeaderEcho {
+    fn get_info(&self) -> rmcp::model::ServerConfig {
+        rmcp::model::ServerConfig::new(
+            rmcp::model::ServerCapabilities::builder()
+                .enable_tools()
+                .build(),
+        )
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<rmcp::model::PaginatedRequestParams>,
+        _context: rmcp::service::RequestContext<rmcp::RoleServer>,
+    ) -> Result<rmcp::model::ListToolsResult, rmcp::ErrorData> {
+        let schema = json!({"type": "object", "properties": {"amount": {"type": "integer"}}});
+        Ok(rmcp::model::ListToolsResult::with_all_items(vec![
+            rmcp::model::Tool::new(
+                "pay",
+                "Pay.",
+                std::sync::Arc::new(schema.as_object().unwrap().clone()),
+            ),
+        ]))
+    }
+
+    async fn call_tool(
+        &self,
+        _request: rmcp::model::CallToolRequestParams,
+        context: rmcp::service::RequestContext<rmcp::RoleServer>,
+    ) -> Result<rmcp::model::CallToolResponse, rmcp::ErrorData> {
+        let n = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
+        let header = context
+            .extensions
+            .get::<axum::http::request::Parts>()
+            .and_then(|p| p.headers.get("idempotency-key"))
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let meta_key = context.meta.0.0.get("callid/idempotency-key").cloned();
+        let result = rmcp::model::CallToolResult::structured(
+            json!({"header": header, "meta_key": meta_key, "call": n}),
+        );
+        Ok(result.into())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_upstream_gets_the_key_as_idempotency_key_header() {
+    use rmcp::transport::StreamableHttpService;
+    use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+    let echo = HeaderEcho::default();
+    let served = echo.clone();
+    let service = StreamableHttpService::new(
+        move || Ok(served.clone()),
+        std::sync::Arc::new(LocalSessionManager::default()),
+        Default::default(),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = axum::Router::new().nest_service("/mcp", service);
+    tokio::spawn(async move { axum::serve(listener, app).await });
+
+    let w = World::new();
+    let args: Vec<String> = vec![
+        "gateway".into(),
+        "--registry".into(),
+        w.registry().display().to_string(),
+        "--spend".into(),
+        "pay".into(),
+        "--upstream-url".into(),
+        format!("http://localhost:{}/mcp", addr.port()),
+    ];
+    let (conn, child) = Connection::spawn_stdio(&bin(), &args, &[]).await.unwrap();
+    conn.initialize(json!(0), "2025-06-18", "callid-tests", "1")
+        .await
+        .unwrap_or_else(|e| panic!("initialize: {e}\n{}", child.stderr_text()));
+    let g = Gw { conn, child };
+    let first = g.call("pay", json!({"amount": 5}), Some(codex("p1"))).await;
+    let s = first
+        .structured()
+        .unwrap_or_else(|| panic!("{}", first.raw))
+        .clone();
+    let header = s["header"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{}", first.raw));
+    assert!(header.starts_with("callid-idem-v1-"), "{header}");
+    assert_eq!(s["meta_key"], json!(header));
+    let again = g.call("pay", json!({"amount": 5}), Some(codex("p1"))).await;
+    assert!(replayed(&again));
+    assert_eq!(again.structured(), Some(&s));
+    let other = g.call("pay", json!({"amount": 5}), Some(codex("p2"))).await;
+    assert_ne!(other.structured().unwrap()["header"], json!(header));
+    assert_eq!(echo.calls.load(Ordering::SeqCst), 2);
+    g.stop().await;
+}
