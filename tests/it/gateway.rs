@@ -957,3 +957,51 @@ async fn an_http_upstream_gets_the_key_as_idempotency_key_header() {
     assert_eq!(echo.calls.load(Ordering::SeqCst), 2);
     g.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_deliveries_of_one_call_reach_the_upstream_once() {
+    let w = World::new();
+    let g = w.gateway(&[], &[]).await;
+    let mut tasks = vec![];
+    for _ in 0..8 {
+        let conn = g.conn.clone();
+        tasks.push(tokio::spawn(async move {
+            conn.call_tool(next_id(), "generate_image", fox(), Some(codex("burst")))
+                .await
+                .unwrap()
+        }));
+    }
+    let mut replies = vec![];
+    for t in tasks {
+        replies.push(t.await.unwrap());
+    }
+    let first = receipt(&replies[0]);
+    for r in &replies {
+        assert_clean(r);
+        assert_eq!(receipt(r), first);
+        assert!(
+            meta(r).get("callid-provider/replayed").is_none(),
+            "{}",
+            r.raw
+        );
+    }
+    assert_eq!(replies.iter().filter(|r| !replayed(r)).count(), 1);
+    assert_eq!(w.charges().len(), 1);
+    // The operator's view of a gateway registry.
+    let h = handle(&replies[0]);
+    let out = std::process::Command::new(bin())
+        .args(["router", "status", "--registry"])
+        .arg(w.registry())
+        .arg(&h)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("completed") && text.contains(&h), "{text}");
+    assert!(!text.contains(KEY_PREFIX), "{text}");
+    g.stop().await;
+}
