@@ -400,4 +400,28 @@ mod tests {
         );
         assert!(check_tools(&[ok, free], &spend).is_ok());
     }
+
+    #[test]
+    fn every_start_up_refusal_reads_well() {
+        let all = [
+            StartError::Upstream(UpstreamError::Connect {
+                spec: "`paid-server --stdio`".into(),
+                detail: "No such file or directory (os error 2)".into(),
+            }),
+            StartError::NameClash {
+                tool: OPERATION_STATUS.into(),
+            },
+            StartError::UnknownSpendTool {
+                tool: "buy_car".into(),
+                available: "`generate_image`, `list_charges`".into(),
+            },
+            StartError::IdentityInSchema {
+                tool: "pay".into(),
+                field: "call_id".into(),
+                pointer: "/properties/call_id".into(),
+            },
+        ];
+        let text: Vec<String> = all.iter().map(|e| format!("{}: {e}", e.code())).collect();
+        insta::assert_snapshot!("start_up_refusals", text.join("\n"));
+    }
 }
