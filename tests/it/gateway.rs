@@ -1005,3 +1005,48 @@ async fn concurrent_deliveries_of_one_call_reach_the_upstream_once() {
     assert!(!text.contains(KEY_PREFIX), "{text}");
     g.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_gateways_on_one_registry_never_overspend_the_budget() {
+    let w = World::new();
+    let policy = w.path("policy.yaml");
+    std::fs::write(
+        &policy,
+        "budget_cents: 9\ntools:\n  generate_image:\n    price_cents: 3\n",
+    )
+    .unwrap();
+    let flags = ["--policy", policy.to_str().unwrap()];
+    let a = w.gateway(&flags, &[]).await;
+    let b = w.gateway(&flags, &[]).await;
+    let mut tasks = vec![];
+    for i in 0..8 {
+        let conn = if i % 2 == 0 {
+            a.conn.clone()
+        } else {
+            b.conn.clone()
+        };
+        tasks.push(tokio::spawn(async move {
+            conn.call_tool(
+                next_id(),
+                "generate_image",
+                fox(),
+                Some(codex(&format!("budget-{i}"))),
+            )
+            .await
+            .unwrap()
+        }));
+    }
+    let mut ok = 0;
+    for t in tasks {
+        let r = t.await.unwrap();
+        if r.is_tool_error() {
+            assert_eq!(code(&r), "budget_exceeded", "{}", r.raw);
+        } else {
+            ok += 1;
+        }
+    }
+    assert_eq!(ok, 3, "a 9-cent budget pays for three 3-cent calls");
+    assert_eq!(w.charges().len(), 3);
+    a.stop().await;
+    b.stop().await;
+}
