@@ -23,6 +23,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Demo(args) => run_demo(args),
         Command::Router(args) => run_router(args),
         Command::Provider(args) => run_provider(args),
+        Command::Gateway(args) => run_gateway(args),
         Command::Conform(args) => conform(args),
         Command::Matrix(args) => matrix_command(args),
         Command::Measure(args) => measure_command(args),
@@ -277,6 +278,12 @@ fn run_provider(args: crate::cli::ProviderArgs) -> anyhow::Result<ExitCode> {
         crate::provider::TOKEN_ENV,
     )?;
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    if args.mcp {
+        let ledger =
+            crate::provider::Ledger::open(&args.ledger).context("starting the provider")?;
+        runtime.block_on(crate::provider::mcp::serve_stdio(ledger))?;
+        return Ok(ExitCode::from(exit_codes::SUCCESS));
+    }
     runtime.block_on(async move {
         let bound = http_guard::bind(Server::Provider, args.listen, &args.allow_origins).await?;
         let ledger =
@@ -301,6 +308,36 @@ fn run_provider(args: crate::cli::ProviderArgs) -> anyhow::Result<ExitCode> {
         handle.shutdown().await.context("serving the provider")?;
         Ok(ExitCode::from(exit_codes::SUCCESS))
     })
+}
+
+/// `callid gateway`: connects to the upstream, checks its tools, serves the agent on stdio.
+fn run_gateway(args: crate::cli::GatewayArgs) -> anyhow::Result<ExitCode> {
+    use crate::gateway::{GatewayOptions, UpstreamSpec};
+    use anyhow::Context as _;
+    if args.upstream_timeout == 0 {
+        anyhow::bail!("`--upstream-timeout` must be at least 1 second");
+    }
+    let upstream = match args.upstream_url {
+        Some(url) => UpstreamSpec::Url(url),
+        None => UpstreamSpec::Command(args.command),
+    };
+    let policy = match &args.policy {
+        Some(path) => crate::gateway::policy::GatewayPolicy::load(path)?,
+        None => Default::default(),
+    };
+    let options = GatewayOptions {
+        policy,
+        registry: args.registry,
+        spend: args.spend.into_iter().collect(),
+        upstream,
+        upstream_timeout: std::time::Duration::from_secs(args.upstream_timeout),
+        key_prefix: crate::keys::DEFAULT_KEY_PREFIX.into(),
+        handle_prefix: crate::keys::DEFAULT_HANDLE_PREFIX.into(),
+        identity_sources: identity_sources(&args.sources)?,
+    };
+    let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    runtime.block_on(crate::gateway::run(options, args.http, &args.allow_origins))?;
+    Ok(ExitCode::from(exit_codes::SUCCESS))
 }
 
 /// Prints `err` once, with its cause chain, and returns the exit code for it. A broken pipe here

@@ -96,6 +96,9 @@ pub enum Command {
     Router(RouterArgs),
     /// Run the paid image provider: charges once per idempotency key, with a durable ledger.
     Provider(ProviderArgs),
+    /// Put the router's pipeline in front of a paid MCP server: `callid gateway --registry FILE
+    /// --spend TOOL -- CMD ARGS...`.
+    Gateway(GatewayArgs),
     /// Replay the conformance scenarios against a router and report a verdict per rule.
     Conform(ConformArgs),
     /// Render or update the support matrix in `matrices/`.
@@ -343,6 +346,56 @@ pub struct ProviderArgs {
     /// Also answer browser requests from this origin (repeatable). Other `Origin`s get 403.
     #[arg(long = "allow-origin", value_name = "ORIGIN")]
     pub allow_origins: Vec<String>,
+    /// Serve MCP over stdio instead of HTTP: a paid `generate_image` tool charged once per
+    /// `_meta["callid/idempotency-key"]`, and a free `list_charges` (the upstream `callid
+    /// gateway` is put in front of).
+    #[arg(long, conflicts_with_all = ["token_file", "allow_origins"])]
+    pub mcp: bool,
+}
+
+/// `callid gateway`
+#[derive(Debug, Args)]
+pub struct GatewayArgs {
+    /// The gateway's registry (SQLite), created if missing.
+    #[arg(long, value_name = "FILE")]
+    pub registry: PathBuf,
+    /// A tool of the upstream that spends money: its calls go through the whole pipeline
+    /// (repeatable).
+    #[arg(
+        long = "spend",
+        value_name = "TOOL",
+        required_unless_present = "policy"
+    )]
+    pub spend: Vec<String>,
+    /// Prices per tool (fixed or read from the arguments), approvals and budget (YAML); every
+    /// tool it lists spends.
+    #[arg(long, value_name = "FILE")]
+    pub policy: Option<PathBuf>,
+    /// Connect to an upstream MCP server over streamable HTTP at this URL instead of starting
+    /// one (e.g. http://127.0.0.1:9000/mcp).
+    #[arg(long, value_name = "URL", conflicts_with = "command")]
+    pub upstream_url: Option<String>,
+    /// Seconds to wait for an upstream answer before the call's outcome is unknown (the
+    /// operation stays open; redelivering it re-sends it with the same idempotency key).
+    #[arg(long, value_name = "SECS", default_value_t = 100)]
+    pub upstream_timeout: u64,
+    /// Serve the agent over streamable HTTP on this loopback address instead of stdio (e.g.
+    /// 127.0.0.1:8766; port 0 picks one, printed on stderr).
+    #[arg(long, value_name = "ADDR", value_parser = crate::http_guard::parse_listen_addr)]
+    pub http: Option<SocketAddr>,
+    /// With `--http`: also answer browser requests from this origin (repeatable).
+    #[arg(long = "allow-origin", value_name = "ORIGIN", requires = "http")]
+    pub allow_origins: Vec<String>,
+    /// Identity sources beyond the built-in table (see `callid identity-sources`).
+    #[command(flatten)]
+    pub sources: IdentitySourcesArg,
+    /// The upstream MCP server to start, after `--`: `-- CMD ARGS...`.
+    #[arg(
+        last = true,
+        value_name = "CMD",
+        required_unless_present = "upstream_url"
+    )]
+    pub command: Vec<String>,
 }
 
 /// `callid conform`

@@ -36,6 +36,8 @@ pub enum Server {
     Probe,
     /// `callid provider --listen`.
     Provider,
+    /// `callid gateway --http`.
+    Gateway,
 }
 
 impl Server {
@@ -44,12 +46,13 @@ impl Server {
             Server::Router => "the router",
             Server::Probe => "the probe",
             Server::Provider => "the provider",
+            Server::Gateway => "the gateway",
         }
     }
 
     fn flag(self) -> &'static str {
         match self {
-            Server::Router | Server::Probe => "--http",
+            Server::Router | Server::Probe | Server::Gateway => "--http",
             Server::Provider => "--listen",
         }
     }
@@ -59,6 +62,9 @@ impl Server {
             Server::Router => "it trusts the identity in `_meta` from whoever connects",
             Server::Probe => "it answers and records whoever connects, without authentication",
             Server::Provider => "it charges whoever connects, over plain HTTP",
+            Server::Gateway => {
+                "it trusts the identity in `_meta` from whoever connects and spends upstream for it"
+            }
         }
     }
 }

@@ -36,7 +36,26 @@ impl OperationKey {
     pub fn expose(&self) -> &str {
         &self.0
     }
+
+    /// The idempotency key an upstream server receives for this operation (`callid gateway`'s
+    /// `_meta["callid/idempotency-key"]`): `callid-idem-v1-` and the hex HMAC-SHA-256 of a
+    /// domain tag keyed by this private key. The same on every continuation of one operation,
+    /// different for every operation, and the private key cannot be read back from it.
+    pub fn idempotency_key(&self) -> String {
+        use hmac::{Hmac, KeyInit as _, Mac as _};
+        let mut mac = Hmac::<sha2::Sha256>::new_from_slice(self.0.as_bytes())
+            .expect("HMAC takes a key of any size");
+        mac.update(IDEMPOTENCY_DOMAIN);
+        format!(
+            "{IDEMPOTENCY_KEY_PREFIX}{}",
+            crate::canonical::hex(&mac.finalize().into_bytes())
+        )
+    }
 }
+
+/// Prefix of the idempotency keys derived for upstream servers.
+pub const IDEMPOTENCY_KEY_PREFIX: &str = "callid-idem-v1-";
+const IDEMPOTENCY_DOMAIN: &[u8] = b"callid/idempotency-key/v1";
 
 impl std::fmt::Debug for OperationKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -153,5 +172,21 @@ mod tests {
         for (key, handle, want) in cases {
             assert_eq!(check_prefixes(key, handle), want, "{key} / {handle}");
         }
+    }
+
+    #[test]
+    fn idempotency_key_is_derived_stable_and_distinct() {
+        let key = OperationKey::from_stored("hubu:operation:v1:codex:k1".into());
+        let derived = key.idempotency_key();
+        assert_eq!(derived, key.clone().idempotency_key());
+        assert!(derived.starts_with(IDEMPOTENCY_KEY_PREFIX));
+        assert_eq!(derived.len(), IDEMPOTENCY_KEY_PREFIX.len() + 64);
+        assert!(!derived.contains("hubu:operation"));
+        assert_ne!(
+            derived,
+            OperationKey::from_stored("hubu:operation:v1:codex:k2".into()).idempotency_key()
+        );
+        // Visible ASCII, within the provider's idempotency key limits.
+        crate::provider::validate_key(&derived).unwrap();
     }
 }

@@ -29,7 +29,8 @@
 //! - [`provider`]: the paid image provider with a durable ledger that charges once per key.
 //! - [`backend`]: the authorization and execution layers, each idempotent on its own.
 //! - [`router`]: the reference router: identity, request hash, registry, keys, scrubbing,
-//!   approvals, in front of the backend.
+//!   approvals, in front of the backend; its tool-agnostic pipeline is `router::pipeline`.
+//! - [`gateway`]: the router's pipeline in front of anyone's paid MCP server (`callid gateway`).
 //! - [`conform`]: the conformance runner that replays the built-in `scenarios/*.yaml` against any
 //!   router.
 //! - [`matrix`]: the support matrix data in `matrices/` and its Markdown rendering.
@@ -49,6 +50,7 @@ pub mod conform;
 pub mod crashpoint;
 pub mod error_chain;
 pub mod exit_codes;
+pub mod gateway;
 pub mod http_guard;
 pub mod identity;
 pub mod jsonrpc;

@@ -536,7 +536,11 @@ mod tests {
                 }
                 deep
             },
-            crate::bench::fixtures::codex_meta(7),
+            // A Codex-sized `_meta`, as the benchmark's fixture.
+            json!({"callId": "call_000000000000000000000007", "itemId": "fc_0007",
+                   "threadId": "0199a3f2", "progressToken": 7,
+                   "x-codex-turn-metadata": {"model": "gpt-5.3-codex", "turn_started_at_unix_ms":
+                       1_795_990_000_007_u64, "auto_review_enabled": false, "sandbox": "workspace-write"}}),
         ];
         for digester in [Digester::Plain, Digester::new(Some("salt"))] {
             for meta in &cases {

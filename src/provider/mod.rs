@@ -28,6 +28,10 @@
 //! `GET /v1/charges`: `{"charges":[{"charge_id","idempotency_key","amount_cents","model",
 //! "created_at"}],"count":N,"total_cents":N}`, oldest first.
 //!
+//! # MCP (`callid provider --mcp`)
+//! The same ledger and rules behind an MCP server over stdio, the key in
+//! `_meta["callid/idempotency-key"]`: see [`mcp`].
+//!
 //! `GET /healthz`: `{"status":"ok"}`.
 //!
 //! Every route: a provider started with a token ([`require_token`]) answers a request without
@@ -42,6 +46,7 @@
 pub mod client;
 pub mod error;
 pub mod ledger;
+pub mod mcp;
 pub mod prices;
 pub mod server;
 pub mod types;

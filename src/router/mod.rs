@@ -43,6 +43,7 @@
 
 pub mod diagnose;
 pub mod operator;
+pub mod pipeline;
 pub mod policy;
 pub mod preallocated;
 pub mod registry;

@@ -329,6 +329,18 @@ pub struct NewOperation {
     pub needs_approval: bool,
 }
 
+/// What [`Registry::insert_within_budget`] did.
+#[derive(Debug)]
+pub enum Insert {
+    /// The row now stored for the call, and whether this call created it.
+    Stored(Box<Operation>, bool),
+    /// Nothing was recorded: the new operation would exceed the budget.
+    OverBudget {
+        /// Cents already committed by this installation's operations.
+        committed_cents: u64,
+    },
+}
+
 /// What [`Registry::claim_lease`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Lease {
@@ -512,6 +524,22 @@ impl Registry {
     /// returns the row now stored and whether it was created by this call. The row is committed
     /// (durably, `synchronous=FULL`) when this returns.
     pub fn insert_or_get(&mut self, new: NewOperation) -> Result<(Operation, bool), RegistryError> {
+        match self.insert_within_budget(new, None)? {
+            Insert::Stored(op, created) => Ok((*op, created)),
+            Insert::OverBudget { .. } => unreachable!("no budget was given"),
+        }
+    }
+
+    /// [`Registry::insert_or_get`], refusing a new operation whose amount would take the cents
+    /// committed by this installation's operations (completed ones by what they charged, pending
+    /// and awaiting ones by their amount) above `budget_cents`. The sum and the insert run in
+    /// one IMMEDIATE transaction, so concurrent operations, from any process sharing the file,
+    /// never overspend together.
+    pub fn insert_within_budget(
+        &mut self,
+        new: NewOperation,
+        budget_cents: Option<u64>,
+    ) -> Result<Insert, RegistryError> {
         let path = self.path.clone();
         let tx = self
             .conn
@@ -535,7 +563,27 @@ impl Registry {
             .map_err(sqlite(&path, "looking up a call"))?;
         if let Some(raw) = existing {
             drop(tx);
-            return Ok((raw.into_operation(&path)?, false));
+            return Ok(Insert::Stored(Box::new(raw.into_operation(&path)?), false));
+        }
+        if let Some(budget) = budget_cents {
+            let committed: i64 = tx
+                .query_row(
+                    "SELECT COALESCE(SUM(CASE
+                         WHEN status = 'completed' THEN COALESCE(charged_cents, amount_cents)
+                         WHEN status IN ('pending', 'awaiting_approval') THEN amount_cents
+                         ELSE 0 END), 0)
+                     FROM operations WHERE installation_id = ?1",
+                    [&self.installation_id],
+                    |r| r.get(0),
+                )
+                .map_err(sqlite(&path, "summing the budget"))?;
+            let committed = committed.max(0) as u64;
+            if committed.saturating_add(new.amount_cents) > budget {
+                drop(tx);
+                return Ok(Insert::OverBudget {
+                    committed_cents: committed,
+                });
+            }
         }
         let now = now_ms();
         let (status, approval) = if new.needs_approval {
@@ -567,8 +615,8 @@ impl Registry {
         .map_err(sqlite(&path, "recording a new operation"))?;
         tx.commit()
             .map_err(sqlite(&path, "committing a new operation"))?;
-        Ok((
-            Operation {
+        Ok(Insert::Stored(
+            Box::new(Operation {
                 platform: new.platform,
                 source_installation: new.source_installation,
                 harness_call_id: new.harness_call_id,
@@ -583,7 +631,7 @@ impl Registry {
                 result: None,
                 error: None,
                 charged_cents: None,
-            },
+            }),
             true,
         ))
     }

@@ -7,6 +7,7 @@ mod cli;
 mod common;
 mod conform;
 mod conform_contract;
+mod gateway;
 mod hardening_money;
 mod hardening_transport;
 mod identity_sources;

@@ -1,0 +1,298 @@
+//! [`Guard`]: the gateway's protection embedded in a Rust MCP server, without a second process.
+//!
+//! A paid tool handler asks the guard first ([`Guard::begin`]) with the call's tool name,
+//! arguments and `_meta`, and gets a [`Decision`]: a new operation to run (a [`Ticket`] with
+//! the public handle and the derived idempotency key to pass to whatever charges), the recorded
+//! result of the same call delivered again, or the refusal the router would give. The handler
+//! then runs the operation and hands its result to [`Ticket::finish`], which records it and
+//! answers the reply to send. It is the same pipeline as `callid router` and `callid gateway`
+//! ([`crate::router::pipeline`]): identity in the arguments refused, trusted identity from
+//! `_meta` (fail closed), request hash, the registry row committed before [`Decision::Run`] is
+//! returned, redelivery replayed, the same call id with other arguments refused.
+//!
+//! A ticket dropped without [`Ticket::finish`] (the handler failed or was cancelled) leaves the
+//! operation open: a redelivery of the same call runs it again under the same idempotency key.
+
+use super::policy::GatewayPolicy;
+use crate::keys::PublicHandle;
+use crate::router::pipeline::{Core, CoreOptions, Outcome, Quote, Reply, Spender, ToolError};
+use crate::router::registry::{Operation, Status};
+use serde_json::{Map, Value, json};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use tokio::sync::oneshot;
+
+/// Guards the paid tools of an MCP server with a durable registry.
+///
+/// # Example
+/// ```
+/// use callid::gateway::guard::{Decision, Guard};
+/// use serde_json::{json, Map, Value};
+///
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// let dir = tempfile::tempdir().unwrap();
+/// let guard = Guard::open(dir.path().join("registry.sqlite3"));
+/// let args: Map<String, Value> = json!({"prompt": "fox"}).as_object().unwrap().clone();
+/// let meta: Map<String, Value> = json!({"callId": "call_1"}).as_object().unwrap().clone();
+///
+/// // First delivery: run it, passing the derived key to whatever charges.
+/// let reply = match guard.begin("generate_image", &args, &meta).await {
+///     Decision::Run(ticket) => {
+///         let key = ticket.idempotency_key().to_string();
+///         let result = json!({"content": [{"type": "text", "text": format!("charged under {key}")}]});
+///         ticket.finish(result).await
+///     }
+///     other => panic!("a new call runs: {other:?}"),
+/// };
+/// assert_eq!(reply["_meta"]["callid/replayed"], false);
+///
+/// // The same call delivered again: the recorded result, nothing runs.
+/// match guard.begin("generate_image", &args, &meta).await {
+///     Decision::Answer(again) => {
+///         assert_eq!(again["content"], reply["content"]);
+///         assert_eq!(again["_meta"]["callid/replayed"], true);
+///     }
+///     other => panic!("a redelivery is answered: {other:?}"),
+/// }
+///
+/// // No trusted identity: refused, as the router would.
+/// match guard.begin("generate_image", &args, &Map::new()).await {
+///     Decision::Answer(err) => assert_eq!(err["structuredContent"]["error"], "missing_identity"),
+///     other => panic!("refused: {other:?}"),
+/// }
+/// # });
+/// ```
+pub struct Guard {
+    core: Arc<Core>,
+    policy: GatewayPolicy,
+}
+
+impl std::fmt::Debug for Guard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Guard").field("core", &self.core).finish()
+    }
+}
+
+/// What to do with a call.
+#[derive(Debug)]
+pub enum Decision {
+    /// A new operation (or an open one continued): run it, then [`Ticket::finish`].
+    Run(Ticket),
+    /// Send this `CallToolResult` JSON as it is: the recorded result of a redelivery (with
+    /// `_meta["callid/replayed"] = true`) or a refusal (`isError: true`, with the router's code
+    /// in `structuredContent.error`).
+    Answer(Value),
+}
+
+/// An operation the caller must run once, under its idempotency key.
+pub struct Ticket {
+    handle: PublicHandle,
+    idempotency_key: String,
+    outcome: Option<oneshot::Sender<Outcome>>,
+    reply: oneshot::Receiver<Value>,
+}
+
+impl std::fmt::Debug for Ticket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ticket")
+            .field("handle", &self.handle)
+            .finish()
+    }
+}
+
+impl Ticket {
+    /// The operation's public handle (safe to show).
+    pub fn handle(&self) -> &PublicHandle {
+        &self.handle
+    }
+
+    /// The key to pass to whatever charges: derived from the private key, the same on every
+    /// continuation of this operation.
+    pub fn idempotency_key(&self) -> &str {
+        &self.idempotency_key
+    }
+
+    /// Records `result` (a `CallToolResult` JSON; `isError: true` included) as the operation's
+    /// outcome and answers the reply to send (scrubbed, with `_meta["callid/replayed"]` and
+    /// `_meta["callid/handle"]`).
+    pub async fn finish(mut self, result: Value) -> Value {
+        let is_error = result["isError"] == json!(true);
+        let outcome = Outcome::Done {
+            result: json!({
+                "handle": self.handle.as_str(),
+                "status": Status::Completed.name(),
+                "result": result,
+            }),
+            charged_cents: 0,
+            answer: if is_error {
+                "the tool answered with an error".into()
+            } else {
+                "the tool answered".into()
+            },
+        };
+        if let Some(tx) = self.outcome.take() {
+            let _ = tx.send(outcome);
+        }
+        (&mut self.reply)
+            .await
+            .unwrap_or_else(|_| Reply::Err(lost()).to_value())
+    }
+}
+
+fn lost() -> ToolError {
+    ToolError::new(
+        "outcome_unknown",
+        "the guard stopped before the outcome was recorded; redeliver this same call",
+    )
+}
+
+/// The spender of one [`Guard::begin`]: hands the operation out as a [`Ticket`] and waits for
+/// its outcome.
+struct Handoff<'a> {
+    policy: &'a GatewayPolicy,
+    ticket: Mutex<Option<oneshot::Sender<Ticket>>>,
+    reply: Mutex<Option<oneshot::Sender<Value>>>,
+    reply_rx: Mutex<Option<oneshot::Receiver<Value>>>,
+}
+
+impl Spender for Handoff<'_> {
+    const ERROR_CODES: &'static [&'static str] = super::spend::ERROR_CODES;
+    const OPERATOR: &'static str = "callid router";
+    const NAME_REGISTRY: bool = true;
+
+    fn check(&self, tool: &str, args: &Value) -> Result<(), ToolError> {
+        self.policy.price(tool, args).map(|_| ())
+    }
+
+    async fn quote(&self, tool: &str, args: &Value) -> Result<Quote, ToolError> {
+        let amount_cents = self.policy.price(tool, args)?;
+        Ok(Quote {
+            amount_cents,
+            needs_approval: self.policy.needs_approval(tool, amount_cents),
+            budget_cents: self.policy.budget_cents,
+        })
+    }
+
+    async fn execute(&self, op: &Operation) -> Outcome {
+        let (otx, orx) = oneshot::channel();
+        let sender = self.ticket.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let reply = self
+            .reply_rx
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        let (Some(sender), Some(reply)) = (sender, reply) else {
+            return Outcome::Open(lost());
+        };
+        let ticket = Ticket {
+            handle: op.handle.clone(),
+            idempotency_key: op.key.idempotency_key(),
+            outcome: Some(otx),
+            reply,
+        };
+        if sender.send(ticket).is_err() {
+            return Outcome::Open(lost());
+        }
+        orx.await.unwrap_or_else(|_| {
+            Outcome::Open(ToolError::new(
+                "outcome_unknown",
+                format!(
+                    "operation `{}` was handed out to run and its outcome never came back; it \
+                     stays open: redeliver this same call to run it again under the same \
+                     idempotency key",
+                    op.handle
+                ),
+            ))
+        })
+    }
+
+    fn completed(&self, op: &Operation, replayed: bool) -> Reply {
+        Reply::Raw {
+            result: op
+                .result
+                .as_ref()
+                .and_then(|r| r.get("result"))
+                .cloned()
+                .unwrap_or(Value::Null),
+            replayed,
+            handle: Some(op.handle.clone()),
+        }
+    }
+}
+
+impl Guard {
+    /// A guard on the registry at `registry` (created if missing; a registry that cannot be
+    /// opened makes every call fail closed with `registry_unavailable`).
+    pub fn open(registry: impl Into<PathBuf>) -> Guard {
+        Guard::with_policy(registry, GatewayPolicy::default())
+    }
+
+    /// A guard with prices, approvals and a budget (see [`super::policy`]).
+    pub fn with_policy(registry: impl Into<PathBuf>, policy: GatewayPolicy) -> Guard {
+        Guard {
+            core: Arc::new(Core::new(CoreOptions {
+                registry: registry.into(),
+                preallocated_keys: None,
+                key_prefix: crate::keys::DEFAULT_KEY_PREFIX.into(),
+                handle_prefix: crate::keys::DEFAULT_HANDLE_PREFIX.into(),
+                identity_sources: crate::identity::IdentitySources::built_in_shared(),
+            })),
+            policy,
+        }
+    }
+
+    /// Decides what to do with one call of the paid tool `tool`.
+    pub async fn begin(
+        &self,
+        tool: &str,
+        arguments: &Map<String, Value>,
+        meta: &Map<String, Value>,
+    ) -> Decision {
+        let (ticket_tx, ticket_rx) = oneshot::channel();
+        let (reply_tx, reply_rx) = oneshot::channel();
+        let core = self.core.clone();
+        let policy = self.policy.clone();
+        let (tool, args, meta) = (
+            tool.to_string(),
+            Value::Object(arguments.clone()),
+            meta.clone(),
+        );
+        let (answer_tx, answer_rx) = oneshot::channel();
+        tokio::spawn(async move {
+            let handoff = Handoff {
+                policy: &policy,
+                ticket: Mutex::new(Some(ticket_tx)),
+                reply: Mutex::new(Some(reply_tx)),
+                reply_rx: Mutex::new(Some(reply_rx)),
+            };
+            let (reply, keys) = core.spend(&handoff, &tool, args, &meta).await;
+            let value = core.finish(&tool, reply, &keys);
+            let ticket_taken = handoff
+                .ticket
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .is_none();
+            let reply_tx = handoff
+                .reply
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take();
+            match reply_tx {
+                // The ticket's holder waits in `Ticket::finish`.
+                Some(tx) if ticket_taken => {
+                    let _ = tx.send(value);
+                }
+                _ => {
+                    let _ = answer_tx.send(value);
+                }
+            }
+        });
+        tokio::select! {
+            biased;
+            Ok(ticket) = ticket_rx => Decision::Run(ticket),
+            answer = answer_rx => Decision::Answer(
+                answer.unwrap_or_else(|_| Reply::Err(lost()).to_value()),
+            ),
+        }
+    }
+}

@@ -1,0 +1,196 @@
+//! [`KeyedClient`]: the gateway's HTTP client for a streamable HTTP upstream, which also sends a
+//! spend's idempotency key as the `Idempotency-Key` header.
+//!
+//! It is `reqwest::Client` as rmcp uses it, except that a `tools/call` request whose `_meta`
+//! holds `callid/idempotency-key` is posted with that key in `Idempotency-Key` too, so an
+//! upstream (or a proxy in front of it) that honours the HTTP convention sees it without reading
+//! the JSON-RPC body. Redirects are not followed.
+
+use futures::stream::BoxStream;
+use reqwest::header::{HeaderName, HeaderValue};
+use rmcp::model::ClientJsonRpcMessage;
+use rmcp::transport::streamable_http_client::{
+    SseError, StreamableHttpClient, StreamableHttpError, StreamableHttpPostResponse,
+    StreamableHttpResponseLimits,
+};
+use sse_stream::Sse;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// The header carrying a spend's idempotency key.
+pub const IDEMPOTENCY_HEADER: &str = "idempotency-key";
+
+/// `reqwest::Client` plus the `Idempotency-Key` header on spends.
+#[derive(Debug, Clone)]
+pub struct KeyedClient(reqwest::Client);
+
+impl KeyedClient {
+    /// A client that follows no redirects.
+    pub fn new() -> Result<KeyedClient, reqwest::Error> {
+        reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .map(KeyedClient)
+    }
+}
+
+/// The idempotency key in a `tools/call` request's `_meta`, if any.
+pub fn idempotency_key(message: &ClientJsonRpcMessage) -> Option<String> {
+    let value = serde_json::to_value(message).ok()?;
+    if value["method"] != "tools/call" {
+        return None;
+    }
+    value["params"]["_meta"][super::spend::IDEMPOTENCY_META]
+        .as_str()
+        .map(str::to_owned)
+}
+
+fn with_key(
+    message: &ClientJsonRpcMessage,
+    mut headers: HashMap<HeaderName, HeaderValue>,
+) -> HashMap<HeaderName, HeaderValue> {
+    if let Some(value) = idempotency_key(message).and_then(|k| HeaderValue::from_str(&k).ok()) {
+        headers.insert(HeaderName::from_static(IDEMPOTENCY_HEADER), value);
+    }
+    headers
+}
+
+impl StreamableHttpClient for KeyedClient {
+    type Error = reqwest::Error;
+
+    async fn post_message(
+        &self,
+        uri: Arc<str>,
+        message: ClientJsonRpcMessage,
+        session_id: Option<Arc<str>>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+    ) -> Result<StreamableHttpPostResponse, StreamableHttpError<Self::Error>> {
+        let headers = with_key(&message, custom_headers);
+        self.0
+            .post_message(uri, message, session_id, auth_header, headers)
+            .await
+    }
+
+    async fn post_message_with_max_sse_event_size(
+        &self,
+        uri: Arc<str>,
+        message: ClientJsonRpcMessage,
+        session_id: Option<Arc<str>>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+        max_sse_event_size: usize,
+    ) -> Result<StreamableHttpPostResponse, StreamableHttpError<Self::Error>> {
+        let headers = with_key(&message, custom_headers);
+        self.0
+            .post_message_with_max_sse_event_size(
+                uri,
+                message,
+                session_id,
+                auth_header,
+                headers,
+                max_sse_event_size,
+            )
+            .await
+    }
+
+    async fn post_message_with_response_limits(
+        &self,
+        uri: Arc<str>,
+        message: ClientJsonRpcMessage,
+        session_id: Option<Arc<str>>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+        limits: StreamableHttpResponseLimits,
+    ) -> Result<StreamableHttpPostResponse, StreamableHttpError<Self::Error>> {
+        let headers = with_key(&message, custom_headers);
+        self.0
+            .post_message_with_response_limits(
+                uri,
+                message,
+                session_id,
+                auth_header,
+                headers,
+                limits,
+            )
+            .await
+    }
+
+    async fn delete_session(
+        &self,
+        uri: Arc<str>,
+        session_id: Arc<str>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+    ) -> Result<(), StreamableHttpError<Self::Error>> {
+        self.0
+            .delete_session(uri, session_id, auth_header, custom_headers)
+            .await
+    }
+
+    async fn get_stream(
+        &self,
+        uri: Arc<str>,
+        session_id: Option<Arc<str>>,
+        last_event_id: Option<String>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+    ) -> Result<BoxStream<'static, Result<Sse, SseError>>, StreamableHttpError<Self::Error>> {
+        self.0
+            .get_stream(uri, session_id, last_event_id, auth_header, custom_headers)
+            .await
+    }
+
+    async fn get_stream_with_max_sse_event_size(
+        &self,
+        uri: Arc<str>,
+        session_id: Option<Arc<str>>,
+        last_event_id: Option<String>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+        max_sse_event_size: usize,
+    ) -> Result<BoxStream<'static, Result<Sse, SseError>>, StreamableHttpError<Self::Error>> {
+        self.0
+            .get_stream_with_max_sse_event_size(
+                uri,
+                session_id,
+                last_event_id,
+                auth_header,
+                custom_headers,
+                max_sse_event_size,
+            )
+            .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn only_a_spend_call_carries_the_header() {
+        use rmcp::model::{
+            CallToolRequest, CallToolRequestParams, ClientRequest, RequestId, RequestMetaObject,
+        };
+        let call = |meta: Option<RequestMetaObject>| {
+            let mut params = CallToolRequestParams::new("pay");
+            params.meta = meta;
+            ClientJsonRpcMessage::request(
+                ClientRequest::CallToolRequest(CallToolRequest::new(params)),
+                RequestId::Number(1),
+            )
+        };
+        let mut meta = RequestMetaObject::default();
+        meta.0.0.insert(
+            crate::gateway::spend::IDEMPOTENCY_META.into(),
+            json!("callid-idem-v1-ab"),
+        );
+        let headers = with_key(&call(Some(meta)), HashMap::new());
+        assert_eq!(
+            headers[&HeaderName::from_static(IDEMPOTENCY_HEADER)],
+            "callid-idem-v1-ab"
+        );
+        assert!(with_key(&call(None), HashMap::new()).is_empty());
+    }
+}

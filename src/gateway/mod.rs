@@ -1,0 +1,120 @@
+//! `callid gateway`: the reference router's pipeline in front of anyone's paid MCP server.
+//!
+//! The agent connects to the gateway (stdio, or streamable HTTP on loopback with `--http`); the
+//! gateway starts the upstream MCP server as a
+//! child process (`-- CMD ARGS...`) or connects to it over streamable HTTP (`--upstream-url`).
+//! Tools named with `--spend` go through the same pipeline as the built-in router's
+//! `generate_image` ([`crate::router::pipeline`]): identity in the arguments refused, trusted
+//! identity from `_meta` (fail closed), request hash, durable registry row committed before the
+//! upstream sees anything, redelivery answered from the record (marked replayed), the same call
+//! id with other arguments refused, every reply scrubbed. Every other request passes through
+//! unchanged and needs no identity.
+//!
+//! # Layout
+//! - [`spend`]: [`Gateway`], the upstream as the pipeline's spender, and the start-up checks.
+//! - [`upstream`]: [`Upstream`], the (re)connecting MCP client of the upstream.
+//! - [`keyed_http`]: the HTTP client that also sends a spend's key as `Idempotency-Key`.
+//! - [`server`]: the agent-facing rmcp `ServerHandler`.
+//! - [`guard`]: [`guard::Guard`], the same protection embedded in a Rust MCP server.
+//! - [`policy`]: `--policy FILE`: per-tool prices (fixed or from the arguments), approvals, budget.
+//!
+//! # What the upstream receives for a spend tool
+//! The call's arguments as recorded, and `_meta` holding only `callid/idempotency-key`: a key
+//! derived from the operation's private key ([`crate::keys::OperationKey::idempotency_key`]),
+//! the same on every continuation of the operation and different for every operation; an HTTP
+//! upstream also gets it as the `Idempotency-Key` header ([`keyed_http`]). Nothing else of the
+//! agent's `_meta` is forwarded for a spend tool (not its identity, not its progress
+//! token; rmcp's client adds its own `progressToken`), so every continuation sends the upstream
+//! the same request. Other tools receive the agent's `_meta` as it came.
+//!
+//! # Guarantees
+//! - No spend reaches the upstream before its registry row is committed.
+//! - A call id answers one operation: redelivery returns the recorded upstream result, with
+//!   `_meta["callid/replayed"] = true` and `_meta["callid/handle"]`, without calling the upstream.
+//! - An upstream result with `isError: true` is the tool's answer: recorded and replayed.
+//! - An upstream that dies, times out or drops the connection leaves the operation open
+//!   (`outcome_unknown`); redelivering the same call re-sends it with the same idempotency key.
+//! - The gateway refuses to start when the upstream has a tool named `operation_status` or
+//!   `resume_operation`, lacks a `--spend` tool, or a spend tool's input schema has an
+//!   identity-like field (naming the tool and the field).
+
+pub mod guard;
+pub mod keyed_http;
+pub mod policy;
+pub mod server;
+pub mod spend;
+pub mod upstream;
+
+pub use spend::{Gateway, StartError};
+pub use upstream::{Upstream, UpstreamSpec};
+
+use crate::router::pipeline::{Core, CoreOptions};
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Default time the gateway waits for an upstream answer.
+pub const DEFAULT_UPSTREAM_TIMEOUT: Duration = Duration::from_secs(100);
+
+/// How the gateway runs.
+#[derive(Debug, Clone)]
+pub struct GatewayOptions {
+    /// The registry file.
+    pub registry: PathBuf,
+    /// The tools that spend (the policy's tools spend too).
+    pub spend: BTreeSet<String>,
+    /// Prices, approvals and budget.
+    pub policy: policy::GatewayPolicy,
+    /// The upstream server.
+    pub upstream: UpstreamSpec,
+    /// How long to wait for an upstream answer.
+    pub upstream_timeout: Duration,
+    /// Prefix of private keys.
+    pub key_prefix: String,
+    /// Prefix of public handles.
+    pub handle_prefix: String,
+    /// The identity sources spend calls are identified by (`--identity-sources`).
+    pub identity_sources: std::sync::Arc<crate::identity::IdentitySources>,
+}
+
+/// Connects to the upstream, checks its tools, then serves the agent on stdio until it goes
+/// away, or over streamable HTTP (`http`, loopback only) until Ctrl-C. Over HTTP it binds before
+/// it starts anything, so a refused address leaves no registry and no upstream behind.
+pub async fn run(
+    options: GatewayOptions,
+    http: Option<std::net::SocketAddr>,
+    allow_origins: &[String],
+) -> anyhow::Result<()> {
+    let bound = match http {
+        Some(addr) => Some(
+            crate::http_guard::bind(crate::http_guard::Server::Gateway, addr, allow_origins)
+                .await?,
+        ),
+        None => None,
+    };
+    let upstream = Upstream::connect(options.upstream.clone(), options.upstream_timeout)
+        .await
+        .map_err(StartError::from)?;
+    let info = upstream.info().await;
+    let core = Core::new(CoreOptions {
+        registry: options.registry.clone(),
+        preallocated_keys: None,
+        key_prefix: options.key_prefix.clone(),
+        handle_prefix: options.handle_prefix.clone(),
+        identity_sources: options.identity_sources.clone(),
+    });
+    let gateway = Gateway::start(core, upstream, options.spend.clone(), options.policy).await?;
+    let spend: Vec<&str> = gateway.spend_tools().collect();
+    crate::logging::line(format_args!(
+        "callid gateway: {} in front of {} (spend tools: {})",
+        options.registry.display(),
+        options.upstream,
+        spend.join(", ")
+    ));
+    let server = server::GatewayServer::new(Arc::new(gateway), info);
+    match bound {
+        Some(bound) => server::serve_http(server, bound).await,
+        None => server::serve_stdio(server).await,
+    }
+}

@@ -1,0 +1,218 @@
+//! The agent's side of the gateway: an rmcp `ServerHandler` over stdio (or streamable HTTP).
+//!
+//! `tools/list` answers the upstream's tools unchanged plus `operation_status` and
+//! `resume_operation`. A `tools/call` of a spend tool or of those two goes to [`Gateway`];
+//! every other tool call, and `resources/*`, `prompts/*` and `completion/complete`, is passed to
+//! the upstream as it came (with its `_meta`) and its answer returned as it came.
+
+use super::spend::Gateway;
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, CompleteRequestParams, CompleteResult,
+    GetPromptRequestParams, GetPromptResponse, ListPromptsResult, ListResourceTemplatesResult,
+    ListResourcesResult, ListToolsResult, PaginatedRequestParams, ReadResourceRequestParams,
+    ReadResourceResponse, ServerConfig,
+};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData as McpError, RoleServer, ServerHandler, ServiceError, ServiceExt};
+use std::sync::Arc;
+
+/// The gateway as an MCP server; cheap to clone.
+#[derive(Clone, Debug)]
+pub struct GatewayServer {
+    gateway: Arc<Gateway>,
+    info: ServerConfig,
+}
+
+impl GatewayServer {
+    /// Serves `gateway`, advertising `info` (see [`super::Upstream::info`]).
+    pub fn new(gateway: Arc<Gateway>, info: ServerConfig) -> Self {
+        GatewayServer { gateway, info }
+    }
+}
+
+fn forwarded(e: ServiceError) -> McpError {
+    match e {
+        ServiceError::McpError(e) => e,
+        other => McpError::internal_error(format!("the upstream did not answer: {other}"), None),
+    }
+}
+
+fn unreachable_upstream(e: super::upstream::UpstreamError) -> McpError {
+    McpError::internal_error(e.to_string(), None)
+}
+
+impl ServerHandler for GatewayServer {
+    fn get_info(&self) -> ServerConfig {
+        self.info.clone()
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, McpError> {
+        Ok(ListToolsResult::with_all_items(
+            self.gateway.tools().to_vec(),
+        ))
+    }
+
+    async fn call_tool(
+        &self,
+        mut request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, McpError> {
+        let meta = context.meta.0.0;
+        let name = request.name.to_string();
+        let arguments = request.arguments.take();
+        match self
+            .gateway
+            .call_tool(&name, arguments.clone(), &meta)
+            .await
+        {
+            Some(value) => serde_json::from_value::<CallToolResult>(value)
+                .map(CallToolResponse::from)
+                .map_err(|e| {
+                    McpError::internal_error(format!("cannot encode a result: {e}"), None)
+                }),
+            None => {
+                request.arguments = arguments;
+                request.meta = Some(rmcp::model::RequestMetaObject::from(meta));
+                let peer = self
+                    .gateway
+                    .upstream()
+                    .peer()
+                    .await
+                    .map_err(unreachable_upstream)?;
+                peer.call_tool_once(request).await.map_err(forwarded)
+            }
+        }
+    }
+
+    async fn list_resources(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListResourcesResult, McpError> {
+        let peer = self
+            .gateway
+            .upstream()
+            .peer()
+            .await
+            .map_err(unreachable_upstream)?;
+        peer.list_resources(request).await.map_err(forwarded)
+    }
+
+    async fn list_resource_templates(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListResourceTemplatesResult, McpError> {
+        let peer = self
+            .gateway
+            .upstream()
+            .peer()
+            .await
+            .map_err(unreachable_upstream)?;
+        peer.list_resource_templates(request)
+            .await
+            .map_err(forwarded)
+    }
+
+    async fn read_resource(
+        &self,
+        request: ReadResourceRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, McpError> {
+        let peer = self
+            .gateway
+            .upstream()
+            .peer()
+            .await
+            .map_err(unreachable_upstream)?;
+        peer.read_resource_once(request).await.map_err(forwarded)
+    }
+
+    async fn list_prompts(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListPromptsResult, McpError> {
+        let peer = self
+            .gateway
+            .upstream()
+            .peer()
+            .await
+            .map_err(unreachable_upstream)?;
+        peer.list_prompts(request).await.map_err(forwarded)
+    }
+
+    async fn get_prompt(
+        &self,
+        request: GetPromptRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<GetPromptResponse, McpError> {
+        let peer = self
+            .gateway
+            .upstream()
+            .peer()
+            .await
+            .map_err(unreachable_upstream)?;
+        peer.get_prompt_once(request).await.map_err(forwarded)
+    }
+
+    async fn complete(
+        &self,
+        request: CompleteRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<CompleteResult, McpError> {
+        let peer = self
+            .gateway
+            .upstream()
+            .peer()
+            .await
+            .map_err(unreachable_upstream)?;
+        peer.complete(request).await.map_err(forwarded)
+    }
+}
+
+/// Serves MCP over stdin/stdout until the client closes it.
+pub async fn serve_stdio(server: GatewayServer) -> anyhow::Result<()> {
+    let service = server
+        .serve(rmcp::transport::stdio())
+        .await
+        .map_err(|e| anyhow::anyhow!("starting the gateway on stdio: {e}"))?;
+    service
+        .waiting()
+        .await
+        .map_err(|e| anyhow::anyhow!("serving the gateway on stdio: {e}"))?;
+    Ok(())
+}
+
+/// Serves streamable HTTP at `http://ADDR/mcp` on `bound` until Ctrl-C; prints the address on
+/// stderr. Every request passes the bound address's [`crate::http_guard::Guard`] first.
+pub async fn serve_http(
+    server: GatewayServer,
+    bound: crate::http_guard::Bound,
+) -> anyhow::Result<()> {
+    use anyhow::Context as _;
+    use rmcp::transport::StreamableHttpService;
+    use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+    let service = StreamableHttpService::new(
+        move || Ok(server.clone()),
+        Arc::new(LocalSessionManager::default()),
+        bound.guard.rmcp_config(),
+    );
+    let app = bound
+        .guard
+        .protect(axum::Router::new().nest_service("/mcp", service));
+    crate::logging::line(format_args!(
+        "callid gateway: listening on http://{}/mcp",
+        bound.addr
+    ));
+    axum::serve(bound.listener, app)
+        .with_graceful_shutdown(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await
+        .context("serving streamable HTTP")
+}

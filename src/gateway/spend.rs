@@ -1,0 +1,427 @@
+//! [`Gateway`]: the router's [`pipeline`](crate::router::pipeline) in front of an upstream MCP
+//! server, with the upstream as its [`Spender`].
+//!
+//! A spend tool's call is recorded before the upstream sees it, then sent upstream with the
+//! operation's arguments as recorded and `_meta` holding only
+//! `callid/idempotency-key` ([`crate::keys::OperationKey::idempotency_key`]), the same on every
+//! continuation of the operation. The upstream's `CallToolResult`, `isError: true` included, is
+//! the operation's recorded result, replayed on redelivery with `_meta["callid/replayed"]` and
+//! `_meta["callid/handle"]` added. An upstream that dies, times out or drops the connection
+//! leaves the operation open (`outcome_unknown`): redelivering the same call re-sends it under
+//! the same idempotency key.
+
+use super::policy::GatewayPolicy;
+use super::upstream::{Upstream, UpstreamError};
+use crate::identity;
+use crate::router::pipeline::{Core, Outcome, Quote, Reply, Spender, ToolError};
+use crate::router::registry::{Operation, Status};
+use rmcp::model::{CallToolRequestParams, CallToolResponse, Tool};
+use serde_json::{Map, Value, json};
+use std::collections::BTreeSet;
+
+/// `_meta` key of the idempotency key the upstream receives.
+pub const IDEMPOTENCY_META: &str = "callid/idempotency-key";
+/// Status of an operation by handle (added to the upstream's tools).
+pub const OPERATION_STATUS: &str = "operation_status";
+/// Runs an approved operation (added to the upstream's tools).
+pub const RESUME_OPERATION: &str = "resume_operation";
+
+/// Every error code a gateway tool call can answer.
+pub const ERROR_CODES: &[&str] = &[
+    "missing_identity",
+    "ambiguous_identity",
+    "invalid_identity",
+    "identity_in_arguments",
+    "non_canonical_arguments",
+    "invalid_arguments",
+    "request_mismatch",
+    "operation_in_progress",
+    "awaiting_approval",
+    "operation_denied",
+    "unknown_operation",
+    "registry_unavailable",
+    "outcome_unknown",
+    "budget_exceeded",
+    "upstream_unavailable",
+    "upstream_error",
+    "provider_error",
+];
+
+/// Why the gateway refuses to start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The upstream could not be reached or listed its tools wrongly.
+    #[error(transparent)]
+    Upstream(#[from] UpstreamError),
+    /// The upstream already has a tool the gateway adds.
+    #[error(
+        "the upstream already has a tool named `{tool}`, which the gateway adds itself; rename \
+         that tool in the upstream server"
+    )]
+    NameClash {
+        /// The tool.
+        tool: String,
+    },
+    /// A `--spend` tool the upstream does not have.
+    #[error("`--spend {tool}`: the upstream has no tool `{tool}`; it has: {available}")]
+    UnknownSpendTool {
+        /// The tool.
+        tool: String,
+        /// The upstream's tools.
+        available: String,
+    },
+    /// A spend tool's input schema lets the model write an identity.
+    #[error(
+        "spend tool `{tool}` exposes the identity-like field `{field}` (at `{pointer}`) in its \
+         input schema; a spend's identity must come from the harness's `_meta`, never from \
+         model-written arguments: remove that field from the upstream tool"
+    )]
+    IdentityInSchema {
+        /// The tool.
+        tool: String,
+        /// The field name.
+        field: String,
+        /// Where in the schema.
+        pointer: String,
+    },
+}
+
+impl StartError {
+    /// Stable code of this refusal.
+    pub fn code(&self) -> &'static str {
+        match self {
+            StartError::Upstream(_) => "upstream_unavailable",
+            StartError::NameClash { .. } => "tool_name_clash",
+            StartError::UnknownSpendTool { .. } => "unknown_spend_tool",
+            StartError::IdentityInSchema { .. } => "identity_in_schema",
+        }
+    }
+}
+
+/// Checks the upstream's tools against the gateway's: no clash with the added tools, every spend
+/// tool present, no identity-like field in a spend tool's input schema.
+pub fn check_tools(tools: &[Tool], spend: &BTreeSet<String>) -> Result<(), StartError> {
+    if let Some(t) = tools
+        .iter()
+        .find(|t| t.name == OPERATION_STATUS || t.name == RESUME_OPERATION)
+    {
+        return Err(StartError::NameClash {
+            tool: t.name.to_string(),
+        });
+    }
+    for name in spend {
+        let Some(tool) = tools.iter().find(|t| t.name == name.as_str()) else {
+            return Err(StartError::UnknownSpendTool {
+                tool: name.clone(),
+                available: tools
+                    .iter()
+                    .map(|t| format!("`{}`", t.name))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            });
+        };
+        if let Some((field, pointer)) =
+            identity_field(&Value::Object((*tool.input_schema).clone()), "")
+        {
+            return Err(StartError::IdentityInSchema {
+                tool: name.clone(),
+                field,
+                pointer,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The first identity-like property name anywhere in a JSON schema, with its JSON pointer.
+fn identity_field(schema: &Value, at: &str) -> Option<(String, String)> {
+    match schema {
+        Value::Object(map) => {
+            for (key, value) in map {
+                let here = format!("{at}/{}", key.replace('~', "~0").replace('/', "~1"));
+                if matches!(key.as_str(), "properties" | "patternProperties")
+                    && let Value::Object(props) = value
+                {
+                    for name in props.keys() {
+                        if identity::is_identity_like(name) {
+                            let p =
+                                format!("{here}/{}", name.replace('~', "~0").replace('/', "~1"));
+                            return Some((name.clone(), p));
+                        }
+                    }
+                }
+                if let Some(found) = identity_field(value, &here) {
+                    return Some(found);
+                }
+            }
+            None
+        }
+        Value::Array(items) => items
+            .iter()
+            .enumerate()
+            .find_map(|(i, v)| identity_field(v, &format!("{at}/{i}"))),
+        _ => None,
+    }
+}
+
+/// The gateway: the pipeline core, the upstream, which tools spend, and the merged tool list.
+pub struct Gateway {
+    core: Core,
+    upstream: Upstream,
+    spend: BTreeSet<String>,
+    policy: GatewayPolicy,
+    tools: Vec<Tool>,
+}
+
+impl std::fmt::Debug for Gateway {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gateway")
+            .field("upstream", &self.upstream)
+            .field("spend", &self.spend)
+            .finish()
+    }
+}
+
+impl Gateway {
+    /// A gateway over a connected upstream; lists and checks the upstream's tools. The spend
+    /// tools are `spend` and every tool the policy prices.
+    pub async fn start(
+        core: Core,
+        upstream: Upstream,
+        mut spend: BTreeSet<String>,
+        policy: GatewayPolicy,
+    ) -> Result<Gateway, StartError> {
+        spend.extend(policy.tools.keys().cloned());
+        let mut tools = upstream.list_tools().await?;
+        check_tools(&tools, &spend)?;
+        tools.extend(
+            crate::router::server::tools()
+                .into_iter()
+                .filter(|t| t.name == OPERATION_STATUS || t.name == RESUME_OPERATION),
+        );
+        Ok(Gateway {
+            core,
+            upstream,
+            spend,
+            policy,
+            tools,
+        })
+    }
+
+    /// The upstream's tools plus `operation_status` and `resume_operation`.
+    pub fn tools(&self) -> &[Tool] {
+        &self.tools
+    }
+
+    /// The upstream connection (for requests passed through unchanged).
+    pub fn upstream(&self) -> &Upstream {
+        &self.upstream
+    }
+
+    /// The spend tools.
+    pub fn spend_tools(&self) -> impl Iterator<Item = &str> {
+        self.spend.iter().map(String::as_str)
+    }
+
+    /// Whether `tool` goes through the spend pipeline.
+    pub fn is_spend(&self, tool: &str) -> bool {
+        self.spend.contains(tool)
+    }
+
+    /// Answers a call of a spend tool or of the gateway's own tools: the scrubbed
+    /// `CallToolResult` JSON; `None` for any other tool (the caller passes it through).
+    pub async fn call_tool(
+        &self,
+        name: &str,
+        arguments: Option<Map<String, Value>>,
+        meta: &Map<String, Value>,
+    ) -> Option<Value> {
+        let args = Value::Object(arguments.unwrap_or_default());
+        let (reply, keys) = if self.is_spend(name) {
+            self.core.spend(self, name, args, meta).await
+        } else if name == OPERATION_STATUS {
+            (self.core.operation_status(args).await, vec![])
+        } else if name == RESUME_OPERATION {
+            self.core.resume_operation(self, args).await
+        } else {
+            return None;
+        };
+        Some(self.core.finish(name, reply, &keys))
+    }
+}
+
+fn unknown_outcome(op: &Operation, e: &UpstreamError) -> ToolError {
+    ToolError::new(
+        "outcome_unknown",
+        format!(
+            "{e}; operation `{}` was sent upstream and may have run: the gateway keeps it open. \
+             Redeliver this same call (same call id, same arguments): it re-sends the request \
+             with the same idempotency key, which an idempotent upstream answers without a \
+             second charge; do not make a new call for it",
+            op.handle
+        ),
+    )
+}
+
+impl Spender for Gateway {
+    const ERROR_CODES: &'static [&'static str] = ERROR_CODES;
+    const OPERATOR: &'static str = "callid router";
+    const NAME_REGISTRY: bool = true;
+
+    fn check(&self, tool: &str, args: &Value) -> Result<(), ToolError> {
+        self.policy.price(tool, args).map(|_| ())
+    }
+
+    async fn quote(&self, tool: &str, args: &Value) -> Result<Quote, ToolError> {
+        let amount_cents = self.policy.price(tool, args)?;
+        Ok(Quote {
+            amount_cents,
+            needs_approval: self.policy.needs_approval(tool, amount_cents),
+            budget_cents: self.policy.budget_cents,
+        })
+    }
+
+    async fn execute(&self, op: &Operation) -> Outcome {
+        let arguments = match &op.arguments {
+            Value::Object(map) => map.clone(),
+            _ => Map::new(),
+        };
+        let mut meta = rmcp::model::RequestMetaObject::default();
+        meta.0
+            .0
+            .insert(IDEMPOTENCY_META.into(), json!(op.key.idempotency_key()));
+        let mut params = CallToolRequestParams::new(op.tool.clone()).with_arguments(arguments);
+        params.meta = Some(meta);
+        match self.upstream.call_tool(params).await {
+            Ok(CallToolResponse::Complete(result)) => {
+                let is_error = result.is_error == Some(true);
+                let result = serde_json::to_value(&result).unwrap_or(Value::Null);
+                Outcome::Done {
+                    result: json!({
+                        "handle": op.handle.as_str(),
+                        "status": Status::Completed.name(),
+                        "result": result,
+                    }),
+                    charged_cents: if is_error { 0 } else { op.amount_cents },
+                    answer: if is_error {
+                        "the upstream answered with a tool error".into()
+                    } else {
+                        "the upstream answered with a result".into()
+                    },
+                }
+            }
+            Ok(_) => Outcome::Open(ToolError::new(
+                "upstream_error",
+                format!(
+                    "the upstream answered `{}` with something other than a tool result (input \
+                     request or task), which the gateway does not relay for spend tools; the \
+                     operation stays open: redeliver this same call to re-send it with the same \
+                     idempotency key",
+                    op.tool
+                ),
+            )),
+            Err(UpstreamError::Refused(e)) => Outcome::Refused {
+                code: "upstream_error",
+                message: format!(
+                    "the upstream refused `{}` with JSON-RPC error {}: {}",
+                    op.tool, e.code.0, e.message
+                ),
+            },
+            Err(e @ UpstreamError::Connect { .. }) => Outcome::Open(ToolError::new(
+                "upstream_unavailable",
+                format!(
+                    "{e}; nothing was sent upstream for this delivery: redeliver this same call \
+                     once the upstream is back"
+                ),
+            )),
+            Err(e) => Outcome::Open(unknown_outcome(op, &e)),
+        }
+    }
+
+    fn completed(&self, op: &Operation, replayed: bool) -> Reply {
+        Reply::Raw {
+            result: op
+                .result
+                .as_ref()
+                .and_then(|r| r.get("result"))
+                .cloned()
+                .unwrap_or(Value::Null),
+            replayed,
+            handle: Some(op.handle.clone()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn tool(name: &'static str, schema: Value) -> Tool {
+        Tool::new(name, "t", Arc::new(schema.as_object().unwrap().clone()))
+    }
+
+    #[test]
+    fn start_up_checks_name_the_tool_and_field() {
+        let spend: BTreeSet<String> = ["pay".to_string()].into();
+        let ok = tool(
+            "pay",
+            json!({"type": "object", "properties": {"amount": {"type": "integer"}}}),
+        );
+        assert!(check_tools(std::slice::from_ref(&ok), &spend).is_ok());
+        let nested = tool(
+            "pay",
+            json!({"type": "object", "properties": {"order": {"type": "object", "properties": {"call_id": {"type": "string"}}}}}),
+        );
+        let e = check_tools(&[nested], &spend).unwrap_err();
+        assert_eq!(e.code(), "identity_in_schema");
+        assert!(
+            e.to_string().contains("`pay`") && e.to_string().contains("`call_id`"),
+            "{e}"
+        );
+        assert!(
+            e.to_string()
+                .contains("/properties/order/properties/call_id"),
+            "{e}"
+        );
+        let clash = tool(OPERATION_STATUS, json!({"type": "object"}));
+        assert_eq!(
+            check_tools(&[ok.clone(), clash], &spend)
+                .unwrap_err()
+                .code(),
+            "tool_name_clash"
+        );
+        let e = check_tools(&[], &spend).unwrap_err();
+        assert_eq!(e.code(), "unknown_spend_tool");
+        // A read-only tool may have any schema: only spend tools are checked.
+        let free = tool(
+            "lookup",
+            json!({"type": "object", "properties": {"request_id": {}}}),
+        );
+        assert!(check_tools(&[ok, free], &spend).is_ok());
+    }
+
+    #[test]
+    fn every_start_up_refusal_reads_well() {
+        let all = [
+            StartError::Upstream(UpstreamError::Connect {
+                spec: "`paid-server --stdio`".into(),
+                detail: "No such file or directory (os error 2)".into(),
+            }),
+            StartError::NameClash {
+                tool: OPERATION_STATUS.into(),
+            },
+            StartError::UnknownSpendTool {
+                tool: "buy_car".into(),
+                available: "`generate_image`, `list_charges`".into(),
+            },
+            StartError::IdentityInSchema {
+                tool: "pay".into(),
+                field: "call_id".into(),
+                pointer: "/properties/call_id".into(),
+            },
+        ];
+        let text: Vec<String> = all.iter().map(|e| format!("{}: {e}", e.code())).collect();
+        insta::assert_snapshot!("start_up_refusals", text.join("\n"));
+    }
+}

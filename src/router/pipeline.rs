@@ -1,0 +1,889 @@
+//! The tool-agnostic spend pipeline: the article's rules, in its order, for any paid tool.
+//!
+//! [`Core::spend`] answers one spend call; what is spent, and how, is a [`Spender`]'s business:
+//! the built-in router's spender is its image backend ([`super::spend::Router`]), the gateway's
+//! is an upstream MCP server ([`crate::gateway`]). For every spend call the core:
+//! 1. refuses identity in the arguments ([`identity::IdentitySources::check_arguments`]);
+//! 2. reads the trusted identity from `_meta` ([`identity::IdentitySources::from_meta_map`]),
+//!    failing closed;
+//! 3. hashes the request ([`canonical::request_hash`]) and lets the spender check the arguments;
+//! 4. looks the registry up by (platform, installation, the envelope's installation, harness call
+//!    id);
+//! 5. resolves: a new call gets a price and approval from the spender, a fresh private key and
+//!    public handle, and its row is committed before anything is dispatched; the same id with the
+//!    same hash returns the recorded result (marked replayed) or, with none recorded yet,
+//!    continues the same operation under the same key; the same id with another hash is refused
+//!    (`request_mismatch`) before the spender;
+//! 6. takes the row's dispatch lease, lets the spender execute it with the private key, records
+//!    the outcome, then replies.
+//!
+//! Every reply, success or error, passes through the [`Scrubber`] ([`Core::finish`]).
+//!
+//! # Honest errors
+//! An error says "nothing was dispatched" only where that is true of the call being answered.
+//! Once the spender has been called, an error carries the operation's handle; if its answer
+//! cannot be recorded, the code is `outcome_unknown`: redelivering *the same call* settles it
+//! (it continues the operation under the same key), whereas a new call would be charged again.
+//!
+//! # Concurrency
+//! Single flight per call identity within a process: deliveries of the same call wait on one
+//! async lock, so the first dispatches and the later ones find its recorded result and return it
+//! marked replayed. Across processes sharing a registry, the row's dispatch lease decides: a
+//! delivery that finds another live process dispatching gets `operation_in_progress`, which is
+//! safe to retry (see `registry.rs`).
+
+use super::preallocated::{KeyPool, KeyPoolError};
+use super::registry::{
+    Insert, Lease, NewOperation, Operation, Registry, RegistryError, Status, process_owner,
+    retire_owner,
+};
+use super::scrub::Scrubber;
+use crate::canonical::{self, RequestHash};
+use crate::crashpoint::{self, Boundary};
+use crate::identity::{self, Identity, Source};
+use crate::keys::{OperationKey, PublicHandle};
+use serde_json::{Map, Value, json};
+use std::collections::HashMap;
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// `_meta` key of a result that says whether it was replayed.
+pub const REPLAYED_META: &str = "callid/replayed";
+/// How long a dispatch lease holds off other processes (longer than any backend call).
+pub const LEASE_TTL: Duration = Duration::from_secs(120);
+
+/// A tool error: a stable code, a message that says what to do, and the operation if one exists.
+#[derive(Debug, Clone)]
+pub struct ToolError {
+    /// Stable machine code (one of the spender's [`Spender::ERROR_CODES`]).
+    pub code: &'static str,
+    /// What happened and what to do.
+    pub message: String,
+    /// The operation's public handle, if one exists.
+    pub handle: Option<PublicHandle>,
+    /// The operation's state, if one exists.
+    pub status: Option<Status>,
+    /// The underlying failure alone, without the advice of `message` (when it differs).
+    pub cause: Option<String>,
+}
+
+impl ToolError {
+    /// An error with no operation.
+    pub fn new(code: &'static str, message: impl Into<String>) -> Self {
+        ToolError {
+            code,
+            message: message.into(),
+            handle: None,
+            status: None,
+            cause: None,
+        }
+    }
+
+    /// This error, about operation `op`.
+    pub fn of(mut self, op: &Operation) -> Self {
+        self.handle = Some(op.handle.clone());
+        self.status = Some(op.status);
+        self
+    }
+
+    fn registry(err: RegistryError) -> Self {
+        let mut e = ToolError::new(
+            "registry_unavailable",
+            format!(
+                "{err}; nothing was dispatched for this delivery, and retrying with the same call is safe once the registry is fixed"
+            ),
+        );
+        e.cause = Some(err.to_string());
+        e
+    }
+
+    /// The spender was called for `op` and answered (`answer`, saying whether money moved),
+    /// but its answer could not be recorded.
+    fn unrecorded(op: &Operation, answer: &str, cause: &ToolError) -> Self {
+        ToolError::new(
+            "outcome_unknown",
+            format!(
+                "operation `{}` was dispatched and the backend answered ({answer}), but the answer \
+                 could not be recorded: {}; redeliver this same call (same call id, same \
+                 arguments) to get the recorded outcome without a second charge, and do not make \
+                 a new call for it",
+                op.handle,
+                cause.cause.as_deref().unwrap_or(&cause.message)
+            ),
+        )
+        .of(op)
+    }
+
+    /// The `structuredContent` of this error.
+    pub fn structured(&self) -> Value {
+        let mut v = json!({"error": self.code, "message": self.message});
+        if let Some(h) = &self.handle {
+            v["handle"] = json!(h.as_str());
+        }
+        if let Some(s) = self.status {
+            v["status"] = json!(s.name());
+        }
+        v
+    }
+}
+
+/// A tool's answer before it is scrubbed and put on the wire.
+#[derive(Debug)]
+pub enum Reply {
+    /// A result.
+    Ok {
+        /// `structuredContent`.
+        structured: Value,
+        /// The human summary.
+        text: String,
+        /// `Some` for spend results (`_meta["callid/replayed"]`).
+        replayed: Option<bool>,
+    },
+    /// A whole `CallToolResult` someone else wrote (an upstream's), sent as it is but for
+    /// `_meta`, which gets `callid/replayed` and, when given, `callid/handle`.
+    Raw {
+        /// The `CallToolResult` JSON.
+        result: Value,
+        /// `_meta["callid/replayed"]`.
+        replayed: bool,
+        /// `_meta["callid/handle"]`.
+        handle: Option<PublicHandle>,
+    },
+    /// A tool error.
+    Err(ToolError),
+}
+
+impl From<ToolError> for Reply {
+    fn from(e: ToolError) -> Self {
+        Reply::Err(e)
+    }
+}
+
+/// `_meta` key of a gateway result that names its operation's public handle.
+pub const HANDLE_META: &str = "callid/handle";
+
+impl Reply {
+    /// The `CallToolResult` JSON of this reply.
+    pub fn to_value(&self) -> Value {
+        match self {
+            Reply::Ok {
+                structured,
+                text,
+                replayed,
+            } => {
+                let mut v = json!({
+                    "content": [{"type": "text", "text": text}],
+                    "structuredContent": structured,
+                });
+                if let Some(r) = replayed {
+                    v["_meta"] = json!({ REPLAYED_META: r });
+                }
+                v
+            }
+            Reply::Raw {
+                result,
+                replayed,
+                handle,
+            } => {
+                let mut v = match result {
+                    Value::Object(_) => result.clone(),
+                    other => json!({"content": [], "structuredContent": other}),
+                };
+                if !v["_meta"].is_object() {
+                    v["_meta"] = json!({});
+                }
+                v["_meta"][REPLAYED_META] = json!(replayed);
+                if let Some(h) = handle {
+                    v["_meta"][HANDLE_META] = json!(h.as_str());
+                }
+                v
+            }
+            Reply::Err(e) => json!({
+                "isError": true,
+                "content": [{"type": "text", "text": e.message}],
+                "structuredContent": e.structured(),
+            }),
+        }
+    }
+}
+
+/// What a new operation costs, and whether a person must approve it first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Quote {
+    /// The price in cents, recorded with the operation.
+    pub amount_cents: u64,
+    /// Whether the policy wants a person before it runs (decided once, stored with the row).
+    pub needs_approval: bool,
+    /// A budget the registry enforces when it records the operation (`None`: none, or one
+    /// enforced elsewhere, as the built-in router's authorization layer does).
+    pub budget_cents: Option<u64>,
+}
+
+/// What a spender's execution of an operation came to.
+#[derive(Debug)]
+pub enum Outcome {
+    /// The spend is done: `result` is recorded as the operation's result (by convention
+    /// `{"handle", "status", "result"}`) and replayed on redelivery.
+    Done {
+        /// The value to record.
+        result: Value,
+        /// What was charged, in cents.
+        charged_cents: u64,
+        /// What the spender answered, for a message when it cannot be recorded (e.g. "the
+        /// provider charged 3 cents").
+        answer: String,
+    },
+    /// A final refusal: recorded, answered again on every redelivery.
+    Refused {
+        /// Stable code (one of [`Spender::ERROR_CODES`]).
+        code: &'static str,
+        /// What happened.
+        message: String,
+    },
+    /// Not settled (retryable failure, unknown outcome): the operation stays pending and a
+    /// redelivery continues it under the same key. The error is answered as it is.
+    Open(ToolError),
+}
+
+/// What is spent for a spend call: the part of the pipeline that differs between the built-in
+/// router and the gateway.
+///
+/// # Guarantee the core gives
+/// [`Spender::execute`] is called only for an operation whose registry row is committed and
+/// whose dispatch lease this process holds; every continuation of one operation carries the
+/// same private key.
+pub trait Spender: Sync {
+    /// Every error code a tool call can answer (recorded codes are mapped onto these).
+    const ERROR_CODES: &'static [&'static str];
+    /// The command an operator runs to approve (e.g. `callid router`).
+    const OPERATOR: &'static str;
+    /// Whether the operator command needs `--registry FILE` (the gateway has no default one).
+    const NAME_REGISTRY: bool = false;
+
+    /// Checks a spend call's arguments before the registry is consulted.
+    fn check(&self, tool: &str, args: &Value) -> Result<(), ToolError>;
+
+    /// Prices a new operation (only new calls are priced).
+    fn quote(
+        &self,
+        tool: &str,
+        args: &Value,
+    ) -> impl Future<Output = Result<Quote, ToolError>> + Send;
+
+    /// Runs a recorded, pending operation under its private key.
+    fn execute(&self, op: &Operation) -> impl Future<Output = Outcome> + Send;
+
+    /// The reply of a completed operation (`replayed`: answered from the record).
+    fn completed(&self, op: &Operation, replayed: bool) -> Reply;
+}
+
+type Flight = Arc<tokio::sync::Mutex<()>>;
+
+/// Where the core keeps its state and how it names keys.
+#[derive(Debug, Clone)]
+pub struct CoreOptions {
+    /// The registry file.
+    pub registry: PathBuf,
+    /// A preallocated-key database to claim keys from.
+    pub preallocated_keys: Option<PathBuf>,
+    /// Prefix of private keys.
+    pub key_prefix: String,
+    /// Prefix of public handles.
+    pub handle_prefix: String,
+    /// The identity sources spend calls are identified by: the built-in table, or one extended
+    /// by `--identity-sources` ([`identity::IdentitySources::load`]).
+    pub identity_sources: Arc<identity::IdentitySources>,
+}
+
+/// The pipeline's state: registry, key pool, single-flight locks, lease owner, scrubber.
+pub struct Core {
+    opts: CoreOptions,
+    registry: Arc<Mutex<Option<Registry>>>,
+    pool: Option<Arc<Mutex<Option<KeyPool>>>>,
+    flights: Mutex<HashMap<(String, String, String), Flight>>,
+    owner: String,
+    scrubber: Scrubber,
+}
+
+impl Drop for Core {
+    fn drop(&mut self) {
+        // Leases this instance still holds are free for any other instance at once.
+        retire_owner(&self.owner);
+    }
+}
+
+impl std::fmt::Debug for Core {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Core").field("opts", &self.opts).finish()
+    }
+}
+
+impl Core {
+    /// A core; opens the registry now if it can (a failure is logged, and every spend then
+    /// fails closed with `registry_unavailable` until it opens).
+    pub fn new(opts: CoreOptions) -> Core {
+        let registry = match Registry::open(&opts.registry) {
+            Ok(r) => {
+                tracing::info!(
+                    registry = %opts.registry.display(),
+                    installation = r.installation_id(),
+                    "registry open"
+                );
+                Some(r)
+            }
+            Err(e) => {
+                tracing::error!("{e}; every spend will fail closed until it opens");
+                None
+            }
+        };
+        Core {
+            pool: opts
+                .preallocated_keys
+                .as_ref()
+                .map(|_| Arc::new(Mutex::new(None))),
+            scrubber: Scrubber::new(&opts.key_prefix),
+            registry: Arc::new(Mutex::new(registry)),
+            flights: Mutex::new(HashMap::new()),
+            owner: process_owner(),
+            opts,
+        }
+    }
+
+    /// The options this core runs with.
+    pub fn options(&self) -> &CoreOptions {
+        &self.opts
+    }
+
+    /// Whether new keys come from a preallocated pool.
+    pub fn preallocated(&self) -> bool {
+        self.pool.is_some()
+    }
+
+    /// The scrubbed `CallToolResult` JSON of `reply` to a call of `tool`; `keys` are the
+    /// private keys the call touched.
+    pub fn finish(&self, tool: &str, reply: Reply, keys: &[OperationKey]) -> Value {
+        if let Reply::Err(e) = &reply {
+            tracing::info!(tool, code = e.code, handle = ?e.handle.as_ref().map(|h| h.as_str()), "tool error");
+        }
+        let mut value = reply.to_value();
+        let refs: Vec<&OperationKey> = keys.iter().collect();
+        let n = self.scrubber.scrub(&mut value, &refs);
+        if n > 0 {
+            tracing::warn!(tool, strings = n, "scrubbed private keys from a reply");
+        }
+        value
+    }
+
+    /// Scrubs any value (used for JSON-RPC error messages too).
+    pub fn scrub(&self, value: &mut Value) {
+        self.scrubber.scrub(value, &[]);
+    }
+
+    /// Answers one spend call of `tool` through the whole pipeline; also returns the private
+    /// keys it touched, for [`Core::finish`].
+    pub async fn spend<S: Spender>(
+        &self,
+        spender: &S,
+        tool: &str,
+        args: Value,
+        meta: &Map<String, Value>,
+    ) -> (Reply, Vec<OperationKey>) {
+        let mut keys = vec![];
+        let reply = match self.spend_inner(spender, tool, args, meta, &mut keys).await {
+            Ok(r) => r,
+            Err(e) => e.into(),
+        };
+        (reply, keys)
+    }
+
+    async fn spend_inner<S: Spender>(
+        &self,
+        spender: &S,
+        tool: &str,
+        args: Value,
+        meta: &Map<String, Value>,
+        keys: &mut Vec<OperationKey>,
+    ) -> Result<Reply, ToolError> {
+        let sources = &self.opts.identity_sources;
+        sources.check_arguments(&args).map_err(identity_error)?;
+        let id = sources.from_meta_map(meta).map_err(identity_error)?;
+        let hash = canonical::request_hash(tool, &args)
+            .map_err(|e| ToolError::new(e.code(), format!("{e}; nothing was dispatched")))?;
+        spender.check(tool, &args)?;
+
+        let flight = self.flight(&id.platform, id.key_installation(), &id.harness_call_id);
+        let guard = flight.lock().await;
+        let (platform, installation, call_id) = (
+            id.platform.clone(),
+            id.key_installation().to_string(),
+            id.harness_call_id.clone(),
+        );
+        let existing = self
+            .registry(move |r| r.find(&platform, &installation, &call_id))
+            .await;
+        let result = match existing {
+            Ok(Some(op)) => {
+                keys.push(op.key.clone());
+                self.resolve_existing(spender, op, &hash).await
+            }
+            Ok(None) => self.start(spender, &id, tool, args, hash, keys).await,
+            Err(e) => Err(e),
+        };
+        drop(guard);
+        self.forget_flight(
+            &id.platform,
+            id.key_installation(),
+            &id.harness_call_id,
+            flight,
+        );
+        result
+    }
+
+    async fn start<S: Spender>(
+        &self,
+        spender: &S,
+        id: &Identity,
+        tool: &str,
+        args: Value,
+        hash: RequestHash,
+        keys: &mut Vec<OperationKey>,
+    ) -> Result<Reply, ToolError> {
+        let quote = spender.quote(tool, &args).await?;
+        let handle = PublicHandle::generate(&self.opts.handle_prefix);
+        let key = match &self.pool {
+            None => OperationKey::generate(&self.opts.key_prefix, &id.platform),
+            Some(_) if id.source != Source::CodexCallId => {
+                return Err(ToolError::new(
+                    "invalid_identity",
+                    format!(
+                        "this router runs with preallocated operation keys, and in that mode only \
+                         Codex `callId` identities may start new operations; `{}` identities may \
+                         only redeliver operations already recorded",
+                        id.source_key
+                    ),
+                ));
+            }
+            Some(_) => self.claim_key(&handle).await?,
+        };
+        keys.push(key.clone());
+        let new = NewOperation {
+            platform: id.platform.clone(),
+            source_installation: id.key_installation().to_string(),
+            harness_call_id: id.harness_call_id.clone(),
+            handle,
+            key,
+            tool: tool.into(),
+            request_hash: hash.clone(),
+            arguments: args,
+            amount_cents: quote.amount_cents,
+            needs_approval: quote.needs_approval,
+        };
+        let amount = quote.amount_cents;
+        let budget = quote.budget_cents;
+        let (op, created) = match self
+            .registry(move |r| r.insert_within_budget(new, budget))
+            .await?
+        {
+            Insert::Stored(op, created) => (*op, created),
+            Insert::OverBudget { committed_cents } => {
+                let budget = budget.unwrap_or_default();
+                return Err(ToolError::new(
+                    "budget_exceeded",
+                    format!(
+                        "this spend costs {amount} cents but only {} of the {budget}-cent budget                          remain; nothing was recorded or dispatched: ask the operator to raise                          the budget",
+                        budget.saturating_sub(committed_cents)
+                    ),
+                ));
+            }
+        };
+        if !created {
+            // Another process recorded this call between our lookup and our insert.
+            keys.push(op.key.clone());
+            return self.resolve_existing(spender, op, &hash).await;
+        }
+        crashpoint::hit(Boundary::AfterRowCommit);
+        tracing::info!(handle = %op.handle, platform = %op.platform, tool, amount = quote.amount_cents, needs_approval = quote.needs_approval, "operation recorded");
+        if op.status == Status::AwaitingApproval {
+            return Err(awaiting_approval::<S>(&op, &self.opts.registry));
+        }
+        self.dispatch(spender, op).await
+    }
+
+    async fn resolve_existing<S: Spender>(
+        &self,
+        spender: &S,
+        op: Operation,
+        hash: &RequestHash,
+    ) -> Result<Reply, ToolError> {
+        if &op.request_hash != hash {
+            return Err(ToolError::new(
+                "request_mismatch",
+                format!(
+                    "this call id was already used for a different request (operation `{}`); one \
+                     call cannot be reused for different work: make a new tool call for the new \
+                     request; nothing was dispatched",
+                    op.handle
+                ),
+            )
+            .of(&op));
+        }
+        self.continue_operation(spender, op).await
+    }
+
+    /// Answers a recorded operation: replays what is recorded, or runs what is pending.
+    async fn continue_operation<S: Spender>(
+        &self,
+        spender: &S,
+        op: Operation,
+    ) -> Result<Reply, ToolError> {
+        match op.status {
+            Status::Completed => Ok(spender.completed(&op, true)),
+            Status::Failed => Err(recorded_failure::<S>(&op)),
+            Status::Denied => Err(denied(&op)),
+            Status::AwaitingApproval => Err(awaiting_approval::<S>(&op, &self.opts.registry)),
+            Status::Pending => self.dispatch(spender, op).await,
+        }
+    }
+
+    async fn dispatch<S: Spender>(&self, spender: &S, op: Operation) -> Result<Reply, ToolError> {
+        let owner = self.owner.clone();
+        let handle = op.handle.clone();
+        let lease = self
+            .registry(move |r| r.claim_lease(&handle, &owner, LEASE_TTL))
+            .await
+            .map_err(|e| e.of(&op))?;
+        match lease {
+            Lease::Granted => {}
+            Lease::HeldElsewhere => {
+                return Err(ToolError::new(
+                    "operation_in_progress",
+                    format!(
+                        "operation `{}` is being dispatched by another router process sharing \
+                         this registry; retry the same call shortly: it is safe and will return \
+                         that operation's result",
+                        op.handle
+                    ),
+                )
+                .of(&op));
+            }
+            Lease::NotPending(_) => {
+                // Finished (or sent for approval) by another process meanwhile: answer that.
+                let handle = op.handle.clone();
+                let now = self
+                    .registry(move |r| r.find_by_handle(handle.as_str()))
+                    .await
+                    .map_err(|e| e.of(&op))?
+                    .ok_or_else(|| unknown_operation(op.handle.as_str()))?;
+                return Box::pin(self.continue_operation(spender, now)).await;
+            }
+        }
+        match spender.execute(&op).await {
+            Outcome::Done {
+                result,
+                charged_cents,
+                answer,
+            } => {
+                let mut done = op.clone();
+                done.status = Status::Completed;
+                done.charged_cents = Some(charged_cents);
+                done.result = Some(result.clone());
+                crashpoint::hit(Boundary::BeforeResultRecorded);
+                let handle = op.handle.clone();
+                self.registry(move |r| r.record_result(&handle, &result, charged_cents))
+                    .await
+                    .map_err(|e| ToolError::unrecorded(&op, &answer, &e))?;
+                crashpoint::hit(Boundary::BeforeReply);
+                tracing::info!(handle = %op.handle, "operation completed");
+                Ok(spender.completed(&done, false))
+            }
+            Outcome::Refused { code, message } => {
+                let handle = op.handle.clone();
+                let (c, m) = (code.to_string(), message.clone());
+                self.registry(move |r| r.record_failure(&handle, &c, &m))
+                    .await
+                    .map_err(|e| {
+                        ToolError::unrecorded(
+                            &op,
+                            &format!("refused with `{code}`, nothing charged"),
+                            &e,
+                        )
+                    })?;
+                let mut failed = op.clone();
+                failed.status = Status::Failed;
+                Err(ToolError::new(
+                    code,
+                    format!(
+                        "{message}; this operation is final, redelivering it returns this error again"
+                    ),
+                )
+                .of(&failed))
+            }
+            Outcome::Open(err) => {
+                self.give_up_lease(&op).await;
+                Err(err.of(&op))
+            }
+        }
+    }
+
+    /// Lets another delivery (or process) dispatch a pending operation this one gave up on.
+    async fn give_up_lease(&self, op: &Operation) {
+        let handle = op.handle.clone();
+        let owner = self.owner.clone();
+        if let Err(e) = self
+            .registry(move |r| r.release_lease(&handle, &owner))
+            .await
+        {
+            tracing::warn!("cannot release the dispatch lease: {}", e.message);
+        }
+    }
+
+    /// `operation_status`: the state of an operation by handle, and its recorded result.
+    pub async fn operation_status(&self, args: Value) -> Reply {
+        match self.handle_argument(&args).await {
+            Ok(op) => {
+                let mut structured =
+                    json!({"handle": op.handle.as_str(), "status": op.status.name()});
+                if let Some(r) = op.result.as_ref().and_then(|r| r.get("result")) {
+                    structured["result"] = r.clone();
+                }
+                if let Some((code, message)) = &op.error {
+                    structured["failure"] = json!({"code": code, "message": message});
+                }
+                let mut text = format!("operation `{}` is {}", op.handle, op.status.name());
+                if let Some((authorized, charged)) = op.overcharge() {
+                    structured["overcharge"] = overcharge_json(authorized, charged);
+                    text.push_str(&overcharge_text(authorized, charged));
+                }
+                Reply::Ok {
+                    structured,
+                    text,
+                    replayed: None,
+                }
+            }
+            Err(e) => e.into(),
+        }
+    }
+
+    /// `resume_operation`: runs an approved operation, or answers its recorded outcome.
+    pub async fn resume_operation<S: Spender>(
+        &self,
+        spender: &S,
+        args: Value,
+    ) -> (Reply, Vec<OperationKey>) {
+        let op = match self.handle_argument(&args).await {
+            Ok(op) => op,
+            Err(e) => return (e.into(), vec![]),
+        };
+        let keys = vec![op.key.clone()];
+        let flight = self.flight(&op.platform, &op.source_installation, &op.harness_call_id);
+        let guard = flight.lock().await;
+        let handle = op.handle.clone();
+        let result = match self
+            .registry(move |r| r.find_by_handle(handle.as_str()))
+            .await
+        {
+            Ok(Some(now)) => self.continue_operation(spender, now).await,
+            Ok(None) => Err(unknown_operation(op.handle.as_str())),
+            Err(e) => Err(e),
+        };
+        drop(guard);
+        self.forget_flight(
+            &op.platform,
+            &op.source_installation,
+            &op.harness_call_id,
+            flight,
+        );
+        (result.unwrap_or_else(Reply::Err), keys)
+    }
+
+    async fn handle_argument(&self, args: &Value) -> Result<Operation, ToolError> {
+        self.opts
+            .identity_sources
+            .check_arguments(args)
+            .map_err(identity_error)?;
+        let map = args.as_object().expect("arguments are an object");
+        if let Some(extra) = map.keys().find(|k| *k != "handle") {
+            return Err(ToolError::new(
+                "invalid_arguments",
+                format!("unknown argument `{extra}`; this tool takes only `handle`"),
+            ));
+        }
+        let handle = match map.get("handle") {
+            Some(Value::String(h)) if !h.is_empty() => h.clone(),
+            _ => {
+                return Err(ToolError::new(
+                    "invalid_arguments",
+                    "`handle` is required: the public operation handle (`hubu:public-operation:v1:...`) a spend returned",
+                ));
+            }
+        };
+        let lookup = handle.clone();
+        self.registry(move |r| r.find_by_handle(&lookup))
+            .await?
+            .ok_or_else(|| unknown_operation(&handle))
+    }
+
+    /// The single-flight lock of one call identity (this process's installation).
+    fn flight(&self, platform: &str, installation: &str, call_id: &str) -> Flight {
+        let mut map = self.flights.lock().unwrap_or_else(|p| p.into_inner());
+        map.entry((
+            platform.to_string(),
+            installation.to_string(),
+            call_id.to_string(),
+        ))
+        .or_default()
+        .clone()
+    }
+
+    fn forget_flight(&self, platform: &str, installation: &str, call_id: &str, flight: Flight) {
+        drop(flight);
+        let mut map = self.flights.lock().unwrap_or_else(|p| p.into_inner());
+        let k = (
+            platform.to_string(),
+            installation.to_string(),
+            call_id.to_string(),
+        );
+        if map.get(&k).is_some_and(|f| Arc::strong_count(f) == 1) {
+            map.remove(&k);
+        }
+    }
+
+    /// Runs `f` on the registry (opening it first if it is not open yet) off the async threads.
+    pub async fn registry<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Registry) -> Result<R, RegistryError> + Send + 'static,
+    ) -> Result<R, ToolError> {
+        let registry = self.registry.clone();
+        let path = self.opts.registry.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut guard = registry.lock().unwrap_or_else(|p| p.into_inner());
+            if guard.is_none() {
+                *guard = Some(Registry::open(&path)?);
+            }
+            f(guard.as_mut().expect("opened above"))
+        })
+        .await
+        .map_err(|e| ToolError::new("registry_unavailable", format!("registry task failed: {e}")))?
+        .map_err(ToolError::registry)
+    }
+
+    async fn claim_key(&self, handle: &PublicHandle) -> Result<OperationKey, ToolError> {
+        let pool = self.pool.clone().expect("called in preallocated mode");
+        let path = self
+            .opts
+            .preallocated_keys
+            .clone()
+            .expect("preallocated mode");
+        let handle = handle.as_str().to_string();
+        tokio::task::spawn_blocking(move || {
+            let mut guard = pool.lock().unwrap_or_else(|p| p.into_inner());
+            if guard.is_none() {
+                *guard = Some(KeyPool::open(&path)?);
+            }
+            guard.as_mut().expect("opened above").claim(&handle)
+        })
+        .await
+        .map_err(|e| ToolError::new("registry_unavailable", format!("key pool task failed: {e}")))?
+        .map_err(|e: KeyPoolError| ToolError::new("registry_unavailable", e.to_string()))
+    }
+}
+
+/// An identity refusal: nothing was dispatched.
+pub fn identity_error(e: identity::IdentityError) -> ToolError {
+    ToolError::new(e.code(), format!("{e}; nothing was dispatched"))
+}
+
+fn unknown_operation(handle: &str) -> ToolError {
+    ToolError::new(
+        "unknown_operation",
+        format!(
+            "no operation has handle `{handle}` in this router's registry; use the handle a spend \
+             result or error returned"
+        ),
+    )
+}
+
+fn awaiting_approval<S: Spender>(op: &Operation, registry: &std::path::Path) -> ToolError {
+    let registry = if S::NAME_REGISTRY {
+        format!(" --registry {}", registry.display())
+    } else {
+        String::new()
+    };
+    ToolError::new(
+        "awaiting_approval",
+        format!(
+            "operation `{}` ({} cents) needs a person's approval and nothing was spent; ask the \
+             operator to run `{} approve{registry} {}`, then call `resume_operation` with this \
+             handle (redelivering this call never skips the approval)",
+            op.handle,
+            op.amount_cents,
+            S::OPERATOR,
+            op.handle
+        ),
+    )
+    .of(op)
+}
+
+fn denied(op: &Operation) -> ToolError {
+    let reason = op
+        .error
+        .as_ref()
+        .map(|(_, m)| m.clone())
+        .unwrap_or_else(|| "a person denied this operation".into());
+    ToolError::new(
+        "operation_denied",
+        format!(
+            "operation `{}` was denied ({reason}); nothing was spent, and redelivering it will not \
+             run it",
+            op.handle
+        ),
+    )
+    .of(op)
+}
+
+fn recorded_failure<S: Spender>(op: &Operation) -> ToolError {
+    let (code, message) = op
+        .error
+        .clone()
+        .unwrap_or_else(|| ("provider_error".into(), "the operation failed".into()));
+    let code = S::ERROR_CODES
+        .iter()
+        .copied()
+        .find(|c| *c == code)
+        .unwrap_or("provider_error");
+    ToolError::new(
+        code,
+        format!("{message}; this operation is final, redelivering it returns this error again"),
+    )
+    .of(op)
+}
+
+/// The `overcharge` member: what was authorized and what was charged.
+pub fn overcharge_json(authorized: u64, charged: u64) -> Value {
+    json!({"authorized_cents": authorized, "charged_cents": charged})
+}
+
+/// The warning appended to a reply whose charge exceeded its authorization.
+pub fn overcharge_text(authorized: u64, charged: u64) -> String {
+    format!(
+        "; WARNING: the provider charged {charged} cents although {authorized} were authorized; \
+         the budget was debited by the full charge"
+    )
+}
+
+/// The error and its causes, as one line.
+pub fn chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(s) = source {
+        let s_text = s.to_string();
+        if !text.contains(&s_text) {
+            text.push_str(": ");
+            text.push_str(&s_text);
+        }
+        source = s.source();
+    }
+    text
+}
