@@ -158,7 +158,6 @@ struct Handoff<'a> {
 impl Spender for Handoff<'_> {
     const ERROR_CODES: &'static [&'static str] = super::spend::ERROR_CODES;
     const OPERATOR: &'static str = "callid router";
-    const NAME_REGISTRY: bool = true;
 
     fn check(&self, tool: &str, args: &Value) -> Result<(), ToolError> {
         self.policy.price(tool, args).map(|_| ())

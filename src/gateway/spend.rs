@@ -266,7 +266,6 @@ fn unknown_outcome(op: &Operation, e: &UpstreamError) -> ToolError {
 impl Spender for Gateway {
     const ERROR_CODES: &'static [&'static str] = ERROR_CODES;
     const OPERATOR: &'static str = "callid router";
-    const NAME_REGISTRY: bool = true;
 
     fn check(&self, tool: &str, args: &Value) -> Result<(), ToolError> {
         self.policy.price(tool, args).map(|_| ())

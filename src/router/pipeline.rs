@@ -259,8 +259,6 @@ pub trait Spender: Sync {
     const ERROR_CODES: &'static [&'static str];
     /// The command an operator runs to approve (e.g. `callid router`).
     const OPERATOR: &'static str;
-    /// Whether the operator command needs `--registry FILE` (the gateway has no default one).
-    const NAME_REGISTRY: bool = false;
 
     /// Checks a spend call's arguments before the registry is consulted.
     fn check(&self, tool: &str, args: &Value) -> Result<(), ToolError>;
@@ -806,21 +804,17 @@ fn unknown_operation(handle: &str) -> ToolError {
 }
 
 fn awaiting_approval<S: Spender>(op: &Operation, registry: &std::path::Path) -> ToolError {
-    let registry = if S::NAME_REGISTRY {
-        format!(" --registry {}", registry.display())
-    } else {
-        String::new()
-    };
     ToolError::new(
         "awaiting_approval",
         format!(
             "operation `{}` ({} cents) needs a person's approval and nothing was spent; ask the \
-             operator to run `{} approve{registry} {}`, then call `resume_operation` with this \
-             handle (redelivering this call never skips the approval)",
+             operator to run `{} approve {} --registry {}`, then call `resume_operation` with \
+             this handle (redelivering this call never skips the approval)",
             op.handle,
             op.amount_cents,
             S::OPERATOR,
-            op.handle
+            op.handle,
+            registry.display()
         ),
     )
     .of(op)

@@ -680,7 +680,7 @@ async fn a_policy_price_from_the_arguments_and_approvals() {
         .unwrap()
         .to_string();
     let hint = format!(
-        "callid router approve --registry {} {h}",
+        "callid router approve {h} --registry {}",
         w.registry().display()
     );
     assert!(waiting.raw.contains(&hint), "{}", waiting.raw);
