@@ -110,6 +110,27 @@ pub struct Authorization {
     expiry_ms: i64,
 }
 
+/// The decision id of (agent, operation key): derived, not random, so every replica of a router
+/// (each with its own authorization file, sharing one registry and so one agent id) gives one
+/// operation the same decision, hence the same provider idempotency key
+/// ([`super::execution::provider_key`]): a redelivery that lands on another replica after a
+/// crash after the provider charged is answered from the provider's record instead of charged
+/// again. A hash of the key (`sha256`, shaped as a UUID): the decision id never reveals the key.
+pub fn decision_id(agent_id: &str, operation_key: &str) -> String {
+    use sha2::{Digest as _, Sha256};
+    let mut hash = Sha256::new();
+    hash.update(b"callid-decision:v1\0");
+    hash.update(agent_id.as_bytes());
+    hash.update(b"\0");
+    hash.update(operation_key.as_bytes());
+    let digest = hash.finalize();
+    let mut bytes = [0u8; 16];
+    bytes.copy_from_slice(&digest[..16]);
+    uuid::Builder::from_custom_bytes(bytes)
+        .into_uuid()
+        .to_string()
+}
+
 fn now_ms() -> i64 {
     crate::router::registry::now_ms()
 }
@@ -277,7 +298,7 @@ impl Authorization {
             }
             self.check_budget(tx, req)?;
             let decision = Decision {
-                decision_id: uuid::Uuid::new_v4().to_string(),
+                decision_id: decision_id(req.agent_id, req.operation_key),
                 account: req.account.to_owned(),
                 amount_cents: req.amount_cents,
                 scope: req.scope.to_owned(),

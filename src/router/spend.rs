@@ -33,7 +33,8 @@ use super::diagnose::{CallInfo, Diagnostics};
 use super::policy::Policy;
 use super::preallocated::{KeyPool, KeyPoolError};
 use super::registry::{
-    Lease, NewOperation, Operation, Registry, RegistryError, Status, process_owner, retire_owner,
+    Lease, NewOperation, Operation, Registry, RegistryError, RegistryLocation, Status,
+    process_owner, retire_owner,
 };
 use super::scrub::Scrubber;
 use crate::backend::{Backend, BackendConfig, BackendError, ProviderTarget, SpendReceipt};
@@ -87,8 +88,8 @@ pub const ERROR_CODES: &[&str] = &[
 /// How the router runs.
 #[derive(Debug, Clone)]
 pub struct RouterOptions {
-    /// The registry file.
-    pub registry: PathBuf,
+    /// The registry: a SQLite file, or a PostgreSQL database shared by replicas.
+    pub registry: RegistryLocation,
     /// The provider over HTTP (URL and token, redacted when shown); `None` runs it in-process
     /// beside the registry.
     pub provider: Option<crate::provider::Endpoint>,
@@ -106,9 +107,9 @@ pub struct RouterOptions {
 
 impl RouterOptions {
     /// Options with defaults for everything but the registry.
-    pub fn new(registry: PathBuf) -> Self {
+    pub fn new(registry: impl Into<RegistryLocation>) -> Self {
         RouterOptions {
-            registry,
+            registry: registry.into(),
             provider: None,
             policy: Policy::default(),
             preallocated_keys: None,
@@ -272,10 +273,17 @@ impl Router {
     /// A router; opens the registry now if it can (a failure is logged, and every spend then
     /// fails closed with `registry_unavailable` until it opens).
     pub fn new(opts: RouterOptions) -> Router {
-        let registry = match Registry::open(&opts.registry) {
+        // On a thread of its own: the PostgreSQL client runs a runtime that must not start
+        // inside the caller's async task.
+        let opened = std::thread::scope(|s| {
+            s.spawn(|| Registry::open(&opts.registry))
+                .join()
+                .unwrap_or_else(|p| std::panic::resume_unwind(p))
+        });
+        let registry = match opened {
             Ok(r) => {
                 tracing::info!(
-                    registry = %opts.registry.display(),
+                    registry = %opts.registry,
                     installation = r.installation_id(),
                     "registry open"
                 );
@@ -801,13 +809,7 @@ impl Router {
         let installation = self
             .registry(|r| Ok(r.installation_id().to_string()))
             .await?;
-        let state_dir = self
-            .opts
-            .registry
-            .parent()
-            .filter(|d| !d.as_os_str().is_empty())
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from("."));
+        let state_dir = self.opts.registry.local_state_dir(None);
         let target = match &self.opts.provider {
             Some(endpoint) => ProviderTarget::Http {
                 endpoint: endpoint.clone(),

@@ -10,5 +10,6 @@ mod hardening_transport;
 mod matrix;
 mod probe;
 mod provider;
+mod replicas;
 mod router;
 mod store;
