@@ -259,13 +259,19 @@ impl World {
 
     /// Starts replica `name` (its own data directory) on the shared database.
     async fn replica(&self, name: &str, envs: &[(&str, &str)]) -> Replica {
+        self.replica_with(name, &[], envs).await
+    }
+
+    /// Replica `name` with `extra` router flags.
+    async fn replica_with(&self, name: &str, extra: &[&str], envs: &[(&str, &str)]) -> Replica {
         let data = self.dir.path().join(name);
         std::fs::create_dir_all(&data).unwrap();
-        let args: Vec<String> = vec![
+        let mut args: Vec<String> = vec![
             "router".into(),
             "--provider-url".into(),
             format!("http://{}", self.provider_addr),
         ];
+        args.extend(extra.iter().map(|s| s.to_string()));
         let mut env: Vec<(String, String)> = vec![
             ("CALLID_LOG".into(), "debug".into()),
             ("CALLID_REGISTRY".into(), self.pg.url()),
@@ -560,4 +566,58 @@ fn operator_commands_and_refusals_on_a_database() {
     assert!(stderr.contains("callid:REDACTED@127.0.0.1"), "{stderr}");
     assert!(stderr.contains("failed while connecting"), "{stderr}");
     assert!(!stderr.contains("hunter2"), "{stderr}");
+}
+
+#[tokio::test]
+async fn an_approval_or_denial_given_once_holds_on_every_replica() {
+    let Some(w) = World::new("an_approval_or_denial_given_once_holds_on_every_replica").await
+    else {
+        return;
+    };
+    let flags = ["--approval-above-cents", "2"];
+    let a = w.replica_with("a", &flags, &[]).await;
+    let b = w.replica_with("b", &flags, &[]).await;
+    let operator = |args: &[&str]| {
+        let out = Command::new(bin())
+            .args(args)
+            .env("CALLID_REGISTRY", w.pg.url())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+
+    let first = a.spend("ap").await;
+    assert_eq!(error_code(&first), "awaiting_approval", "{}", first.raw);
+    let h = first.structured().unwrap()["handle"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(error_code(&b.spend("ap").await), "awaiting_approval");
+    assert!(operator(&["router", "approve", &h]).contains("approved"));
+    let status: Value = serde_json::from_str(&operator(&["router", "status", &h])).unwrap();
+    assert_eq!(status["status"], "pending");
+    let (done, _) = b.spend_until_settled("ap").await;
+    assert_eq!(completed(&done)["handle"], json!(h));
+    let (again, _) = a.spend_until_settled("ap").await;
+    assert_eq!(completed(&again), completed(&done));
+    assert!(replayed(&again));
+    assert_eq!(w.charges(), 1);
+
+    let second = b.spend("dn").await;
+    assert_eq!(error_code(&second), "awaiting_approval");
+    let h2 = second.structured().unwrap()["handle"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    operator(&["router", "deny", &h2, "--reason", "too dear"]);
+    let denied = a.spend("dn").await;
+    assert_eq!(error_code(&denied), "operation_denied", "{}", denied.raw);
+    assert_eq!(w.charges(), 1);
+    a.stop().await;
+    b.stop().await;
 }

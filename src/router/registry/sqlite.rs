@@ -608,7 +608,8 @@ mod tests {
                  '{{}}', 3, 'pending', 'not_required', 1, 1);"
         ))
         .unwrap();
-        let reg = SqliteRegistry::init(conn, PathBuf::from(":memory:")).unwrap();
+        let mut reg = SqliteRegistry::init(conn, PathBuf::from(":memory:")).unwrap();
+        reg.migrate().unwrap();
         assert_eq!(reg.schema_version().unwrap(), MIGRATIONS.len() as i64);
         let old = reg.find("codex", "", "old").unwrap().unwrap();
         assert_eq!(old.handle.as_str(), "h-old");
