@@ -108,6 +108,9 @@ pub struct Decision {
 pub struct Authorization {
     store: Arc<Store>,
     expiry_ms: i64,
+    /// When set (router replicas on PostgreSQL), every decision lives there instead of in
+    /// `store`.
+    shared: Option<Arc<super::shared::SharedAuthorization>>,
 }
 
 /// The decision id of (agent, operation key): derived, not random, so every replica of a router
@@ -141,7 +144,15 @@ impl Authorization {
         Ok(Authorization {
             store: Arc::new(Store::open(path, &SPEC)?),
             expiry_ms: DEFAULT_RESERVATION_EXPIRY.as_millis() as i64,
+            shared: None,
         })
+    }
+
+    /// This store with its decisions in the registry's PostgreSQL database at `url`, shared by
+    /// every router replica (see [`super::shared`]).
+    pub fn shared_in(mut self, url: crate::router::registry::PgUrl) -> Authorization {
+        self.shared = Some(Arc::new(super::shared::SharedAuthorization::new(url)));
+        self
     }
 
     /// This store with reservations that expire after `expiry` (see the module's Budget).
@@ -194,6 +205,9 @@ impl Authorization {
 
     /// Records what the provider charged for a decision; the budget counts this amount from now.
     pub fn record_charge(&self, decision_id: &str, charged_cents: u64) -> Result<(), BackendError> {
+        if let Some(shared) = &self.shared {
+            return shared.record_charge(decision_id, charged_cents);
+        }
         let sql = |e| BackendError::from(self.store.error(e));
         self.store.write(|tx| {
             tx.execute(
@@ -206,6 +220,9 @@ impl Authorization {
     }
 
     fn set_state(&self, decision_id: &str, to: &str, from: &[&str]) -> Result<usize, BackendError> {
+        if let Some(shared) = &self.shared {
+            return shared.set_state(decision_id, to, from).map(|n| n as usize);
+        }
         let sql = |e| BackendError::from(self.store.error(e));
         let from = from
             .iter()
@@ -225,6 +242,9 @@ impl Authorization {
 
     /// The state of a decision (`reserved`, `dispatched`, `charged`, `released`), if recorded.
     pub fn state(&self, decision_id: &str) -> Result<Option<String>, BackendError> {
+        if let Some(shared) = &self.shared {
+            return shared.state(decision_id);
+        }
         self.store.read(|conn| {
             conn.query_row(
                 "SELECT state FROM decisions WHERE decision_id = ?1",
@@ -239,6 +259,9 @@ impl Authorization {
     /// Returns the decision for `req.operation_key`, recording it first if there is none
     /// (blocking). See the module's guarantee.
     pub fn authorize(&self, req: &AuthorizationRequest<'_>) -> Result<Decision, BackendError> {
+        if let Some(shared) = &self.shared {
+            return shared.authorize(req, now_ms(), self.expiry_ms);
+        }
         let sql = |e| BackendError::from(self.store.error(e));
         self.store.write(|tx| {
             let existing = tx
@@ -334,6 +357,9 @@ impl Authorization {
     /// Cents of `account`'s budget held by its decisions (charged, dispatched, or reserved and
     /// not expired), blocking.
     pub fn spent_cents(&self, account: &str) -> Result<u64, BackendError> {
+        if let Some(shared) = &self.shared {
+            return shared.spent_cents(account, now_ms(), self.expiry_ms);
+        }
         self.store.read(|conn| {
             spent_in(conn, account, now_ms(), self.expiry_ms)
                 .map_err(|e| BackendError::from(self.store.error(e)))
@@ -342,6 +368,9 @@ impl Authorization {
 
     /// How many decisions are recorded (blocking).
     pub fn decision_count(&self) -> Result<u64, BackendError> {
+        if let Some(shared) = &self.shared {
+            return shared.decision_count();
+        }
         self.store.read(|conn| {
             conn.query_row("SELECT count(*) FROM decisions", [], |r| r.get::<_, i64>(0))
                 .map(|n| n as u64)

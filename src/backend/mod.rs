@@ -29,6 +29,7 @@
 pub mod authorization;
 pub mod error;
 pub mod execution;
+pub mod shared;
 
 pub use authorization::{Authorization, AuthorizationRequest, Decision};
 pub use error::BackendError;
@@ -72,6 +73,9 @@ pub struct BackendConfig {
     pub budget_cents: Option<u64>,
     /// How long a reservation whose provider call never started holds budget.
     pub reservation_expiry: std::time::Duration,
+    /// The registry's PostgreSQL database, when the router runs as replicas on one: the
+    /// authorization layer's decisions (and so the budget) live there, shared by every replica.
+    pub shared_state: Option<crate::router::registry::PgUrl>,
 }
 
 impl Default for BackendConfig {
@@ -81,6 +85,7 @@ impl Default for BackendConfig {
             account: "default".into(),
             budget_cents: None,
             reservation_expiry: authorization::DEFAULT_RESERVATION_EXPIRY,
+            shared_state: None,
         }
     }
 }
@@ -189,11 +194,15 @@ impl Backend {
         provider_description: String,
         config: BackendConfig,
     ) -> Result<Backend, BackendError> {
+        let mut authorization = Authorization::open(&state_dir.join(AUTHORIZATION_FILE))?
+            .with_reservation_expiry(config.reservation_expiry);
+        if let Some(url) = &config.shared_state {
+            authorization = authorization.shared_in(url.clone());
+        }
         Ok(Backend {
             inner: Arc::new(Inner {
                 state_dir: state_dir.to_path_buf(),
-                authorization: Authorization::open(&state_dir.join(AUTHORIZATION_FILE))?
-                    .with_reservation_expiry(config.reservation_expiry),
+                authorization,
                 execution: Execution::open(&state_dir.join(EXECUTION_FILE))?,
                 config,
                 provider,

@@ -821,6 +821,10 @@ impl Router {
             account: "default".into(),
             budget_cents: self.opts.policy.budget_cents,
             reservation_expiry: self.opts.policy.reservation_expiry(),
+            shared_state: match &self.opts.registry {
+                RegistryLocation::Postgres(url) => Some(url.clone()),
+                RegistryLocation::File(_) => None,
+            },
         };
         let backend = Backend::open(&state_dir, target, config).map_err(|e| {
             let cause = chain(&e);

@@ -533,7 +533,38 @@ fn operator_commands_and_refusals_on_a_database() {
             "callid",
             "SELECT application || ' ' || version FROM callid_schema"
         ),
-        "callid-registry 1"
+        format!(
+            "callid-registry {}",
+            callid::router::registry::postgres::MIGRATIONS.len()
+        )
+    );
+
+    // A database at schema 1 (written by an older callid) is upgraded in place, rows kept.
+    pg.sql("postgres", "CREATE DATABASE older");
+    pg.sql("older", callid::router::registry::postgres::MIGRATIONS[0]);
+    pg.sql(
+        "older",
+        "INSERT INTO callid_schema VALUES ('callid-registry', 1);
+         INSERT INTO callid_settings VALUES ('installation_id', 'inst-old');",
+    );
+    let older = format!("{}older", pg.url().trim_end_matches("callid"));
+    let out = callid(&["router", "status", "nope"], &older);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("no operation has handle `nope`"),
+        "{stderr}"
+    );
+    assert_eq!(pg.sql("older", "SELECT version FROM callid_schema"), "2");
+    assert_eq!(
+        pg.sql("older", "SELECT value FROM callid_settings"),
+        "inst-old"
+    );
+    assert_eq!(
+        pg.sql(
+            "older",
+            "SELECT to_regclass('callid_decisions') IS NOT NULL"
+        ),
+        "t"
     );
 
     // A newer schema is refused untouched.
@@ -620,4 +651,51 @@ async fn an_approval_or_denial_given_once_holds_on_every_replica() {
     assert_eq!(w.charges(), 1);
     a.stop().await;
     b.stop().await;
+}
+
+#[tokio::test]
+async fn a_budget_holds_across_replicas_under_concurrent_spends() {
+    let Some(w) = World::new("a_budget_holds_across_replicas_under_concurrent_spends").await else {
+        return;
+    };
+    // The fox costs 3 cents: a 10-cent budget covers three spends, whichever replicas take them.
+    let flags = ["--budget-cents", "10"];
+    let replicas = [
+        w.replica_with("a", &flags, &[]).await,
+        w.replica_with("b", &flags, &[]).await,
+        w.replica_with("c", &flags, &[]).await,
+    ];
+    let mut tasks = vec![];
+    for i in 0..12 {
+        let conn = replicas[i % 3].conn.clone();
+        tasks.push(tokio::spawn(async move {
+            let call = format!("budget-{i}");
+            conn.call_tool(next_id(), "generate_image", fox(), Some(codex(&call)))
+                .await
+                .unwrap()
+        }));
+    }
+    let mut ok = 0;
+    for t in tasks {
+        let r = t.await.unwrap();
+        if r.is_tool_error() {
+            assert_eq!(error_code(&r), "budget_exceeded", "{}", r.raw);
+        } else {
+            completed(&r);
+            ok += 1;
+        }
+    }
+    assert_eq!(ok, 3, "three spends fit the budget");
+    assert_eq!(w.charges(), 3, "never more than the budget across replicas");
+    let spent: u64 = Ledger::open(&w.ledger)
+        .unwrap()
+        .charges()
+        .unwrap()
+        .iter()
+        .map(|c| c.amount_cents)
+        .sum();
+    assert!(spent <= 10, "spent {spent} of a 10-cent budget");
+    for r in replicas {
+        r.stop().await;
+    }
 }

@@ -60,6 +60,23 @@ pub const MIGRATIONS: &[&str] = &[
          updated_ms          bigint NOT NULL,
          PRIMARY KEY (platform, installation_id, source_installation, harness_call_id)
      );",
+    // 2: the authorization layer's decisions, shared by replicas (`crate::backend::shared`).
+    "CREATE TABLE callid_decisions (
+         agent_id      text NOT NULL,
+         operation_key text NOT NULL,
+         decision_id   text NOT NULL UNIQUE,
+         account       text NOT NULL,
+         amount_cents  bigint NOT NULL CHECK (amount_cents >= 0),
+         scope         text NOT NULL,
+         request_hash  text NOT NULL,
+         created_at    text NOT NULL,
+         state         text NOT NULL
+             CHECK (state IN ('reserved', 'dispatched', 'charged', 'released')),
+         reserved_ms   bigint NOT NULL,
+         charged_cents bigint,
+         PRIMARY KEY (agent_id, operation_key)
+     );
+     CREATE INDEX callid_decisions_by_account ON callid_decisions (account);",
 ];
 
 /// A `postgres://` URL whose password (and query values) are redacted wherever it is shown.
@@ -93,7 +110,7 @@ impl PgUrl {
         })
     }
 
-    fn config(&self) -> Config {
+    pub(crate) fn config(&self) -> Config {
         let mut config = Config::from_str(&self.raw).expect("checked in PgUrl::parse");
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(Duration::from_secs(5));
