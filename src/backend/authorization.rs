@@ -110,7 +110,7 @@ pub struct Authorization {
     expiry_ms: i64,
     /// When set (router replicas on PostgreSQL), every decision lives there instead of in
     /// `store`.
-    shared: Option<Arc<super::shared::SharedAuthorization>>,
+    shared: Option<Arc<super::shared::SharedState>>,
 }
 
 /// The decision id of (agent, operation key): derived, not random, so every replica of a router
@@ -150,8 +150,8 @@ impl Authorization {
 
     /// This store with its decisions in the registry's PostgreSQL database at `url`, shared by
     /// every router replica (see [`super::shared`]).
-    pub fn shared_in(mut self, url: crate::router::registry::PgUrl) -> Authorization {
-        self.shared = Some(Arc::new(super::shared::SharedAuthorization::new(url)));
+    pub fn shared_in(mut self, shared: Arc<super::shared::SharedState>) -> Authorization {
+        self.shared = Some(shared);
         self
     }
 

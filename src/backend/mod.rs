@@ -74,7 +74,8 @@ pub struct BackendConfig {
     /// How long a reservation whose provider call never started holds budget.
     pub reservation_expiry: std::time::Duration,
     /// The registry's PostgreSQL database, when the router runs as replicas on one: the
-    /// authorization layer's decisions (and so the budget) live there, shared by every replica.
+    /// authorization decisions (and so the budget) and the executions live there, shared by
+    /// every replica.
     pub shared_state: Option<crate::router::registry::PgUrl>,
 }
 
@@ -196,14 +197,17 @@ impl Backend {
     ) -> Result<Backend, BackendError> {
         let mut authorization = Authorization::open(&state_dir.join(AUTHORIZATION_FILE))?
             .with_reservation_expiry(config.reservation_expiry);
+        let mut execution = Execution::open(&state_dir.join(EXECUTION_FILE))?;
         if let Some(url) = &config.shared_state {
-            authorization = authorization.shared_in(url.clone());
+            let shared = Arc::new(shared::SharedState::new(url.clone()));
+            authorization = authorization.shared_in(shared.clone());
+            execution = execution.shared_in(shared);
         }
         Ok(Backend {
             inner: Arc::new(Inner {
                 state_dir: state_dir.to_path_buf(),
                 authorization,
-                execution: Execution::open(&state_dir.join(EXECUTION_FILE))?,
+                execution,
                 config,
                 provider,
                 ledger,

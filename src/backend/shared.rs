@@ -1,6 +1,7 @@
-//! The authorization layer on the registry's PostgreSQL database, for router replicas: every
-//! replica reads and writes one set of decisions, so one operation has one decision and an
-//! account's budget holds across replicas under concurrent spends.
+//! The backend layers on the registry's PostgreSQL database, for router replicas: every replica
+//! reads and writes one set of authorization decisions and executions, so one operation has one
+//! decision, an account's budget holds across replicas under concurrent spends, and a replica's
+//! crash leaves no layer state on its own disk.
 //!
 //! Same guarantees as the SQLite store of [`super::authorization`] (same decision rules, same
 //! budget arithmetic), with PostgreSQL's means: each decision is one transaction committed with
@@ -12,28 +13,32 @@
 
 use super::authorization::{AuthorizationRequest, Decision, decision_id};
 use super::error::BackendError;
+use super::execution::{Begin, Executed, provider_key};
+use crate::provider::Receipt;
 use crate::router::registry::PgUrl;
 use postgres::Client;
 use std::sync::Mutex;
 
 /// The advisory-lock namespace of budget checks (`"cLAB"`), apart from the registry's.
 const BUDGET_LOCK: i32 = 0x634c_4142;
+/// The advisory-lock namespace of executions (`"cLEX"`): one `begin` per decision at a time.
+const EXECUTION_LOCK: i32 = 0x634c_4558;
 
 /// One connection to the shared decisions, opened on demand.
-pub struct SharedAuthorization {
+pub struct SharedState {
     url: PgUrl,
     client: Mutex<Option<Client>>,
 }
 
-impl std::fmt::Debug for SharedAuthorization {
+impl std::fmt::Debug for SharedState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SharedAuthorization")
+        f.debug_struct("SharedState")
             .field("url", &self.url)
             .finish()
     }
 }
 
-impl Drop for SharedAuthorization {
+impl Drop for SharedState {
     fn drop(&mut self) {
         // The sync client runs its own runtime, which must not be dropped inside an async task.
         let client = self
@@ -52,10 +57,10 @@ const SPENT: &str = "SELECT COALESCE(SUM(CASE state
         ELSE amount_cents END), 0)::bigint
     FROM callid_decisions WHERE account = $1";
 
-impl SharedAuthorization {
+impl SharedState {
     /// The decisions in the database at `url` (connected on first use).
-    pub fn new(url: PgUrl) -> SharedAuthorization {
-        SharedAuthorization {
+    pub fn new(url: PgUrl) -> SharedState {
+        SharedState {
             url,
             client: Mutex::new(None),
         }
@@ -280,6 +285,103 @@ impl SharedAuthorization {
             Ok(n.max(0) as u64)
         })
     }
+    /// See the execution layer's `begin`: the execution of `decision_id` for `request` (the
+    /// serialized request as asked), recorded `dispatched` before the provider is called, or
+    /// its recorded receipt.
+    pub(super) fn begin_execution(
+        &self,
+        decision_id: &str,
+        request: &str,
+    ) -> Result<Begin, BackendError> {
+        self.with("recording an execution", |c| {
+            let mut tx = c.transaction()?;
+            tx.execute(
+                "SELECT pg_advisory_xact_lock($1, hashtext($2))",
+                &[&EXECUTION_LOCK, &decision_id],
+            )?;
+            let row = tx.query_opt(
+                "SELECT request, state, attempts, receipt, provider_replayed
+                 FROM callid_executions WHERE decision_id = $1",
+                &[&decision_id],
+            )?;
+            let key = provider_key(decision_id);
+            let Some(row) = row else {
+                tx.execute(
+                    "INSERT INTO callid_executions (decision_id, provider_key, request, state,
+                         attempts, dispatched_at)
+                     VALUES ($1, $2, $3, 'dispatched', 1, clock_timestamp())",
+                    &[&decision_id, &key, &request],
+                )?;
+                tx.commit()?;
+                return Ok(Begin::Dispatch { key });
+            };
+            let stored: String = row.try_get(0)?;
+            if stored != request {
+                return Err(Failure::Backend(BackendError::CreateNewOperation {
+                    differs: "request".into(),
+                }));
+            }
+            let state: String = row.try_get(1)?;
+            let attempts: i64 = row.try_get(2)?;
+            let receipt: Option<String> = row.try_get(3)?;
+            let replayed: Option<bool> = row.try_get(4)?;
+            if let (true, Some(receipt)) = (state == "completed", receipt) {
+                return Ok(Begin::Done(Executed {
+                    receipt: parse_receipt(&receipt)?,
+                    provider_replayed: replayed == Some(true),
+                    from_record: true,
+                    attempts: attempts.max(0) as u64,
+                }));
+            }
+            tx.execute(
+                "UPDATE callid_executions SET attempts = attempts + 1 WHERE decision_id = $1",
+                &[&decision_id],
+            )?;
+            tx.commit()?;
+            Ok(Begin::Dispatch { key })
+        })
+    }
+    /// See the execution layer's `complete`: the first recorded receipt wins.
+    pub(super) fn complete_execution(
+        &self,
+        decision_id: &str,
+        receipt: &Receipt,
+        replayed: bool,
+    ) -> Result<Executed, BackendError> {
+        let text = serde_json::to_string(receipt).expect("a receipt always serializes");
+        self.with("recording an execution's receipt", |c| {
+            c.execute(
+                "UPDATE callid_executions SET state = 'completed', receipt = $2,
+                     provider_replayed = $3, completed_at = clock_timestamp()
+                 WHERE decision_id = $1 AND state = 'dispatched'",
+                &[&decision_id, &text, &replayed],
+            )?;
+            let row = c.query_one(
+                "SELECT receipt, provider_replayed, attempts FROM callid_executions
+                 WHERE decision_id = $1",
+                &[&decision_id],
+            )?;
+            let stored: String = row.try_get(0)?;
+            let stored_replayed: Option<bool> = row.try_get(1)?;
+            let attempts: i64 = row.try_get(2)?;
+            Ok(Executed {
+                receipt: parse_receipt(&stored)?,
+                provider_replayed: stored_replayed == Some(true),
+                from_record: false,
+                attempts: attempts.max(0) as u64,
+            })
+        })
+    }
+}
+
+fn parse_receipt(text: &str) -> Result<Receipt, Failure> {
+    serde_json::from_str(text).map_err(|e| {
+        Failure::Backend(BackendError::SharedStateUnavailable {
+            url: String::new(),
+            doing: "reading an execution's receipt",
+            cause: format!("the stored receipt does not parse: {e}"),
+        })
+    })
 }
 
 /// A database error, or a decision refused (budget, another operation's key).

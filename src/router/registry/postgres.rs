@@ -77,6 +77,19 @@ pub const MIGRATIONS: &[&str] = &[
          PRIMARY KEY (agent_id, operation_key)
      );
      CREATE INDEX callid_decisions_by_account ON callid_decisions (account);",
+    // 3: the execution layer's records, shared by replicas (`crate::backend::shared`).
+    "CREATE TABLE callid_executions (
+         decision_id       text PRIMARY KEY,
+         provider_key      text NOT NULL UNIQUE,
+         request           text NOT NULL,
+         state             text NOT NULL CHECK (state IN ('dispatched', 'completed')),
+         attempts          bigint NOT NULL,
+         receipt           text,
+         provider_replayed boolean,
+         dispatched_at     timestamptz NOT NULL,
+         completed_at      timestamptz,
+         CHECK ((state = 'completed') = (receipt IS NOT NULL))
+     );",
 ];
 
 /// A `postgres://` URL whose password (and query values) are redacted wherever it is shown.
@@ -774,6 +787,24 @@ mod tests {
             "postgres://alice:REDACTED@db.example:5433/reg?sslmode=REDACTED"
         );
         assert!(!format!("{url:?}").contains("s3cret"));
+        let err = PgUrl::parse("postgres://bob:pw@db.example:5432/").unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("names no database"), "{text}");
+        assert!(!text.contains("pw@"), "{text}");
+        use super::super::RegistryLocation;
+        let at = |s: &str| RegistryLocation::parse(std::ffi::OsStr::new(s)).unwrap();
+        assert!(matches!(
+            at("postgresql://u@h/db"),
+            RegistryLocation::Postgres(_)
+        ));
+        assert_eq!(
+            at("postgres-registry.sqlite3"),
+            RegistryLocation::File("postgres-registry.sqlite3".into())
+        );
+        assert_eq!(
+            at("/tmp/postgres:/x"),
+            RegistryLocation::File("/tmp/postgres:/x".into())
+        );
         let err = PgUrl::parse("postgres://bob:pw@db.example:5432/").unwrap_err();
         let text = err.to_string();
         assert!(text.contains("names no database"), "{text}");
