@@ -22,6 +22,11 @@
 //! An identical retry of a released or expired decision reserves it again, checking the budget
 //! again first.
 //!
+//! ## Replicas
+//! Router replicas on a PostgreSQL registry keep their decisions there instead
+//! ([`Authorization::shared_in`], [`super::shared`]): same rules, one set of decisions and one
+//! budget for every replica, the check and record serialized per account by an advisory lock.
+//!
 //! ## Durability
 //! The decision is committed before [`Authorization::authorize`] returns, and the crash point
 //! [`Boundary::AfterAuthorization`](crate::crashpoint::Boundary::AfterAuthorization) sits right

@@ -15,6 +15,12 @@
 //! [`Boundary::AfterProviderCharge`](crate::crashpoint::Boundary::AfterProviderCharge) sits
 //! between the provider's answer and the `completed` commit: the case the derived key exists for.
 //!
+//! ## Replicas
+//! Router replicas on a PostgreSQL registry keep their executions there instead
+//! ([`Execution::shared_in`], [`super::shared`]), so a replica that continues another's
+//! operation finds its `dispatched` record (same provider key) or its receipt. The in-process
+//! single flight still holds per replica; across replicas the registry's lease decides.
+//!
 //! ## Compatibility
 //! `application_id` `0x434c4558` ("CLEX"), `user_version` 1; see [`crate::store`].
 
