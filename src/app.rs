@@ -2,8 +2,12 @@
 //!
 //! Commands return `Ok(code)`: [`exit_codes::SUCCESS`], or [`exit_codes::CHECK_FAILED`] when they
 //! ran and found a failing check. Any `Err` is a usage or setup error: it is printed once with its
-//! whole cause chain and exits with [`exit_codes::SETUP_ERROR`]. A closed standard output (the
-//! reader of a pipe went away) is not an error.
+//! whole cause chain ([`crate::error_chain::format`]) and exits with [`exit_codes::SETUP_ERROR`].
+//!
+//! A closed standard output (`callid conform | head -1`) is not an error: every command writes its
+//! result through [`stdout`], which stops writing once the reader has gone and lets the command
+//! finish, so the exit code is still decided by the result (a failed check exits 1 whether or not
+//! anyone read the report).
 
 use crate::cli::{Cli, Command};
 use crate::exit_codes;
@@ -22,8 +26,120 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Conform(args) => conform(args),
         Command::Matrix(args) => matrix_command(args),
         Command::Measure(args) => measure_command(args),
+        #[cfg(feature = "bench")]
         Command::Bench(args) => bench(args),
+        Command::IdentitySources(args) => identity_sources_command(args),
+        Command::Completions(args) => completions(args),
     }
+}
+
+/// `callid completions SHELL`: the completion script, generated from the same clap definition
+/// the binary parses with.
+fn completions(args: crate::cli::CompletionsArgs) -> anyhow::Result<ExitCode> {
+    use crate::cli::ShellArg;
+    use clap::CommandFactory as _;
+    use clap_complete::Shell;
+    let shell = match args.shell {
+        ShellArg::Bash => Shell::Bash,
+        ShellArg::Zsh => Shell::Zsh,
+        ShellArg::Fish => Shell::Fish,
+        ShellArg::Powershell => Shell::PowerShell,
+    };
+    let mut command = Cli::command();
+    let mut out = stdout();
+    clap_complete::generate(shell, &mut command, "callid", &mut out);
+    Ok(ExitCode::from(exit_codes::SUCCESS))
+}
+
+/// Standard output for a command's result. Once the reader has gone (`EPIPE`), further writes
+/// are dropped and reported as done, so the command runs to its end and its exit code still says
+/// how the checks went; output to a file or a live reader is written as usual.
+pub struct Stdout {
+    inner: std::io::StdoutLock<'static>,
+    closed: bool,
+}
+
+/// The process's standard output, quiet after a broken pipe (see [`Stdout`]).
+pub fn stdout() -> Stdout {
+    Stdout {
+        inner: std::io::stdout().lock(),
+        closed: false,
+    }
+}
+
+impl Stdout {
+    fn quiet(&mut self, result: std::io::Result<()>) -> std::io::Result<()> {
+        match result {
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
+                self.closed = true;
+                Ok(())
+            }
+            other => other,
+        }
+    }
+}
+
+impl std::io::Write for Stdout {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.closed {
+            return Ok(buf.len());
+        }
+        match self.inner.write(buf) {
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
+                self.closed = true;
+                Ok(buf.len())
+            }
+            other => other,
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        if self.closed {
+            return Ok(());
+        }
+        let result = self.inner.flush();
+        self.quiet(result)
+    }
+}
+
+/// One line on stderr when a stdio MCP server was started from a terminal: it says the process is
+/// waiting for an MCP client on standard input (not hung) and where its state goes. Nothing when
+/// standard input is not a terminal (a client started it), so client logs stay clean.
+pub fn stdio_banner(program: &str, state: &str) {
+    use std::io::IsTerminal as _;
+    if std::io::stdin().is_terminal() {
+        eprintln!(
+            "{program}: waiting for an MCP client on stdin (this is an MCP server: start it from a \
+             client's config, or type JSON-RPC lines); {state}; Ctrl-D ends it"
+        );
+    }
+}
+
+/// The built-in identity table extended by `--identity-sources` files.
+fn identity_sources(
+    arg: &crate::cli::IdentitySourcesArg,
+) -> anyhow::Result<std::sync::Arc<crate::identity::IdentitySources>> {
+    if arg.identity_sources.is_empty() {
+        return Ok(crate::identity::IdentitySources::built_in_shared());
+    }
+    Ok(std::sync::Arc::new(crate::identity::IdentitySources::load(
+        &arg.identity_sources,
+    )?))
+}
+
+/// `callid identity-sources`: prints the table in force.
+fn identity_sources_command(args: crate::cli::IdentitySourcesArgs) -> anyhow::Result<ExitCode> {
+    use crate::cli::SourcesFormatArg;
+    use std::io::Write as _;
+    let table = identity_sources(&args.sources)?;
+    let text = match args.format {
+        SourcesFormatArg::Table => table.render_text(),
+        SourcesFormatArg::Json => serde_json::to_string_pretty(table.entries())? + "\n",
+    };
+    stdout()
+        .write_all(text.as_bytes())
+        .context("failed to write to standard output")?;
+    Ok(ExitCode::from(exit_codes::SUCCESS))
 }
 
 /// `callid conform`: runs the scenarios and renders the report; 1 when a required check failed
@@ -84,8 +200,7 @@ fn conform(args: crate::cli::ConformArgs) -> anyhow::Result<ExitCode> {
             eprintln!("{}", report.summary_line());
         }
         None => {
-            let mut out = std::io::stdout().lock();
-            report::render(&report, format, &mut out).context("failed to write the report")?;
+            report::render(&report, format, &mut stdout()).context("failed to write the report")?;
         }
     }
     runtime.shutdown_background();
@@ -97,12 +212,20 @@ fn conform(args: crate::cli::ConformArgs) -> anyhow::Result<ExitCode> {
 }
 
 fn run_probe(args: crate::cli::ProbeArgs) -> anyhow::Result<ExitCode> {
+    if args.http.is_none() {
+        let log = match &args.log {
+            Some(path) => format!("shape records go to `{}`", path.display()),
+            None => "shape records go to stderr (pass `--log FILE` to keep them)".to_owned(),
+        };
+        stdio_banner("callid probe", &log);
+    }
     let options = crate::probe::ProbeOptions {
         http: args.http,
         allow_origins: args.allow_origins,
         log: args.log,
         digest_salt: args.digest_salt,
         wrap: if args.wrap { args.command } else { Vec::new() },
+        identity_sources: identity_sources(&args.sources)?,
     };
     let runtime = tokio::runtime::Runtime::new()?;
     let result = runtime.block_on(crate::probe::run(options));
@@ -112,38 +235,25 @@ fn run_probe(args: crate::cli::ProbeArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)))
 }
 
-fn verdict_format(format: crate::cli::FormatArg) -> anyhow::Result<crate::classify::Format> {
-    use crate::cli::FormatArg;
-    match format {
-        FormatArg::Table => Ok(crate::classify::Format::Table),
-        FormatArg::Markdown => Ok(crate::classify::Format::Markdown),
-        FormatArg::Json => Ok(crate::classify::Format::Json),
-        FormatArg::Junit => {
-            anyhow::bail!("`--format junit` is not available here; use table, markdown or json")
-        }
-    }
-}
-
 fn run_classify(args: crate::cli::ClassifyArgs) -> anyhow::Result<ExitCode> {
-    let format = verdict_format(args.format)?;
-    let (records, bad) = crate::classify::read_logs(&args.logs)?;
+    let sources = identity_sources(&args.sources)?;
+    let (runs, bad) = crate::classify::read_runs(&args.logs)?;
     for line in &bad {
         eprintln!("warning: skipped {line}");
     }
-    let verdicts = crate::classify::classify(&records);
-    let mut out = std::io::stdout().lock();
-    crate::classify::render(&verdicts, format, &mut out)?;
+    let verdicts = crate::classify::classify_runs(&runs, &sources);
+    crate::classify::render(&verdicts, args.format.into(), &mut stdout())
+        .context("failed to write the verdicts")?;
     Ok(ExitCode::from(exit_codes::SUCCESS))
 }
 
 fn run_demo(args: crate::cli::DemoArgs) -> anyhow::Result<ExitCode> {
-    let format = verdict_format(args.format)?;
     let runtime = tokio::runtime::Runtime::new()?;
     let result = runtime.block_on(crate::probe::demo::run());
     runtime.shutdown_background();
     let outcome = result.context("running the demo")?;
-    let mut out = std::io::stdout().lock();
-    crate::classify::render(&outcome.verdicts, format, &mut out)?;
+    crate::classify::render(&outcome.verdicts, args.format.into(), &mut stdout())
+        .context("failed to write the verdicts")?;
     if outcome.mismatches.is_empty() {
         Ok(ExitCode::from(exit_codes::SUCCESS))
     } else {
@@ -192,21 +302,15 @@ fn run_provider(args: crate::cli::ProviderArgs) -> anyhow::Result<ExitCode> {
     })
 }
 
-/// Prints `err` once, with its cause chain, and returns the exit code for it.
+/// Prints `err` once, with its cause chain, and returns the exit code for it. A broken pipe here
+/// is not standard output going away ([`stdout`] absorbs that) but a failure like any other, for
+/// example a router that died while it was being written to.
 pub fn report_error(err: &anyhow::Error) -> ExitCode {
-    if is_broken_pipe(err) {
-        return ExitCode::from(exit_codes::SUCCESS);
-    }
-    crate::logging::line(format_args!("error: {err:#}"));
+    crate::logging::line(format_args!(
+        "error: {}",
+        crate::error_chain::format(err.as_ref())
+    ));
     ExitCode::from(exit_codes::SETUP_ERROR)
-}
-
-fn is_broken_pipe(err: &anyhow::Error) -> bool {
-    err.chain().any(|cause| {
-        cause
-            .downcast_ref::<std::io::Error>()
-            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
-    })
 }
 
 /// `callid router`: serve MCP, or run an operator command on the registry.
@@ -269,14 +373,22 @@ fn run_router(args: crate::cli::RouterArgs) -> anyhow::Result<ExitCode> {
                 }
                 None => None,
             };
+            let registry = registry_path(&serve.registry)?;
+            if serve.http.is_none() {
+                stdio_banner(
+                    "callid router",
+                    &format!("registry `{}`", registry.display()),
+                );
+            }
             let options = crate::router::RouterOptions {
-                registry: registry_path(&serve.registry)?,
+                registry,
                 provider,
                 policy,
                 preallocated_keys: serve.preallocated_keys,
                 key_prefix: serve.key_prefix,
                 handle_prefix: serve.handle_prefix,
                 diagnose_meta: serve.diagnose_meta,
+                identity_sources: identity_sources(&serve.sources)?,
             };
             let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
             runtime.block_on(crate::router::run(
@@ -288,7 +400,9 @@ fn run_router(args: crate::cli::RouterArgs) -> anyhow::Result<ExitCode> {
         }
     };
     use std::io::Write as _;
-    std::io::stdout().write_all(out.as_bytes())?;
+    stdout()
+        .write_all(out.as_bytes())
+        .context("failed to write the answer")?;
     Ok(ExitCode::from(exit_codes::SUCCESS))
 }
 
@@ -402,10 +516,13 @@ fn measure_command(args: crate::cli::MeasureArgs) -> anyhow::Result<ExitCode> {
         }
     };
     let row = &measurement.row;
-    print!(
-        "{}",
-        serde_yaml::to_string(&vec![row]).context("printing the row")?
-    );
+    {
+        use std::io::Write as _;
+        let text = serde_yaml::to_string(&vec![row]).context("printing the row")?;
+        stdout()
+            .write_all(text.as_bytes())
+            .context("failed to write the row")?;
+    }
     let clients_path = args.dir.join(CLIENTS_FILE);
     if args.check {
         let committed = ClientsFile::load(&clients_path)?;
@@ -465,9 +582,10 @@ fn measure_command(args: crate::cli::MeasureArgs) -> anyhow::Result<ExitCode> {
 
 /// `callid bench`: exit 0 when every row was measured or skipped (a missed target is reported,
 /// not an error: the figures are for people to read), 1 when a row could not be measured.
+#[cfg(feature = "bench")]
 fn bench(args: crate::cli::BenchArgs) -> anyhow::Result<ExitCode> {
     use crate::bench;
-    use crate::cli::FormatArg;
+    use crate::cli::PlainFormatArg;
     use anyhow::Context as _;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -493,14 +611,11 @@ fn bench(args: crate::cli::BenchArgs) -> anyhow::Result<ExitCode> {
         python: args.python,
     };
     let report = runtime.block_on(bench::run(&options));
-    let mut out = std::io::stdout().lock();
+    let mut out = stdout();
     match args.format {
-        FormatArg::Table => bench::render_table(&report, &mut out),
-        FormatArg::Markdown => bench::render_markdown(&report, &mut out),
-        FormatArg::Json => bench::render_json(&report, &mut out),
-        FormatArg::Junit => {
-            anyhow::bail!("`callid bench` prints table, markdown or json, not junit")
-        }
+        PlainFormatArg::Table => bench::render_table(&report, &mut out),
+        PlainFormatArg::Markdown => bench::render_markdown(&report, &mut out),
+        PlainFormatArg::Json => bench::render_json(&report, &mut out),
     }
     .context("failed to write the report")?;
     Ok(ExitCode::from(if report.has_errors() {

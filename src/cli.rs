@@ -11,7 +11,7 @@ use std::path::PathBuf;
 #[derive(Debug, Parser)]
 #[command(
     name = "callid",
-    version,
+    version = VERSION,
     propagate_version = true,
     max_term_width = 100
 )]
@@ -21,7 +21,11 @@ pub struct Cli {
     pub command: Command,
 }
 
-/// Output formats. Each command accepts the subset it can render and says so in its help.
+/// `callid --version`: the crate version, and the git commit when built from a checkout
+/// (`0.1.0 (commit 0123456789ab)`; see `build.rs`).
+pub const VERSION: &str = env!("CALLID_VERSION");
+
+/// `--format` of `callid conform`: every renderer of the conformance report.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum FormatArg {
     /// A table for people.
@@ -32,6 +36,50 @@ pub enum FormatArg {
     Json,
     /// JUnit XML for CI systems.
     Junit,
+}
+
+/// `--format` of `callid classify`, `demo` and `bench`: they have no JUnit renderer, so clap
+/// refuses `junit` and their help lists only what they print.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum PlainFormatArg {
+    /// A table for people.
+    Table,
+    /// GitHub-flavoured Markdown.
+    Markdown,
+    /// JSON for machines.
+    Json,
+}
+
+impl From<PlainFormatArg> for crate::classify::Format {
+    fn from(arg: PlainFormatArg) -> Self {
+        match arg {
+            PlainFormatArg::Table => crate::classify::Format::Table,
+            PlainFormatArg::Markdown => crate::classify::Format::Markdown,
+            PlainFormatArg::Json => crate::classify::Format::Json,
+        }
+    }
+}
+
+/// `--format` of `callid identity-sources`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SourcesFormatArg {
+    /// A table for people.
+    Table,
+    /// JSON for machines.
+    Json,
+}
+
+/// Shells `callid completions` writes a completion script for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ShellArg {
+    /// Bash: `callid completions bash > ~/.local/share/bash-completion/completions/callid`.
+    Bash,
+    /// Zsh: `callid completions zsh > "${fpath[1]}/_callid"`.
+    Zsh,
+    /// Fish: `callid completions fish > ~/.config/fish/completions/callid.fish`.
+    Fish,
+    /// PowerShell: `callid completions powershell >> $PROFILE`.
+    Powershell,
 }
 
 /// The subcommands.
@@ -55,7 +103,41 @@ pub enum Command {
     /// Measure a real client program offline against the probe and print its matrix row.
     Measure(MeasureArgs),
     /// Run the end-to-end benchmarks, each figure beside its baseline.
+    #[cfg(feature = "bench")]
     Bench(BenchArgs),
+    /// Print a shell completion script for `callid` to standard output.
+    Completions(CompletionsArgs),
+    /// Print the identity sources accepted: the built-in table, extended by `--identity-sources`.
+    IdentitySources(IdentitySourcesArgs),
+}
+
+/// `callid completions`
+#[derive(Debug, Args)]
+pub struct CompletionsArgs {
+    /// The shell to complete in.
+    #[arg(value_enum)]
+    pub shell: ShellArg,
+}
+
+/// `--identity-sources`, shared by probe, classify and router.
+#[derive(Debug, Clone, Default, Args)]
+pub struct IdentitySourcesArg {
+    /// Also accept the sources of this YAML table (repeatable; e.g.
+    /// `identity-sources/goose.yaml`). A key is only as trustworthy as the harness that sets it:
+    /// see `callid identity-sources` and the README.
+    #[arg(long = "identity-sources", value_name = "FILE")]
+    pub identity_sources: Vec<PathBuf>,
+}
+
+/// `callid identity-sources`
+#[derive(Debug, Args)]
+pub struct IdentitySourcesArgs {
+    /// Tables to add to the built-in one.
+    #[command(flatten)]
+    pub sources: IdentitySourcesArg,
+    /// Output format: table or json.
+    #[arg(long, value_enum, default_value = "table")]
+    pub format: SourcesFormatArg,
 }
 
 /// `callid probe`
@@ -87,25 +169,31 @@ pub struct ProbeArgs {
     /// The server command `--wrap` runs (after `--`).
     #[arg(last = true, value_name = "CMD", requires = "wrap")]
     pub command: Vec<String>,
+    /// Identity sources beyond the built-in table.
+    #[command(flatten)]
+    pub sources: IdentitySourcesArg,
 }
 
 /// `callid classify`
 #[derive(Debug, Args)]
 pub struct ClassifyArgs {
-    /// Probe log files (JSON lines).
+    /// Probe log files (JSON lines); `-` reads standard input.
     #[arg(required = true, value_name = "LOG")]
     pub logs: Vec<PathBuf>,
-    /// Output format: table, markdown or json.
+    /// Output format.
     #[arg(long, value_enum, default_value = "table")]
-    pub format: FormatArg,
+    pub format: PlainFormatArg,
+    /// Identity sources beyond the built-in table (re-judged from each call's `_meta` shape).
+    #[command(flatten)]
+    pub sources: IdentitySourcesArg,
 }
 
 /// `callid demo`
 #[derive(Debug, Args)]
 pub struct DemoArgs {
-    /// Output format: table, markdown or json.
+    /// Output format.
     #[arg(long, value_enum, default_value = "table")]
-    pub format: FormatArg,
+    pub format: PlainFormatArg,
 }
 
 /// `callid router`
@@ -188,6 +276,9 @@ pub struct RouterServeArgs {
     /// Append the probe's shape record of each call's `_meta` to this file (opt-in; never values).
     #[arg(long, value_name = "FILE")]
     pub diagnose_meta: Option<PathBuf>,
+    /// Identity sources beyond the built-in table.
+    #[command(flatten)]
+    pub sources: IdentitySourcesArg,
 }
 
 /// Operator commands of the router. None of them is reachable by the model.
@@ -370,7 +461,8 @@ pub struct MeasureArgs {
     /// The client program to measure.
     #[arg(long, value_enum)]
     pub client: ClientArg,
-    /// Path of the agent client's binary (default: `DIR/clients/node_modules/.bin`, then PATH).
+    /// Measure this binary of the agent client (codex and claude-code only) instead of the one in
+    /// `DIR/clients/node_modules/.bin`, else on PATH.
     #[arg(long, value_name = "PATH")]
     pub bin: Option<PathBuf>,
     /// Write the row to `matrices/clients.yaml` and the evidence files, and render SUPPORT.md.
@@ -385,14 +477,15 @@ pub struct MeasureArgs {
 }
 
 /// `callid bench`
+#[cfg(feature = "bench")]
 #[derive(Debug, Args)]
 pub struct BenchArgs {
     /// A smoke run that finishes in under a minute.
     #[arg(long)]
     pub quick: bool,
-    /// Output format: table, markdown or json.
+    /// Output format.
     #[arg(long, value_enum, default_value = "table")]
-    pub format: FormatArg,
+    pub format: PlainFormatArg,
     /// Run only these rows (repeatable): probe_round_trip, probe_throughput, shape_extraction,
     /// request_hash, router_new_operation, router_concurrent, router_replay, conform_suite,
     /// probe_rss, router_rss.

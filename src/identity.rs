@@ -6,11 +6,20 @@
 //! conformance runner all call it, so a verdict means the same thing everywhere.
 //!
 //! # Sources
+//! The sources are data, an [`IdentitySources`] table; the built-in one is:
+//!
 //! | `_meta` key | platform | identifier |
 //! |---|---|---|
 //! | `callId` | `codex` | the string itself |
 //! | `claudecode/toolUseId` | `claude-code` | the string itself |
 //! | `hubu.dev/platform-invocation` | the envelope's `platform` | the envelope's `invocation_id` |
+//!
+//! An operator extends it without code ([`IdentitySources::load`], `--identity-sources FILE`,
+//! presets in `identity-sources/`): each entry is a `_meta` key, a platform, a length bound and a
+//! trust note (a key is only as trustworthy as the harness that sets it). Loading refuses unknown
+//! fields, a key or platform listed twice, bad key names, reserved keys (`progressToken`, which
+//! is per attempt; `io.modelcontextprotocol/*`; `callid/*`) and a built-in platform name, naming
+//! the file, the entry and the fix ([`SourcesError`]). The rules below apply to every entry.
 //!
 //! # Guarantees
 //! - Exactly one source must be present ([`from_meta`]): none fails closed
@@ -19,7 +28,10 @@
 //!   space and no control characters; a platform name is 1 to [`MAX_PLATFORM_BYTES`] characters of
 //!   `[A-Za-z0-9._-]`. The envelope's unknown fields are refused.
 //! - [`check_arguments`] refuses any identity-like key at any depth of the model-written
-//!   arguments, naming its JSON pointer.
+//!   arguments, naming its JSON pointer; [`IdentitySources::check_arguments`] adds the table's
+//!   keys to the deny list.
+//! - A table source may not claim a built-in platform, and an envelope may not claim a built-in
+//!   platform or a table source's.
 //! - The envelope cannot speak for a built-in source: its `platform` may not be one of
 //!   [`BUILT_IN_PLATFORMS`] (`codex`, `claude-code`, in any letter case), so an envelope can never
 //!   land on the rows of a real Codex `callId` or Claude Code `toolUseId` (it is refused with
@@ -79,19 +91,24 @@ pub enum Source {
     ClaudeCodeToolUseId,
     /// The `hubu.dev/platform-invocation` envelope.
     PlatformInvocation,
+    /// A source of an operator's table (`--identity-sources FILE`); its key is
+    /// [`Identity::source_key`].
+    Extended,
 }
 
 impl Source {
-    /// The `_meta` key this source is read from.
+    /// The `_meta` key a built-in source is read from; for [`Source::Extended`], whose key is
+    /// data, the word `extended` (read the key from [`Identity::source_key`]).
     pub fn key(self) -> &'static str {
         match self {
             Source::CodexCallId => CODEX_KEY,
             Source::ClaudeCodeToolUseId => CLAUDE_CODE_KEY,
             Source::PlatformInvocation => ENVELOPE_KEY,
+            Source::Extended => "extended",
         }
     }
 
-    /// The source read from `key`, if `key` is a source key.
+    /// The built-in source read from `key`, if `key` is a built-in source key.
     pub fn from_key(key: &str) -> Option<Source> {
         match key {
             CODEX_KEY => Some(Source::CodexCallId),
@@ -111,6 +128,9 @@ pub struct Identity {
     pub harness_call_id: String,
     /// Where it was read from.
     pub source: Source,
+    /// The `_meta` key it was read from.
+    #[serde(skip)]
+    pub source_key: String,
     /// The envelope's `installation_id`, if sent.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub installation_id: Option<String>,
@@ -137,6 +157,18 @@ pub enum IdentityError {
          request has none; retrying will not help: use a client that sends a per-call ID"
     )]
     Missing,
+    /// No source key in `_meta`, under a table with extra sources (`--identity-sources`).
+    #[error(
+        "spend tools require a trusted per-call identity in `_meta` from Codex (`callId`), Claude \
+         Code (`claudecode/toolUseId`), the `hubu.dev/platform-invocation` envelope, or a source \
+         of the `--identity-sources` table ({}), and this request has none; retrying will not \
+         help: use a client that sends a per-call ID",
+        .sources.join(", ")
+    )]
+    MissingExtended {
+        /// The extra sources, as `` `key` (platform) ``.
+        sources: Vec<String>,
+    },
     /// More than one source key in `_meta`.
     #[error(
         "ambiguous identity: `_meta` carries {} at once; exactly one per-call identity source \
@@ -170,7 +202,7 @@ impl IdentityError {
     /// Stable machine code.
     pub fn code(&self) -> &'static str {
         match self {
-            IdentityError::Missing => "missing_identity",
+            IdentityError::Missing | IdentityError::MissingExtended { .. } => "missing_identity",
             IdentityError::Ambiguous { .. } => "ambiguous_identity",
             IdentityError::Invalid { .. } => "invalid_identity",
             IdentityError::InArguments { .. } => "identity_in_arguments",
@@ -186,110 +218,172 @@ impl IdentityError {
     ];
 }
 
-/// Reads the trusted identity from a request's `_meta` (`None` when the request has none).
+/// Reads the trusted identity from a request's `_meta` (`None` when the request has none), by
+/// the built-in table ([`IdentitySources::built_in`]).
 pub fn from_meta(meta: Option<&Value>) -> Result<Identity, IdentityError> {
-    match meta {
-        None | Some(Value::Null) => Err(IdentityError::Missing),
-        Some(Value::Object(map)) => from_meta_map(map),
-        Some(other) => Err(IdentityError::Invalid {
-            field: "_meta".into(),
-            rule: format!("must be a JSON object; got {}", type_name(other)),
-        }),
-    }
+    IdentitySources::built_in_ref().from_meta(meta)
 }
 
-/// Reads the trusted identity from a `_meta` object.
+/// Reads the trusted identity from a `_meta` object, by the built-in table.
 pub fn from_meta_map(meta: &Map<String, Value>) -> Result<Identity, IdentityError> {
-    let present: Vec<&str> = SOURCE_KEYS
-        .iter()
-        .copied()
-        .filter(|k| meta.contains_key(*k))
-        .collect();
-    match present.as_slice() {
-        [] => Err(IdentityError::Missing),
-        [key] => {
-            let value = &meta[*key];
-            match Source::from_key(key).expect("a source key") {
-                Source::CodexCallId => Ok(Identity {
-                    platform: "codex".into(),
-                    harness_call_id: identifier(value, &format!("_meta.{CODEX_KEY}"))?,
-                    source: Source::CodexCallId,
-                    installation_id: None,
-                    task_id: None,
-                }),
-                Source::ClaudeCodeToolUseId => Ok(Identity {
-                    platform: "claude-code".into(),
-                    harness_call_id: identifier(value, &format!("_meta[\"{CLAUDE_CODE_KEY}\"]"))?,
-                    source: Source::ClaudeCodeToolUseId,
-                    installation_id: None,
-                    task_id: None,
-                }),
-                Source::PlatformInvocation => envelope(value),
-            }
+    IdentitySources::built_in_ref().from_meta_map(meta)
+}
+
+impl IdentitySources {
+    /// Reads the trusted identity from a request's `_meta` (`None` when the request has none).
+    pub fn from_meta(&self, meta: Option<&Value>) -> Result<Identity, IdentityError> {
+        match meta {
+            None | Some(Value::Null) => Err(self.missing()),
+            Some(Value::Object(map)) => self.from_meta_map(map),
+            Some(other) => Err(IdentityError::Invalid {
+                field: "_meta".into(),
+                rule: format!("must be a JSON object; got {}", type_name(other)),
+            }),
         }
-        many => Err(IdentityError::Ambiguous {
-            keys: many.iter().map(|k| k.to_string()).collect(),
-        }),
+    }
+
+    /// Reads the trusted identity from a `_meta` object: exactly one of this table's keys.
+    pub fn from_meta_map(&self, meta: &Map<String, Value>) -> Result<Identity, IdentityError> {
+        let present: Vec<&SourceEntry> = self
+            .entries
+            .iter()
+            .filter(|e| meta.contains_key(&e.key))
+            .collect();
+        match present.as_slice() {
+            [] => Err(self.missing()),
+            [entry] => {
+                let value = &meta[&entry.key];
+                let field = field_name(&entry.key);
+                match (&entry.value, entry.platform.as_deref()) {
+                    (ValueRule::Envelope, _) => self.envelope(value),
+                    (ValueRule::Identifier { max_bytes }, Some(platform)) => Ok(Identity {
+                        platform: platform.to_string(),
+                        harness_call_id: identifier_within(value, &field, *max_bytes)?,
+                        source: entry.source,
+                        source_key: entry.key.clone(),
+                        installation_id: None,
+                        task_id: None,
+                    }),
+                    (ValueRule::Identifier { .. }, None) => {
+                        unreachable!("a loaded identifier source names its platform")
+                    }
+                }
+            }
+            many => Err(IdentityError::Ambiguous {
+                keys: many.iter().map(|e| e.key.clone()).collect(),
+            }),
+        }
+    }
+
+    /// The `missing_identity` error of this table, naming its extra sources.
+    fn missing(&self) -> IdentityError {
+        let sources: Vec<String> = self
+            .extended()
+            .map(|e| format!("`{}` ({})", e.key, e.platform.as_deref().unwrap_or("")))
+            .collect();
+        if sources.is_empty() {
+            IdentityError::Missing
+        } else {
+            IdentityError::MissingExtended { sources }
+        }
+    }
+
+    fn envelope(&self, value: &Value) -> Result<Identity, IdentityError> {
+        let base = format!("_meta[\"{ENVELOPE_KEY}\"]");
+        let Value::Object(map) = value else {
+            return Err(IdentityError::Invalid {
+                field: base,
+                rule: format!(
+                    "must be an object {{platform, invocation_id, installation_id?, task_id?}}; got {}",
+                    type_name(value)
+                ),
+            });
+        };
+        if let Some(unknown) = map.keys().find(|k| !ENVELOPE_FIELDS.contains(&k.as_str())) {
+            return Err(IdentityError::Invalid {
+                field: format!("{base}.{unknown}"),
+                rule: "is not an envelope field; accepted fields are platform, invocation_id, \
+                       installation_id and task_id"
+                    .into(),
+            });
+        }
+        let required = |name: &str| {
+            map.get(name).ok_or_else(|| IdentityError::Invalid {
+                field: format!("{base}.{name}"),
+                rule: "is required".into(),
+            })
+        };
+        let optional = |name: &str| {
+            map.get(name)
+                .map(|v| identifier(v, &format!("{base}.{name}")))
+                .transpose()
+        };
+        let platform_field = format!("{base}.platform");
+        let platform = platform_name(required("platform")?, &platform_field)?;
+        if let Some(built_in) = BUILT_IN_PLATFORMS
+            .iter()
+            .find(|b| b.eq_ignore_ascii_case(&platform))
+        {
+            return Err(IdentityError::Invalid {
+                field: platform_field,
+                rule: format!(
+                    "is `{platform}`, the platform of a built-in source; an envelope cannot claim \
+                     it: `{built_in}` calls are identified by their own `_meta` key, so send that key \
+                     instead, or name the envelope's own platform"
+                ),
+            });
+        }
+        if let Some(entry) = self.extended().find(|e| {
+            e.platform
+                .as_deref()
+                .is_some_and(|p| p.eq_ignore_ascii_case(&platform))
+        }) {
+            return Err(IdentityError::Invalid {
+                field: platform_field,
+                rule: format!(
+                    "is `{platform}`, the platform of the source `{}` in this router's identity \
+                     table; an envelope cannot claim it: send that key instead, or name the \
+                     envelope's own platform",
+                    entry.key
+                ),
+            });
+        }
+        Ok(Identity {
+            platform,
+            harness_call_id: identifier(
+                required("invocation_id")?,
+                &format!("{base}.invocation_id"),
+            )?,
+            source: Source::PlatformInvocation,
+            source_key: ENVELOPE_KEY.to_string(),
+            installation_id: optional("installation_id")?,
+            task_id: optional("task_id")?,
+        })
     }
 }
 
-fn envelope(value: &Value) -> Result<Identity, IdentityError> {
-    let base = format!("_meta[\"{ENVELOPE_KEY}\"]");
-    let Value::Object(map) = value else {
-        return Err(IdentityError::Invalid {
-            field: base,
-            rule: format!(
-                "must be an object {{platform, invocation_id, installation_id?, task_id?}}; got {}",
-                type_name(value)
-            ),
-        });
-    };
-    if let Some(unknown) = map.keys().find(|k| !ENVELOPE_FIELDS.contains(&k.as_str())) {
-        return Err(IdentityError::Invalid {
-            field: format!("{base}.{unknown}"),
-            rule: "is not an envelope field; accepted fields are platform, invocation_id, \
-                   installation_id and task_id"
-                .into(),
-        });
+/// How a `_meta` key is named in messages: `_meta.callId` for a plain name, `_meta["a/b"]`
+/// otherwise.
+pub fn field_name(key: &str) -> String {
+    if key.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+        format!("_meta.{key}")
+    } else {
+        format!("_meta[\"{key}\"]")
     }
-    let required = |name: &str| {
-        map.get(name).ok_or_else(|| IdentityError::Invalid {
-            field: format!("{base}.{name}"),
-            rule: "is required".into(),
-        })
-    };
-    let optional = |name: &str| {
-        map.get(name)
-            .map(|v| identifier(v, &format!("{base}.{name}")))
-            .transpose()
-    };
-    let platform_field = format!("{base}.platform");
-    let platform = platform_name(required("platform")?, &platform_field)?;
-    if let Some(built_in) = BUILT_IN_PLATFORMS
-        .iter()
-        .find(|b| b.eq_ignore_ascii_case(&platform))
-    {
-        return Err(IdentityError::Invalid {
-            field: platform_field,
-            rule: format!(
-                "is `{platform}`, the platform of a built-in source; an envelope cannot claim \
-                 it: `{built_in}` calls are identified by their own `_meta` key, so send that key \
-                 instead, or name the envelope's own platform"
-            ),
-        });
-    }
-    Ok(Identity {
-        platform,
-        harness_call_id: identifier(required("invocation_id")?, &format!("{base}.invocation_id"))?,
-        source: Source::PlatformInvocation,
-        installation_id: optional("installation_id")?,
-        task_id: optional("task_id")?,
-    })
 }
 
 /// Checks one identifier against the bounds: a JSON string, 1 to 512 bytes, no surrounding white
 /// space, no control characters.
 pub fn identifier(value: &Value, field: &str) -> Result<String, IdentityError> {
+    identifier_within(value, field, MAX_ID_BYTES)
+}
+
+/// [`identifier`] with a tighter length bound (`max_bytes` at most [`MAX_ID_BYTES`]).
+fn identifier_within(
+    value: &Value,
+    field: &str,
+    max_bytes: usize,
+) -> Result<String, IdentityError> {
     let invalid = |rule: String| IdentityError::Invalid {
         field: field.to_string(),
         rule,
@@ -303,9 +397,9 @@ pub fn identifier(value: &Value, field: &str) -> Result<String, IdentityError> {
     if s.is_empty() {
         return Err(invalid("must not be empty".into()));
     }
-    if s.len() > MAX_ID_BYTES {
+    if s.len() > max_bytes {
         return Err(invalid(format!(
-            "must be at most {MAX_ID_BYTES} bytes; got {} bytes",
+            "must be at most {max_bytes} bytes; got {} bytes",
             s.len()
         )));
     }
@@ -355,10 +449,14 @@ pub fn platform_name(value: &Value, field: &str) -> Result<String, IdentityError
 /// Refuses identity smuggled into model-written arguments: any identity-like key at any depth.
 pub fn check_arguments(arguments: &Value) -> Result<(), IdentityError> {
     let mut path = String::new();
-    walk_arguments(arguments, &mut path)
+    walk_arguments(arguments, &mut path, &is_identity_like)
 }
 
-fn walk_arguments(value: &Value, path: &mut String) -> Result<(), IdentityError> {
+fn walk_arguments(
+    value: &Value,
+    path: &mut String,
+    is_identity_like: &dyn Fn(&str) -> bool,
+) -> Result<(), IdentityError> {
     match value {
         Value::Object(map) => {
             for (key, item) in map {
@@ -368,7 +466,7 @@ fn walk_arguments(value: &Value, path: &mut String) -> Result<(), IdentityError>
                 if is_identity_like(key) {
                     return Err(IdentityError::InArguments { path: path.clone() });
                 }
-                walk_arguments(item, path)?;
+                walk_arguments(item, path, is_identity_like)?;
                 path.truncate(len);
             }
         }
@@ -377,7 +475,7 @@ fn walk_arguments(value: &Value, path: &mut String) -> Result<(), IdentityError>
                 let len = path.len();
                 path.push('/');
                 path.push_str(&i.to_string());
-                walk_arguments(item, path)?;
+                walk_arguments(item, path, is_identity_like)?;
                 path.truncate(len);
             }
         }
@@ -412,6 +510,457 @@ fn normalize_name(name: &str) -> String {
 /// test), so no argument can carry a source key under another spelling.
 const NORMALIZED_SOURCE_KEYS: [&str; 3] =
     ["callid", "claudecodetooluseid", "hubudevplatforminvocation"];
+
+/// How a source's value is read and bounded.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum ValueRule {
+    /// A bare identifier: a JSON string of 1 to `max_bytes` bytes, no surrounding white space,
+    /// no control characters. The platform is the source's.
+    Identifier {
+        /// Longest value accepted, in UTF-8 bytes (at most [`MAX_ID_BYTES`]).
+        max_bytes: usize,
+    },
+    /// The typed envelope: `{platform, invocation_id, installation_id?, task_id?}`, the platform
+    /// named in it (never a built-in's or a table source's).
+    Envelope,
+}
+
+/// One row of an identity-source table.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct SourceEntry {
+    /// The top-level `_meta` key.
+    pub key: String,
+    /// The platform its calls are recorded under (`None` for the envelope, which names its own).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub platform: Option<String>,
+    /// How the value is read.
+    pub value: ValueRule,
+    /// Who sets the key, and why the model cannot: a key is only as trustworthy as the harness
+    /// that sets it.
+    pub trust: String,
+    /// `built-in`, or the file the entry was loaded from.
+    pub origin: String,
+    /// The [`Source`] its identities carry.
+    #[serde(skip)]
+    pub source: Source,
+}
+
+/// The identity sources a probe, `classify` or router accepts: the built-in table, extended by
+/// operator files (`--identity-sources FILE`). Every rule of this module applies to every entry:
+/// exactly one source per call, the value bounds, ambiguity, identity in the arguments (an
+/// entry's key joins the deny list), and the envelope's platform rules.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdentitySources {
+    entries: Vec<SourceEntry>,
+    /// Keys of the extended entries, normalized as argument names are.
+    extended_names: Vec<String>,
+}
+
+impl Default for IdentitySources {
+    fn default() -> Self {
+        IdentitySources::built_in()
+    }
+}
+
+static BUILT_IN: std::sync::LazyLock<std::sync::Arc<IdentitySources>> =
+    std::sync::LazyLock::new(|| std::sync::Arc::new(IdentitySources::built_in()));
+
+/// Longest `_meta` key an identity-source file may name.
+pub const MAX_SOURCE_KEY_BYTES: usize = 128;
+
+/// `_meta` keys no table may use, with why: values that are per attempt or belong to the
+/// protocol or to callid itself.
+pub const RESERVED_KEYS: &[(&str, &str)] = &[
+    (
+        "progressToken",
+        "is the MCP progress token, which a client picks per request (Gemini CLI sends a fresh \
+         UUID on every attempt), so a redelivery carries a new one and it can never deduplicate",
+    ),
+    (
+        "io.modelcontextprotocol/",
+        "is the MCP protocol's own namespace (protocol version, client capabilities and info), \
+         sent on every request and never per call",
+    ),
+    (
+        "callid/",
+        "is callid's own namespace (`callid/replayed` marks replayed results)",
+    ),
+];
+
+impl IdentitySources {
+    /// The built-in table: Codex `callId`, Claude Code `claudecode/toolUseId`, the envelope.
+    pub fn built_in() -> Self {
+        let entry = |key: &str, platform: Option<&str>, value, source, trust: &str| SourceEntry {
+            key: key.into(),
+            platform: platform.map(Into::into),
+            value,
+            trust: trust.into(),
+            origin: "built-in".into(),
+            source,
+        };
+        let id = ValueRule::Identifier {
+            max_bytes: MAX_ID_BYTES,
+        };
+        IdentitySources {
+            entries: vec![
+                entry(
+                    CODEX_KEY,
+                    Some("codex"),
+                    id.clone(),
+                    Source::CodexCallId,
+                    "set by Codex CLI on each tool call from the model's call id; the model \
+                     writes arguments, never `_meta`",
+                ),
+                entry(
+                    CLAUDE_CODE_KEY,
+                    Some("claude-code"),
+                    id,
+                    Source::ClaudeCodeToolUseId,
+                    "set by Claude Code on each tool call from the model's `tool_use` id; the \
+                     model writes arguments, never `_meta` (pi sets this key too, to its own \
+                     tool call id)",
+                ),
+                entry(
+                    ENVELOPE_KEY,
+                    None,
+                    ValueRule::Envelope,
+                    Source::PlatformInvocation,
+                    "set by a platform that runs the agent loop; its `platform` may not be a \
+                     built-in's or a table source's, and its identities are keyed by \
+                     `installation_id` too",
+                ),
+            ],
+            extended_names: Vec::new(),
+        }
+    }
+
+    /// The shared built-in table.
+    pub fn built_in_ref() -> &'static IdentitySources {
+        &BUILT_IN
+    }
+
+    /// The shared built-in table, to hold beside extended ones.
+    pub fn built_in_shared() -> std::sync::Arc<IdentitySources> {
+        BUILT_IN.clone()
+    }
+
+    /// The built-in table extended by each file, in order.
+    pub fn load(paths: &[std::path::PathBuf]) -> Result<Self, SourcesError> {
+        let mut table = IdentitySources::built_in();
+        for path in paths {
+            let text = std::fs::read_to_string(path).map_err(|source| SourcesError::Read {
+                path: path.clone(),
+                source,
+            })?;
+            table.extend_from_yaml(&text, &path.display().to_string())?;
+        }
+        Ok(table)
+    }
+
+    /// Adds the entries of one YAML table (`origin` names it in errors).
+    pub fn extend_from_yaml(&mut self, text: &str, origin: &str) -> Result<(), SourcesError> {
+        let file: SourcesFile = serde_path_to_error::deserialize(
+            serde_yaml::Deserializer::from_str(text),
+        )
+        .map_err(|e| {
+            let at = e.path().to_string();
+            let message = e.inner().to_string();
+            // The YAML error repeats the path of the value it is about.
+            let message = match message.split_once(": ") {
+                Some((prefix, rest)) if at.starts_with(prefix) => rest.to_string(),
+                _ => message,
+            };
+            SourcesError::Parse {
+                path: origin.into(),
+                at,
+                message,
+            }
+        })?;
+        if file.sources.is_empty() {
+            return Err(SourcesError::Parse {
+                path: origin.into(),
+                at: "sources".into(),
+                message: "is empty; list at least one source, or do not pass this file".into(),
+            });
+        }
+        for (index, raw) in file.sources.into_iter().enumerate() {
+            let bad = |problem: String, fix: &str| SourcesError::Entry {
+                path: origin.into(),
+                index,
+                key: raw.key.clone(),
+                problem,
+                fix: fix.into(),
+            };
+            check_source_key(&raw.key).map_err(|p| {
+                bad(
+                    p,
+                    "name the top-level `_meta` key exactly as the harness sends it, e.g. \
+                     `agent-tool-call-request-id`",
+                )
+            })?;
+            if let Some((_, why)) = RESERVED_KEYS
+                .iter()
+                .find(|(k, _)| raw.key == *k || (k.ends_with('/') && raw.key.starts_with(k)))
+            {
+                return Err(bad(
+                    format!("`{}` {why}", raw.key),
+                    "remove this entry: only a value that the harness keeps for every delivery \
+                     of one call is a call ID",
+                ));
+            }
+            if let Some(other) = self
+                .entries
+                .iter()
+                .find(|e| e.key.eq_ignore_ascii_case(&raw.key))
+            {
+                return Err(bad(
+                    if other.origin == "built-in" {
+                        format!("`{}` is already a built-in source", other.key)
+                    } else if other.key != raw.key {
+                        format!(
+                            "`{}` differs only in letter case from `{}`, already listed in `{}`",
+                            raw.key, other.key, other.origin
+                        )
+                    } else {
+                        format!("`{}` is already listed in `{}`", other.key, other.origin)
+                    },
+                    "list each key once; a built-in source needs no entry",
+                ));
+            }
+            let platform = platform_name(&Value::String(raw.platform.clone()), "platform")
+                .map_err(|e| match e {
+                    IdentityError::Invalid { rule, .. } => bad(
+                        format!("`platform` {rule}"),
+                        "name the harness that sets the key, e.g. `goose`",
+                    ),
+                    other => bad(other.to_string(), "name the harness that sets the key"),
+                })?;
+            if let Some(b) = BUILT_IN_PLATFORMS
+                .iter()
+                .find(|b| b.eq_ignore_ascii_case(&platform))
+            {
+                return Err(bad(
+                    format!(
+                        "`platform` is `{platform}`, the platform of a built-in source, which a \
+                         table cannot claim"
+                    ),
+                    &format!(
+                        "name the harness that sets this key (not `{b}`): its calls must not land \
+                         on the rows of real `{b}` calls"
+                    ),
+                ));
+            }
+            if let Some(other) = self.entries.iter().find(|e| {
+                e.platform
+                    .as_deref()
+                    .is_some_and(|p| p.eq_ignore_ascii_case(&platform))
+            }) {
+                return Err(bad(
+                    format!(
+                        "`platform` `{platform}` is already the platform of `{}` ({})",
+                        other.key, other.origin
+                    ),
+                    "give each key its own platform, so one call cannot be recorded under two IDs",
+                ));
+            }
+            let max_bytes = raw.max_bytes.unwrap_or(MAX_ID_BYTES);
+            if !(1..=MAX_ID_BYTES).contains(&max_bytes) {
+                return Err(bad(
+                    format!("`max_bytes` is {max_bytes}"),
+                    &format!("use 1 to {MAX_ID_BYTES}, or leave it out for {MAX_ID_BYTES}"),
+                ));
+            }
+            if raw.trust.trim().is_empty() {
+                return Err(bad(
+                    "`trust` is empty".into(),
+                    "say who sets this key and why the model cannot: a key is only as \
+                     trustworthy as the harness that sets it",
+                ));
+            }
+            self.extended_names.push(normalize_name(&raw.key));
+            self.entries.push(SourceEntry {
+                key: raw.key,
+                platform: Some(platform),
+                value: ValueRule::Identifier { max_bytes },
+                trust: raw.trust.trim().to_string(),
+                origin: origin.into(),
+                source: Source::Extended,
+            });
+        }
+        Ok(())
+    }
+
+    /// Every entry, built-in first.
+    pub fn entries(&self) -> &[SourceEntry] {
+        &self.entries
+    }
+
+    /// The entries an operator added.
+    pub fn extended(&self) -> impl Iterator<Item = &SourceEntry> {
+        self.entries.iter().filter(|e| e.source == Source::Extended)
+    }
+
+    /// The entry read from `key`, if `key` is a source key of this table.
+    pub fn entry(&self, key: &str) -> Option<&SourceEntry> {
+        self.entries.iter().find(|e| e.key == key)
+    }
+
+    /// Refuses identity smuggled into model-written arguments: [`check_arguments`], with this
+    /// table's keys added to the deny list.
+    pub fn check_arguments(&self, arguments: &Value) -> Result<(), IdentityError> {
+        let mut path = String::new();
+        walk_arguments(arguments, &mut path, &|k| self.is_identity_like(k))
+    }
+
+    /// [`is_identity_like`], with this table's keys added to the deny list.
+    pub fn is_identity_like(&self, key: &str) -> bool {
+        is_identity_like(key) || {
+            let whole = normalize_name(key);
+            self.extended_names.contains(&whole)
+        }
+    }
+
+    /// The table as a person reads it (`callid identity-sources`).
+    pub fn render_text(&self) -> String {
+        let mut out = String::new();
+        for e in &self.entries {
+            let platform = e.platform.as_deref().unwrap_or("(named in the envelope)");
+            let value = match &e.value {
+                ValueRule::Identifier { max_bytes } => {
+                    format!(
+                        "string, 1 to {max_bytes} bytes, no surrounding space or control characters"
+                    )
+                }
+                ValueRule::Envelope => format!("object {{{}}}", ENVELOPE_FIELDS.join(", ")),
+            };
+            out.push_str(&format!(
+                "{}\n  platform: {platform}\n  value:    {value}\n  origin:   {}\n  trust:    {}\n",
+                e.key, e.origin, e.trust
+            ));
+        }
+        out.push_str(
+            "\nrules: exactly one source per call (none: missing_identity; two or more: \
+             ambiguous_identity); a source's key may not appear as an argument name \
+             (identity_in_arguments); extend with --identity-sources FILE\n",
+        );
+        out
+    }
+
+    /// The `identity_sources` list of the router's `capabilities` answer.
+    pub fn capabilities(&self) -> Value {
+        Value::Array(
+            self.entries
+                .iter()
+                .map(|e| match (&e.value, e.source) {
+                    (ValueRule::Envelope, _) => serde_json::json!({
+                        "meta_key": e.key, "platform": "<envelope platform>",
+                        "fields": ENVELOPE_FIELDS,
+                    }),
+                    (ValueRule::Identifier { max_bytes }, Source::Extended) => serde_json::json!({
+                        "meta_key": e.key, "platform": e.platform, "max_bytes": max_bytes,
+                        "trust": e.trust,
+                    }),
+                    (ValueRule::Identifier { .. }, _) => {
+                        serde_json::json!({"meta_key": e.key, "platform": e.platform})
+                    }
+                })
+                .collect(),
+        )
+    }
+}
+
+/// A `_meta` key a table may name: 1 to [`MAX_SOURCE_KEY_BYTES`] characters of
+/// `[A-Za-z0-9._/-]`, starting with a letter or digit.
+fn check_source_key(key: &str) -> Result<(), String> {
+    if key.is_empty() || key.len() > MAX_SOURCE_KEY_BYTES {
+        return Err(format!(
+            "`key` must be 1 to {MAX_SOURCE_KEY_BYTES} characters; got {}",
+            key.len()
+        ));
+    }
+    if !key.as_bytes()[0].is_ascii_alphanumeric()
+        || !key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'/' | b'-'))
+    {
+        return Err(format!(
+            "`key` `{}` may contain only A-Z, a-z, 0-9, `.`, `_`, `/` and `-`, starting with a \
+             letter or digit",
+            key.escape_debug()
+        ));
+    }
+    Ok(())
+}
+
+/// An identity-source file: `sources:` and a list of entries.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SourcesFile {
+    sources: Vec<SourceFileEntry>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SourceFileEntry {
+    key: String,
+    platform: String,
+    #[serde(default)]
+    max_bytes: Option<usize>,
+    trust: String,
+}
+
+/// Why an identity-source file could not be loaded. Each variant has a stable
+/// [`code`](Self::code).
+#[derive(Debug, thiserror::Error)]
+pub enum SourcesError {
+    /// The file could not be read.
+    #[error("failed to read the identity-source table `{}`", .path.display())]
+    Read {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Not YAML of the expected shape.
+    #[error(
+        "identity-source table `{path}`: `{at}`: {message}; the format is \
+         `sources: [{{key, platform, trust, max_bytes?}}]` (see `identity-sources/*.yaml`)"
+    )]
+    Parse {
+        /// The file.
+        path: String,
+        /// Where in it (`sources[1].trust`).
+        at: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// An entry breaks a rule.
+    #[error("identity-source table `{path}`: `sources[{index}]` (`{key}`): {problem}; {fix}")]
+    Entry {
+        /// The file.
+        path: String,
+        /// The entry's index.
+        index: usize,
+        /// The entry's key, as written.
+        key: String,
+        /// What is wrong.
+        problem: String,
+        /// What to do.
+        fix: String,
+    },
+}
+
+impl SourcesError {
+    /// Stable machine code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            SourcesError::Read { .. } => "unreadable_identity_sources",
+            SourcesError::Parse { .. } | SourcesError::Entry { .. } => "invalid_identity_sources",
+        }
+    }
+}
 
 /// The JSON type of a value, as named in messages and shape records.
 pub fn type_name(value: &Value) -> &'static str {
@@ -645,5 +1194,184 @@ mod tests {
             .map(|e| format!("{}: {e}\n", e.code()))
             .collect();
         insta::assert_snapshot!(text);
+    }
+
+    fn goose() -> IdentitySources {
+        let mut t = IdentitySources::built_in();
+        t.extend_from_yaml(
+            "sources:\n  - key: agent-tool-call-request-id\n    platform: goose\n    \
+             max_bytes: 64\n    trust: set by goose\n",
+            "goose.yaml",
+        )
+        .unwrap();
+        t
+    }
+
+    #[test]
+    fn extended_sources_obey_every_rule() {
+        let t = goose();
+        let v = |meta: Value| {
+            t.from_meta(Some(&meta))
+                .map(|i| (i.platform, i.harness_call_id, i.source, i.source_key))
+                .map_err(|e| e.code())
+        };
+        let key = "agent-tool-call-request-id";
+        assert_eq!(
+            v(json!({key: "toolu_9", "agent-session-id": "s"})),
+            Ok((
+                "goose".into(),
+                "toolu_9".into(),
+                Source::Extended,
+                key.into()
+            ))
+        );
+        assert_eq!(
+            v(json!({"callId": "c"})),
+            Ok((
+                "codex".into(),
+                "c".into(),
+                Source::CodexCallId,
+                "callId".into()
+            ))
+        );
+        for (meta, code) in [
+            (json!({key: "a", "callId": "b"}), "ambiguous_identity"),
+            (
+                json!({key: "a", "claudecode/toolUseId": "b"}),
+                "ambiguous_identity",
+            ),
+            (json!({key: ""}), "invalid_identity"),
+            (json!({key: "x".repeat(65)}), "invalid_identity"),
+            (json!({key: " x"}), "invalid_identity"),
+            (json!({key: 3}), "invalid_identity"),
+            (json!({"agent-session-id": "s"}), "missing_identity"),
+            (
+                json!({ENVELOPE_KEY: {"platform": "Goose", "invocation_id": "i"}}),
+                "invalid_identity",
+            ),
+        ] {
+            assert_eq!(v(meta.clone()), Err(code), "{meta}");
+        }
+        assert_eq!(v(json!({key: "x".repeat(64)})).unwrap().0, "goose");
+        assert_eq!(
+            t.from_meta(None).unwrap_err().to_string(),
+            "spend tools require a trusted per-call identity in `_meta` from Codex (`callId`), \
+             Claude Code (`claudecode/toolUseId`), the `hubu.dev/platform-invocation` envelope, \
+             or a source of the `--identity-sources` table (`agent-tool-call-request-id` \
+             (goose)), and this request has none; retrying will not help: use a client that \
+             sends a per-call ID"
+        );
+        // Without the table the key is nobody's identity.
+        assert_eq!(
+            from_meta(Some(&json!({key: "a"}))).unwrap_err().code(),
+            "missing_identity"
+        );
+        // An envelope may still name goose where no table claims it.
+        assert!(
+            from_meta(Some(
+                &json!({ENVELOPE_KEY: {"platform": "goose", "invocation_id": "i"}})
+            ))
+            .is_ok()
+        );
+        // The key joins the identity-in-arguments deny list.
+        for name in [
+            "agent-tool-call-request-id",
+            "agent_tool_call_request_id",
+            "AgentToolCallRequestId",
+        ] {
+            assert_eq!(
+                t.check_arguments(&json!({"opts": {name: "x"}}))
+                    .unwrap_err(),
+                IdentityError::InArguments {
+                    path: format!("/opts/{name}")
+                }
+            );
+            assert!(check_arguments(&json!({name: "x"})).is_ok(), "{name}");
+        }
+        assert!(
+            t.check_arguments(&json!({"prompt": "fox", "agent": "x"}))
+                .is_ok()
+        );
+        assert_eq!(t.capabilities()[3]["meta_key"], key);
+        assert_eq!(
+            IdentitySources::built_in().capabilities(),
+            json!([
+                {"meta_key": "callId", "platform": "codex"},
+                {"meta_key": "claudecode/toolUseId", "platform": "claude-code"},
+                {"meta_key": ENVELOPE_KEY, "platform": "<envelope platform>", "fields": ENVELOPE_FIELDS},
+            ])
+        );
+    }
+
+    #[test]
+    fn bad_tables_are_refused_naming_file_entry_and_fix() {
+        let entry = |body: &str| format!("sources:\n  - {body}\n");
+        let cases = [
+            entry("key: k\n    platform: p\n    trust: t\n    priority: 1"),
+            entry("key: k\n    platform: p"),
+            "source:\n  - key: k\n".to_string(),
+            "sources: []\n".to_string(),
+            "sources: [1\n".to_string(),
+            entry("key: callId\n    platform: p\n    trust: t"),
+            format!(
+                "{}  - key: K\n    platform: q\n    trust: t\n",
+                entry("key: k\n    platform: p\n    trust: t")
+            ),
+            entry("key: \"has space\"\n    platform: p\n    trust: t"),
+            entry("key: \"/leading\"\n    platform: p\n    trust: t"),
+            entry("key: \"\"\n    platform: p\n    trust: t"),
+            entry("key: progressToken\n    platform: p\n    trust: t"),
+            entry("key: io.modelcontextprotocol/clientInfo\n    platform: p\n    trust: t"),
+            entry("key: callid/replayed\n    platform: p\n    trust: t"),
+            entry("key: k\n    platform: Codex\n    trust: t"),
+            entry("key: k\n    platform: claude-code\n    trust: t"),
+            entry("key: k\n    platform: \"a b\"\n    trust: t"),
+            format!(
+                "{}  - key: k2\n    platform: P\n    trust: t\n",
+                entry("key: k\n    platform: p\n    trust: t")
+            ),
+            entry("key: k\n    platform: p\n    trust: t\n    max_bytes: 0"),
+            entry("key: k\n    platform: p\n    trust: t\n    max_bytes: 513"),
+            entry("key: k\n    platform: p\n    trust: \"  \""),
+        ];
+        let mut text = String::new();
+        for yaml in cases {
+            let err = IdentitySources::built_in()
+                .extend_from_yaml(&yaml, "t.yaml")
+                .unwrap_err();
+            assert_eq!(err.code(), "invalid_identity_sources", "{yaml}");
+            text.push_str(&format!("{err}\n"));
+        }
+        insta::assert_snapshot!(text);
+        let missing = IdentitySources::load(&["/nonexistent/sources.yaml".into()]).unwrap_err();
+        assert_eq!(missing.code(), "unreadable_identity_sources");
+    }
+
+    #[test]
+    fn shipped_presets_load_and_pi_beside_the_built_in_table_is_ambiguous() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("identity-sources");
+        let goose = dir.join("goose.yaml");
+        let pi = dir.join("gsd-pi.yaml");
+        let t = IdentitySources::load(&[goose.clone(), pi.clone()]).unwrap();
+        assert_eq!(t.extended().count(), 2);
+        for e in t.extended() {
+            assert!(e.trust.contains("trusted only where"), "{}", e.key);
+        }
+        let pi_call = json!({"claudecode/toolUseId": "toolu_1",
+                             "io.opengsd/idempotency-key": "pi:toolu_1"});
+        assert_eq!(
+            t.from_meta(Some(&pi_call)).unwrap_err().code(),
+            "ambiguous_identity"
+        );
+        assert_eq!(from_meta(Some(&pi_call)).unwrap().platform, "claude-code");
+        let alone = json!({"io.opengsd/idempotency-key": "pi:toolu_1"});
+        assert_eq!(t.from_meta(Some(&alone)).unwrap().platform, "gsd-pi");
+        // Loading one preset twice is a duplicate.
+        let twice = IdentitySources::load(&[goose.clone(), goose]).unwrap_err();
+        assert!(
+            twice.to_string().contains("is already listed in"),
+            "{twice}"
+        );
+        insta::assert_snapshot!(IdentitySources::built_in().render_text());
     }
 }

@@ -35,7 +35,7 @@ const STDERR_KEEP: usize = 64 * 1024;
 #[derive(Debug, thiserror::Error)]
 pub enum RpcError {
     /// The server program could not be started.
-    #[error("failed to start `{program}`: {source}")]
+    #[error("failed to start `{program}`")]
     Spawn {
         /// The program.
         program: String,
@@ -43,9 +43,10 @@ pub enum RpcError {
         #[source]
         source: std::io::Error,
     },
-    /// Writing to or reading from the server failed.
+    /// Writing to or reading from the server failed (the cause is in the message, not a
+    /// `source()`).
     #[error("i/o with the server failed: {0}")]
-    Io(#[from] std::io::Error),
+    Io(std::io::Error),
     /// The HTTP exchange failed.
     #[error("http request to `{url}` failed: {message}")]
     Http {
@@ -73,6 +74,12 @@ pub enum RpcError {
     /// The server sent something that is not JSON-RPC.
     #[error("the server sent a message that is not JSON-RPC: {0}")]
     Protocol(String),
+}
+
+impl From<std::io::Error> for RpcError {
+    fn from(e: std::io::Error) -> Self {
+        RpcError::Io(e)
+    }
 }
 
 fn stderr_suffix(tail: &str) -> String {

@@ -10,8 +10,10 @@
 //! - [`cli`]: the command line (clap types only), converted into domain options by [`app`].
 //! - [`app`]: runs one command and maps every error to a message and an exit code.
 //! - [`exit_codes`]: the exit codes every command uses.
+//! - [`error_chain`]: an error and its causes as one line of text, each cause said once.
 //! - [`identity`]: the trusted-identity rules: sources in `_meta`, bounds, identity in arguments.
 //! - [`canonical`]: RFC 8785 canonical JSON and the request hash `sha256(tool, 0, canonical args)`.
+//! - [`yaml`]: the message of a strict YAML loading error, its path said once.
 //! - [`shape`]: the shape of `_meta` (paths, types, lengths, short digests), never its values.
 //! - [`keys`]: private operation keys and public handles as distinct, leak-resistant types.
 //! - [`secret`]: credentials (tokens, URLs with passwords or API keys) that never show.
@@ -32,17 +34,20 @@
 //!   router.
 //! - [`matrix`]: the support matrix data in `matrices/` and its Markdown rendering.
 //! - [`measure`]: drives real agent clients offline against the probe to measure a matrix row.
-//! - [`mod@bench`]: end-to-end benchmarks that run each figure beside its baseline.
+//! - `bench` (with the `bench` feature): end-to-end benchmarks that run each figure beside its
+//!   baseline; developer tooling, not in the installed binary.
 #![warn(missing_docs)]
 
 pub mod app;
 pub mod backend;
+#[cfg(feature = "bench")]
 pub mod bench;
 pub mod canonical;
 pub mod classify;
 pub mod cli;
 pub mod conform;
 pub mod crashpoint;
+pub mod error_chain;
 pub mod exit_codes;
 pub mod http_guard;
 pub mod identity;
@@ -57,3 +62,4 @@ pub mod router;
 pub mod secret;
 pub mod shape;
 pub mod store;
+pub mod yaml;

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
     /// A server process could not be started or did not initialize.
-    #[error("failed to start {what}: {source}")]
+    #[error("failed to start {what}")]
     Start {
         /// Which server.
         what: String,
@@ -24,7 +24,7 @@ pub enum BenchError {
         source: RpcError,
     },
     /// A request got no answer.
-    #[error("{what} did not answer: {source}")]
+    #[error("{what} did not answer")]
     Rpc {
         /// Which server and request.
         what: String,
@@ -41,7 +41,7 @@ pub enum BenchError {
         detail: String,
     },
     /// A file or process operation failed.
-    #[error("{what}: {source}")]
+    #[error("{what}")]
     Io {
         /// What was being done.
         what: String,
@@ -50,7 +50,7 @@ pub enum BenchError {
         source: std::io::Error,
     },
     /// The SQLite baseline failed.
-    #[error("the SQLite baseline on `{path}` failed: {source}")]
+    #[error("the SQLite baseline on `{path}` failed")]
     Sqlite {
         /// The database file.
         path: String,
@@ -87,16 +87,7 @@ pub type BenchResult<T> = Result<T, BenchError>;
 
 /// The error with its cause chain, on one line.
 pub fn chain(err: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        let more = cause.to_string();
-        if !text.contains(&more) {
-            text.push_str(": ");
-            text.push_str(&more);
-        }
-        source = cause.source();
-    }
+    let text = crate::error_chain::format(err);
     // Causes such as a server's stderr tail span lines; a report row holds one line.
     text.lines()
         .map(str::trim)

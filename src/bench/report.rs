@@ -416,9 +416,23 @@ pub fn render_markdown(report: &Report, out: &mut dyn Write) -> std::io::Result<
 
 /// The report as one JSON document.
 pub fn render_json(report: &Report, out: &mut dyn Write) -> std::io::Result<()> {
-    serde_json::to_writer_pretty(&mut *out, report)?;
+    #[derive(Serialize)]
+    struct Versioned<'a> {
+        version: u32,
+        #[serde(flatten)]
+        report: &'a Report,
+    }
+    let doc = Versioned {
+        version: JSON_VERSION,
+        report,
+    };
+    serde_json::to_writer_pretty(&mut *out, &doc)?;
     writeln!(out)
 }
+
+/// The `version` of `callid bench --format json` (schema: `schemas/bench.json`). It goes up when a
+/// field is removed or changes meaning; new fields may appear within a version.
+pub const JSON_VERSION: u32 = 1;
 
 #[cfg(test)]
 mod tests {

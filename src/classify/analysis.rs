@@ -13,13 +13,25 @@
 //!   key whose digest (or presence) changes between calls is call-level, one whose digest is the
 //!   same on every call is context. From a single call nothing can be told apart: every key is
 //!   listed as `unknown_keys` and `key_split` says `unknown`.
+//! - Call ID, per-attempt value or context, per key: [`classify_runs`] adds each client's
+//!   [`super::kinds`] when the input holds a run that knows its redeliveries (a timeout or
+//!   server-dies log); the call-level / context split above stays as it is.
 //! - Per-call IDs: the digests of the accepted source key across accepted calls; distinct when
 //!   no digest repeats. A digest that repeats with the same request digest is a redelivery; with
 //!   a different request digest it is a reused ID, which the router refuses.
 //!
+//! - Identity sources beyond the built-in table ([`classify_with`], `--identity-sources`): each
+//!   `tools/call` is judged again from its recorded `_meta` shape, by the same rules. A call
+//!   that carries one of the table's extra keys and no other source is accepted when the value
+//!   is a string of 1 to `max_bytes` bytes (its white space and control characters were checked
+//!   by no one: the shape records only type, length and digest, so the router's own check still
+//!   applies); a call that carries two or more sources is `ambiguous_identity`; a call that
+//!   carries none of the extra keys keeps the verdict the probe recorded.
+//!
 //! Digests are only comparable within one digest scheme and salt: combine logs written with the
 //! same `--digest-salt` (or none).
 
+use super::kinds::RunKind;
 use crate::probe::record::{IdentityVerdict, Kind, RECORD_VERSION, Record};
 use crate::shape::JsonType;
 use serde::Serialize;
@@ -192,10 +204,182 @@ pub struct ClientVerdict {
     pub connections: usize,
     /// Every `_meta` key path seen, in order of first appearance.
     pub keys: Vec<KeySummary>,
+    /// Call ID, per-attempt value or context, per top-level key, with the evidence; only when
+    /// the input holds a run that knows its redeliveries (see [`super::kinds`]).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub key_kinds: Vec<super::kinds::KeyKind>,
 }
 
-/// Groups records by client and gives each its verdict, in order of first appearance.
+/// One log file: its records, and what the run knows about its calls (from the file's name,
+/// [`RunKind::of_file`]; `None` leaves it out of [`super::kinds`]).
+#[derive(Debug, Clone)]
+pub struct Run {
+    /// The file.
+    pub path: PathBuf,
+    /// What the run knows.
+    pub kind: Option<RunKind>,
+    /// Its records.
+    pub records: Vec<Record>,
+}
+
+/// Reads each log as a [`Run`]: every record, and every line that is not one (skipped, with its
+/// place). Fails only when no log holds a record.
+pub fn read_runs(paths: &[PathBuf]) -> Result<(Vec<Run>, Vec<BadLine>), ClassifyError> {
+    let mut runs = Vec::new();
+    let mut bad = Vec::new();
+    for path in paths {
+        match read_logs(std::slice::from_ref(path)) {
+            Ok((records, skipped)) => {
+                bad.extend(skipped);
+                runs.push(Run {
+                    path: path.clone(),
+                    kind: RunKind::of_file(path),
+                    records,
+                });
+            }
+            Err(ClassifyError::NoRecords { .. }) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    if runs.is_empty() {
+        return Err(ClassifyError::NoRecords {
+            paths: paths.iter().map(|p| shown_path(p)).collect(),
+        });
+    }
+    Ok((runs, bad))
+}
+
+/// [`classify_with`] over every run's records, then each client's key kinds from the runs (see
+/// [`super::kinds`]).
+pub fn classify_runs(
+    runs: &[Run],
+    sources: &crate::identity::IdentitySources,
+) -> Vec<ClientVerdict> {
+    let all: Vec<Record> = runs
+        .iter()
+        .flat_map(|r| r.records.iter().cloned())
+        .collect();
+    let mut verdicts = classify_with(&all, sources);
+    for v in &mut verdicts {
+        let per_run: Vec<(RunKind, Vec<&Record>)> = runs
+            .iter()
+            .filter_map(|run| {
+                let kind = run.kind?;
+                group_by_client(&run.records)
+                    .into_iter()
+                    .find(|(name, _)| *name == v.client)
+                    .map(|(_, records)| (kind, records))
+            })
+            .collect();
+        if per_run.iter().any(|(k, _)| *k == RunKind::OneCall) {
+            v.key_kinds = super::kinds::key_kinds(&per_run);
+        }
+    }
+    verdicts
+}
+
+/// Groups records by client and gives each its verdict, in order of first appearance, judging
+/// each call by `sources` (see the module's rules).
+pub fn classify_with(
+    records: &[Record],
+    sources: &crate::identity::IdentitySources,
+) -> Vec<ClientVerdict> {
+    if sources.extended().next().is_none() {
+        return classify(records);
+    }
+    let rejudged: Vec<Record> = records
+        .iter()
+        .map(|r| {
+            let mut r = r.clone();
+            if r.kind == Kind::Request
+                && r.method.as_deref() == Some("tools/call")
+                && let Some(verdict) = rejudge(&r, sources)
+            {
+                r.identity = Some(verdict);
+            }
+            r
+        })
+        .collect();
+    classify(&rejudged)
+}
+
+/// The verdict of one recorded call by a table with extra sources, from its `_meta` shape, or
+/// `None` when the call carries none of the extra keys (the recorded verdict stands).
+fn rejudge(r: &Record, sources: &crate::identity::IdentitySources) -> Option<IdentityVerdict> {
+    use crate::identity::{IdentityError, Source, ValueRule};
+    let rejected = |e: IdentityError| IdentityVerdict::Rejected {
+        code: e.code().to_string(),
+        message: e.to_string(),
+    };
+    // Still missing, but the message names the table's sources too.
+    let still_missing = || match &r.identity {
+        Some(IdentityVerdict::Rejected { code, .. }) if code == "missing_identity" => {
+            sources.from_meta(None).err().map(rejected)
+        }
+        _ => None,
+    };
+    let Some(shape) = r.meta_shape() else {
+        return still_missing();
+    };
+    let present: Vec<(&crate::identity::SourceEntry, &crate::shape::ShapeEntry)> = sources
+        .entries()
+        .iter()
+        .filter_map(|s| {
+            let path = format!("/{}", s.key.replace('~', "~0").replace('/', "~1"));
+            shape
+                .entries
+                .iter()
+                .find(|e| e.valid_key.is_some() && e.path == path)
+                .map(|e| (s, e))
+        })
+        .collect();
+    if !present.iter().any(|(s, _)| s.source == Source::Extended) {
+        return still_missing();
+    }
+    let [(source, entry)] = present.as_slice() else {
+        return Some(rejected(IdentityError::Ambiguous {
+            keys: present.iter().map(|(s, _)| s.key.clone()).collect(),
+        }));
+    };
+    let ValueRule::Identifier { max_bytes } = source.value else {
+        return None;
+    };
+    let field = crate::identity::field_name(&source.key);
+    let len = entry.value.len.unwrap_or(0);
+    let rule = if entry.value.kind != JsonType::String {
+        Some(format!(
+            "must be a JSON string; got {}",
+            entry.value.kind.name()
+        ))
+    } else if len == 0 {
+        Some("must not be empty".to_string())
+    } else if len > max_bytes {
+        Some(format!(
+            "must be at most {max_bytes} bytes; got {len} bytes"
+        ))
+    } else {
+        None
+    };
+    Some(match rule {
+        Some(rule) => rejected(IdentityError::Invalid { field, rule }),
+        None => IdentityVerdict::Accepted {
+            platform: source.platform.clone().unwrap_or_default(),
+            source: source.key.clone(),
+        },
+    })
+}
+
+/// Groups records by client and gives each its verdict, in order of first appearance, by the
+/// identity verdicts the probe recorded.
 pub fn classify(records: &[Record]) -> Vec<ClientVerdict> {
+    group_by_client(records)
+        .into_iter()
+        .map(|(name, records)| verdict_for(name, &records))
+        .collect()
+}
+
+/// Records grouped by client, in order of first appearance (see the module's rules).
+fn group_by_client(records: &[Record]) -> Vec<(ClientName, Vec<&Record>)> {
     let mut by_connection: HashMap<&str, ClientName> = HashMap::new();
     for r in records {
         if let Some(c) = &r.client {
@@ -234,8 +418,8 @@ pub fn classify(records: &[Record]) -> Vec<ClientVerdict> {
     order
         .into_iter()
         .map(|name| {
-            let records = &groups[&name];
-            verdict_for(name, records)
+            let records = groups.remove(&name).expect("a group per client");
+            (name, records)
         })
         .collect()
 }
@@ -360,6 +544,7 @@ fn verdict_for(client: ClientName, records: &[&Record]) -> ClientVerdict {
             .count(),
         connections: connections.len(),
         keys,
+        key_kinds: Vec::new(),
     }
 }
 
@@ -477,7 +662,7 @@ fn per_call_ids(accepted: &[(&Record, &str, &str)]) -> PerCallIds {
     }
 }
 
-fn pointer_key(path: &str) -> String {
+pub(crate) fn pointer_key(path: &str) -> String {
     path.trim_start_matches('/')
         .replace("~1", "/")
         .replace("~0", "~")
@@ -533,11 +718,36 @@ impl ClassifyError {
     }
 }
 
+/// The path argument that means standard input (`callid classify -`).
+pub const STDIN_PATH: &str = "-";
+/// How standard input is named in warnings and errors (`<stdin>:3: not JSON`).
+pub const STDIN_NAME: &str = "<stdin>";
+
+/// `path` as warnings and errors name it: [`STDIN_NAME`] for [`STDIN_PATH`].
+fn shown_path(path: &Path) -> PathBuf {
+    match path.as_os_str() == STDIN_PATH {
+        true => PathBuf::from(STDIN_NAME),
+        false => path.to_path_buf(),
+    }
+}
+
 /// Reads probe logs: every record, and every line that is not one (skipped, with its place).
+/// A path of [`STDIN_PATH`] reads standard input.
 pub fn read_logs(paths: &[PathBuf]) -> Result<(Vec<Record>, Vec<BadLine>), ClassifyError> {
     let mut records = Vec::new();
     let mut bad = Vec::new();
     for path in paths {
+        if path.as_os_str() == STDIN_PATH {
+            let mut text = Vec::new();
+            std::io::Read::read_to_end(&mut std::io::stdin().lock(), &mut text).map_err(
+                |source| ClassifyError::Read {
+                    path: PathBuf::from(STDIN_NAME),
+                    source,
+                },
+            )?;
+            parse_log(Path::new(STDIN_NAME), &text, &mut records, &mut bad);
+            continue;
+        }
         let text = std::fs::read(path).map_err(|source| ClassifyError::Read {
             path: path.clone(),
             source,
@@ -546,7 +756,7 @@ pub fn read_logs(paths: &[PathBuf]) -> Result<(Vec<Record>, Vec<BadLine>), Class
     }
     if records.is_empty() {
         return Err(ClassifyError::NoRecords {
-            paths: paths.to_vec(),
+            paths: paths.iter().map(|p| shown_path(p)).collect(),
         });
     }
     Ok((records, bad))

@@ -6,16 +6,18 @@
 //!
 //! # Layout
 //! - [`analysis`]: grouping, verdicts, the call-level / context key split, per-call ID checks.
+//! - [`kinds`]: call IDs, per-attempt values and context told apart from measured runs.
 //! - [`table`], [`markdown`], [`json`]: the renderers.
 
 pub mod analysis;
 pub mod json;
+pub mod kinds;
 pub mod markdown;
 pub mod table;
 
 pub use analysis::{
-    BadLine, ClassifyError, ClientName, ClientVerdict, KeyClass, KeySplit, Verdict, classify,
-    read_logs,
+    BadLine, ClassifyError, ClientName, ClientVerdict, KeyClass, KeySplit, Run, Verdict, classify,
+    classify_runs, classify_with, read_logs, read_runs,
 };
 
 use std::io::Write;
@@ -102,6 +104,9 @@ pub(crate) fn notes(v: &ClientVerdict) -> Vec<String> {
             "{} of {} calls accepted",
             v.calls_accepted, v.calls
         ));
+    }
+    for k in &v.key_kinds {
+        notes.push(format!("`{}`: {}: {}", k.key, k.kind.name(), k.evidence));
     }
     if v.bad_messages > 0 {
         notes.push(format!(

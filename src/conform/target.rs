@@ -303,7 +303,7 @@ impl Profile {
         };
         let de = serde_yaml::Deserializer::from_str(text);
         let mut profile: Profile = serde_path_to_error::deserialize(de)
-            .map_err(|e| invalid(e.path().to_string(), e.into_inner().to_string()))?;
+            .map_err(|e| invalid(e.path().to_string(), crate::yaml::message(&e)))?;
         profile.dir = dir;
         match profile.transport {
             Transport::Stdio if profile.command.is_none() => {

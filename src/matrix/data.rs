@@ -124,12 +124,18 @@ pub struct ClientRow {
     /// The `_meta` key of the per-call ID when accepted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub per_call_id: Option<String>,
-    /// Other `_meta` keys whose value changes per call.
-    #[serde(default)]
-    pub call_level_keys: Vec<String>,
-    /// `_meta` keys whose value stays the same across calls.
-    #[serde(default)]
-    pub context_keys: Vec<String>,
+    /// Other `_meta` keys whose value changes per call; absent when it could not be told (a
+    /// measurement with a single call), rendered `unknown` as `callid classify` says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub call_level_keys: Option<Vec<String>>,
+    /// `_meta` keys whose value stays the same across calls; absent when it could not be told.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_keys: Option<Vec<String>>,
+    /// `_meta` keys whose value changed when the client redelivered a call: per-attempt values,
+    /// never call IDs. A measured row takes them from its timeout and server-dies runs (see
+    /// [`crate::classify::kinds`]) and is checked against them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub per_attempt_keys: Vec<String>,
     /// How the per-call ID behaves beyond one call.
     #[serde(default, skip_serializing_if = "Stability::is_not_measured")]
     pub stability: Stability,
@@ -347,7 +353,7 @@ pub fn parse_yaml<T: serde::de::DeserializeOwned>(
         MatrixError::Parse {
             file: file.to_owned(),
             path: if path.is_empty() { ".".into() } else { path },
-            message: err.into_inner().to_string(),
+            message: crate::yaml::message(&err),
         }
     })
 }
@@ -615,8 +621,8 @@ fn reported_keys_rule(row: &ClientRow) -> Result<(), String> {
     let listed = row
         .per_call_id
         .iter()
-        .chain(&row.call_level_keys)
-        .chain(&row.context_keys);
+        .chain(row.call_level_keys.iter().flatten())
+        .chain(row.context_keys.iter().flatten());
     for key in listed {
         if !seen.insert(key.as_str()) {
             return Err(format!(
@@ -628,7 +634,8 @@ fn reported_keys_rule(row: &ClientRow) -> Result<(), String> {
     let sources: Vec<&str> = row
         .call_level_keys
         .iter()
-        .chain(&row.context_keys)
+        .flatten()
+        .chain(row.context_keys.iter().flatten())
         .map(String::as_str)
         .filter(|k| identity::Source::from_key(k).is_some())
         .collect();

@@ -5,13 +5,16 @@
 //! Evidence files are the probe's own logs (shapes and digests, never a value). A measured row's
 //! first evidence file holds the run with two distinct model tool calls; files ending in
 //! `.duplicate-id.jsonl`, `.timeout.jsonl` and `.server-dies.jsonl` hold the runs for the (b) and
-//! (c) stability columns.
+//! (c) stability columns. A row's `per_attempt_keys` come from all of them together
+//! ([`per_attempt_keys`]): only a timeout or server-dies run in which the client redelivered its
+//! one call can show that a value changes per attempt (see [`crate::classify::kinds`]).
 
+use super::analyze;
 use super::data::{
     ClientRow, ClientsFile, DistinctIds, How, IdOrigin, MatrixError, Stability, Verdict,
 };
+use crate::classify::kinds::{self, RunKind, ValueKind};
 use crate::classify::{self, ClientVerdict, KeySplit};
-use crate::measure::analyze;
 use crate::measure::client::Client;
 use crate::measure::run::Scenario;
 use crate::probe::record::Record;
@@ -235,8 +238,9 @@ pub fn row_from_observed(
         verdict: o.verdict,
         reason: o.reason.clone(),
         per_call_id: o.per_call_id.clone(),
-        call_level_keys: o.call_level_keys.clone(),
-        context_keys: o.context_keys.clone(),
+        call_level_keys: o.split_known.then(|| o.call_level_keys.clone()),
+        context_keys: o.split_known.then(|| o.context_keys.clone()),
+        per_attempt_keys: Vec::new(),
         stability: Stability::default(),
         how,
         notes,
@@ -254,6 +258,23 @@ pub fn scenario_of(file: &str) -> Scenario {
     } else {
         Scenario::TwoCalls
     }
+}
+
+/// The per-attempt keys (sorted) of one client's evidence: each file with its records, the run
+/// it holds told by its name ([`RunKind::of_file`]). Only a timeout or server-dies run where the
+/// client redelivered its call can show one; see [`crate::classify::kinds`].
+pub fn per_attempt_keys(files: &[(&Path, &[Record])]) -> Vec<String> {
+    let runs: Vec<(RunKind, Vec<&Record>)> = files
+        .iter()
+        .filter_map(|(path, records)| Some((RunKind::of_file(path)?, records.iter().collect())))
+        .collect();
+    let mut keys: Vec<String> = kinds::key_kinds(&runs)
+        .into_iter()
+        .filter(|k| k.kind == ValueKind::PerAttempt)
+        .map(|k| k.key)
+        .collect();
+    keys.sort();
+    keys
 }
 
 /// The client whose scripted tool-call ids a per-call key goes with.
@@ -318,6 +339,7 @@ pub fn check_row(dir: &Path, row: &ClientRow) -> Result<(), EvidenceError> {
             });
         }
     }
+    let mut read: Vec<(PathBuf, Vec<Record>)> = Vec::new();
     for (i, file) in evidence.iter().enumerate() {
         let path = dir.join(file);
         let records = read_evidence(&row.id, &path)?;
@@ -341,18 +363,26 @@ pub fn check_row(dir: &Path, row: &ClientRow) -> Result<(), EvidenceError> {
         let calls = analyze::tool_calls(&records);
         let scenario = scenario_of(file);
         if i == 0 {
-            let mut call_level = row.call_level_keys.clone();
-            call_level.sort();
-            let mut context = row.context_keys.clone();
-            context.sort();
+            let sorted = |keys: &Option<Vec<String>>| {
+                keys.clone().map(|mut k| {
+                    k.sort();
+                    k
+                })
+            };
             disagree(
                 row,
                 &path,
                 "call_level_keys",
-                call_level,
-                o.call_level_keys.clone(),
+                sorted(&row.call_level_keys),
+                o.split_known.then(|| o.call_level_keys.clone()),
             )?;
-            disagree(row, &path, "context_keys", context, o.context_keys.clone())?;
+            disagree(
+                row,
+                &path,
+                "context_keys",
+                sorted(&row.context_keys),
+                o.split_known.then(|| o.context_keys.clone()),
+            )?;
             if row.stability.distinct_ids != DistinctIds::NotMeasured {
                 disagree(
                     row,
@@ -399,8 +429,25 @@ pub fn check_row(dir: &Path, row: &ClientRow) -> Result<(), EvidenceError> {
             )?,
             Scenario::TwoCalls => {}
         }
+        read.push((path, records));
     }
-    Ok(())
+    let files: Vec<(&Path, &[Record])> = read
+        .iter()
+        .map(|(p, r)| (p.as_path(), r.as_slice()))
+        .collect();
+    let mut listed = row.per_attempt_keys.clone();
+    listed.sort();
+    disagree(
+        row,
+        &dir.join(format!(
+            "*.{{{},{}}}.jsonl",
+            Scenario::Timeout.tag(),
+            Scenario::ServerDies.tag()
+        )),
+        "per_attempt_keys",
+        listed,
+        per_attempt_keys(&files),
+    )
 }
 
 /// [`check_row`] for every row.
@@ -418,10 +465,13 @@ pub fn row_differences(committed: &ClientRow, measured: &ClientRow) -> Vec<Strin
             out.push(format!("`{field}`: committed {a}, measured {b}"));
         }
     };
-    let sorted = |v: &[String]| {
-        let mut v = v.to_vec();
-        v.sort();
-        format!("{v:?}")
+    let sorted = |v: &Option<Vec<String>>| match v {
+        None => "unknown".to_owned(),
+        Some(v) => {
+            let mut v = v.clone();
+            v.sort();
+            format!("{v:?}")
+        }
     };
     cmp(
         "version",
@@ -452,6 +502,11 @@ pub fn row_differences(committed: &ClientRow, measured: &ClientRow) -> Vec<Strin
         "context_keys",
         sorted(&committed.context_keys),
         sorted(&measured.context_keys),
+    );
+    cmp(
+        "per_attempt_keys",
+        sorted(&Some(committed.per_attempt_keys.clone())),
+        sorted(&Some(measured.per_attempt_keys.clone())),
     );
     cmp(
         "stability",

@@ -3,6 +3,8 @@
 //! - [`data`]: the strict data model of `clients.yaml` and `routers.yaml` ([`ClientsFile`],
 //!   [`RoutersFile`]) and the rules a row must keep.
 //! - [`render`](mod@render): the data as `SUPPORT.md`, deterministic to the byte.
+//! - [`analyze`]: the ID stability findings read out of a probe shape log (what `measure` writes
+//!   into a row and `render --check` reads again from its evidence).
 //! - [`check`]: compares a committed `SUPPORT.md` with what the data renders.
 //! - [`evidence`]: turns probe shape logs into rows, and checks each measured row against its
 //!   committed evidence by classifying it again.
@@ -14,6 +16,7 @@
 //! - `render --check` fails (exit 1) when `SUPPORT.md` differs from the data by one byte, or when
 //!   a measured row disagrees with what its evidence classifies to.
 
+pub mod analyze;
 pub mod check;
 pub mod data;
 pub mod evidence;

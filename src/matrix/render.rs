@@ -57,10 +57,10 @@ fn render_clients(out: &mut String, rows: &[ClientRow]) {
             verdict,
             row.per_call_id
                 .as_deref()
-                .map(code)
+                .map(|k| attempt(code(k), k, row))
                 .unwrap_or_else(|| "none".into()),
-            keys(&row.call_level_keys),
-            keys(&row.context_keys),
+            call_level(row),
+            keys(row.context_keys.as_deref()),
             row.version
                 .as_deref()
                 .map(cell)
@@ -69,6 +69,37 @@ fn render_clients(out: &mut String, rows: &[ClientRow]) {
         );
     }
     out.push('\n');
+    if rows.iter().any(|r| !r.per_attempt_keys.is_empty()) {
+        out.push_str(
+            "*per attempt*: the value changed when the client redelivered the same call (its \
+             retry in the timeout or server-dies run), so it is a per-attempt value and can never \
+             deduplicate, however unique it looks across calls. A key is a call ID only if it \
+             stays the same on every redelivery and differs for every new call; `callid classify` \
+             on the evidence files gives the kind of every key and the runs it rests on.\n\n",
+        );
+    }
+}
+
+/// The "Other call-level keys" cell, per-attempt keys marked.
+fn call_level(row: &ClientRow) -> String {
+    match row.call_level_keys.as_deref() {
+        None => "unknown".into(),
+        Some([]) => "none".into(),
+        Some(list) => list
+            .iter()
+            .map(|k| attempt(code(k), k, row))
+            .collect::<Vec<_>>()
+            .join(", "),
+    }
+}
+
+/// `shown`, marked *per attempt* when the row lists `key` as a per-attempt value.
+fn attempt(shown: String, key: &str, row: &ClientRow) -> String {
+    if row.per_attempt_keys.iter().any(|k| k == key) {
+        format!("{shown} (*per attempt*)")
+    } else {
+        shown
+    }
 }
 
 fn render_stability(out: &mut String, rows: &[ClientRow]) {
@@ -253,10 +284,12 @@ fn code(key: &str) -> String {
     format!("`{}`", key.replace('`', "'").replace('|', "\\|"))
 }
 
-fn keys(list: &[String]) -> String {
-    if list.is_empty() {
-        "none".into()
-    } else {
-        list.iter().map(|k| code(k)).collect::<Vec<_>>().join(", ")
+/// A key-list cell: the keys, `none`, or `unknown` when the split could not be told (as
+/// `callid classify` says for a single call).
+fn keys(list: Option<&[String]>) -> String {
+    match list {
+        None => "unknown".into(),
+        Some([]) => "none".into(),
+        Some(list) => list.iter().map(|k| code(k)).collect::<Vec<_>>().join(", "),
     }
 }

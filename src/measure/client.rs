@@ -228,25 +228,16 @@ impl Client {
         let (program, args) = match self {
             Client::Codex => {
                 let codex_home = home.join("codex");
-                let toml_str = |s: &str| serde_json::to_string(s).expect("strings serialize");
                 let mut config = format!(
                     "model = \"gpt-5\"\nmodel_provider = \"scripted\"\napproval_policy = \"never\"\n\
                      [model_providers.scripted]\nname = \"scripted\"\nbase_url = {}\n\
                      wire_api = \"responses\"\nenv_key = \"CALLID_SCRIPTED_KEY\"\n\
-                     request_max_retries = 0\nstream_max_retries = 0\n\
-                     [mcp_servers.{SERVER_NAME}]\ncommand = {}\nargs = [",
+                     request_max_retries = 0\nstream_max_retries = 0\n",
                     toml_str(&format!("{endpoint_base}/v1")),
-                    toml_str(&server[0]),
                 );
-                config.push_str(
-                    &server[1..]
-                        .iter()
-                        .map(|a| toml_str(a))
-                        .collect::<Vec<_>>()
-                        .join(", "),
-                );
+                config.push_str(&codex_server_toml(SERVER_NAME, server));
                 config.push_str(&format!(
-                    "]\nstartup_timeout_sec = 20\ntool_timeout_sec = {TOOL_TIMEOUT_SECS}\n"
+                    "startup_timeout_sec = 20\ntool_timeout_sec = {TOOL_TIMEOUT_SECS}\n"
                 ));
                 write(codex_home.join("config.toml"), config)?;
                 envs.push(("CODEX_HOME".into(), codex_home.into()));
@@ -267,8 +258,7 @@ impl Client {
             }
             Client::ClaudeCode => {
                 let config_dir = home.join("claude");
-                let mcp = serde_json::json!({"mcpServers": {SERVER_NAME: {
-                    "type": "stdio", "command": server[0], "args": &server[1..], "env": {}}}});
+                let mcp = claude_code_mcp_json(SERVER_NAME, server);
                 let mcp_path = home.join("mcp.json");
                 write(mcp_path.clone(), mcp.to_string())?;
                 std::fs::create_dir_all(&config_dir).map_err(|source| ClientError::Io {
@@ -310,6 +300,62 @@ impl Client {
             cwd: work,
         })
     }
+}
+
+/// The `[mcp_servers.NAME]` table of Codex's `config.toml` that starts `server` (program first)
+/// over stdio. `measure` configures Codex with it, and the README's Codex snippet is this table
+/// (a test compares them).
+pub fn codex_server_toml(name: &str, server: &[String]) -> String {
+    let args: Vec<String> = server[1..].iter().map(|a| toml_str(a)).collect();
+    format!(
+        "[mcp_servers.{name}]\ncommand = {}\nargs = [{}]\n",
+        toml_str(&server[0]),
+        args.join(", ")
+    )
+}
+
+/// The `codex mcp add` command line that writes [`codex_server_toml`] into `~/.codex/config.toml`.
+pub fn codex_mcp_add(name: &str, server: &[String]) -> String {
+    format!("codex mcp add {name} -- {}", shell_words(server))
+}
+
+/// Claude Code's MCP config (`.mcp.json`, or a file given to `--mcp-config`) that starts `server`
+/// (program first) over stdio. `measure` runs Claude Code with it, and the README's `.mcp.json`
+/// snippet is this object (a test compares them).
+pub fn claude_code_mcp_json(name: &str, server: &[String]) -> serde_json::Value {
+    serde_json::json!({"mcpServers": {name: {
+        "type": "stdio", "command": server[0], "args": &server[1..], "env": {}}}})
+}
+
+/// The `claude mcp add` command line that adds the same stdio server as [`claude_code_mcp_json`].
+pub fn claude_mcp_add(name: &str, server: &[String]) -> String {
+    format!(
+        "claude mcp add --transport stdio {name} -- {}",
+        shell_words(server)
+    )
+}
+
+/// A TOML basic string (a JSON string literal is one).
+fn toml_str(s: &str) -> String {
+    serde_json::to_string(s).expect("strings serialize")
+}
+
+/// Words for a POSIX shell, single-quoted where they need it.
+fn shell_words(words: &[String]) -> String {
+    words
+        .iter()
+        .map(|w| {
+            let plain = !w.is_empty()
+                && w.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_./:=@%+,".contains(c));
+            if plain {
+                w.clone()
+            } else {
+                format!("'{}'", w.replace('\'', r"'\''"))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// The first dotted version number in `text`.

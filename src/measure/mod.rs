@@ -9,7 +9,6 @@
 //!   Code).
 //! - [`client`]: how to run each client non-interactively with a temporary home and config.
 //! - [`run`]: one bounded scenario run, leaving the probe's shape log.
-//! - [`analyze`]: the stability findings read out of a shape log.
 //! - [`sdk`]: MCP client libraries and tools without a model (Inspector CLI, TypeScript and
 //!   Python SDKs, rmcp), measured with two plain calls.
 //!
@@ -19,12 +18,12 @@
 //! - Bounded: at most [`endpoint::MAX_MODEL_REQUESTS`] scripted answers per run and
 //!   [`run::SCENARIO_TIMEOUT`] per scenario, after which the client's process group is killed.
 
-pub mod analyze;
 pub mod client;
 pub mod endpoint;
 pub mod run;
 pub mod sdk;
 
+use crate::matrix::analyze;
 use crate::matrix::data::{ClientRow, How, Stability};
 use crate::matrix::evidence::{self, EvidenceError};
 use client::{Client, ClientError};
@@ -156,6 +155,7 @@ pub async fn measure(
     let mut files = Vec::new();
     let mut stability = Stability::default();
     let mut observed = None;
+    let mut read = Vec::new();
     for run in &runs {
         let name = match run.scenario.tag() {
             "" => format!("{}/{base}.jsonl", crate::matrix::data::EVIDENCE_DIR),
@@ -179,6 +179,7 @@ pub async fn measure(
             what: format!("read the probe log `{}`", run.log.display()),
             source,
         })?;
+        read.push((std::path::PathBuf::from(&name), records));
         files.push((name, bytes));
     }
     let observed = observed.expect("the two-calls scenario always runs");
@@ -202,6 +203,11 @@ pub async fn measure(
     );
     row.client = name.to_owned();
     row.stability = stability;
+    let read: Vec<(&Path, &[crate::probe::Record])> = read
+        .iter()
+        .map(|(p, r): &(std::path::PathBuf, Vec<crate::probe::Record>)| (p.as_path(), r.as_slice()))
+        .collect();
+    row.per_attempt_keys = evidence::per_attempt_keys(&read);
     Ok(Measurement {
         row,
         evidence: files,

@@ -53,6 +53,9 @@ pub struct ProbeOptions {
     pub digest_salt: Option<String>,
     /// Wrap this server command instead of serving.
     pub wrap: Vec<String>,
+    /// The identity sources verdicts are given by (the built-in table, or one extended by
+    /// `--identity-sources`).
+    pub identity_sources: Arc<crate::identity::IdentitySources>,
 }
 
 /// Runs the probe until its input ends (stdio, `--wrap`) or forever (HTTP). Returns the exit
@@ -74,23 +77,20 @@ pub async fn run(options: ProbeOptions) -> Result<i32, ProbeError> {
         Some(path) => ShapeLog::open(path)?,
         None => ShapeLog::stderr(),
     });
-    let server = ProbeServer::new(digester.clone());
+    let server =
+        ProbeServer::new(digester.clone()).with_identity_sources(options.identity_sources.clone());
     if !options.wrap.is_empty() {
-        let tap = Arc::new(Tap::new(
-            digester,
-            log,
-            record::Transport::Wrap,
-            Mode::Observe,
-        ));
+        let tap = Arc::new(
+            Tap::new(digester, log, record::Transport::Wrap, Mode::Observe)
+                .with_identity_sources(options.identity_sources.clone()),
+        );
         return wrap::run_wrap(&options.wrap, tokio::io::stdin(), tokio::io::stdout(), tap).await;
     }
     if let Some(bound) = bound {
-        let tap = Arc::new(Tap::new(
-            digester,
-            log,
-            record::Transport::Http,
-            Mode::Serve,
-        ));
+        let tap = Arc::new(
+            Tap::new(digester, log, record::Transport::Http, Mode::Serve)
+                .with_identity_sources(options.identity_sources.clone()),
+        );
         crate::logging::line(format_args!(
             "callid probe: serving MCP over streamable HTTP at http://{}{}",
             bound.addr,
@@ -99,12 +99,10 @@ pub async fn run(options: ProbeOptions) -> Result<i32, ProbeError> {
         http::serve_http(bound, tap, server).await?;
         return Ok(0);
     }
-    let tap = Arc::new(Tap::new(
-        digester,
-        log,
-        record::Transport::Stdio,
-        Mode::Serve,
-    ));
+    let tap = Arc::new(
+        Tap::new(digester, log, record::Transport::Stdio, Mode::Serve)
+            .with_identity_sources(options.identity_sources.clone()),
+    );
     stdio::serve_stdio(tokio::io::stdin(), tokio::io::stdout(), tap, server).await?;
     Ok(0)
 }

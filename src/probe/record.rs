@@ -183,12 +183,21 @@ pub enum IdentityVerdict {
 }
 
 impl IdentityVerdict {
-    /// The verdict for a request's `_meta`.
+    /// The verdict for a request's `_meta`, by the built-in identity table.
     pub fn of(meta: Option<&Value>, digester: &Digester) -> Self {
-        match identity::from_meta(meta) {
+        Self::of_with(identity::IdentitySources::built_in_ref(), meta, digester)
+    }
+
+    /// The verdict for a request's `_meta`, by `sources`.
+    pub fn of_with(
+        sources: &identity::IdentitySources,
+        meta: Option<&Value>,
+        digester: &Digester,
+    ) -> Self {
+        match sources.from_meta(meta) {
             Ok(id) => IdentityVerdict::Accepted {
                 platform: label(&id.platform, digester),
-                source: id.source.key().to_string(),
+                source: id.source_key,
             },
             Err(e) => IdentityVerdict::Rejected {
                 code: e.code().to_string(),
@@ -270,6 +279,8 @@ pub struct RecordContext {
     pub client: Option<ClientInfo>,
     /// The protocol version in force, if known.
     pub protocol_version: Option<String>,
+    /// The identity sources the verdicts are given by (`--identity-sources`).
+    pub sources: std::sync::Arc<identity::IdentitySources>,
 }
 
 impl RecordContext {
@@ -280,6 +291,7 @@ impl RecordContext {
             connection: new_connection_id(),
             client: None,
             protocol_version: None,
+            sources: identity::IdentitySources::built_in_shared(),
         }
     }
 }
@@ -388,7 +400,9 @@ pub fn record_for_request(
                 Value::Array(a) => Some(a.len()),
                 _ => None,
             },
-            identity_error: identity::check_arguments(arguments)
+            identity_error: ctx
+                .sources
+                .check_arguments(arguments)
                 .err()
                 .map(|e| e.code().to_string()),
         });
@@ -402,7 +416,7 @@ pub fn record_for_request(
             Ok(hash) => record.request_digest = Some(digester.bytes(hash.as_str().as_bytes())),
             Err(e) => record.request_hash_error = Some(e.code().to_string()),
         }
-        record.identity = Some(IdentityVerdict::of(meta, digester));
+        record.identity = Some(IdentityVerdict::of_with(&ctx.sources, meta, digester));
     }
     record
 }

@@ -9,7 +9,7 @@
 //! `server/discover` is refused with `-32601` here too (the tap answers it before rmcp sees it on
 //! every transport; this covers a [`ProbeServer`] served without a tap).
 
-use crate::identity;
+use crate::identity::IdentitySources;
 use crate::shape::{self, Digester};
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, DiscoverRequestMethod, DiscoverResult,
@@ -28,12 +28,22 @@ pub const CAPABILITIES_TOOL: &str = "capabilities";
 #[derive(Clone)]
 pub struct ProbeServer {
     digester: Digester,
+    sources: Arc<IdentitySources>,
 }
 
 impl ProbeServer {
     /// A server whose answers use `digester` (the same one as the log).
     pub fn new(digester: Digester) -> Self {
-        ProbeServer { digester }
+        ProbeServer {
+            digester,
+            sources: IdentitySources::built_in_shared(),
+        }
+    }
+
+    /// The same server, giving verdicts by `sources` (`--identity-sources`).
+    pub fn with_identity_sources(mut self, sources: Arc<IdentitySources>) -> Self {
+        self.sources = sources;
+        self
     }
 
     /// The `capabilities` tool's description, as listed.
@@ -61,12 +71,17 @@ impl ProbeServer {
 }
 
 /// The structured answer of the `capabilities` tool for one call.
-pub fn capabilities_answer(meta: Option<&Value>, arguments: &Value, digester: &Digester) -> Value {
-    let verdict = match identity::from_meta(meta) {
+pub fn capabilities_answer(
+    meta: Option<&Value>,
+    arguments: &Value,
+    digester: &Digester,
+    sources: &IdentitySources,
+) -> Value {
+    let verdict = match sources.from_meta(meta) {
         Ok(id) => json!({
             "verdict": "accepted",
             "platform": crate::probe::record::label(&id.platform, digester),
-            "source": id.source.key(),
+            "source": id.source_key,
         }),
         Err(e) => json!({"verdict": "rejected", "code": e.code(), "message": e.to_string()}),
     };
@@ -83,7 +98,7 @@ pub fn capabilities_answer(meta: Option<&Value>, arguments: &Value, digester: &D
                     "key": crate::probe::record::label(cut_key(key), digester),
                     "type": shape::JsonType::of(value).name(),
                     "len": shown,
-                    "identity_source": crate::identity::Source::from_key(key).is_some(),
+                    "identity_source": sources.entry(key).is_some(),
                 })
             })
             .collect(),
@@ -98,7 +113,7 @@ pub fn capabilities_answer(meta: Option<&Value>, arguments: &Value, digester: &D
         "identity": verdict,
         "meta": meta_status,
         "meta_keys": keys,
-        "arguments_identity_error": identity::check_arguments(arguments).err().map(|e| e.code()),
+        "arguments_identity_error": sources.check_arguments(arguments).err().map(|e| e.code()),
         "note": "shapes only: no `_meta` value and no argument is recorded or echoed",
     })
 }
@@ -168,7 +183,7 @@ impl ServerHandler for ProbeServer {
         let map = &context.meta.0.0;
         let meta = (!map.is_empty()).then(|| Value::Object(map.clone()));
         let arguments = request.arguments.map(Value::Object).unwrap_or(Value::Null);
-        let answer = capabilities_answer(meta.as_ref(), &arguments, &self.digester);
+        let answer = capabilities_answer(meta.as_ref(), &arguments, &self.digester, &self.sources);
         Ok(CallToolResult::structured(answer).into())
     }
 }

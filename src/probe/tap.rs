@@ -75,6 +75,7 @@ pub struct Observation {
 /// State shared by every connection: how to digest, where to write, how to behave.
 pub struct Tap {
     digester: Digester,
+    sources: Arc<crate::identity::IdentitySources>,
     log: Arc<ShapeLog>,
     transport: Transport,
     mode: Mode,
@@ -96,10 +97,17 @@ impl Tap {
     pub fn new(digester: Digester, log: Arc<ShapeLog>, transport: Transport, mode: Mode) -> Self {
         Tap {
             digester,
+            sources: crate::identity::IdentitySources::built_in_shared(),
             log,
             transport,
             mode,
         }
+    }
+
+    /// The same tap, giving identity verdicts by `sources` (`--identity-sources`).
+    pub fn with_identity_sources(mut self, sources: Arc<crate::identity::IdentitySources>) -> Self {
+        self.sources = sources;
+        self
     }
 
     /// The digester (the `capabilities` tool uses the same one).
@@ -111,7 +119,10 @@ impl Tap {
     pub fn connection(self: &Arc<Self>) -> TapConnection {
         TapConnection {
             tap: self.clone(),
-            ctx: RecordContext::new(self.transport),
+            ctx: RecordContext {
+                sources: self.sources.clone(),
+                ..RecordContext::new(self.transport)
+            },
             requested_protocol: None,
             negotiated_protocol: None,
             header_protocol: None,

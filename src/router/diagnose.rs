@@ -39,11 +39,17 @@ impl std::fmt::Debug for Diagnostics {
 }
 
 impl Diagnostics {
-    /// Opens (creating, mode 0600) the file for appending.
-    pub fn open(path: &Path) -> Result<Diagnostics, crate::probe::record::LogError> {
+    /// Opens (creating, mode 0600) the file for appending; verdicts are given by `sources`.
+    pub fn open(
+        path: &Path,
+        sources: std::sync::Arc<crate::identity::IdentitySources>,
+    ) -> Result<Diagnostics, crate::probe::record::LogError> {
         Ok(Diagnostics {
             log: ShapeLog::open(path)?,
-            context: RecordContext::new(Transport::Router),
+            context: RecordContext {
+                sources,
+                ..RecordContext::new(Transport::Router)
+            },
             digester: Digester::Plain,
         })
     }

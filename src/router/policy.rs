@@ -48,7 +48,7 @@ pub struct Policy {
 #[derive(Debug, thiserror::Error)]
 pub enum PolicyError {
     /// The file cannot be read.
-    #[error("cannot read policy file `{path}`: {source}")]
+    #[error("cannot read policy file `{path}`")]
     Read {
         /// The file.
         path: String,
@@ -100,7 +100,7 @@ impl Policy {
         serde_path_to_error::deserialize(de).map_err(|e| PolicyError::Parse {
             path: origin.to_string(),
             at: e.path().to_string(),
-            message: e.inner().to_string(),
+            message: crate::yaml::message(&e),
         })
     }
 

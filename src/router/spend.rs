@@ -103,6 +103,9 @@ pub struct RouterOptions {
     pub handle_prefix: String,
     /// Append the shape of each call's `_meta` to this file.
     pub diagnose_meta: Option<PathBuf>,
+    /// The identity sources spend calls are identified by: the built-in table, or one extended
+    /// by `--identity-sources` ([`identity::IdentitySources::load`]).
+    pub identity_sources: Arc<identity::IdentitySources>,
 }
 
 impl RouterOptions {
@@ -116,6 +119,7 @@ impl RouterOptions {
             key_prefix: crate::keys::DEFAULT_KEY_PREFIX.into(),
             handle_prefix: crate::keys::DEFAULT_HANDLE_PREFIX.into(),
             diagnose_meta: None,
+            identity_sources: identity::IdentitySources::built_in_shared(),
         }
     }
 }
@@ -295,7 +299,7 @@ impl Router {
             }
         };
         let diagnostics = opts.diagnose_meta.as_ref().and_then(|path| {
-            Diagnostics::open(path)
+            Diagnostics::open(path, opts.identity_sources.clone())
                 .map_err(|e| tracing::warn!("--diagnose-meta is off: {e}"))
                 .ok()
         });
@@ -379,8 +383,9 @@ impl Router {
         meta: &Map<String, Value>,
         keys: &mut Vec<OperationKey>,
     ) -> Result<Reply, ToolError> {
-        identity::check_arguments(&args).map_err(identity_error)?;
-        let id = identity::from_meta_map(meta).map_err(identity_error)?;
+        let sources = &self.opts.identity_sources;
+        sources.check_arguments(&args).map_err(identity_error)?;
+        let id = sources.from_meta_map(meta).map_err(identity_error)?;
         let hash = canonical::request_hash(GENERATE_IMAGE, &args)
             .map_err(|e| ToolError::new(e.code(), format!("{e}; nothing was dispatched")))?;
         let request = image_request(&args)?;
@@ -434,7 +439,7 @@ impl Router {
                         "this router runs with preallocated operation keys, and in that mode only \
                          Codex `callId` identities may start new operations; `{}` identities may \
                          only redeliver operations already recorded",
-                        id.source.key()
+                        id.source_key
                     ),
                 ));
             }
@@ -462,7 +467,7 @@ impl Router {
         crashpoint::hit(Boundary::AfterRowCommit);
         tracing::info!(handle = %op.handle, platform = %op.platform, amount, needs_approval, "operation recorded");
         if op.status == Status::AwaitingApproval {
-            return Err(awaiting_approval(&op));
+            return Err(awaiting_approval(&op, &self.opts.registry));
         }
         self.dispatch(op).await
     }
@@ -493,7 +498,7 @@ impl Router {
             Status::Completed => Ok(completed(&op, true)),
             Status::Failed => Err(recorded_failure(&op)),
             Status::Denied => Err(denied(&op)),
-            Status::AwaitingApproval => Err(awaiting_approval(&op)),
+            Status::AwaitingApproval => Err(awaiting_approval(&op, &self.opts.registry)),
             Status::Pending => self.dispatch(op).await,
         }
     }
@@ -667,7 +672,10 @@ impl Router {
     }
 
     async fn handle_argument(&self, args: &Value) -> Result<Operation, ToolError> {
-        identity::check_arguments(args).map_err(identity_error)?;
+        self.opts
+            .identity_sources
+            .check_arguments(args)
+            .map_err(identity_error)?;
         let map = args.as_object().expect("arguments are an object");
         if let Some(extra) = map.keys().find(|k| *k != "handle") {
             return Err(ToolError::new(
@@ -691,7 +699,7 @@ impl Router {
     }
 
     fn capabilities(&self, args: Value) -> Reply {
-        if let Err(e) = identity::check_arguments(&args) {
+        if let Err(e) = self.opts.identity_sources.check_arguments(&args) {
             return identity_error(e).into();
         }
         if let Some(extra) = args.as_object().and_then(|m| m.keys().next()) {
@@ -706,12 +714,7 @@ impl Router {
             "router": "callid reference router",
             "version": env!("CARGO_PKG_VERSION"),
             "spend_tools": [GENERATE_IMAGE],
-            "identity_sources": [
-                {"meta_key": identity::CODEX_KEY, "platform": "codex"},
-                {"meta_key": identity::CLAUDE_CODE_KEY, "platform": "claude-code"},
-                {"meta_key": identity::ENVELOPE_KEY, "platform": "<envelope platform>",
-                 "fields": identity::ENVELOPE_FIELDS},
-            ],
+            "identity_sources": self.opts.identity_sources.capabilities(),
             "identity_rule": "exactly one source in `_meta`; none fails closed; identity-like argument names are refused",
             "limits": {
                 "max_id_bytes": identity::MAX_ID_BYTES,
@@ -722,7 +725,7 @@ impl Router {
             "approval": {
                 "above_cents": policy.approval_above_cents,
                 "models": policy.approval_models,
-                "how": "an operator runs `callid router approve HANDLE` or `deny`; then call `resume_operation` or redeliver the original call",
+                "how": format!("an operator runs `callid router approve HANDLE --registry {}` or `deny`; then call `resume_operation` or redeliver the original call", self.opts.registry.display()),
             },
             "budget_cents": policy.budget_cents,
             "preallocated_keys": self.pool.is_some(),
@@ -873,14 +876,18 @@ fn unknown_operation(handle: &str) -> ToolError {
     )
 }
 
-fn awaiting_approval(op: &Operation) -> ToolError {
+fn awaiting_approval(op: &Operation, registry: &RegistryLocation) -> ToolError {
     ToolError::new(
         "awaiting_approval",
         format!(
             "operation `{}` ({} cents) needs a person's approval and nothing was spent; ask the \
-             operator to run `callid router approve {}`, then call `resume_operation` with this \
-             handle (redelivering this call never skips the approval)",
-            op.handle, op.amount_cents, op.handle
+             operator to run `callid router approve {} --registry {}`, then call \
+             `resume_operation` with this handle (redelivering this call never skips the \
+             approval)",
+            op.handle,
+            op.amount_cents,
+            op.handle,
+            registry.display()
         ),
     )
     .of(op)

@@ -304,7 +304,9 @@ fn warning_in_a_file(envs: &[(&str, &str)]) -> String {
         .arg("router")
         .arg("--registry")
         .arg(dir.path().join("registry.sqlite3"))
-        .args(["--diagnose-meta", "/nonexistent-dir/meta.jsonl"])
+        // Under a plain file: the directory can be neither found nor created.
+        .arg("--diagnose-meta")
+        .arg(dir.path().join("stderr.log/meta.jsonl"))
         .env_remove("NO_COLOR")
         .env_remove("CLICOLOR_FORCE")
         .env_remove("CALLID_LOG")

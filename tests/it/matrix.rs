@@ -131,7 +131,7 @@ fn strict_yaml_errors_name_the_path() {
         (
             "per_call_id: callId",
             "per_call_id: callId\n  colour: red",
-            "clients[1]: unknown field `colour`",
+            "at `clients[1].colour`: unknown field `colour`",
         ),
         (
             "duplicate_model_id: passed-through",

@@ -68,7 +68,11 @@ impl PgCluster {
         let dir = tempfile::tempdir().unwrap();
         // initdb and postgres refuse to run as root: run them as the `postgres` user, which
         // must be able to reach the cluster's directory.
-        let as_postgres = unsafe { libc::geteuid() } == 0;
+        let as_postgres = {
+            use std::os::unix::fs::MetadataExt as _;
+            // `/proc/self` belongs to this process's effective user.
+            std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
+        };
         if as_postgres {
             use std::os::unix::fs::PermissionsExt as _;
             std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();

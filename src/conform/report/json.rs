@@ -1,10 +1,14 @@
-//! JSON: `{target, duration_ms, success, allow_incomplete, summary, checks: [{id, title, rule,
-//! article, level, verdict, reason, baseline, duration_ms}]}`, pretty-printed. `verdict` is one of
-//! `pass`, `fail`, `skipped` (the profile declares the capability absent), `not-run`, `error`;
-//! `level` is `required` or `recommended`.
+//! JSON: `{version, target, duration_ms, success, allow_incomplete, summary, checks: [{id, title,
+//! rule, article, level, verdict, reason, baseline, duration_ms}]}`, pretty-printed. `verdict` is
+//! one of `pass`, `fail`, `skipped` (the profile declares the capability absent), `not-run`,
+//! `error`; `level` is `required` or `recommended`.
 
 use super::Report;
 use std::io::Write;
+
+/// The `version` of the JSON report (schema: `schemas/conform.json`). It goes up when a field is
+/// removed or changes meaning; new fields may appear within a version.
+pub const VERSION: u32 = 1;
 
 /// Renders `report` as JSON.
 pub fn render(report: &Report, out: &mut dyn Write) -> std::io::Result<()> {
@@ -26,6 +30,7 @@ pub fn render(report: &Report, out: &mut dyn Write) -> std::io::Result<()> {
         })
         .collect();
     let doc = serde_json::json!({
+        "version": VERSION,
         "target": report.target,
         "duration_ms": report.duration.as_millis() as u64,
         "success": report.success(),

@@ -422,6 +422,11 @@ impl RegistryLocation {
         }
     }
 
+    /// The location as shown to people and in messages (a database URL's password redacted).
+    pub fn display(&self) -> &Self {
+        self
+    }
+
     /// The directory of this machine where the in-process backend layers keep their state:
     /// beside a registry file; for a database, `state_dir` (the router's data directory).
     pub fn local_state_dir(&self, state_dir: Option<&Path>) -> PathBuf {
