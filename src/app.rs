@@ -356,12 +356,16 @@ fn run_router(args: crate::cli::RouterArgs) -> anyhow::Result<ExitCode> {
     use crate::cli::{RegistryArg, RouterCommand};
     use crate::router::{operator, policy::Policy, registry};
     use anyhow::Context as _;
-    let registry_path = |arg: &RegistryArg| -> anyhow::Result<std::path::PathBuf> {
-        arg.registry
-            .clone()
-            .or_else(registry::default_path)
-            .context("no registry location: pass `--registry FILE` (or set XDG_DATA_HOME or HOME)")
-    };
+    let registry_path =
+        |arg: &RegistryArg| -> anyhow::Result<registry::RegistryLocation> {
+            match &arg.registry {
+            Some(given) => Ok(registry::RegistryLocation::parse(given.as_os_str())?),
+            None => registry::default_path().map(registry::RegistryLocation::File).context(
+                "no registry location: pass `--registry FILE` or `--registry postgres://...` \
+                 (or set XDG_DATA_HOME or HOME)",
+            ),
+        }
+        };
     let out = match args.command {
         Some(RouterCommand::Approve { handle, registry }) => {
             operator::approve(&registry_path(&registry)?, &handle)?

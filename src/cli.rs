@@ -218,9 +218,16 @@ pub struct RouterArgs {
 /// Where the router keeps its state; shared by serving and every operator command.
 #[derive(Debug, Clone, Args)]
 pub struct RegistryArg {
-    /// The router's SQLite registry (default: `callid/registry.sqlite3` under the user's data
-    /// directory). The backend layers' state files live beside it.
-    #[arg(long, value_name = "FILE", env = "CALLID_REGISTRY")]
+    /// The router's registry: a SQLite file (default: `callid/registry.sqlite3` under the
+    /// user's data directory; the backend layers' state files live beside it), or
+    /// `postgres://USER@HOST:PORT/DATABASE` shared by router replicas (password redacted
+    /// wherever shown).
+    #[arg(
+        long,
+        value_name = "FILE|URL",
+        env = "CALLID_REGISTRY",
+        hide_env_values = true
+    )]
     pub registry: Option<PathBuf>,
 }
 

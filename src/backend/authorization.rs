@@ -22,6 +22,11 @@
 //! An identical retry of a released or expired decision reserves it again, checking the budget
 //! again first.
 //!
+//! ## Replicas
+//! Router replicas on a PostgreSQL registry keep their decisions there instead
+//! ([`Authorization::shared_in`], [`super::shared`]): same rules, one set of decisions and one
+//! budget for every replica, the check and record serialized per account by an advisory lock.
+//!
 //! ## Durability
 //! The decision is committed before [`Authorization::authorize`] returns, and the crash point
 //! [`Boundary::AfterAuthorization`](crate::crashpoint::Boundary::AfterAuthorization) sits right
@@ -108,6 +113,30 @@ pub struct Decision {
 pub struct Authorization {
     store: Arc<Store>,
     expiry_ms: i64,
+    /// When set (router replicas on PostgreSQL), every decision lives there instead of in
+    /// `store`.
+    shared: Option<Arc<super::shared::SharedState>>,
+}
+
+/// The decision id of (agent, operation key): derived, not random, so every replica of a router
+/// (each with its own authorization file, sharing one registry and so one agent id) gives one
+/// operation the same decision, hence the same provider idempotency key
+/// ([`super::execution::provider_key`]): a redelivery that lands on another replica after a
+/// crash after the provider charged is answered from the provider's record instead of charged
+/// again. A hash of the key (`sha256`, shaped as a UUID): the decision id never reveals the key.
+pub fn decision_id(agent_id: &str, operation_key: &str) -> String {
+    use sha2::{Digest as _, Sha256};
+    let mut hash = Sha256::new();
+    hash.update(b"callid-decision:v1\0");
+    hash.update(agent_id.as_bytes());
+    hash.update(b"\0");
+    hash.update(operation_key.as_bytes());
+    let digest = hash.finalize();
+    let mut bytes = [0u8; 16];
+    bytes.copy_from_slice(&digest[..16]);
+    uuid::Builder::from_custom_bytes(bytes)
+        .into_uuid()
+        .to_string()
 }
 
 fn now_ms() -> i64 {
@@ -120,7 +149,15 @@ impl Authorization {
         Ok(Authorization {
             store: Arc::new(Store::open(path, &SPEC)?),
             expiry_ms: DEFAULT_RESERVATION_EXPIRY.as_millis() as i64,
+            shared: None,
         })
+    }
+
+    /// This store with its decisions in the registry's PostgreSQL database at `url`, shared by
+    /// every router replica (see [`super::shared`]).
+    pub fn shared_in(mut self, shared: Arc<super::shared::SharedState>) -> Authorization {
+        self.shared = Some(shared);
+        self
     }
 
     /// This store with reservations that expire after `expiry` (see the module's Budget).
@@ -173,6 +210,9 @@ impl Authorization {
 
     /// Records what the provider charged for a decision; the budget counts this amount from now.
     pub fn record_charge(&self, decision_id: &str, charged_cents: u64) -> Result<(), BackendError> {
+        if let Some(shared) = &self.shared {
+            return shared.record_charge(decision_id, charged_cents);
+        }
         let sql = |e| BackendError::from(self.store.error(e));
         self.store.write(|tx| {
             tx.execute(
@@ -185,6 +225,9 @@ impl Authorization {
     }
 
     fn set_state(&self, decision_id: &str, to: &str, from: &[&str]) -> Result<usize, BackendError> {
+        if let Some(shared) = &self.shared {
+            return shared.set_state(decision_id, to, from).map(|n| n as usize);
+        }
         let sql = |e| BackendError::from(self.store.error(e));
         let from = from
             .iter()
@@ -204,6 +247,9 @@ impl Authorization {
 
     /// The state of a decision (`reserved`, `dispatched`, `charged`, `released`), if recorded.
     pub fn state(&self, decision_id: &str) -> Result<Option<String>, BackendError> {
+        if let Some(shared) = &self.shared {
+            return shared.state(decision_id);
+        }
         self.store.read(|conn| {
             conn.query_row(
                 "SELECT state FROM decisions WHERE decision_id = ?1",
@@ -218,6 +264,9 @@ impl Authorization {
     /// Returns the decision for `req.operation_key`, recording it first if there is none
     /// (blocking). See the module's guarantee.
     pub fn authorize(&self, req: &AuthorizationRequest<'_>) -> Result<Decision, BackendError> {
+        if let Some(shared) = &self.shared {
+            return shared.authorize(req, now_ms(), self.expiry_ms);
+        }
         let sql = |e| BackendError::from(self.store.error(e));
         self.store.write(|tx| {
             let existing = tx
@@ -277,7 +326,7 @@ impl Authorization {
             }
             self.check_budget(tx, req)?;
             let decision = Decision {
-                decision_id: uuid::Uuid::new_v4().to_string(),
+                decision_id: decision_id(req.agent_id, req.operation_key),
                 account: req.account.to_owned(),
                 amount_cents: req.amount_cents,
                 scope: req.scope.to_owned(),
@@ -313,6 +362,9 @@ impl Authorization {
     /// Cents of `account`'s budget held by its decisions (charged, dispatched, or reserved and
     /// not expired), blocking.
     pub fn spent_cents(&self, account: &str) -> Result<u64, BackendError> {
+        if let Some(shared) = &self.shared {
+            return shared.spent_cents(account, now_ms(), self.expiry_ms);
+        }
         self.store.read(|conn| {
             spent_in(conn, account, now_ms(), self.expiry_ms)
                 .map_err(|e| BackendError::from(self.store.error(e)))
@@ -321,6 +373,9 @@ impl Authorization {
 
     /// How many decisions are recorded (blocking).
     pub fn decision_count(&self) -> Result<u64, BackendError> {
+        if let Some(shared) = &self.shared {
+            return shared.decision_count();
+        }
         self.store.read(|conn| {
             conn.query_row("SELECT count(*) FROM decisions", [], |r| r.get::<_, i64>(0))
                 .map(|n| n as u64)

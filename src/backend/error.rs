@@ -48,6 +48,17 @@ pub enum BackendError {
     /// A backend state file cannot be opened, read or written; nothing new was dispatched.
     #[error("backend state unavailable")]
     StateUnavailable(#[from] StoreError),
+    /// The replicas' shared backend state (the registry's PostgreSQL database) cannot be
+    /// reached or refused a statement; nothing new was dispatched.
+    #[error("backend state `{url}` failed while {doing}: {cause}")]
+    SharedStateUnavailable {
+        /// The database URL, password redacted.
+        url: String,
+        /// What was being done, as a fragment.
+        doing: &'static str,
+        /// The server's or the connection's message.
+        cause: String,
+    },
 }
 
 impl BackendError {
@@ -60,7 +71,9 @@ impl BackendError {
             BackendError::InvalidRequest(_) => "invalid_request",
             BackendError::ProviderUnavailable(_) => "provider_unavailable",
             BackendError::ProviderError(_) => "provider_error",
-            BackendError::StateUnavailable(_) => "backend_state_unavailable",
+            BackendError::StateUnavailable(_) | BackendError::SharedStateUnavailable { .. } => {
+                "backend_state_unavailable"
+            }
         }
     }
 
@@ -68,7 +81,9 @@ impl BackendError {
     pub fn is_retryable(&self) -> bool {
         matches!(
             self,
-            BackendError::ProviderUnavailable(_) | BackendError::StateUnavailable(_)
+            BackendError::ProviderUnavailable(_)
+                | BackendError::StateUnavailable(_)
+                | BackendError::SharedStateUnavailable { .. }
         )
     }
 

@@ -15,6 +15,12 @@
 //! [`Boundary::AfterProviderCharge`](crate::crashpoint::Boundary::AfterProviderCharge) sits
 //! between the provider's answer and the `completed` commit: the case the derived key exists for.
 //!
+//! ## Replicas
+//! Router replicas on a PostgreSQL registry keep their executions there instead
+//! ([`Execution::shared_in`], [`super::shared`]), so a replica that continues another's
+//! operation finds its `dispatched` record (same provider key) or its receipt. The in-process
+//! single flight still holds per replica; across replicas the registry's lease decides.
+//!
 //! ## Compatibility
 //! `application_id` `0x434c4558` ("CLEX"), `user_version` 1; see [`crate::store`].
 
@@ -74,7 +80,7 @@ struct Row {
     provider_replayed: Option<i64>,
 }
 
-enum Begin {
+pub(super) enum Begin {
     Done(Executed),
     Dispatch { key: String },
 }
@@ -84,6 +90,8 @@ enum Begin {
 pub struct Execution {
     store: Arc<Store>,
     in_flight: Arc<Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>>,
+    /// When set (router replicas on PostgreSQL), executions live there instead of in `store`.
+    shared: Option<Arc<super::shared::SharedState>>,
 }
 
 impl std::fmt::Debug for Execution {
@@ -100,7 +108,15 @@ impl Execution {
         Ok(Execution {
             store: Arc::new(Store::open(path, &SPEC)?),
             in_flight: Arc::default(),
+            shared: None,
         })
+    }
+
+    /// This store with its executions in the registry's PostgreSQL database, shared by every
+    /// router replica (see [`super::shared`]).
+    pub fn shared_in(mut self, shared: Arc<super::shared::SharedState>) -> Execution {
+        self.shared = Some(shared);
+        self
     }
 
     /// Runs the provider call of `decision_id` for `req`, at most once (see the module's
@@ -185,6 +201,9 @@ impl Execution {
             ..req.clone()
         };
         let request = serde_json::to_string(&asked).expect("an ImageRequest always serializes");
+        if let Some(shared) = &self.shared {
+            return shared.begin_execution(decision_id, &request);
+        }
         self.store.write(|tx| {
             let row: Option<Row> = tx
                 .query_row(
@@ -256,6 +275,9 @@ impl Execution {
         replayed: bool,
     ) -> Result<Executed, BackendError> {
         let sql = |e| BackendError::from(self.store.error(e));
+        if let Some(shared) = &self.shared {
+            return shared.complete_execution(decision_id, receipt, replayed);
+        }
         let text = serde_json::to_string(receipt).expect("a receipt always serializes");
         self.store.write(|tx| {
             // Another process may have completed the same decision meanwhile: the first record

@@ -29,6 +29,7 @@
 pub mod authorization;
 pub mod error;
 pub mod execution;
+pub mod shared;
 
 pub use authorization::{Authorization, AuthorizationRequest, Decision};
 pub use error::BackendError;
@@ -72,6 +73,10 @@ pub struct BackendConfig {
     pub budget_cents: Option<u64>,
     /// How long a reservation whose provider call never started holds budget.
     pub reservation_expiry: std::time::Duration,
+    /// The registry's PostgreSQL database, when the router runs as replicas on one: the
+    /// authorization decisions (and so the budget) and the executions live there, shared by
+    /// every replica.
+    pub shared_state: Option<crate::router::registry::PgUrl>,
 }
 
 impl Default for BackendConfig {
@@ -81,6 +86,7 @@ impl Default for BackendConfig {
             account: "default".into(),
             budget_cents: None,
             reservation_expiry: authorization::DEFAULT_RESERVATION_EXPIRY,
+            shared_state: None,
         }
     }
 }
@@ -189,12 +195,19 @@ impl Backend {
         provider_description: String,
         config: BackendConfig,
     ) -> Result<Backend, BackendError> {
+        let mut authorization = Authorization::open(&state_dir.join(AUTHORIZATION_FILE))?
+            .with_reservation_expiry(config.reservation_expiry);
+        let mut execution = Execution::open(&state_dir.join(EXECUTION_FILE))?;
+        if let Some(url) = &config.shared_state {
+            let shared = Arc::new(shared::SharedState::new(url.clone()));
+            authorization = authorization.shared_in(shared.clone());
+            execution = execution.shared_in(shared);
+        }
         Ok(Backend {
             inner: Arc::new(Inner {
                 state_dir: state_dir.to_path_buf(),
-                authorization: Authorization::open(&state_dir.join(AUTHORIZATION_FILE))?
-                    .with_reservation_expiry(config.reservation_expiry),
-                execution: Execution::open(&state_dir.join(EXECUTION_FILE))?,
+                authorization,
+                execution,
                 config,
                 provider,
                 ledger,

@@ -230,7 +230,7 @@ impl Guard {
     pub fn with_policy(registry: impl Into<PathBuf>, policy: GatewayPolicy) -> Guard {
         Guard {
             core: Arc::new(Core::new(CoreOptions {
-                registry: registry.into(),
+                registry: crate::router::registry::RegistryLocation::File(registry.into()),
                 preallocated_keys: None,
                 key_prefix: crate::keys::DEFAULT_KEY_PREFIX.into(),
                 handle_prefix: crate::keys::DEFAULT_HANDLE_PREFIX.into(),

@@ -98,7 +98,7 @@ pub async fn run(
         .map_err(StartError::from)?;
     let info = upstream.info().await;
     let core = Core::new(CoreOptions {
-        registry: options.registry.clone(),
+        registry: crate::router::registry::RegistryLocation::File(options.registry.clone()),
         preallocated_keys: None,
         key_prefix: options.key_prefix.clone(),
         handle_prefix: options.handle_prefix.clone(),

@@ -11,8 +11,8 @@
 //!
 //! # Layout
 //! - [`spend`]: [`Router`], the per-call pipeline and the tool replies.
-//! - [`registry`]: the SQLite registry, with its Durability, Concurrency, Compatibility and
-//!   Retention contract.
+//! - [`registry`]: the registry (a SQLite file, or PostgreSQL shared by replicas), with its
+//!   Durability, Concurrency, Compatibility and Retention contract.
 //! - [`scrub`]: removes private keys from every reply.
 //! - [`policy`]: when a person must approve, and the budget.
 //! - [`preallocated`]: the operator-filled key pool of preallocated mode.

@@ -4,12 +4,12 @@
 //! Each returns the text to print on stdout. No output ever contains a private operation key.
 
 use super::preallocated::{KeyPool, KeyPoolError};
-use super::registry::{Operation, Registry, RegistryError};
+use super::registry::{Operation, Registry, RegistryError, RegistryLocation};
 use serde_json::{Value, json};
 use std::path::Path;
 
 /// Approves an operation waiting for a person.
-pub fn approve(registry: &Path, handle: &str) -> Result<String, RegistryError> {
+pub fn approve(registry: &RegistryLocation, handle: &str) -> Result<String, RegistryError> {
     let op = Registry::open_existing(registry)?.decide(handle, true, None)?;
     Ok(format!(
         "approved `{}` ({} cents): the agent's `resume_operation` or a redelivery of the original \
@@ -19,7 +19,11 @@ pub fn approve(registry: &Path, handle: &str) -> Result<String, RegistryError> {
 }
 
 /// Denies an operation waiting for a person.
-pub fn deny(registry: &Path, handle: &str, reason: Option<&str>) -> Result<String, RegistryError> {
+pub fn deny(
+    registry: &RegistryLocation,
+    handle: &str,
+    reason: Option<&str>,
+) -> Result<String, RegistryError> {
     let op = Registry::open_existing(registry)?.decide(handle, false, reason)?;
     Ok(format!(
         "denied `{}`: nothing will be spent for it; the agent is told so on its next call\n",
@@ -55,13 +59,13 @@ pub fn describe(op: &Operation) -> Value {
 }
 
 /// Shows one operation by handle.
-pub fn status(registry: &Path, handle: &str) -> Result<String, RegistryError> {
-    let reg = Registry::open_existing(registry)?;
+pub fn status(registry: &RegistryLocation, handle: &str) -> Result<String, RegistryError> {
+    let mut reg = Registry::open_existing(registry)?;
     let op = reg
         .find_by_handle(handle)?
         .ok_or_else(|| RegistryError::UnknownHandle {
             handle: handle.to_string(),
-            path: registry.to_path_buf(),
+            path: std::path::PathBuf::from(registry.to_string()),
         })?;
     let mut text = serde_json::to_string_pretty(&describe(&op)).expect("JSON serializes");
     text.push('\n');

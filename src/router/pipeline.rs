@@ -34,8 +34,8 @@
 
 use super::preallocated::{KeyPool, KeyPoolError};
 use super::registry::{
-    Insert, Lease, NewOperation, Operation, Registry, RegistryError, Status, process_owner,
-    retire_owner,
+    Insert, Lease, NewOperation, Operation, Registry, RegistryError, RegistryLocation, Status,
+    process_owner, retire_owner,
 };
 use super::scrub::Scrubber;
 use crate::canonical::{self, RequestHash};
@@ -282,8 +282,8 @@ type Flight = Arc<tokio::sync::Mutex<()>>;
 /// Where the core keeps its state and how it names keys.
 #[derive(Debug, Clone)]
 pub struct CoreOptions {
-    /// The registry file.
-    pub registry: PathBuf,
+    /// The registry: a SQLite file, or a PostgreSQL database shared by replicas.
+    pub registry: RegistryLocation,
     /// A preallocated-key database to claim keys from.
     pub preallocated_keys: Option<PathBuf>,
     /// Prefix of private keys.
@@ -322,10 +322,17 @@ impl Core {
     /// A core; opens the registry now if it can (a failure is logged, and every spend then
     /// fails closed with `registry_unavailable` until it opens).
     pub fn new(opts: CoreOptions) -> Core {
-        let registry = match Registry::open(&opts.registry) {
+        // On a thread of its own: the PostgreSQL client runs a runtime that must not start
+        // inside the caller's async task.
+        let opened = std::thread::scope(|s| {
+            s.spawn(|| Registry::open(&opts.registry))
+                .join()
+                .unwrap_or_else(|p| std::panic::resume_unwind(p))
+        });
+        let registry = match opened {
             Ok(r) => {
                 tracing::info!(
-                    registry = %opts.registry.display(),
+                    registry = %opts.registry,
                     installation = r.installation_id(),
                     "registry open"
                 );
@@ -803,7 +810,7 @@ fn unknown_operation(handle: &str) -> ToolError {
     )
 }
 
-fn awaiting_approval<S: Spender>(op: &Operation, registry: &std::path::Path) -> ToolError {
+fn awaiting_approval<S: Spender>(op: &Operation, registry: &RegistryLocation) -> ToolError {
     ToolError::new(
         "awaiting_approval",
         format!(

@@ -19,7 +19,7 @@ use super::pipeline::{
 };
 pub use super::pipeline::{LEASE_TTL, REPLAYED_META, Reply, ToolError};
 use super::policy::Policy;
-use super::registry::{Operation, Status};
+use super::registry::{Operation, RegistryLocation, Status};
 use crate::backend::{Backend, BackendConfig, BackendError, ProviderTarget, SpendReceipt};
 use crate::identity;
 use crate::provider::ImageRequest;
@@ -62,8 +62,8 @@ pub const ERROR_CODES: &[&str] = &[
 /// How the router runs.
 #[derive(Debug, Clone)]
 pub struct RouterOptions {
-    /// The registry file.
-    pub registry: PathBuf,
+    /// The registry: a SQLite file, or a PostgreSQL database shared by replicas.
+    pub registry: RegistryLocation,
     /// The provider over HTTP (URL and token, redacted when shown); `None` runs it in-process
     /// beside the registry.
     pub provider: Option<crate::provider::Endpoint>,
@@ -84,9 +84,9 @@ pub struct RouterOptions {
 
 impl RouterOptions {
     /// Options with defaults for everything but the registry.
-    pub fn new(registry: PathBuf) -> Self {
+    pub fn new(registry: impl Into<RegistryLocation>) -> Self {
         RouterOptions {
-            registry,
+            registry: registry.into(),
             provider: None,
             policy: Policy::default(),
             preallocated_keys: None,
@@ -221,13 +221,7 @@ impl Router {
             .core
             .registry(|r| Ok(r.installation_id().to_string()))
             .await?;
-        let state_dir = self
-            .opts
-            .registry
-            .parent()
-            .filter(|d| !d.as_os_str().is_empty())
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from("."));
+        let state_dir = self.opts.registry.local_state_dir(None);
         let target = match &self.opts.provider {
             Some(endpoint) => ProviderTarget::Http {
                 endpoint: endpoint.clone(),
@@ -239,6 +233,10 @@ impl Router {
             account: "default".into(),
             budget_cents: self.opts.policy.budget_cents,
             reservation_expiry: self.opts.policy.reservation_expiry(),
+            shared_state: match &self.opts.registry {
+                RegistryLocation::Postgres(url) => Some(url.clone()),
+                RegistryLocation::File(_) => None,
+            },
         };
         let backend = Backend::open(&state_dir, target, config).map_err(|e| {
             let cause = chain(&e);

@@ -15,5 +15,6 @@ mod matrix;
 mod probe;
 mod probe_protocol;
 mod provider;
+mod replicas;
 mod router;
 mod store;

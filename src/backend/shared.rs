@@ -1,0 +1,397 @@
+//! The backend layers on the registry's PostgreSQL database, for router replicas: every replica
+//! reads and writes one set of authorization decisions and executions, so one operation has one
+//! decision, an account's budget holds across replicas under concurrent spends, and a replica's
+//! crash leaves no layer state on its own disk.
+//!
+//! Same guarantees as the SQLite store of [`super::authorization`] (same decision rules, same
+//! budget arithmetic), with PostgreSQL's means: each decision is one transaction committed with
+//! `synchronous_commit = on`; budget check and record run under a transaction-level advisory
+//! lock on the account, so two replicas cannot both see the same remaining budget. The table,
+//! `callid_decisions`, is created by the registry's migrations (the router opens the registry
+//! before its backend). A lost connection is dropped and opened again on the next call; until
+//! the database answers, every spend fails closed.
+
+use super::authorization::{AuthorizationRequest, Decision, decision_id};
+use super::error::BackendError;
+use super::execution::{Begin, Executed, provider_key};
+use crate::provider::Receipt;
+use crate::router::registry::PgUrl;
+use postgres::Client;
+use std::sync::Mutex;
+
+/// The advisory-lock namespace of budget checks (`"cLAB"`), apart from the registry's.
+const BUDGET_LOCK: i32 = 0x634c_4142;
+/// The advisory-lock namespace of executions (`"cLEX"`): one `begin` per decision at a time.
+const EXECUTION_LOCK: i32 = 0x634c_4558;
+
+/// One connection to the shared decisions, opened on demand.
+pub struct SharedState {
+    url: PgUrl,
+    client: Mutex<Option<Client>>,
+}
+
+impl std::fmt::Debug for SharedState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedState")
+            .field("url", &self.url)
+            .finish()
+    }
+}
+
+impl Drop for SharedState {
+    fn drop(&mut self) {
+        // The sync client runs its own runtime, which must not be dropped inside an async task.
+        let client = self
+            .client
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        let _ = std::thread::spawn(move || drop(client)).join();
+    }
+}
+
+const SPENT: &str = "SELECT COALESCE(SUM(CASE state
+        WHEN 'charged' THEN charged_cents
+        WHEN 'released' THEN 0
+        WHEN 'reserved' THEN CASE WHEN reserved_ms + $3 <= $2 THEN 0 ELSE amount_cents END
+        ELSE amount_cents END), 0)::bigint
+    FROM callid_decisions WHERE account = $1";
+
+impl SharedState {
+    /// The decisions in the database at `url` (connected on first use).
+    pub fn new(url: PgUrl) -> SharedState {
+        SharedState {
+            url,
+            client: Mutex::new(None),
+        }
+    }
+
+    fn with<T>(
+        &self,
+        doing: &'static str,
+        f: impl FnOnce(&mut Client) -> Result<T, Failure>,
+    ) -> Result<T, BackendError> {
+        let mut guard = self.client.lock().unwrap_or_else(|p| p.into_inner());
+        if guard.as_ref().is_none_or(Client::is_closed) {
+            *guard = None;
+            let mut client = self
+                .url
+                .config()
+                .connect(postgres::NoTls)
+                .map_err(|e| self.unavailable(doing, &e))?;
+            client
+                .batch_execute(
+                    "SET synchronous_commit = on; SET lock_timeout = '10s';
+                     SET statement_timeout = '30s';",
+                )
+                .map_err(|e| self.unavailable(doing, &e))?;
+            *guard = Some(client);
+        }
+        let client = guard.as_mut().expect("connected above");
+        match f(client) {
+            Ok(v) => Ok(v),
+            Err(Failure::Backend(e)) => Err(e),
+            Err(Failure::Db(e)) => {
+                if e.code().is_none() || client.is_closed() {
+                    *guard = None;
+                }
+                Err(self.unavailable(doing, &e))
+            }
+        }
+    }
+
+    fn unavailable(&self, doing: &'static str, cause: &postgres::Error) -> BackendError {
+        BackendError::SharedStateUnavailable {
+            url: self.url.to_string(),
+            doing,
+            cause: cause.to_string(),
+        }
+    }
+
+    /// See [`super::Authorization::authorize`].
+    pub fn authorize(
+        &self,
+        req: &AuthorizationRequest<'_>,
+        now_ms: i64,
+        expiry_ms: i64,
+    ) -> Result<Decision, BackendError> {
+        self.with("recording an authorization", |c| {
+            let mut tx = c.transaction()?;
+            tx.execute(
+                "SELECT pg_advisory_xact_lock($1, hashtext($2))",
+                &[&BUDGET_LOCK, &req.account],
+            )?;
+            let existing = tx.query_opt(
+                "SELECT decision_id, account, amount_cents, scope, request_hash, created_at,
+                     state, reserved_ms
+                 FROM callid_decisions WHERE agent_id = $1 AND operation_key = $2 FOR UPDATE",
+                &[&req.agent_id, &req.operation_key],
+            )?;
+            let check_budget = |tx: &mut postgres::Transaction<'_>| -> Result<(), Failure> {
+                let Some(budget) = req.budget_cents else {
+                    return Ok(());
+                };
+                let spent: i64 = tx
+                    .query_one(SPENT, &[&req.account, &now_ms, &expiry_ms])?
+                    .try_get(0)?;
+                let remaining = budget.saturating_sub(spent.max(0) as u64);
+                if req.amount_cents > remaining {
+                    return Err(Failure::Backend(BackendError::BudgetExceeded {
+                        account: req.account.to_owned(),
+                        amount_cents: req.amount_cents,
+                        budget_cents: budget,
+                        remaining_cents: remaining,
+                    }));
+                }
+                Ok(())
+            };
+            if let Some(row) = existing {
+                let decision = Decision {
+                    decision_id: row.try_get(0)?,
+                    account: row.try_get(1)?,
+                    amount_cents: row.try_get::<_, i64>(2)?.max(0) as u64,
+                    scope: row.try_get(3)?,
+                    request_hash: row.try_get(4)?,
+                    created_at: row.try_get(5)?,
+                    newly_recorded: false,
+                };
+                let state: String = row.try_get(6)?;
+                let reserved_ms: i64 = row.try_get(7)?;
+                let differs: Vec<&str> = [
+                    ("account", decision.account == req.account),
+                    ("amount", decision.amount_cents == req.amount_cents),
+                    ("scope", decision.scope == req.scope),
+                    ("request", decision.request_hash == req.request_hash),
+                ]
+                .into_iter()
+                .filter(|(_, same)| !same)
+                .map(|(name, _)| name)
+                .collect();
+                if !differs.is_empty() {
+                    return Err(Failure::Backend(BackendError::CreateNewOperation {
+                        differs: differs.join(", "),
+                    }));
+                }
+                let lapsed = state == "released"
+                    || (state == "reserved" && reserved_ms.saturating_add(expiry_ms) <= now_ms);
+                if lapsed {
+                    check_budget(&mut tx)?;
+                    tx.execute(
+                        "UPDATE callid_decisions SET state = 'reserved', reserved_ms = $2
+                         WHERE decision_id = $1",
+                        &[&decision.decision_id, &now_ms],
+                    )?;
+                    tx.commit()?;
+                }
+                return Ok(decision);
+            }
+            check_budget(&mut tx)?;
+            let id = decision_id(req.agent_id, req.operation_key);
+            let created_at: String = tx
+                .query_one(
+                    "INSERT INTO callid_decisions (agent_id, operation_key, decision_id, account,
+                         amount_cents, scope, request_hash, created_at, state, reserved_ms)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7,
+                         to_char(clock_timestamp() AT TIME ZONE 'UTC',
+                                 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"'),
+                         'reserved', $8)
+                     RETURNING created_at",
+                    &[
+                        &req.agent_id,
+                        &req.operation_key,
+                        &id,
+                        &req.account,
+                        &(req.amount_cents as i64),
+                        &req.scope,
+                        &req.request_hash,
+                        &now_ms,
+                    ],
+                )?
+                .try_get(0)?;
+            tx.commit()?;
+            Ok(Decision {
+                decision_id: id,
+                account: req.account.to_owned(),
+                amount_cents: req.amount_cents,
+                scope: req.scope.to_owned(),
+                request_hash: req.request_hash.to_owned(),
+                created_at,
+                newly_recorded: true,
+            })
+        })
+    }
+
+    /// Moves a decision to state `to` if it is in one of `from`; how many rows changed.
+    pub fn set_state(
+        &self,
+        decision_id: &str,
+        to: &str,
+        from: &[&str],
+    ) -> Result<u64, BackendError> {
+        let from: Vec<String> = from.iter().map(|s| s.to_string()).collect();
+        self.with("recording a decision's state", |c| {
+            Ok(c.execute(
+                "UPDATE callid_decisions SET state = $2 WHERE decision_id = $1 AND state = ANY($3)",
+                &[&decision_id, &to, &from],
+            )?)
+        })
+    }
+
+    /// See [`super::Authorization::record_charge`].
+    pub fn record_charge(&self, decision_id: &str, charged_cents: u64) -> Result<(), BackendError> {
+        self.with("recording a charge", |c| {
+            c.execute(
+                "UPDATE callid_decisions SET state = 'charged', charged_cents = $2
+                 WHERE decision_id = $1",
+                &[&decision_id, &(charged_cents as i64)],
+            )?;
+            Ok(())
+        })
+    }
+
+    /// See [`super::Authorization::state`].
+    pub fn state(&self, decision_id: &str) -> Result<Option<String>, BackendError> {
+        self.with("reading a decision", |c| {
+            Ok(c.query_opt(
+                "SELECT state FROM callid_decisions WHERE decision_id = $1",
+                &[&decision_id],
+            )?
+            .map(|r| r.try_get(0))
+            .transpose()?)
+        })
+    }
+
+    /// See [`super::Authorization::spent_cents`].
+    pub fn spent_cents(
+        &self,
+        account: &str,
+        now_ms: i64,
+        expiry_ms: i64,
+    ) -> Result<u64, BackendError> {
+        self.with("reading a budget", |c| {
+            let spent: i64 = c
+                .query_one(SPENT, &[&account, &now_ms, &expiry_ms])?
+                .try_get(0)?;
+            Ok(spent.max(0) as u64)
+        })
+    }
+
+    /// See [`super::Authorization::decision_count`].
+    pub fn decision_count(&self) -> Result<u64, BackendError> {
+        self.with("counting decisions", |c| {
+            let n: i64 = c
+                .query_one("SELECT count(*) FROM callid_decisions", &[])?
+                .try_get(0)?;
+            Ok(n.max(0) as u64)
+        })
+    }
+    /// See the execution layer's `begin`: the execution of `decision_id` for `request` (the
+    /// serialized request as asked), recorded `dispatched` before the provider is called, or
+    /// its recorded receipt.
+    pub(super) fn begin_execution(
+        &self,
+        decision_id: &str,
+        request: &str,
+    ) -> Result<Begin, BackendError> {
+        self.with("recording an execution", |c| {
+            let mut tx = c.transaction()?;
+            tx.execute(
+                "SELECT pg_advisory_xact_lock($1, hashtext($2))",
+                &[&EXECUTION_LOCK, &decision_id],
+            )?;
+            let row = tx.query_opt(
+                "SELECT request, state, attempts, receipt, provider_replayed
+                 FROM callid_executions WHERE decision_id = $1",
+                &[&decision_id],
+            )?;
+            let key = provider_key(decision_id);
+            let Some(row) = row else {
+                tx.execute(
+                    "INSERT INTO callid_executions (decision_id, provider_key, request, state,
+                         attempts, dispatched_at)
+                     VALUES ($1, $2, $3, 'dispatched', 1, clock_timestamp())",
+                    &[&decision_id, &key, &request],
+                )?;
+                tx.commit()?;
+                return Ok(Begin::Dispatch { key });
+            };
+            let stored: String = row.try_get(0)?;
+            if stored != request {
+                return Err(Failure::Backend(BackendError::CreateNewOperation {
+                    differs: "request".into(),
+                }));
+            }
+            let state: String = row.try_get(1)?;
+            let attempts: i64 = row.try_get(2)?;
+            let receipt: Option<String> = row.try_get(3)?;
+            let replayed: Option<bool> = row.try_get(4)?;
+            if let (true, Some(receipt)) = (state == "completed", receipt) {
+                return Ok(Begin::Done(Executed {
+                    receipt: parse_receipt(&receipt)?,
+                    provider_replayed: replayed == Some(true),
+                    from_record: true,
+                    attempts: attempts.max(0) as u64,
+                }));
+            }
+            tx.execute(
+                "UPDATE callid_executions SET attempts = attempts + 1 WHERE decision_id = $1",
+                &[&decision_id],
+            )?;
+            tx.commit()?;
+            Ok(Begin::Dispatch { key })
+        })
+    }
+    /// See the execution layer's `complete`: the first recorded receipt wins.
+    pub(super) fn complete_execution(
+        &self,
+        decision_id: &str,
+        receipt: &Receipt,
+        replayed: bool,
+    ) -> Result<Executed, BackendError> {
+        let text = serde_json::to_string(receipt).expect("a receipt always serializes");
+        self.with("recording an execution's receipt", |c| {
+            c.execute(
+                "UPDATE callid_executions SET state = 'completed', receipt = $2,
+                     provider_replayed = $3, completed_at = clock_timestamp()
+                 WHERE decision_id = $1 AND state = 'dispatched'",
+                &[&decision_id, &text, &replayed],
+            )?;
+            let row = c.query_one(
+                "SELECT receipt, provider_replayed, attempts FROM callid_executions
+                 WHERE decision_id = $1",
+                &[&decision_id],
+            )?;
+            let stored: String = row.try_get(0)?;
+            let stored_replayed: Option<bool> = row.try_get(1)?;
+            let attempts: i64 = row.try_get(2)?;
+            Ok(Executed {
+                receipt: parse_receipt(&stored)?,
+                provider_replayed: stored_replayed == Some(true),
+                from_record: false,
+                attempts: attempts.max(0) as u64,
+            })
+        })
+    }
+}
+
+fn parse_receipt(text: &str) -> Result<Receipt, Failure> {
+    serde_json::from_str(text).map_err(|e| {
+        Failure::Backend(BackendError::SharedStateUnavailable {
+            url: String::new(),
+            doing: "reading an execution's receipt",
+            cause: format!("the stored receipt does not parse: {e}"),
+        })
+    })
+}
+
+/// A database error, or a decision refused (budget, another operation's key).
+enum Failure {
+    Db(postgres::Error),
+    Backend(BackendError),
+}
+
+impl From<postgres::Error> for Failure {
+    fn from(e: postgres::Error) -> Self {
+        Failure::Db(e)
+    }
+}

@@ -1,0 +1,788 @@
+//! The router's durable registry: one row per (platform, installation, source installation,
+//! harness call id).
+//!
+//! Two backends behind one API ([`Registry`], chosen by [`RegistryLocation`]): a SQLite file
+//! ([`sqlite`], the embedded default, nothing to install) and a PostgreSQL database shared by
+//! router replicas ([`postgres`], `--registry postgres://USER@HOST:PORT/DB`). Each contract
+//! section below says what holds for both and where PostgreSQL differs.
+//!
+//! The registry maps each trusted call identity
+//! to its private operation key, its public handle, the hash of what it asked for, and, once the
+//! backend answered, its recorded result. The router consults it before any money moves: a call
+//! it has seen is answered from here, never dispatched twice.
+//!
+//! A row's key is the platform, this router's installation id, the *source installation* (the
+//! envelope's `installation_id`, empty for the built-in sources) and the harness call id: two
+//! installations of one platform that send the same invocation id are two operations, so neither
+//! can replay, continue or block the other's.
+//!
+//! ## Durability
+//! - WAL journal with `synchronous=FULL`: a committed row survives a power cut, not only a crash.
+//! - A new operation's row (keys, request hash, state) is committed before anything is dispatched
+//!   ([`Registry::insert_or_get`]); the result is recorded after the backend answered and before
+//!   the reply is sent ([`Registry::record_result`]). A crash between the two leaves a `pending`
+//!   row, and redelivery continues that operation under the same private key, which every layer
+//!   behind the router treats as the same operation.
+//! - The file is opened, identified, protected and migrated by [`crate::store`], like every state
+//!   file of callid: it and its `-wal`/`-shm` are 0600 (the rows hold private operation keys), a
+//!   file open to other users is refused with the `chmod` to run, and `--registry` is a plain
+//!   path (never a SQLite URI such as `file:x?mode=memory`).
+//!
+//! - PostgreSQL: every session sets `synchronous_commit = on` (a role default of `off` would
+//!   acknowledge a row a crash then loses, and a lost row is a second charge) and a server with
+//!   `fsync` off is refused. With a standby, only synchronous replication keeps an acknowledged
+//!   row across a failover.
+//!
+//! ## Concurrency
+//! - Every write runs in an `IMMEDIATE` transaction (the write lock is taken first, so two writers
+//!   never both read "absent" and both insert). Readers and writers from other processes wait up
+//!   to [`BUSY_TIMEOUT`] for a lock before the call fails closed.
+//! - Dispatch is guarded by a lease on the row ([`Registry::claim_lease`]): a process that is about
+//!   to call the backend writes its owner id and an expiry; another process that finds a live
+//!   lease answers `operation_in_progress` (safe to retry). A lease whose owner is gone or whose
+//!   expiry passed is taken over at once. The owner id is unique per router instance and process
+//!   life ([`process_owner`]: PID, process start time, random instance id), so a crashed
+//!   predecessor's lease is recognized as gone even when the new router has its PID (PID 1 in a
+//!   container) or its PID was reused. Within one process the router runs one flight
+//!   per call identity (see `spend.rs`), so the lease only arbitrates between processes.
+//!
+//! - PostgreSQL, across replicas: a new operation is `INSERT ... ON CONFLICT DO NOTHING`, then a
+//!   fresh `SELECT` of the winner's row (never check-then-insert); the lease is one conditional
+//!   `UPDATE` on the server's clock (`clock_timestamp()`, no clock skew between machines); a
+//!   replica's liveness is a session-level advisory lock held on its own idle connection, which
+//!   the server releases when the replica's connection drops, so a killed replica's lease is
+//!   taken over by the next redelivery (median 22 ms after `kill -9` on loopback; a vanished
+//!   machine after TCP keepalives and `tcp_user_timeout`, about 8 s). A result is recorded only
+//!   by the lease holder (fencing). It does not work behind a transaction-mode pooler.
+//!
+//! ## Compatibility
+//! - The file is identified by `PRAGMA application_id` ([`APPLICATION_ID`]) and versioned by
+//!   `PRAGMA user_version`. Migrations ([`MIGRATIONS`]) are append-only and run in one exclusive
+//!   transaction; a registry written by an older callid is upgraded in place.
+//! - A file with another application id, a non-empty file without one, a file that is not a
+//!   SQLite database, or a registry newer than this build knows is refused and never modified:
+//!   it is inspected through a read-only connection, so not even its `-wal` is checkpointed.
+//! - Schema 2 adds the source installation to the key and the charged amount. Rows recorded by
+//!   schema 1 keep an empty source installation: an envelope call recorded before the upgrade is
+//!   found again only when it is redelivered without an `installation_id`.
+//!
+//! - PostgreSQL: table `callid_schema` holds the application marker (`callid-registry`) and the
+//!   version; migrations ([`postgres::MIGRATIONS`]) are append-only and run in one transaction
+//!   under an advisory lock, so replicas starting at once apply them once. A foreign marker,
+//!   callid's tables without a marker, or a newer version are refused and nothing is changed.
+//!
+//! ## Retention
+//! Rows are never deleted by the router: a row is what lets a redelivery, even days later, get
+//! the original result instead of a second charge. Deleting the registry loses that recovery
+//! (and the installation id, so a new registry is a new installation). The operator may archive
+//! or delete old rows by hand once no client can redeliver them.
+
+use crate::canonical::RequestHash;
+use crate::keys::{OperationKey, PublicHandle};
+use crate::store::{StoreError, StoreSpec};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// `PRAGMA application_id` of a callid registry (`"cLiD"` in ASCII).
+pub const APPLICATION_ID: i32 = 0x634c_6944;
+pub use crate::store::BUSY_TIMEOUT;
+
+/// What a registry file is, for [`crate::store`].
+pub(super) static SPEC: StoreSpec = StoreSpec {
+    kind: "registry",
+    application_id: APPLICATION_ID,
+    migrations: MIGRATIONS,
+};
+
+/// The schema, one migration per `user_version` step. Append only: never edit a shipped entry.
+pub const MIGRATIONS: &[&str] = &[
+    // 1: the installation id and the operations.
+    "CREATE TABLE settings (
+         name  TEXT PRIMARY KEY NOT NULL,
+         value TEXT NOT NULL
+     ) STRICT;
+     CREATE TABLE operations (
+         platform         TEXT NOT NULL,
+         installation_id  TEXT NOT NULL,
+         harness_call_id  TEXT NOT NULL,
+         handle           TEXT NOT NULL UNIQUE,
+         operation_key    TEXT NOT NULL UNIQUE,
+         tool             TEXT NOT NULL,
+         request_hash     TEXT NOT NULL,
+         arguments        TEXT NOT NULL,
+         amount_cents     INTEGER NOT NULL,
+         status           TEXT NOT NULL,
+         approval         TEXT NOT NULL,
+         result           TEXT,
+         error_code       TEXT,
+         error_message    TEXT,
+         lease_owner      TEXT,
+         lease_expires_ms INTEGER,
+         created_ms       INTEGER NOT NULL,
+         updated_ms       INTEGER NOT NULL,
+         PRIMARY KEY (platform, installation_id, harness_call_id)
+     ) STRICT;",
+    // 2: the envelope's installation id joins the key (tenants kept apart); the amount the
+    // provider actually charged is recorded beside the quote.
+    "CREATE TABLE operations_v2 (
+         platform            TEXT NOT NULL,
+         installation_id     TEXT NOT NULL,
+         source_installation TEXT NOT NULL,
+         harness_call_id     TEXT NOT NULL,
+         handle              TEXT NOT NULL UNIQUE,
+         operation_key       TEXT NOT NULL UNIQUE,
+         tool                TEXT NOT NULL,
+         request_hash        TEXT NOT NULL,
+         arguments           TEXT NOT NULL,
+         amount_cents        INTEGER NOT NULL,
+         status              TEXT NOT NULL,
+         approval            TEXT NOT NULL,
+         result              TEXT,
+         error_code          TEXT,
+         error_message       TEXT,
+         lease_owner         TEXT,
+         lease_expires_ms    INTEGER,
+         created_ms          INTEGER NOT NULL,
+         updated_ms          INTEGER NOT NULL,
+         charged_cents       INTEGER,
+         PRIMARY KEY (platform, installation_id, source_installation, harness_call_id)
+     ) STRICT;
+     INSERT INTO operations_v2 (platform, installation_id, source_installation, harness_call_id,
+         handle, operation_key, tool, request_hash, arguments, amount_cents, status, approval,
+         result, error_code, error_message, lease_owner, lease_expires_ms, created_ms, updated_ms)
+     SELECT platform, installation_id, '', harness_call_id, handle, operation_key, tool,
+         request_hash, arguments, amount_cents, status, approval, result, error_code,
+         error_message, lease_owner, lease_expires_ms, created_ms, updated_ms FROM operations;
+     DROP TABLE operations;
+     ALTER TABLE operations_v2 RENAME TO operations;",
+];
+
+/// Why the registry cannot be used. Every spend fails closed with `registry_unavailable` on any
+/// of these, naming the file and the cause.
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    /// The file cannot be created, opened, identified or migrated (see [`crate::store`]).
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// SQLite refused an operation (not a database, locked too long, disk full, read-only...).
+    #[error("registry `{path}` failed while {doing}: {source}")]
+    Sqlite {
+        /// The registry file.
+        path: PathBuf,
+        /// What the router was doing, as a fragment.
+        doing: &'static str,
+        /// The cause.
+        #[source]
+        source: rusqlite::Error,
+    },
+    /// `--registry` looks like a PostgreSQL URL but is not one this build can use.
+    #[error(
+        "registry URL `{url}` is not usable: {detail}; pass `postgres://USER@HOST:PORT/DATABASE`"
+    )]
+    BadUrl {
+        /// The URL, password redacted.
+        url: String,
+        /// What was wrong.
+        detail: String,
+    },
+    /// PostgreSQL cannot be reached or refused an operation. Every spend fails closed until it
+    /// answers again; the router reconnects on the next call.
+    #[error("registry `{url}` failed while {doing}: {cause}")]
+    Postgres {
+        /// The database URL, password redacted.
+        url: PgUrl,
+        /// What the router was doing, as a fragment.
+        doing: &'static str,
+        /// The cause (its `Display` already carries the server's message, so it is not also
+        /// chained as a source: the message would be printed twice).
+        cause: ::postgres::Error,
+    },
+    /// The database holds a schema this build must not touch (another application's, or a
+    /// newer callid's), or a server setting that would lose committed rows.
+    #[error("registry `{url}` refused: {detail}; nothing was changed")]
+    Refused {
+        /// The database URL, password redacted.
+        url: PgUrl,
+        /// What is wrong and what to do.
+        detail: String,
+    },
+    /// The operator named a file that does not exist.
+    #[error("registry `{path}` does not exist; pass the `--registry` the router runs with")]
+    Missing {
+        /// The file.
+        path: PathBuf,
+    },
+    /// No operation has this handle.
+    #[error("no operation has handle `{handle}` in registry `{path}`")]
+    UnknownHandle {
+        /// The handle.
+        handle: String,
+        /// The registry file.
+        path: PathBuf,
+    },
+    /// An approval decision on an operation that is not waiting for one.
+    #[error("operation `{handle}` is `{status}`, not waiting for approval; nothing changed")]
+    NotAwaitingApproval {
+        /// The handle.
+        handle: String,
+        /// Its current status.
+        status: &'static str,
+    },
+    /// A stored row that this build cannot read back.
+    #[error("registry `{path}` holds an unreadable row: {detail}")]
+    Corrupt {
+        /// The registry file.
+        path: PathBuf,
+        /// What was wrong.
+        detail: String,
+    },
+    /// A feature this backend does not offer (refused, never ignored).
+    #[error("{what}")]
+    Unsupported {
+        /// What, and what was not done.
+        what: &'static str,
+    },
+}
+
+/// The state of an operation, as shown to the agent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    /// Recorded; not finished (never dispatched, in flight, or interrupted).
+    Pending,
+    /// Waiting for a person's decision; nothing dispatched.
+    AwaitingApproval,
+    /// Finished with a recorded result.
+    Completed,
+    /// A person denied it; nothing dispatched.
+    Denied,
+    /// Finished with a recorded, final error.
+    Failed,
+}
+
+impl Status {
+    /// Every status, in lifecycle order.
+    pub const ALL: [Status; 5] = [
+        Status::Pending,
+        Status::AwaitingApproval,
+        Status::Completed,
+        Status::Denied,
+        Status::Failed,
+    ];
+
+    /// The name on the wire and in the file.
+    pub fn name(self) -> &'static str {
+        match self {
+            Status::Pending => "pending",
+            Status::AwaitingApproval => "awaiting_approval",
+            Status::Completed => "completed",
+            Status::Denied => "denied",
+            Status::Failed => "failed",
+        }
+    }
+
+    fn parse(text: &str) -> Option<Status> {
+        Status::ALL.into_iter().find(|s| s.name() == text)
+    }
+}
+
+/// Whether a person had to decide, and what they decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Approval {
+    /// The policy did not ask for a person.
+    NotRequired,
+    /// Waiting for a person.
+    Required,
+    /// A person approved.
+    Approved,
+    /// A person denied.
+    Denied,
+}
+
+impl Approval {
+    /// The name in the file and in status answers.
+    pub fn name(self) -> &'static str {
+        match self {
+            Approval::NotRequired => "not_required",
+            Approval::Required => "required",
+            Approval::Approved => "approved",
+            Approval::Denied => "denied",
+        }
+    }
+
+    fn parse(text: &str) -> Option<Approval> {
+        [
+            Approval::NotRequired,
+            Approval::Required,
+            Approval::Approved,
+            Approval::Denied,
+        ]
+        .into_iter()
+        .find(|a| a.name() == text)
+    }
+}
+
+/// One operation as stored.
+#[derive(Debug, Clone)]
+pub struct Operation {
+    /// Platform of the identity (`codex`, `claude-code`, an envelope's platform).
+    pub platform: String,
+    /// The envelope's installation id (empty for the built-in sources).
+    pub source_installation: String,
+    /// The harness's call id.
+    pub harness_call_id: String,
+    /// The public handle given to the agent.
+    pub handle: PublicHandle,
+    /// The private key the backend layers use; never shown.
+    pub key: OperationKey,
+    /// The tool called.
+    pub tool: String,
+    /// Hash of the tool name and arguments.
+    pub request_hash: RequestHash,
+    /// The model-written arguments, as received (to resume the original request).
+    pub arguments: Value,
+    /// The quoted price.
+    pub amount_cents: u64,
+    /// Current state.
+    pub status: Status,
+    /// Approval state.
+    pub approval: Approval,
+    /// The recorded `structuredContent` of a completed operation.
+    pub result: Option<Value>,
+    /// The recorded final error (code, message) of a failed or denied operation.
+    pub error: Option<(String, String)>,
+    /// What the provider's receipt says it charged, once completed.
+    pub charged_cents: Option<u64>,
+}
+
+impl Operation {
+    /// The charge above the quote, when the provider charged more than was authorized.
+    pub fn overcharge(&self) -> Option<(u64, u64)> {
+        self.charged_cents
+            .filter(|c| *c > self.amount_cents)
+            .map(|c| (self.amount_cents, c))
+    }
+}
+
+/// A new operation to record.
+#[derive(Debug)]
+pub struct NewOperation {
+    /// Platform of the identity.
+    pub platform: String,
+    /// The envelope's installation id (empty for the built-in sources).
+    pub source_installation: String,
+    /// The harness's call id.
+    pub harness_call_id: String,
+    /// A fresh public handle.
+    pub handle: PublicHandle,
+    /// A fresh (or claimed) private key.
+    pub key: OperationKey,
+    /// Tool name.
+    pub tool: String,
+    /// Request hash.
+    pub request_hash: RequestHash,
+    /// The arguments as received.
+    pub arguments: Value,
+    /// Quoted price.
+    pub amount_cents: u64,
+    /// Whether a person must approve first.
+    pub needs_approval: bool,
+}
+
+/// What [`Registry::insert_within_budget`] did.
+#[derive(Debug)]
+pub enum Insert {
+    /// The row now stored for the call, and whether this call created it.
+    Stored(Box<Operation>, bool),
+    /// Nothing was recorded: the new operation would exceed the budget.
+    OverBudget {
+        /// Cents already committed by this installation's operations.
+        committed_cents: u64,
+    },
+}
+
+/// What [`Registry::claim_lease`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Lease {
+    /// This process may dispatch.
+    Granted,
+    /// Another live process is dispatching this operation.
+    HeldElsewhere,
+    /// The row is no longer pending (finished meanwhile, or waiting for a person).
+    NotPending(Status),
+}
+
+pub mod postgres;
+pub mod sqlite;
+
+pub use postgres::PgUrl;
+pub use sqlite::SqliteRegistry;
+
+/// Where the registry lives: a SQLite file on this machine, or a PostgreSQL database shared by
+/// replicas. Parsed from `--registry` / `CALLID_REGISTRY`: `postgres://` or `postgresql://` is a
+/// database, anything else a file path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RegistryLocation {
+    /// A SQLite file.
+    File(PathBuf),
+    /// A PostgreSQL database (the password is redacted wherever it is shown).
+    Postgres(PgUrl),
+}
+
+impl RegistryLocation {
+    /// Reads `--registry`: a `postgres://` URL, or a file path.
+    pub fn parse(text: &std::ffi::OsStr) -> Result<RegistryLocation, RegistryError> {
+        match text.to_str() {
+            Some(t) if t.starts_with("postgres://") || t.starts_with("postgresql://") => {
+                Ok(RegistryLocation::Postgres(PgUrl::parse(t)?))
+            }
+            _ => Ok(RegistryLocation::File(PathBuf::from(text))),
+        }
+    }
+
+    /// The location as shown to people and in messages (a database URL's password redacted).
+    pub fn display(&self) -> &Self {
+        self
+    }
+
+    /// The directory of this machine where the in-process backend layers keep their state:
+    /// beside a registry file; for a database, `state_dir` (the router's data directory).
+    pub fn local_state_dir(&self, state_dir: Option<&Path>) -> PathBuf {
+        match self {
+            RegistryLocation::File(path) => path
+                .parent()
+                .filter(|d| !d.as_os_str().is_empty())
+                .map(PathBuf::from)
+                .unwrap_or_else(|| PathBuf::from(".")),
+            RegistryLocation::Postgres(_) => state_dir
+                .map(Path::to_path_buf)
+                .or_else(|| default_path().and_then(|p| p.parent().map(Path::to_path_buf)))
+                .unwrap_or_else(|| PathBuf::from(".")),
+        }
+    }
+}
+
+impl From<PathBuf> for RegistryLocation {
+    fn from(path: PathBuf) -> Self {
+        RegistryLocation::File(path)
+    }
+}
+
+impl std::fmt::Display for RegistryLocation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RegistryLocation::File(path) => write!(f, "{}", path.display()),
+            RegistryLocation::Postgres(url) => write!(f, "{url}"),
+        }
+    }
+}
+
+/// An open registry, on either backend. Every method has the same contract on both; where
+/// they differ (liveness of a lease owner, durability) the module docs say so.
+#[derive(Debug)]
+pub enum Registry {
+    /// A SQLite file.
+    Sqlite(SqliteRegistry),
+    /// A PostgreSQL database.
+    Postgres(Box<postgres::PgRegistry>),
+}
+
+macro_rules! each {
+    ($self:ident, $r:ident => $e:expr) => {
+        match $self {
+            Registry::Sqlite($r) => $e,
+            Registry::Postgres($r) => $e,
+        }
+    };
+}
+
+impl Registry {
+    /// Opens the registry at `location`, creating it if absent and migrating it to the newest
+    /// schema. A foreign or newer registry is refused untouched.
+    pub fn open(location: &RegistryLocation) -> Result<Registry, RegistryError> {
+        match location {
+            RegistryLocation::File(path) => SqliteRegistry::open(path).map(Registry::Sqlite),
+            RegistryLocation::Postgres(url) => {
+                postgres::PgRegistry::open(url).map(|r| Registry::Postgres(Box::new(r)))
+            }
+        }
+    }
+
+    /// Opens an existing registry (operator commands): never creates a file. A database is
+    /// migrated like [`Registry::open`] would (it holds no rows until a router used it).
+    pub fn open_existing(location: &RegistryLocation) -> Result<Registry, RegistryError> {
+        match location {
+            RegistryLocation::File(path) => {
+                SqliteRegistry::open_existing(path).map(Registry::Sqlite)
+            }
+            RegistryLocation::Postgres(url) => {
+                postgres::PgRegistry::open(url).map(|r| Registry::Postgres(Box::new(r)))
+            }
+        }
+    }
+
+    /// Opens an in-memory SQLite registry (unit tests).
+    pub fn open_in_memory() -> Result<Registry, RegistryError> {
+        SqliteRegistry::open_in_memory().map(Registry::Sqlite)
+    }
+
+    /// This router installation's id, generated on first open and kept (shared by every
+    /// replica of one database).
+    pub fn installation_id(&self) -> &str {
+        each!(self, r => r.installation_id())
+    }
+
+    /// The schema version of the open registry.
+    pub fn schema_version(&mut self) -> Result<i64, RegistryError> {
+        each!(self, r => r.schema_version())
+    }
+
+    /// The operation recorded for a call identity of this installation.
+    pub fn find(
+        &mut self,
+        platform: &str,
+        source_installation: &str,
+        harness_call_id: &str,
+    ) -> Result<Option<Operation>, RegistryError> {
+        each!(self, r => r.find(platform, source_installation, harness_call_id))
+    }
+
+    /// The operation with this public handle.
+    pub fn find_by_handle(&mut self, handle: &str) -> Result<Option<Operation>, RegistryError> {
+        each!(self, r => r.find_by_handle(handle))
+    }
+
+    /// Records `new` unless its call identity already has a row; returns the row now stored
+    /// and whether this call created it. The row is durably committed when this returns.
+    pub fn insert_or_get(&mut self, new: NewOperation) -> Result<(Operation, bool), RegistryError> {
+        each!(self, r => r.insert_or_get(new))
+    }
+
+    /// [`Registry::insert_or_get`], refusing a new operation that would take the cents committed
+    /// by this installation's operations above `budget_cents`, in the same transaction (the
+    /// gateway's policy budget). The gateway runs on a SQLite file only: on PostgreSQL a budget
+    /// is refused (fail closed), never ignored.
+    pub fn insert_within_budget(
+        &mut self,
+        new: NewOperation,
+        budget_cents: Option<u64>,
+    ) -> Result<Insert, RegistryError> {
+        match (self, budget_cents) {
+            (Registry::Sqlite(r), budget) => r.insert_within_budget(new, budget),
+            (Registry::Postgres(r), None) => r
+                .insert_or_get(new)
+                .map(|(op, created)| Insert::Stored(Box::new(op), created)),
+            (Registry::Postgres(_), Some(_)) => Err(RegistryError::Unsupported {
+                what: "a budget checked at insert (the gateway's policy budget) needs a SQLite \
+                       registry; nothing was recorded or dispatched",
+            }),
+        }
+    }
+
+    /// Takes the dispatch lease of a pending operation for `owner` until `now + ttl`.
+    pub fn claim_lease(
+        &mut self,
+        handle: &PublicHandle,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<Lease, RegistryError> {
+        each!(self, r => r.claim_lease(handle, owner, ttl))
+    }
+
+    /// Gives up a dispatch lease without recording a result (a retryable failure).
+    pub fn release_lease(
+        &mut self,
+        handle: &PublicHandle,
+        owner: &str,
+    ) -> Result<(), RegistryError> {
+        each!(self, r => r.release_lease(handle, owner))
+    }
+
+    /// Records the result of a completed operation, with what the provider charged.
+    pub fn record_result(
+        &mut self,
+        handle: &PublicHandle,
+        result: &Value,
+        charged_cents: u64,
+    ) -> Result<(), RegistryError> {
+        each!(self, r => r.record_result(handle, result, charged_cents))
+    }
+
+    /// Records a final error of an operation (answered again on redelivery).
+    pub fn record_failure(
+        &mut self,
+        handle: &PublicHandle,
+        code: &str,
+        message: &str,
+    ) -> Result<(), RegistryError> {
+        each!(self, r => r.record_failure(handle, code, message))
+    }
+
+    /// A person's decision on an operation waiting for approval.
+    pub fn decide(
+        &mut self,
+        handle: &str,
+        approve: bool,
+        reason: Option<&str>,
+    ) -> Result<Operation, RegistryError> {
+        each!(self, r => r.decide(handle, approve, reason))
+    }
+
+    /// Every operation, oldest first (operator listing).
+    pub fn all(&mut self) -> Result<Vec<Operation>, RegistryError> {
+        each!(self, r => r.all())
+    }
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// The default registry file: `$XDG_DATA_HOME/callid/registry.sqlite3`, else
+/// `~/.local/share/callid/registry.sqlite3`.
+pub fn default_path() -> Option<PathBuf> {
+    let base = std::env::var_os("XDG_DATA_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME")
+                .filter(|v| !v.is_empty())
+                .map(|h| PathBuf::from(h).join(".local/share"))
+        })?;
+    Some(base.join("callid").join("registry.sqlite3"))
+}
+
+pub(super) struct RawRow {
+    pub(super) platform: String,
+    pub(super) harness_call_id: String,
+    pub(super) handle: String,
+    pub(super) key: String,
+    pub(super) tool: String,
+    pub(super) request_hash: String,
+    pub(super) arguments: String,
+    pub(super) amount_cents: i64,
+    pub(super) status: String,
+    pub(super) approval: String,
+    pub(super) result: Option<String>,
+    pub(super) error_code: Option<String>,
+    pub(super) error_message: Option<String>,
+    pub(super) source_installation: String,
+    pub(super) charged_cents: Option<i64>,
+}
+
+impl RawRow {
+    pub(super) fn into_operation(self, path: &Path) -> Result<Operation, RegistryError> {
+        let corrupt = |detail: String| RegistryError::Corrupt {
+            path: path.to_path_buf(),
+            detail,
+        };
+        let json = |text: &str, what: &str| {
+            serde_json::from_str::<Value>(text)
+                .map_err(|e| corrupt(format!("{what} of `{}` is not JSON: {e}", self.handle)))
+        };
+        Ok(Operation {
+            arguments: json(&self.arguments, "arguments")?,
+            result: self
+                .result
+                .as_deref()
+                .map(|r| json(r, "result"))
+                .transpose()?,
+            status: Status::parse(&self.status)
+                .ok_or_else(|| corrupt(format!("unknown status `{}`", self.status)))?,
+            approval: Approval::parse(&self.approval)
+                .ok_or_else(|| corrupt(format!("unknown approval `{}`", self.approval)))?,
+            error: self
+                .error_code
+                .map(|c| (c, self.error_message.unwrap_or_default())),
+            platform: self.platform,
+            source_installation: self.source_installation,
+            harness_call_id: self.harness_call_id,
+            handle: PublicHandle::from_stored(self.handle),
+            key: OperationKey::from_stored(self.key),
+            tool: self.tool,
+            request_hash: RequestHash::from_stored(self.request_hash),
+            amount_cents: self.amount_cents.max(0) as u64,
+            charged_cents: self.charged_cents.map(|c| c.max(0) as u64),
+        })
+    }
+}
+
+/// The lease owners (router instances) alive in this process.
+fn live_owners() -> &'static std::sync::Mutex<std::collections::HashSet<String>> {
+    static LIVE: std::sync::OnceLock<std::sync::Mutex<std::collections::HashSet<String>>> =
+        std::sync::OnceLock::new();
+    LIVE.get_or_init(Default::default)
+}
+
+/// A new lease owner id, unique per router instance and process life:
+/// `<pid>:<process start time>:<random instance id>`. It counts as alive in this process until
+/// [`retire_owner`].
+pub fn process_owner() -> String {
+    let pid = std::process::id();
+    let start = process_start(pid).unwrap_or_default();
+    let owner = format!("{pid}:{start}:{}", uuid::Uuid::new_v4());
+    live_owners()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(owner.clone());
+    owner
+}
+
+/// Marks an owner id from [`process_owner`] as gone: its leases are taken over at once.
+pub fn retire_owner(owner: &str) {
+    live_owners()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(owner);
+}
+
+/// The start time of process `pid` (field 22 of `/proc/<pid>/stat`, in clock ticks since boot),
+/// which tells a reused PID from the process that held it.
+pub(super) fn process_start(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) is in parentheses and may hold spaces: count after the last `)`.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// Whether the router instance named by a lease owner id may still be running.
+///
+/// - Same PID as this process: alive only if it is one of this process's own live instances
+///   (a crashed predecessor that had the same PID, as PID 1 in a container, is gone).
+/// - Another PID: gone if no such process exists, or if it started at another time than the
+///   owner recorded (the PID was reused). Where liveness cannot be told (no `/proc`), the owner
+///   is assumed alive and only the lease's expiry frees it.
+///
+/// Processes sharing a registry must share a PID namespace (one host or one container).
+pub(super) fn owner_alive(owner: &str) -> bool {
+    let mut parts = owner.split(':');
+    let Some(pid) = parts.next().and_then(|p| p.parse::<u32>().ok()) else {
+        return false;
+    };
+    if pid == std::process::id() {
+        return live_owners()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(owner);
+    }
+    let proc_root = Path::new("/proc");
+    if !proc_root.join("self").exists() {
+        return true;
+    }
+    if !proc_root.join(pid.to_string()).exists() {
+        return false;
+    }
+    // `<pid>:<start>:<instance>`; an owner id without a start time (older callid) is trusted.
+    let recorded = match (parts.next(), parts.next()) {
+        (Some(start), Some(_)) => start.parse::<u64>().ok(),
+        _ => None,
+    };
+    match (recorded, process_start(pid)) {
+        (Some(recorded), Some(now)) => recorded == now,
+        _ => true,
+    }
+}

@@ -1,0 +1,813 @@
+//! The PostgreSQL backend of the registry: one database shared by every replica of a router
+//! (see the module docs of [`super`] for what it guarantees).
+//!
+//! Two connections per open registry: one runs the statements (each one its own transaction,
+//! committed with `synchronous_commit = on`), the other sits idle holding this replica's
+//! session-level advisory lock, which the server releases the moment the replica's connection
+//! drops (process killed, machine gone once TCP notices). A lease whose owner's lock is no
+//! longer granted is taken over at once. A failed connection is dropped and both are opened
+//! again on the next call, so the router fails closed while the database is down and recovers
+//! when it returns.
+
+use super::{Approval, Lease, NewOperation, Operation, RawRow, RegistryError, Status, now_ms};
+use crate::keys::PublicHandle;
+use postgres::{Client, Config, NoTls, Statement};
+use serde_json::Value;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+
+/// The application marker in `callid_schema`.
+pub const APPLICATION: &str = "callid-registry";
+
+/// The advisory-lock namespace of callid (the registry's SQLite application id, `"cLiD"`):
+/// `(NAMESPACE, 0)` serializes migrations, `(NAMESPACE, k)` with `k > 0` is a replica's life.
+const NAMESPACE: i32 = super::APPLICATION_ID;
+
+/// The schema, one migration per version step. Append only: never edit a shipped entry.
+pub const MIGRATIONS: &[&str] = &[
+    // 1: the schema marker, the installation id and the operations.
+    "CREATE TABLE callid_schema (
+         application text NOT NULL,
+         version     integer NOT NULL
+     );
+     CREATE TABLE callid_settings (
+         name  text PRIMARY KEY,
+         value text NOT NULL
+     );
+     CREATE TABLE callid_operations (
+         platform            text NOT NULL,
+         installation_id     text NOT NULL,
+         source_installation text NOT NULL,
+         harness_call_id     text NOT NULL,
+         handle              text NOT NULL UNIQUE,
+         operation_key       text NOT NULL UNIQUE,
+         tool                text NOT NULL,
+         request_hash        text NOT NULL,
+         arguments           text NOT NULL,
+         amount_cents        bigint NOT NULL,
+         status              text NOT NULL,
+         approval            text NOT NULL,
+         result              text,
+         error_code          text,
+         error_message       text,
+         charged_cents       bigint,
+         lease_owner         text,
+         lease_lock          integer,
+         lease_expires       timestamptz,
+         created_ms          bigint NOT NULL,
+         updated_ms          bigint NOT NULL,
+         PRIMARY KEY (platform, installation_id, source_installation, harness_call_id)
+     );",
+    // 2: the authorization layer's decisions, shared by replicas (`crate::backend::shared`).
+    "CREATE TABLE callid_decisions (
+         agent_id      text NOT NULL,
+         operation_key text NOT NULL,
+         decision_id   text NOT NULL UNIQUE,
+         account       text NOT NULL,
+         amount_cents  bigint NOT NULL CHECK (amount_cents >= 0),
+         scope         text NOT NULL,
+         request_hash  text NOT NULL,
+         created_at    text NOT NULL,
+         state         text NOT NULL
+             CHECK (state IN ('reserved', 'dispatched', 'charged', 'released')),
+         reserved_ms   bigint NOT NULL,
+         charged_cents bigint,
+         PRIMARY KEY (agent_id, operation_key)
+     );
+     CREATE INDEX callid_decisions_by_account ON callid_decisions (account);",
+    // 3: the execution layer's records, shared by replicas (`crate::backend::shared`).
+    "CREATE TABLE callid_executions (
+         decision_id       text PRIMARY KEY,
+         provider_key      text NOT NULL UNIQUE,
+         request           text NOT NULL,
+         state             text NOT NULL CHECK (state IN ('dispatched', 'completed')),
+         attempts          bigint NOT NULL,
+         receipt           text,
+         provider_replayed boolean,
+         dispatched_at     timestamptz NOT NULL,
+         completed_at      timestamptz,
+         CHECK ((state = 'completed') = (receipt IS NOT NULL))
+     );",
+];
+
+/// A `postgres://` URL whose password (and query values) are redacted wherever it is shown.
+#[derive(Clone, PartialEq, Eq)]
+pub struct PgUrl {
+    raw: String,
+    redacted: String,
+}
+
+impl PgUrl {
+    /// Parses and checks a `postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE` URL.
+    pub fn parse(text: &str) -> Result<PgUrl, RegistryError> {
+        let text = text.trim();
+        let bad = |redacted: String, detail: &str| RegistryError::BadUrl {
+            url: redacted,
+            detail: detail.to_string(),
+        };
+        let url = reqwest::Url::parse(text)
+            .map_err(|e| bad("postgres://…".into(), &format!("it does not parse ({e})")))?;
+        let redacted = redact(&url);
+        if url.host_str().is_none_or(str::is_empty) {
+            return Err(bad(redacted, "it names no host"));
+        }
+        if url.path().trim_matches('/').is_empty() {
+            return Err(bad(redacted, "it names no database"));
+        }
+        Config::from_str(text).map_err(|e| bad(redacted.clone(), &e.to_string()))?;
+        Ok(PgUrl {
+            raw: text.to_string(),
+            redacted,
+        })
+    }
+
+    pub(crate) fn config(&self) -> Config {
+        let mut config = Config::from_str(&self.raw).expect("checked in PgUrl::parse");
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(Duration::from_secs(5));
+        }
+        if config.get_application_name().is_none() {
+            config.application_name("callid-router");
+        }
+        // A replica on a machine that vanished (no FIN) is noticed within about 8 s.
+        config
+            .keepalives(true)
+            .keepalives_idle(Duration::from_secs(5))
+            .keepalives_interval(Duration::from_secs(1))
+            .keepalives_retries(3)
+            .tcp_user_timeout(Duration::from_secs(8));
+        config
+    }
+}
+
+impl std::fmt::Display for PgUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.redacted)
+    }
+}
+
+impl std::fmt::Debug for PgUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PgUrl({})", self.redacted)
+    }
+}
+
+/// The URL with its password and every query value replaced by `REDACTED` (the user stays).
+fn redact(url: &reqwest::Url) -> String {
+    let mut shown = url.clone();
+    if shown.password().is_some() {
+        let _ = shown.set_password(Some("REDACTED"));
+    }
+    if url.query().is_some() {
+        let pairs: Vec<String> = url
+            .query_pairs()
+            .map(|(k, _)| format!("{k}=REDACTED"))
+            .collect();
+        shown.set_query(Some(&pairs.join("&")));
+    }
+    shown.set_fragment(None);
+    shown.to_string()
+}
+
+/// An open PostgreSQL registry.
+pub struct PgRegistry {
+    url: PgUrl,
+    conn: Option<Client>,
+    liveness: Option<Client>,
+    statements: HashMap<&'static str, Statement>,
+    lock_key: i32,
+    installation_id: String,
+}
+
+impl std::fmt::Debug for PgRegistry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgRegistry")
+            .field("url", &self.url)
+            .field("installation_id", &self.installation_id)
+            .finish()
+    }
+}
+
+impl Drop for PgRegistry {
+    fn drop(&mut self) {
+        // The sync client runs its own runtime, which must not be dropped inside an async task.
+        let clients = (self.conn.take(), self.liveness.take());
+        let _ = std::thread::spawn(move || drop(clients)).join();
+    }
+}
+
+const SELECT: &str = "SELECT platform, harness_call_id, handle, operation_key, tool, request_hash,
+    arguments, amount_cents, status, approval, result, error_code, error_message,
+    source_installation, charged_cents FROM callid_operations";
+
+const FIND: &str = "SELECT platform, harness_call_id, handle, operation_key, tool, request_hash,
+    arguments, amount_cents, status, approval, result, error_code, error_message,
+    source_installation, charged_cents FROM callid_operations
+    WHERE platform = $1 AND installation_id = $2 AND harness_call_id = $3
+      AND source_installation = $4";
+
+const FIND_BY_HANDLE: &str = "SELECT platform, harness_call_id, handle, operation_key, tool,
+    request_hash, arguments, amount_cents, status, approval, result, error_code, error_message,
+    source_installation, charged_cents FROM callid_operations
+    WHERE handle = $1 AND installation_id = $2";
+
+const INSERT: &str = "INSERT INTO callid_operations (platform, installation_id, harness_call_id,
+        handle, operation_key, tool, request_hash, arguments, amount_cents, status, approval,
+        created_ms, updated_ms, source_installation)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $12, $13)
+    ON CONFLICT (platform, installation_id, source_installation, harness_call_id) DO NOTHING
+    RETURNING 1";
+
+/// One conditional UPDATE, on the server's clock: free, already ours, expired, or held by a
+/// replica whose advisory lock is no longer granted (its connection is gone).
+const CLAIM: &str = "UPDATE callid_operations o
+    SET lease_owner = $2, lease_lock = $3,
+        lease_expires = clock_timestamp() + ($4::bigint * interval '1 millisecond')
+    WHERE o.handle = $1 AND o.status = 'pending'
+      AND (o.lease_owner IS NULL OR o.lease_owner = $2
+           OR o.lease_expires IS NULL OR o.lease_expires <= clock_timestamp()
+           OR o.lease_lock IS NULL
+           OR NOT EXISTS (
+               SELECT 1 FROM pg_locks l
+               WHERE l.locktype = 'advisory' AND l.granted
+                 AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+                 AND l.classid = $5::integer::oid AND l.objid = o.lease_lock::oid
+                 AND l.objsubid = 2))
+    RETURNING 1";
+
+const STATUS_OF: &str = "SELECT status FROM callid_operations WHERE handle = $1";
+
+const RELEASE: &str = "UPDATE callid_operations SET lease_owner = NULL, lease_lock = NULL,
+        lease_expires = NULL
+    WHERE handle = $1 AND lease_owner = $2";
+
+/// Fenced: only the replica whose lease is on the row (or none) records.
+const RECORD_RESULT: &str = "UPDATE callid_operations SET status = 'completed', result = $2,
+        lease_owner = NULL, lease_lock = NULL, lease_expires = NULL, updated_ms = $3,
+        charged_cents = $4
+    WHERE handle = $1 AND status = 'pending' AND (lease_lock IS NULL OR lease_lock = $5)";
+
+const RECORD_FAILURE: &str = "UPDATE callid_operations SET status = 'failed', error_code = $2,
+        error_message = $3, lease_owner = NULL, lease_lock = NULL, lease_expires = NULL,
+        updated_ms = $4
+    WHERE handle = $1 AND status = 'pending' AND (lease_lock IS NULL OR lease_lock = $5)";
+
+const APPROVE: &str = "UPDATE callid_operations SET status = 'pending', approval = 'approved',
+        updated_ms = $3
+    WHERE handle = $1 AND installation_id = $2 AND status = 'awaiting_approval'";
+
+const DENY: &str = "UPDATE callid_operations SET status = 'denied', approval = 'denied',
+        error_code = 'operation_denied', error_message = $3, updated_ms = $4
+    WHERE handle = $1 AND installation_id = $2 AND status = 'awaiting_approval'";
+
+fn row_to_raw(r: &postgres::Row) -> Result<RawRow, postgres::Error> {
+    Ok(RawRow {
+        platform: r.try_get(0)?,
+        harness_call_id: r.try_get(1)?,
+        handle: r.try_get(2)?,
+        key: r.try_get(3)?,
+        tool: r.try_get(4)?,
+        request_hash: r.try_get(5)?,
+        arguments: r.try_get(6)?,
+        amount_cents: r.try_get(7)?,
+        status: r.try_get(8)?,
+        approval: r.try_get(9)?,
+        result: r.try_get(10)?,
+        error_code: r.try_get(11)?,
+        error_message: r.try_get(12)?,
+        source_installation: r.try_get(13)?,
+        charged_cents: r.try_get(14)?,
+    })
+}
+
+impl PgRegistry {
+    /// Connects, checks the server keeps commits (`fsync`), migrates the schema under an
+    /// advisory lock (one replica applies it), takes this replica's liveness lock and reads the
+    /// shared installation id.
+    pub fn open(url: &PgUrl) -> Result<PgRegistry, RegistryError> {
+        let mut registry = PgRegistry {
+            url: url.clone(),
+            conn: None,
+            liveness: None,
+            statements: HashMap::new(),
+            lock_key: 0,
+            installation_id: String::new(),
+        };
+        registry.connect()?;
+        let id = uuid::Uuid::new_v4().to_string();
+        registry.installation_id = registry.run("recording the installation id", |c, _| {
+            c.execute(
+                "INSERT INTO callid_settings (name, value) VALUES ('installation_id', $1)
+                 ON CONFLICT (name) DO NOTHING",
+                &[&id],
+            )?;
+            c.query_one(
+                "SELECT value FROM callid_settings WHERE name = 'installation_id'",
+                &[],
+            )?
+            .try_get(0)
+        })?;
+        Ok(registry)
+    }
+
+    fn err(&self, doing: &'static str) -> impl Fn(postgres::Error) -> RegistryError + '_ {
+        move |cause| RegistryError::Postgres {
+            url: self.url.clone(),
+            doing,
+            cause,
+        }
+    }
+
+    fn refused(&self, detail: String) -> RegistryError {
+        RegistryError::Refused {
+            url: self.url.clone(),
+            detail,
+        }
+    }
+
+    /// Opens both connections (again), sets the session up and migrates.
+    fn connect(&mut self) -> Result<(), RegistryError> {
+        self.conn = None;
+        self.liveness = None;
+        self.statements.clear();
+        let config = self.url.config();
+        let mut conn = config.connect(NoTls).map_err(self.err("connecting"))?;
+        conn.batch_execute(
+            "SET synchronous_commit = on;
+             SET lock_timeout = '5s';
+             SET statement_timeout = '30s';
+             SET idle_in_transaction_session_timeout = '60s';",
+        )
+        .map_err(self.err("setting up its session"))?;
+        let fsync: String = conn
+            .query_one("SHOW fsync", &[])
+            .and_then(|r| r.try_get(0))
+            .map_err(self.err("reading its settings"))?;
+        if fsync != "on" {
+            return Err(self.refused(format!(
+                "the server runs with `fsync = {fsync}`, so a committed operation can be lost \
+                 in a crash and charged twice; set `fsync = on`"
+            )));
+        }
+        self.migrate(&mut conn)?;
+        let mut liveness = config.connect(NoTls).map_err(self.err("connecting"))?;
+        if self.lock_key == 0 {
+            self.lock_key = fresh_key();
+        }
+        let mut tries = 0;
+        loop {
+            let got: bool = liveness
+                .query_one(
+                    "SELECT pg_try_advisory_lock($1, $2)",
+                    &[&NAMESPACE, &self.lock_key],
+                )
+                .and_then(|r| r.try_get(0))
+                .map_err(self.err("taking its liveness lock"))?;
+            if got {
+                break;
+            }
+            tries += 1;
+            if tries > 16 {
+                return Err(self.refused(
+                    "no free liveness lock key after 16 tries; too many replicas".into(),
+                ));
+            }
+            self.lock_key = fresh_key();
+        }
+        self.conn = Some(conn);
+        self.liveness = Some(liveness);
+        Ok(())
+    }
+
+    fn migrate(&self, conn: &mut Client) -> Result<(), RegistryError> {
+        let doing = "migrating its schema";
+        let mut tx = conn.transaction().map_err(self.err(doing))?;
+        tx.execute("SELECT pg_advisory_xact_lock($1, 0)", &[&NAMESPACE])
+            .map_err(self.err(doing))?;
+        let exists = |tx: &mut postgres::Transaction<'_>, table: &str| {
+            tx.query_one("SELECT to_regclass($1) IS NOT NULL", &[&table])
+                .and_then(|r| r.try_get::<_, bool>(0))
+        };
+        let version: i32 = if exists(&mut tx, "callid_schema").map_err(self.err(doing))? {
+            let rows = tx
+                .query("SELECT application, version FROM callid_schema", &[])
+                .map_err(self.err(doing))?;
+            match rows.as_slice() {
+                [row] => {
+                    let application: String = row.try_get(0).map_err(self.err(doing))?;
+                    if application != APPLICATION {
+                        return Err(self.refused(format!(
+                            "its `callid_schema` belongs to `{application}`, not callid's \
+                             registry; use another database"
+                        )));
+                    }
+                    row.try_get(1).map_err(self.err(doing))?
+                }
+                _ => {
+                    return Err(self.refused(format!(
+                        "its `callid_schema` holds {} rows instead of one; use another database",
+                        rows.len()
+                    )));
+                }
+            }
+        } else {
+            for table in ["callid_operations", "callid_settings"] {
+                if exists(&mut tx, table).map_err(self.err(doing))? {
+                    return Err(self.refused(format!(
+                        "it has a `{table}` table but no callid schema marker \
+                         (`callid_schema`); use another database"
+                    )));
+                }
+            }
+            0
+        };
+        let known = MIGRATIONS.len() as i32;
+        if version > known {
+            return Err(self.refused(format!(
+                "its schema version {version} is newer than this build knows ({known}); run a \
+                 newer callid"
+            )));
+        }
+        if version == known {
+            return Ok(());
+        }
+        for sql in &MIGRATIONS[version as usize..] {
+            tx.batch_execute(sql).map_err(self.err(doing))?;
+        }
+        if version == 0 {
+            tx.execute(
+                "INSERT INTO callid_schema (application, version) VALUES ($1, $2)",
+                &[&APPLICATION, &known],
+            )
+        } else {
+            tx.execute("UPDATE callid_schema SET version = $1", &[&known])
+        }
+        .map_err(self.err(doing))?;
+        tx.commit().map_err(self.err(doing))
+    }
+
+    /// Runs `f` on the statement connection, reconnecting first if a connection was lost; a
+    /// connection that failed under `f` is dropped, so the next call opens a fresh one.
+    fn run<T>(
+        &mut self,
+        doing: &'static str,
+        f: impl FnOnce(&mut Client, &mut Prepared<'_>) -> Result<T, postgres::Error>,
+    ) -> Result<T, RegistryError> {
+        let broken = |c: &Option<Client>| c.as_ref().is_none_or(Client::is_closed);
+        if broken(&self.conn) || broken(&self.liveness) {
+            self.connect()?;
+        }
+        let conn = self.conn.as_mut().expect("connected above");
+        let mut prepared = Prepared {
+            cache: &mut self.statements,
+        };
+        match f(conn, &mut prepared) {
+            Ok(v) => Ok(v),
+            Err(source) => {
+                if source.code().is_none() || conn.is_closed() {
+                    self.conn = None;
+                    self.liveness = None;
+                    self.statements.clear();
+                }
+                Err(RegistryError::Postgres {
+                    url: self.url.clone(),
+                    doing,
+                    cause: source,
+                })
+            }
+        }
+    }
+
+    fn corrupt(&self, detail: String) -> RegistryError {
+        RegistryError::Corrupt {
+            path: PathBuf::from(self.url.to_string()),
+            detail,
+        }
+    }
+
+    fn location(&self) -> PathBuf {
+        PathBuf::from(self.url.to_string())
+    }
+
+    /// This router installation's id, shared by every replica of the database.
+    pub fn installation_id(&self) -> &str {
+        &self.installation_id
+    }
+
+    /// The schema version recorded in the database.
+    pub fn schema_version(&mut self) -> Result<i64, RegistryError> {
+        self.run("reading its schema version", |c, _| {
+            c.query_one("SELECT version FROM callid_schema", &[])?
+                .try_get::<_, i32>(0)
+                .map(i64::from)
+        })
+    }
+
+    /// The operation recorded for a call identity of this installation.
+    pub fn find(
+        &mut self,
+        platform: &str,
+        source_installation: &str,
+        harness_call_id: &str,
+    ) -> Result<Option<Operation>, RegistryError> {
+        let installation = self.installation_id.clone();
+        let raw = self.run("looking up a call", |c, p| {
+            let s = p.get(c, FIND)?;
+            c.query_opt(
+                &s,
+                &[
+                    &platform,
+                    &installation,
+                    &harness_call_id,
+                    &source_installation,
+                ],
+            )?
+            .as_ref()
+            .map(row_to_raw)
+            .transpose()
+        })?;
+        let at = self.location();
+        raw.map(|r| r.into_operation(&at)).transpose()
+    }
+
+    /// The operation with this public handle.
+    pub fn find_by_handle(&mut self, handle: &str) -> Result<Option<Operation>, RegistryError> {
+        let installation = self.installation_id.clone();
+        let raw = self.run("looking up a handle", |c, p| {
+            let s = p.get(c, FIND_BY_HANDLE)?;
+            c.query_opt(&s, &[&handle, &installation])?
+                .as_ref()
+                .map(row_to_raw)
+                .transpose()
+        })?;
+        let at = self.location();
+        raw.map(|r| r.into_operation(&at)).transpose()
+    }
+
+    /// Inserts `new` with conflict handling (never check-then-insert): whichever replica's
+    /// INSERT commits first owns the call identity; the others read the winner's row with a
+    /// fresh statement. The row is committed (`synchronous_commit = on`) when this returns.
+    pub fn insert_or_get(&mut self, new: NewOperation) -> Result<(Operation, bool), RegistryError> {
+        let installation = self.installation_id.clone();
+        let (status, approval) = if new.needs_approval {
+            (Status::AwaitingApproval, Approval::Required)
+        } else {
+            (Status::Pending, Approval::NotRequired)
+        };
+        let now = now_ms();
+        let arguments = new.arguments.to_string();
+        let amount = new.amount_cents as i64;
+        let inserted = self.run("recording a new operation", |c, p| {
+            let s = p.get(c, INSERT)?;
+            c.query_opt(
+                &s,
+                &[
+                    &new.platform,
+                    &installation,
+                    &new.harness_call_id,
+                    &new.handle.as_str(),
+                    &new.key.expose(),
+                    &new.tool,
+                    &new.request_hash.as_str(),
+                    &arguments,
+                    &amount,
+                    &status.name(),
+                    &approval.name(),
+                    &now,
+                    &new.source_installation,
+                ],
+            )
+            .map(|r| r.is_some())
+        })?;
+        if !inserted {
+            let existing = self.find(
+                &new.platform,
+                &new.source_installation,
+                &new.harness_call_id,
+            )?;
+            return match existing {
+                Some(op) => Ok((op, false)),
+                None => Err(self.corrupt(format!(
+                    "the row of call `{}` conflicted on insert and then could not be found",
+                    new.harness_call_id
+                ))),
+            };
+        }
+        Ok((
+            Operation {
+                platform: new.platform,
+                source_installation: new.source_installation,
+                harness_call_id: new.harness_call_id,
+                handle: new.handle,
+                key: new.key,
+                tool: new.tool,
+                request_hash: new.request_hash,
+                arguments: new.arguments,
+                amount_cents: new.amount_cents,
+                status,
+                approval,
+                result: None,
+                error: None,
+                charged_cents: None,
+            },
+            true,
+        ))
+    }
+
+    /// Takes the dispatch lease of a pending operation for `owner` until the server's
+    /// `clock_timestamp() + ttl`. A lease held by another owner is taken over only if it
+    /// expired or its replica's liveness lock is gone.
+    pub fn claim_lease(
+        &mut self,
+        handle: &PublicHandle,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<Lease, RegistryError> {
+        let key = self.lock_key;
+        let ttl_ms = ttl.as_millis() as i64;
+        let (granted, status) = self.run("taking a dispatch lease", |c, p| {
+            let s = p.get(c, CLAIM)?;
+            let granted = c
+                .query_opt(&s, &[&handle.as_str(), &owner, &key, &ttl_ms, &NAMESPACE])?
+                .is_some();
+            if granted {
+                return Ok((true, String::new()));
+            }
+            let s = p.get(c, STATUS_OF)?;
+            let status: String = c.query_one(&s, &[&handle.as_str()])?.try_get(0)?;
+            Ok((false, status))
+        })?;
+        if granted {
+            return Ok(Lease::Granted);
+        }
+        match Status::parse(&status) {
+            Some(Status::Pending) => Ok(Lease::HeldElsewhere),
+            Some(other) => Ok(Lease::NotPending(other)),
+            None => Err(self.corrupt(format!("unknown status `{status}`"))),
+        }
+    }
+
+    /// Gives up a dispatch lease without recording a result.
+    pub fn release_lease(
+        &mut self,
+        handle: &PublicHandle,
+        owner: &str,
+    ) -> Result<(), RegistryError> {
+        self.run("releasing a dispatch lease", |c, p| {
+            let s = p.get(c, RELEASE)?;
+            c.execute(&s, &[&handle.as_str(), &owner])
+        })
+        .map(|_| ())
+    }
+
+    /// Records the result of a completed operation (fenced by this replica's lease).
+    pub fn record_result(
+        &mut self,
+        handle: &PublicHandle,
+        result: &Value,
+        charged_cents: u64,
+    ) -> Result<(), RegistryError> {
+        let key = self.lock_key;
+        let text = result.to_string();
+        let charged = charged_cents as i64;
+        self.run("recording a result", |c, p| {
+            let s = p.get(c, RECORD_RESULT)?;
+            c.execute(&s, &[&handle.as_str(), &text, &now_ms(), &charged, &key])
+        })
+        .map(|_| ())
+    }
+
+    /// Records a final error of an operation (fenced by this replica's lease).
+    pub fn record_failure(
+        &mut self,
+        handle: &PublicHandle,
+        code: &str,
+        message: &str,
+    ) -> Result<(), RegistryError> {
+        let key = self.lock_key;
+        self.run("recording a failure", |c, p| {
+            let s = p.get(c, RECORD_FAILURE)?;
+            c.execute(&s, &[&handle.as_str(), &code, &message, &now_ms(), &key])
+        })
+        .map(|_| ())
+    }
+
+    /// A person's decision on an operation waiting for approval, seen by every replica.
+    pub fn decide(
+        &mut self,
+        handle: &str,
+        approve: bool,
+        reason: Option<&str>,
+    ) -> Result<Operation, RegistryError> {
+        let unknown = |at: PathBuf| RegistryError::UnknownHandle {
+            handle: handle.to_string(),
+            path: at,
+        };
+        let op = self
+            .find_by_handle(handle)?
+            .ok_or_else(|| unknown(self.location()))?;
+        if op.status != Status::AwaitingApproval {
+            return Err(RegistryError::NotAwaitingApproval {
+                handle: handle.to_string(),
+                status: op.status.name(),
+            });
+        }
+        let installation = self.installation_id.clone();
+        let changed = if approve {
+            self.run("recording an approval", |c, _| {
+                c.execute(APPROVE, &[&handle, &installation, &now_ms()])
+            })?
+        } else {
+            let message = match reason {
+                Some(r) => format!("a person denied this operation: {r}"),
+                None => "a person denied this operation".to_string(),
+            };
+            self.run("recording a denial", |c, _| {
+                c.execute(DENY, &[&handle, &installation, &message, &now_ms()])
+            })?
+        };
+        if changed == 0 {
+            return Err(RegistryError::NotAwaitingApproval {
+                handle: handle.to_string(),
+                status: "changed meanwhile",
+            });
+        }
+        self.find_by_handle(handle)?
+            .ok_or_else(|| unknown(self.location()))
+    }
+
+    /// Every operation, oldest first.
+    pub fn all(&mut self) -> Result<Vec<Operation>, RegistryError> {
+        let raws = self.run("listing operations", |c, _| {
+            c.query(&format!("{SELECT} ORDER BY created_ms, handle"), &[])?
+                .iter()
+                .map(row_to_raw)
+                .collect::<Result<Vec<_>, _>>()
+        })?;
+        let at = self.location();
+        raws.into_iter().map(|r| r.into_operation(&at)).collect()
+    }
+}
+
+/// Prepared statements of the current statement connection.
+struct Prepared<'a> {
+    cache: &'a mut HashMap<&'static str, Statement>,
+}
+
+impl Prepared<'_> {
+    fn get(&mut self, c: &mut Client, sql: &'static str) -> Result<Statement, postgres::Error> {
+        if let Some(s) = self.cache.get(sql) {
+            return Ok(s.clone());
+        }
+        let s = c.prepare(sql)?;
+        self.cache.insert(sql, s.clone());
+        Ok(s)
+    }
+}
+
+/// A random liveness-lock key in `1..i32::MAX` (0 is the migration lock).
+fn fresh_key() -> i32 {
+    let bytes = uuid::Uuid::new_v4().into_bytes();
+    let n = i32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]) & i32::MAX;
+    n.max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_password_and_query_values_are_redacted_and_the_user_kept() {
+        let url =
+            PgUrl::parse("postgres://alice:s3cret@db.example:5433/reg?sslmode=disable").unwrap();
+        assert_eq!(
+            url.to_string(),
+            "postgres://alice:REDACTED@db.example:5433/reg?sslmode=REDACTED"
+        );
+        assert!(!format!("{url:?}").contains("s3cret"));
+        let err = PgUrl::parse("postgres://bob:pw@db.example:5432/").unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("names no database"), "{text}");
+        assert!(!text.contains("pw@"), "{text}");
+        use super::super::RegistryLocation;
+        let at = |s: &str| RegistryLocation::parse(std::ffi::OsStr::new(s)).unwrap();
+        assert!(matches!(
+            at("postgresql://u@h/db"),
+            RegistryLocation::Postgres(_)
+        ));
+        assert_eq!(
+            at("postgres-registry.sqlite3"),
+            RegistryLocation::File("postgres-registry.sqlite3".into())
+        );
+        assert_eq!(
+            at("/tmp/postgres:/x"),
+            RegistryLocation::File("/tmp/postgres:/x".into())
+        );
+        let err = PgUrl::parse("postgres://bob:pw@db.example:5432/").unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("names no database"), "{text}");
+        assert!(!text.contains("pw@"), "{text}");
+    }
+}
