@@ -51,9 +51,10 @@
 //!   `UPDATE` on the server's clock (`clock_timestamp()`, no clock skew between machines); a
 //!   replica's liveness is a session-level advisory lock held on its own idle connection, which
 //!   the server releases when the replica's connection drops, so a killed replica's lease is
-//!   taken over by the next redelivery (median 22 ms after `kill -9` on loopback; a vanished
-//!   machine after TCP keepalives and `tcp_user_timeout`, about 8 s). A result is recorded only
-//!   by the lease holder (fencing). It does not work behind a transaction-mode pooler.
+//!   taken over by the next redelivery (median 61 ms after `kill -9` on loopback under load; a
+//!   vanished machine after TCP keepalives and `tcp_user_timeout`, about 8 s). A result is
+//!   recorded only by the lease holder (fencing). It does not work behind a transaction-mode
+//!   pooler.
 //!
 //! ## Compatibility
 //! - The file is identified by `PRAGMA application_id` ([`APPLICATION_ID`]) and versioned by
