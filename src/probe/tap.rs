@@ -47,7 +47,6 @@ use super::record::{
 use super::writer::{Job, RecordWriter, WriterSummary};
 use crate::shape::{self, Digester};
 use rmcp::model::ClientJsonRpcMessage;
-use serde::Deserialize as _;
 use serde_json::{Value, json};
 use std::sync::Arc;
 
@@ -324,41 +323,32 @@ impl TapConnection {
         match value {
             Value::Object(_) => {
                 let (mut obs, pending) = self.one_message(&value, bytes.len());
-                if !(obs.forward && self.feeds_server) {
-                    match pending {
-                        Pending::Built(record) => self.tap.submit(*record),
-                        Pending::Deferred(ctx) => self.tap.writer.submit(Job::Message {
-                            message: value,
-                            bytes: bytes.len(),
-                            ctx,
-                        }),
+                if obs.forward && self.feeds_server {
+                    // The server's typed message straight from the text, as rmcp would read it
+                    // (converting the tap's `Value` costs more: rmcp's message type buffers its
+                    // input first); the `Value` goes to the writer for the record.
+                    match serde_json::from_slice::<ClientJsonRpcMessage>(text) {
+                        Ok(message) => obs.message = Some(message),
+                        Err(e) => {
+                            // rmcp would answer this without the request's id.
+                            obs.forward = false;
+                            obs.answer = value.get("id").map(|id| {
+                                error_response(
+                                    id,
+                                    codes::INVALID_PARAMS,
+                                    &format!("invalid request: {e}"),
+                                )
+                            });
+                        }
                     }
-                    return obs;
                 }
-                // The parsed value becomes the server's typed message (moved, not copied); the
-                // writer re-reads the message's bytes off the reply path to build the record.
                 match pending {
                     Pending::Built(record) => self.tap.submit(*record),
-                    Pending::Deferred(ctx) => self.tap.writer.submit(Job::Text {
-                        text: text.to_vec(),
+                    Pending::Deferred(ctx) => self.tap.writer.submit(Job::Message {
+                        message: value,
                         bytes: bytes.len(),
                         ctx,
                     }),
-                }
-                let id = value.get("id").cloned();
-                match ClientJsonRpcMessage::deserialize(value) {
-                    Ok(message) => obs.message = Some(message),
-                    Err(e) => {
-                        // rmcp would answer this without the request's id.
-                        obs.forward = false;
-                        obs.answer = id.map(|id| {
-                            error_response(
-                                &id,
-                                codes::INVALID_PARAMS,
-                                &format!("invalid request: {e}"),
-                            )
-                        });
-                    }
                 }
                 obs
             }

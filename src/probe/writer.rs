@@ -41,16 +41,6 @@ pub enum Job {
         /// The connection's context when it arrived.
         ctx: RecordContext,
     },
-    /// The text of a request or notification the tap parsed (and handed on): parsed again here,
-    /// off the reply path, into the same record as [`Job::Message`].
-    Text {
-        /// The message's JSON text (a byte-order mark and a final `\r` already removed).
-        text: Vec<u8>,
-        /// Its length in bytes as received.
-        bytes: usize,
-        /// The connection's context when it arrived.
-        ctx: RecordContext,
-    },
 }
 
 enum Item {
@@ -186,25 +176,6 @@ impl Drop for RecordWriter {
 pub fn build(job: Job, digester: &Digester) -> Record {
     match job {
         Job::Record(record) => *record,
-        Job::Text { text, bytes, ctx } => match serde_json::from_slice::<Value>(&text) {
-            Ok(message) => build(
-                Job::Message {
-                    message,
-                    bytes,
-                    ctx,
-                },
-                digester,
-            ),
-            // The tap parsed these very bytes before handing them over; never a panic here.
-            Err(e) => {
-                let mut r = Record::new(super::record::Kind::Malformed, bytes, &ctx, digester);
-                r.error = Some(super::record::RecordError {
-                    code: "malformed_json".into(),
-                    message: format!("not valid JSON: {e}"),
-                });
-                r
-            }
-        },
         Job::Message {
             message,
             bytes,
