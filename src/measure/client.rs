@@ -127,6 +127,11 @@ impl Client {
         }
     }
 
+    /// The arguments of the scripted model's tool call.
+    pub fn tool_arguments(self) -> serde_json::Value {
+        serde_json::json!({})
+    }
+
     /// The model's tool-call id for call number `n` of scenario `tag`: the shape each vendor's
     /// API uses (`call_` + 24 alphanumerics, `toolu_` + 24 base62), fixed so evidence can be
     /// checked against it.

@@ -73,6 +73,7 @@ impl Scenario {
         Script {
             steps,
             tool: client.tool_name(),
+            arguments: client.tool_arguments(),
             hook: match self {
                 Scenario::Timeout => Hook::FreezeServerDuringFirstCall,
                 Scenario::ServerDies => Hook::KillServerDuringFirstCall,
