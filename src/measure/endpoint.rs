@@ -125,6 +125,7 @@ struct Inner {
     seen: Vec<Seen>,
     frozen: Option<Vec<u32>>,
     froze_once: bool,
+    gave_up_while_frozen: bool,
 }
 
 #[derive(Clone)]
@@ -174,6 +175,16 @@ impl Endpoint {
             .expect("endpoint state")
             .seen
             .clone()
+    }
+
+    /// Whether the client came back to the model while the MCP server was frozen, that is,
+    /// gave up on the call instead of waiting until [`FREEZE_LIMIT`] thawed the server.
+    pub fn client_gave_up(&self) -> bool {
+        self.shared
+            .inner
+            .lock()
+            .expect("endpoint state")
+            .gave_up_while_frozen
     }
 
     /// Thaws a frozen MCP server, if any (also done on drop).
@@ -269,6 +280,23 @@ async fn handle(
     let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     let main_loop = offers_tool(shared.wire, &request, &shared.script.tool);
     let tool_results = count_tool_results(shared.wire, &request);
+    if shared.wire == Wire::Gemini && !main_loop {
+        // Gemini CLI's side requests (model routing, next-speaker checks) want JSON of their own
+        // schema and retry with backoff on anything else; a 404 makes it fall back at once.
+        tracing::info!(%route, "scripted endpoint: Gemini side request, 404");
+        shared
+            .inner
+            .lock()
+            .expect("endpoint state")
+            .seen
+            .push(Seen {
+                route,
+                main_loop: false,
+                tool_results,
+                answered_call: None,
+            });
+        return (StatusCode::NOT_FOUND, "not scripted").into_response();
+    }
     let (step, hook_now) = {
         let inner = shared.inner.lock().expect("endpoint state");
         let main_requests = inner.seen.iter().filter(|s| s.main_loop).count();
@@ -311,6 +339,11 @@ async fn handle(
     {
         // The client came back to the model without the server's answer: it gave up on the
         // call. Let the server read what is queued on its stdin, then end the turn.
+        shared
+            .inner
+            .lock()
+            .expect("endpoint state")
+            .gave_up_while_frozen = true;
         thaw(&shared);
         tokio::time::sleep(Duration::from_millis(1500)).await;
     }
@@ -1026,11 +1059,19 @@ mod tests {
             v["candidates"][0]["content"]["parts"][0]["text"],
             FINAL_TEXT
         );
-        // Unstreamed side requests and token counts.
-        let (_, body) = post(
+        // A side request without the tool is refused, so the client falls back at once; an
+        // unstreamed main-loop request is answered as one JSON object; token counts are served.
+        let (status, _) = post(
             &ep.base,
             "/v1beta/models/gemini-x:generateContent",
             json!({"contents": [user]}),
+        )
+        .await;
+        assert_eq!(status, 404);
+        let (_, body) = post(
+            &ep.base,
+            "/v1beta/models/gemini-x:generateContent",
+            json!({"contents": [user, model, answer], "tools": tools}),
         )
         .await;
         let v: Value = serde_json::from_str(&body).unwrap();

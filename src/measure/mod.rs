@@ -109,7 +109,7 @@ pub struct Measurement {
 
 /// The row id of a measured client.
 pub fn row_id(client: Client) -> String {
-    format!("{}-cli", client.slug())
+    client.row_id()
 }
 
 /// Measures `client` (binary `bin`) with `callid` as the probe.
@@ -156,7 +156,14 @@ pub async fn measure(
     let mut files = Vec::new();
     let mut stability = Stability::default();
     let mut observed = None;
+    let mut waited_out_freeze = false;
     for run in &runs {
+        // A client that waited out the whole freeze never timed out: that run shows nothing
+        // about timeouts, and is neither a finding nor evidence.
+        if run.scenario == Scenario::Timeout && !run.gave_up_while_frozen {
+            waited_out_freeze = true;
+            continue;
+        }
         let name = match run.scenario.tag() {
             "" => format!("{}/{base}.jsonl", crate::matrix::data::EVIDENCE_DIR),
             tag => format!("{}/{base}.{tag}.jsonl", crate::matrix::data::EVIDENCE_DIR),
@@ -182,7 +189,7 @@ pub async fn measure(
         files.push((name, bytes));
     }
     let observed = observed.expect("the two-calls scenario always runs");
-    if observed.version != version {
+    if observed.version != version && client.states_its_version() {
         return Err(MeasureError::VersionMismatch {
             bin: bin.to_owned(),
             cli: version,
@@ -202,6 +209,23 @@ pub async fn measure(
     );
     row.client = name.to_owned();
     row.stability = stability;
+    if waited_out_freeze {
+        let note = format!(
+            "(c) timeout is not measured: the client was still waiting for the frozen server \
+             after {} s, so it never timed out.",
+            endpoint::FREEZE_LIMIT.as_secs()
+        );
+        row.notes = Some(match row.notes.take() {
+            Some(more) => format!("{more} {note}"),
+            None => note,
+        });
+    }
+    if observed.version != version {
+        // A fixed `clientInfo` placeholder: the row keeps the package version and says what
+        // the evidence shows.
+        row.version = Some(version.clone());
+        row.client_info_version = Some(observed.version.clone());
+    }
     Ok(Measurement {
         row,
         evidence: files,

@@ -96,6 +96,9 @@ pub struct ScenarioRun {
     pub exit_code: Option<i32>,
     /// Whether the scenario hit [`SCENARIO_TIMEOUT`].
     pub timed_out: bool,
+    /// Whether the client came back to the model while its MCP server was frozen (it gave up
+    /// on the call rather than waiting for the server to be thawed).
+    pub gave_up_while_frozen: bool,
     /// The end of the client's stderr and stdout, for error messages.
     pub output_tail: String,
     /// The temporary home; removed on drop.
@@ -195,6 +198,7 @@ pub async fn run_scenario(
         Ok(status) => (status.map_err(io("wait for the client"))?.code(), false),
         Err(_) => (None, true),
     };
+    let gave_up_while_frozen = endpoint.client_gave_up();
     endpoint.thaw();
     // Whatever the client left running (its MCP servers, helpers) goes with its process group.
     if let Some(pgid) = pgid {
@@ -215,6 +219,7 @@ pub async fn run_scenario(
         seen: endpoint.seen(),
         exit_code,
         timed_out,
+        gave_up_while_frozen,
         output_tail,
         home,
     })
