@@ -530,13 +530,29 @@ impl Client {
                     "share": "disabled",
                 });
                 write(work.join("opencode.json"), config.to_string())?;
+                // Kilo renamed OpenCode's switches; each reads its own.
+                let prefix = if self == Client::KiloCode {
+                    "KILO"
+                } else {
+                    "OPENCODE"
+                };
                 for k in [
-                    "OPENCODE_DISABLE_AUTOUPDATE",
-                    "OPENCODE_DISABLE_MODELS_FETCH",
-                    "OPENCODE_DISABLE_LSP_DOWNLOAD",
-                    "OPENCODE_DISABLE_DEFAULT_PLUGINS",
+                    "DISABLE_AUTOUPDATE",
+                    "DISABLE_MODELS_FETCH",
+                    "DISABLE_LSP_DOWNLOAD",
+                    "DISABLE_DEFAULT_PLUGINS",
                 ] {
-                    envs.push((k.into(), "1".into()));
+                    envs.push((format!("{prefix}_{k}").into(), "1".into()));
+                }
+                if self == Client::KiloCode {
+                    for k in [
+                        "KILO_DISABLE_CODEBASE_INDEXING",
+                        "KILO_DISABLE_SESSION_INGEST",
+                        "KILO_DISABLE_SHARE",
+                        "KILO_DISABLE_PRESENCE",
+                    ] {
+                        envs.push((k.into(), "1".into()));
+                    }
                 }
                 (bin.to_owned(), vec!["run".into(), PROMPT.into()])
             }

@@ -187,6 +187,16 @@ impl Endpoint {
             .gave_up_while_frozen
     }
 
+    /// Whether the MCP server is frozen right now.
+    pub fn is_frozen(&self) -> bool {
+        self.shared
+            .inner
+            .lock()
+            .expect("endpoint state")
+            .frozen
+            .is_some()
+    }
+
     /// Thaws a frozen MCP server, if any (also done on drop).
     pub fn thaw(&self) {
         thaw(&self.shared);

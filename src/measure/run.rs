@@ -198,8 +198,14 @@ pub async fn run_scenario(
         Ok(status) => (status.map_err(io("wait for the client"))?.code(), false),
         Err(_) => (None, true),
     };
-    let gave_up_while_frozen = endpoint.client_gave_up();
+    // A client that exits while its server is still frozen gave up on the call as surely as one
+    // that went back to the model; the thawed server then gets a moment to log what it was sent.
+    let frozen_at_exit = !timed_out && endpoint.is_frozen();
+    let gave_up_while_frozen = endpoint.client_gave_up() || frozen_at_exit;
     endpoint.thaw();
+    if frozen_at_exit {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+    }
     // Whatever the client left running (its MCP servers, helpers) goes with its process group.
     if let Some(pgid) = pgid {
         let _ = std::process::Command::new("kill")

@@ -5,6 +5,7 @@ mod bench;
 mod common;
 mod conform;
 mod matrix;
+mod measure_clients;
 mod probe;
 mod provider;
 mod router;

@@ -1,6 +1,8 @@
 """Runs one agent of the OpenAI Agents SDK (PyPI `openai-agents`, pinned in ../requirements.txt)
 the way its documentation shows: an `Agent` whose model is `OpenAIChatCompletionsModel` over an
-`AsyncOpenAI` client, with one stdio MCP server, run once with `Runner.run`. `callid measure`
+`AsyncOpenAI` client, with one stdio MCP server whose tool list is cached (the documented
+`cache_tools_list=True`: without it the SDK lists the tools again before every model turn, and a
+frozen server then fails the `tools/list` rather than the call), run once with `Runner.run`. `callid measure`
 points the model at its scripted Chat Completions endpoint and the MCP server at `callid probe`.
 Tracing is turned off, so nothing leaves the machine.
 
@@ -30,6 +32,7 @@ async def main(argv: list[str]) -> None:
         name="probe",
         params={"command": command, "args": args},
         client_session_timeout_seconds=timeout,
+        cache_tools_list=True,
     ) as server:
         agent = Agent(name="probe-caller", model=model, mcp_servers=[server])
         result = await Runner.run(agent, prompt, max_turns=12)
