@@ -74,7 +74,10 @@ fn render_clients(out: &mut String, rows: &[ClientRow]) {
 fn render_stability(out: &mut String, rows: &[ClientRow]) {
     let measured: Vec<&ClientRow> = rows
         .iter()
-        .filter(|r| matches!(r.how, How::Measured { .. }) && r.verdict == Verdict::Accepted)
+        .filter(|r| {
+            matches!(r.how, How::Measured { .. })
+                && (r.verdict == Verdict::Accepted || !r.stability.is_not_measured())
+        })
         .collect();
     out.push_str(
         "## ID stability\n\n\
@@ -84,7 +87,9 @@ fn render_stability(out: &mut String, rows: &[ClientRow]) {
          model API returns the same tool-call id twice; (c) the server does not answer within the \
          client's tool timeout (set to 6 s where the client lets it be set), or its process dies \
          while the call is in flight. A finding holds for \
-         the version shown.\n\n",
+         the version shown. A client that sends no per-call ID is listed too: its columns count \
+         calls, and a second call or a resent one carries nothing a server could tell from a new \
+         call.\n\n",
     );
     if measured.is_empty() {
         out.push_str("No measured client with a per-call ID yet.\n\n");

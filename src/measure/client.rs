@@ -553,6 +553,8 @@ impl Client {
                     ] {
                         envs.push((k.into(), "1".into()));
                     }
+                    // Telemetry that cannot reach its host delays the start by tens of seconds.
+                    envs.push(("KILO_TELEMETRY_LEVEL".into(), "off".into()));
                 }
                 (bin.to_owned(), vec!["run".into(), PROMPT.into()])
             }

@@ -10,8 +10,10 @@ use super::endpoint::{Endpoint, Hook, Script, Seen, Step};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-/// Longest one scenario may run before the client is killed.
-pub const SCENARIO_TIMEOUT: Duration = Duration::from_secs(120);
+/// Longest one scenario may run before the client is killed. Kilo Code takes up to two minutes
+/// to reach its model on a loaded 2-core machine, and never notices a dead server: the limit
+/// leaves it room to start, and ends its server-dies run.
+pub const SCENARIO_TIMEOUT: Duration = Duration::from_secs(180);
 
 /// The scenarios `measure` runs, each in a fresh home with a fresh probe log.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
