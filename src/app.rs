@@ -528,6 +528,15 @@ fn measure_command(args: crate::cli::MeasureArgs) -> anyhow::Result<ExitCode> {
     let agent = match args.client {
         crate::cli::ClientArg::Codex => Ok(Client::Codex),
         crate::cli::ClientArg::ClaudeCode => Ok(Client::ClaudeCode),
+        crate::cli::ClientArg::GeminiCli => Ok(Client::GeminiCli),
+        crate::cli::ClientArg::CopilotCli => Ok(Client::CopilotCli),
+        crate::cli::ClientArg::QwenCode => Ok(Client::QwenCode),
+        crate::cli::ClientArg::Opencode => Ok(Client::OpenCode),
+        crate::cli::ClientArg::KiloCode => Ok(Client::KiloCode),
+        crate::cli::ClientArg::Cline => Ok(Client::Cline),
+        crate::cli::ClientArg::ContinueCli => Ok(Client::ContinueCli),
+        crate::cli::ClientArg::FastAgent => Ok(Client::FastAgent),
+        crate::cli::ClientArg::OpenaiAgents => Ok(Client::OpenAiAgents),
         crate::cli::ClientArg::InspectorCli => Err(SdkClient::Inspector),
         crate::cli::ClientArg::TsSdk => Err(SdkClient::TsSdk),
         crate::cli::ClientArg::PythonSdk => Err(SdkClient::PythonSdk),
@@ -545,7 +554,7 @@ fn measure_command(args: crate::cli::MeasureArgs) -> anyhow::Result<ExitCode> {
         }
         Err(sdk) => {
             if args.bin.is_some() {
-                anyhow::bail!("`--bin` applies to agent clients (codex, claude-code) only");
+                anyhow::bail!("`--bin` applies to agent clients only, not to the SDK rows");
             }
             let m = rt
                 .block_on(crate::measure::sdk::measure_sdk(sdk, &args.dir, &callid))

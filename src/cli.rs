@@ -502,6 +502,24 @@ pub enum ClientArg {
     Codex,
     /// Anthropic Claude Code (`claude -p`).
     ClaudeCode,
+    /// Google Gemini CLI (`gemini -p`).
+    GeminiCli,
+    /// GitHub Copilot CLI (`copilot -p`).
+    CopilotCli,
+    /// Qwen Code (`qwen -p`).
+    QwenCode,
+    /// OpenCode (`opencode run`).
+    Opencode,
+    /// Kilo Code CLI (`kilo run`).
+    KiloCode,
+    /// Cline CLI (`cline PROMPT`).
+    Cline,
+    /// Continue CLI (`cn -p`).
+    ContinueCli,
+    /// fast-agent (`fast-agent go`, PyPI `fast-agent-mcp`).
+    FastAgent,
+    /// The OpenAI Agents SDK (PyPI `openai-agents`), one agent run by a driver.
+    OpenaiAgents,
     /// MCP Inspector's CLI (`mcp-inspector --cli`), no model.
     InspectorCli,
     /// The MCP TypeScript SDK's client, no model.

@@ -3,7 +3,8 @@
 //! The scripted endpoint chose the model's tool-call ids, so their digests are known: the
 //! probe's digest of each `tools/call`'s per-call ID says whether the client copied the model's
 //! id, made its own, repeated one, or sent a call again. Only digests are compared; the log holds
-//! no value to compare.
+//! no value to compare. When no call carries a per-call ID, the findings count calls instead: a
+//! second call, or a call sent again, is then one that no server can tell from a new call.
 
 use crate::identity;
 use crate::matrix::data::{DistinctIds, DuplicateModelId, IdOrigin, OnFailure};
@@ -57,7 +58,11 @@ pub fn id_origin(calls: &[CallSeen], model_ids: &[String]) -> IdOrigin {
         .filter_map(|c| c.id_digest.as_deref())
         .collect();
     if digests.is_empty() {
-        return IdOrigin::NotMeasured;
+        return if calls.is_empty() {
+            IdOrigin::NotMeasured
+        } else {
+            IdOrigin::NoId
+        };
     }
     let model: Vec<String> = model_ids.iter().map(|id| digest_of_id(id)).collect();
     if digests.iter().all(|d| model.iter().any(|m| m == d)) {
@@ -76,6 +81,7 @@ pub fn distinct_ids(calls: &[CallSeen]) -> DistinctIds {
     match digests.as_slice() {
         [a, b, ..] if a != b => DistinctIds::Distinct,
         [_, _, ..] => DistinctIds::Repeated,
+        [] if calls.len() >= 2 => DistinctIds::NoId,
         _ => DistinctIds::NotMeasured,
     }
 }
@@ -87,7 +93,11 @@ pub fn duplicate_model_id(calls: &[CallSeen]) -> DuplicateModelId {
         .filter_map(|c| c.id_digest.as_deref())
         .collect();
     match digests.as_slice() {
-        [] => DuplicateModelId::NotMeasured,
+        [] => match calls.len() {
+            0 => DuplicateModelId::NotMeasured,
+            1 => DuplicateModelId::Dropped,
+            _ => DuplicateModelId::SentWithoutId,
+        },
         [_] => DuplicateModelId::Dropped,
         [a, b, ..] if a == b => DuplicateModelId::PassedThrough,
         _ => DuplicateModelId::MadeDistinct,
@@ -101,7 +111,11 @@ pub fn on_timeout(calls: &[CallSeen]) -> OnFailure {
         .filter_map(|c| c.id_digest.as_deref())
         .collect();
     match digests.as_slice() {
-        [] => OnFailure::NotMeasured,
+        [] => match calls.len() {
+            0 => OnFailure::NotMeasured,
+            1 => OnFailure::NoRetry,
+            _ => OnFailure::RetriedWithoutId,
+        },
         [_] => OnFailure::NoRetry,
         [first, rest @ ..] if rest.iter().all(|d| d == first) => OnFailure::RetriedSameId,
         _ => OnFailure::RetriedNewId,
@@ -144,5 +158,25 @@ mod tests {
         assert_eq!(id_origin(&[copied], &model), IdOrigin::CopiedFromModel);
         assert_eq!(id_origin(&[a()], &model), IdOrigin::ClientGenerated);
         assert_eq!(id_origin(&[], &model), IdOrigin::NotMeasured);
+    }
+
+    #[test]
+    fn calls_without_an_id_are_counted() {
+        let none = || CallSeen {
+            source_key: None,
+            id_digest: None,
+        };
+        let model = vec!["call_x".to_string()];
+        assert_eq!(id_origin(&[none()], &model), IdOrigin::NoId);
+        assert_eq!(distinct_ids(&[none(), none()]), DistinctIds::NoId);
+        assert_eq!(distinct_ids(&[none()]), DistinctIds::NotMeasured);
+        assert_eq!(duplicate_model_id(&[none()]), DuplicateModelId::Dropped);
+        assert_eq!(
+            duplicate_model_id(&[none(), none()]),
+            DuplicateModelId::SentWithoutId
+        );
+        assert_eq!(on_timeout(&[none()]), OnFailure::NoRetry);
+        assert_eq!(on_timeout(&[none(), none()]), OnFailure::RetriedWithoutId);
+        assert_eq!(on_timeout(&[]), OnFailure::NotMeasured);
     }
 }

@@ -113,6 +113,10 @@ pub struct ClientRow {
     /// Exact version tested; only for measured rows or a source that states it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub version: Option<String>,
+    /// The version the client states in MCP `clientInfo`, when that is not `version` (some
+    /// clients send a fixed placeholder such as `0.0.1`): what the evidence shows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_info_version: Option<String>,
     /// Day of the measurement or the report, `YYYY-MM-DD`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub date: Option<String>,
@@ -196,6 +200,8 @@ pub enum IdOrigin {
     CopiedFromModel,
     /// The client makes its own ID.
     ClientGenerated,
+    /// The client's calls carry no per-call ID at all.
+    NoId,
 }
 
 /// (a) Two distinct model tool calls.
@@ -209,6 +215,8 @@ pub enum DistinctIds {
     Distinct,
     /// Two calls, the same ID.
     Repeated,
+    /// Two calls, neither with a per-call ID.
+    NoId,
 }
 
 /// (b) The model API returns the same tool-call id twice.
@@ -224,6 +232,8 @@ pub enum DuplicateModelId {
     MadeDistinct,
     /// Only one of the two calls reaches the server.
     Dropped,
+    /// Both calls reach the server, neither with a per-call ID.
+    SentWithoutId,
 }
 
 /// (c) What the client does when a call in flight fails: the server times out or dies.
@@ -239,6 +249,8 @@ pub enum OnFailure {
     RetriedSameId,
     /// The client sends the call again with a different per-call ID.
     RetriedNewId,
+    /// The client sends the call again, and neither attempt carries a per-call ID.
+    RetriedWithoutId,
 }
 
 impl Stability {

@@ -234,6 +234,7 @@ pub fn row_from_observed(
         client: o.name.clone(),
         surface,
         version: Some(o.version.clone()).filter(|v| !v.is_empty()),
+        client_info_version: None,
         date: Some(date),
         verdict: o.verdict,
         reason: o.reason.clone(),
@@ -344,11 +345,17 @@ pub fn check_row(dir: &Path, row: &ClientRow) -> Result<(), EvidenceError> {
         let path = dir.join(file);
         let records = read_evidence(&row.id, &path)?;
         let o = single_client(&path, &records)?;
+        // A client that states a fixed placeholder in `clientInfo` has it recorded beside the
+        // package version; the evidence must show that placeholder.
         disagree(
             row,
             &path,
-            "version",
-            row.version.clone(),
+            if row.client_info_version.is_some() {
+                "client_info_version"
+            } else {
+                "version"
+            },
+            row.client_info_version.clone().or(row.version.clone()),
             Some(o.version.clone()),
         )?;
         disagree(row, &path, "verdict", row.verdict, o.verdict)?;
@@ -477,6 +484,11 @@ pub fn row_differences(committed: &ClientRow, measured: &ClientRow) -> Vec<Strin
         "version",
         format!("{:?}", committed.version),
         format!("{:?}", measured.version),
+    );
+    cmp(
+        "client_info_version",
+        format!("{:?}", committed.client_info_version),
+        format!("{:?}", measured.client_info_version),
     );
     cmp(
         "verdict",

@@ -4,7 +4,7 @@
 //! Every run gets a fresh temporary directory as its home: the client's own config, sessions,
 //! caches and credentials never touch the user's, and nothing from the user's leaks in.
 
-use super::endpoint::{ToolName, Wire};
+use super::endpoint::{SCRIPTED_MODEL, ToolName, Wire};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
@@ -15,6 +15,26 @@ pub enum Client {
     Codex,
     /// Anthropic Claude Code (`claude -p`).
     ClaudeCode,
+    /// Google Gemini CLI (`gemini -p`), Gemini API.
+    GeminiCli,
+    /// GitHub Copilot CLI (`copilot -p`), Chat Completions through its own-provider mode.
+    CopilotCli,
+    /// Qwen Code (`qwen -p`), Chat Completions.
+    QwenCode,
+    /// OpenCode (`opencode run`), Chat Completions through `@ai-sdk/openai-compatible`.
+    OpenCode,
+    /// Kilo Code CLI (`kilo run`), an OpenCode fork.
+    KiloCode,
+    /// Cline CLI (`cline PROMPT`), Chat Completions.
+    Cline,
+    /// Continue CLI (`cn -p`), Chat Completions.
+    ContinueCli,
+    /// fast-agent (`fast-agent go`, PyPI `fast-agent-mcp`), Chat Completions as its `generic`
+    /// provider.
+    FastAgent,
+    /// The OpenAI Agents SDK (PyPI `openai-agents`): one `Agent` run by the driver
+    /// `matrices/clients/drivers/openai-agents-client.py`, Chat Completions.
+    OpenAiAgents,
 }
 
 /// The MCP server name the client is configured with; tool names derive from it.
@@ -30,13 +50,12 @@ pub const PROMPT: &str = "Call the probe's capabilities tool and report what it 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     /// No binary found.
-    #[error(
-        "no `{program}` binary found in `{searched}`; install the pinned clients with `npm install \
-         --no-save --prefix matrices/clients`, or pass `--bin PATH`"
-    )]
+    #[error("no `{program}` binary found in `{searched}`; {hint}, or pass `--bin PATH`")]
     NotFound {
         /// The program name.
         program: &'static str,
+        /// How to install it.
+        hint: &'static str,
         /// Where it was looked for.
         searched: String,
     },
@@ -84,11 +103,35 @@ pub struct Invocation {
 }
 
 impl Client {
+    /// Every client, in the order the matrix lists them.
+    pub const ALL: [Client; 11] = [
+        Client::Codex,
+        Client::ClaudeCode,
+        Client::GeminiCli,
+        Client::CopilotCli,
+        Client::QwenCode,
+        Client::OpenCode,
+        Client::KiloCode,
+        Client::Cline,
+        Client::ContinueCli,
+        Client::FastAgent,
+        Client::OpenAiAgents,
+    ];
+
     /// The program's name on PATH and in `node_modules/.bin`.
     pub fn program(self) -> &'static str {
         match self {
             Client::Codex => "codex",
             Client::ClaudeCode => "claude",
+            Client::GeminiCli => "gemini",
+            Client::CopilotCli => "copilot",
+            Client::QwenCode => "qwen",
+            Client::OpenCode => "opencode",
+            Client::KiloCode => "kilo",
+            Client::Cline => "cline",
+            Client::ContinueCli => "cn",
+            Client::FastAgent => "fast-agent",
+            Client::OpenAiAgents => "python",
         }
     }
 
@@ -97,6 +140,23 @@ impl Client {
         match self {
             Client::Codex => "codex",
             Client::ClaudeCode => "claude-code",
+            Client::GeminiCli => "gemini-cli",
+            Client::CopilotCli => "copilot-cli",
+            Client::QwenCode => "qwen-code",
+            Client::OpenCode => "opencode",
+            Client::KiloCode => "kilo-code",
+            Client::Cline => "cline",
+            Client::ContinueCli => "continue-cli",
+            Client::FastAgent => "fast-agent",
+            Client::OpenAiAgents => "openai-agents",
+        }
+    }
+
+    /// The row id: the slug, with `-cli` added where the slug does not say it.
+    pub fn row_id(self) -> String {
+        match self.slug() {
+            slug if slug.ends_with("-cli") => slug.to_owned(),
+            slug => format!("{slug}-cli"),
         }
     }
 
@@ -105,6 +165,50 @@ impl Client {
         match self {
             Client::Codex => ("Codex CLI", "`codex exec`, MCP server over stdio"),
             Client::ClaudeCode => ("Claude Code", "`claude -p`, MCP server over stdio"),
+            Client::GeminiCli => ("Gemini CLI", "`gemini -p`, MCP server over stdio"),
+            Client::CopilotCli => ("GitHub Copilot CLI", "`copilot -p`, MCP server over stdio"),
+            Client::QwenCode => (
+                "Qwen Code",
+                "`qwen -p`, MCP server over stdio (through its `tool_call` tool)",
+            ),
+            Client::OpenCode => ("OpenCode", "`opencode run`, MCP server over stdio"),
+            Client::KiloCode => ("Kilo Code CLI", "`kilo run`, MCP server over stdio"),
+            Client::Cline => ("Cline CLI", "`cline PROMPT`, MCP server over stdio"),
+            Client::ContinueCli => ("Continue CLI", "`cn -p`, MCP server over stdio"),
+            Client::FastAgent => (
+                "fast-agent",
+                "`fast-agent go --message`, MCP server over stdio",
+            ),
+            Client::OpenAiAgents => (
+                "OpenAI Agents SDK (Python)",
+                "`Runner.run` of an `Agent` with `MCPServerStdio`, Chat Completions model",
+            ),
+        }
+    }
+
+    /// Whether the client states its own package version in MCP `clientInfo`. Those that do
+    /// not send a fixed placeholder, which the row records beside the package version.
+    pub fn states_its_version(self) -> bool {
+        !matches!(
+            self,
+            Client::QwenCode | Client::Cline | Client::ContinueCli | Client::OpenAiAgents
+        )
+    }
+
+    /// Whether the client is a Python package in the project-local venv
+    /// (`matrices/clients/.venv`) rather than an npm package.
+    pub fn is_python(self) -> bool {
+        matches!(self, Client::FastAgent | Client::OpenAiAgents)
+    }
+
+    /// How to install the pinned client.
+    pub fn install_hint(self) -> &'static str {
+        if self.is_python() {
+            "make the venv with the pinned Python clients: `python3.12 -m venv \
+             matrices/clients/.venv && matrices/clients/.venv/bin/python -m pip install -r \
+             matrices/clients/requirements.txt` (`.ci/run` does this)"
+        } else {
+            "install the pinned clients with `npm install --no-save --prefix matrices/clients`"
         }
     }
 
@@ -113,17 +217,48 @@ impl Client {
         match self {
             Client::Codex => Wire::Responses,
             Client::ClaudeCode => Wire::Messages,
+            Client::GeminiCli => Wire::Gemini,
+            Client::CopilotCli
+            | Client::QwenCode
+            | Client::OpenCode
+            | Client::KiloCode
+            | Client::Cline
+            | Client::ContinueCli
+            | Client::FastAgent
+            | Client::OpenAiAgents => Wire::ChatCompletions,
         }
     }
 
     /// How the client presents the probe's tool to the model.
     pub fn tool_name(self) -> ToolName {
+        ToolName::Flat(match self {
+            Client::Codex => {
+                return ToolName::Namespaced {
+                    namespace: format!("mcp__{SERVER_NAME}"),
+                    name: TOOL.into(),
+                };
+            }
+            Client::ClaudeCode => format!("mcp__{SERVER_NAME}__{TOOL}"),
+            Client::GeminiCli => format!("mcp_{SERVER_NAME}_{TOOL}"),
+            Client::CopilotCli => format!("{SERVER_NAME}-{TOOL}"),
+            // Qwen Code offers MCP tools only through its own `tool_call` tool.
+            Client::QwenCode => "tool_call".into(),
+            Client::OpenCode | Client::KiloCode => format!("{SERVER_NAME}_{TOOL}"),
+            Client::Cline => format!("{SERVER_NAME}__{TOOL}"),
+            Client::ContinueCli | Client::OpenAiAgents => TOOL.into(),
+            Client::FastAgent => format!("{SERVER_NAME}__{TOOL}"),
+        })
+    }
+
+    /// The arguments of the scripted model's tool call: empty for the probe's tool itself, the
+    /// probe's tool by name for Qwen Code's `tool_call`.
+    pub fn tool_arguments(self) -> serde_json::Value {
         match self {
-            Client::Codex => ToolName::Namespaced {
-                namespace: format!("mcp__{SERVER_NAME}"),
-                name: TOOL.into(),
-            },
-            Client::ClaudeCode => ToolName::Flat(format!("mcp__{SERVER_NAME}__{TOOL}")),
+            Client::QwenCode => serde_json::json!({
+                "name": format!("mcp__{SERVER_NAME}__{TOOL}"),
+                "arguments": {},
+            }),
+            _ => serde_json::json!({}),
         }
     }
 
@@ -137,9 +272,9 @@ impl Client {
             body.push('0');
         }
         body.truncate(24);
-        match self {
-            Client::Codex => format!("call_{body}"),
-            Client::ClaudeCode => format!("toolu_{body}"),
+        match self.wire() {
+            Wire::Messages => format!("toolu_{body}"),
+            Wire::Responses | Wire::ChatCompletions | Wire::Gemini => format!("call_{body}"),
         }
     }
 
@@ -151,16 +286,30 @@ impl Client {
             } else {
                 Err(ClientError::NotFound {
                     program: self.program(),
+                    hint: self.install_hint(),
                     searched: bin.display().to_string(),
                 })
             };
         }
-        let local = matrix_dir
-            .join("clients/node_modules/.bin")
-            .join(self.program());
+        let local = if self.is_python() {
+            matrix_dir.join("clients/.venv/bin").join(self.program())
+        } else {
+            matrix_dir
+                .join("clients/node_modules/.bin")
+                .join(self.program())
+        };
         if local.is_file() {
             // The client runs in its own working directory: the path must not be relative.
+            // (Not canonicalized: a venv's `python` is a symlink that must keep its venv.)
             return Ok(std::path::absolute(&local).unwrap_or(local));
+        }
+        if self.is_python() {
+            // A `python` or `fast-agent` elsewhere on PATH is not the pinned one.
+            return Err(ClientError::NotFound {
+                program: self.program(),
+                hint: self.install_hint(),
+                searched: local.display().to_string(),
+            });
         }
         if let Some(path) = std::env::var_os("PATH") {
             for dir in std::env::split_paths(&path) {
@@ -172,15 +321,25 @@ impl Client {
         }
         Err(ClientError::NotFound {
             program: self.program(),
+            hint: self.install_hint(),
             searched: format!("{} and PATH", local.display()),
         })
     }
 
     /// The exact version the binary reports (`codex-cli 0.171.0` -> `0.171.0`,
-    /// `2.1.332 (Claude Code)` -> `2.1.332`).
+    /// `2.1.332 (Claude Code)` -> `2.1.332`, `GitHub Copilot CLI 1.0.102.` -> `1.0.102`).
     pub fn version(self, bin: &Path) -> Result<String, ClientError> {
-        let out = std::process::Command::new(bin)
-            .arg("--version")
+        let mut cmd = std::process::Command::new(bin);
+        if self == Client::OpenAiAgents {
+            // A library: the venv's Python says which version it has installed.
+            cmd.args([
+                "-c",
+                "from importlib.metadata import version; print(version('openai-agents'))",
+            ]);
+        } else {
+            cmd.arg("--version");
+        }
+        let out = cmd
             .env("DISABLE_AUTOUPDATER", "1")
             .stdin(std::process::Stdio::null())
             .output()
@@ -292,6 +451,193 @@ impl Client {
                     ],
                 )
             }
+            Client::GeminiCli | Client::QwenCode => {
+                // Gemini CLI and its fork Qwen Code read `~/.gemini` / `~/.qwen/settings.json`.
+                let mcp = serde_json::json!({SERVER_NAME: {
+                    "command": server[0], "args": &server[1..],
+                    "timeout": TOOL_TIMEOUT_SECS * 1000, "trust": true}});
+                let mut args: Vec<OsString> = vec!["-p".into(), PROMPT.into(), "--yolo".into()];
+                if self == Client::GeminiCli {
+                    let settings = serde_json::json!({
+                        "security": {"auth": {"selectedType": "gemini-api-key"},
+                                     "folderTrust": {"enabled": false}},
+                        "privacy": {"usageStatisticsEnabled": false},
+                        "mcpServers": mcp,
+                    });
+                    write(home.join(".gemini/settings.json"), settings.to_string())?;
+                    envs.push(("GOOGLE_GEMINI_BASE_URL".into(), endpoint_base.into()));
+                    envs.push(("GEMINI_API_KEY".into(), "scripted-offline-key".into()));
+                } else {
+                    let settings = serde_json::json!({"mcpServers": mcp});
+                    write(home.join(".qwen/settings.json"), settings.to_string())?;
+                    for (k, v) in [
+                        ("OPENAI_BASE_URL", format!("{endpoint_base}/v1")),
+                        ("OPENAI_API_KEY", "scripted-offline-key".into()),
+                        ("OPENAI_MODEL", SCRIPTED_MODEL.into()),
+                        ("QWEN_CODE_SUPPRESS_YOLO_WARNING", "1".into()),
+                    ] {
+                        envs.push((k.into(), v.into()));
+                    }
+                    args.extend(["--auth-type".into(), "openai".into()]);
+                }
+                (bin.to_owned(), args)
+            }
+            Client::CopilotCli => {
+                let mcp = serde_json::json!({"mcpServers": {SERVER_NAME: {
+                    "type": "local", "command": server[0], "args": &server[1..],
+                    "tools": ["*"], "timeout": TOOL_TIMEOUT_SECS * 1000}}});
+                write(home.join(".copilot/mcp-config.json"), mcp.to_string())?;
+                for (k, v) in [
+                    ("COPILOT_OFFLINE", "true".to_owned()),
+                    ("COPILOT_PROVIDER_BASE_URL", format!("{endpoint_base}/v1")),
+                    ("COPILOT_PROVIDER_TYPE", "openai".into()),
+                    ("COPILOT_PROVIDER_API_KEY", "scripted-offline-key".into()),
+                    ("COPILOT_MODEL", SCRIPTED_MODEL.into()),
+                ] {
+                    envs.push((k.into(), v.into()));
+                }
+                (
+                    bin.to_owned(),
+                    vec![
+                        "-p".into(),
+                        PROMPT.into(),
+                        "--allow-all-tools".into(),
+                        "--trust-folder".into(),
+                    ],
+                )
+            }
+            Client::OpenCode | Client::KiloCode => {
+                let config = serde_json::json!({
+                    "provider": {"scripted": {
+                        "npm": "@ai-sdk/openai-compatible", "name": "scripted",
+                        "options": {"baseURL": format!("{endpoint_base}/v1"),
+                                    "apiKey": "scripted-offline-key"},
+                        "models": {SCRIPTED_MODEL: {"name": SCRIPTED_MODEL}}}},
+                    "model": format!("scripted/{SCRIPTED_MODEL}"),
+                    "mcp": {SERVER_NAME: {"type": "local", "command": server, "enabled": true,
+                                          "timeout": TOOL_TIMEOUT_SECS * 1000}},
+                    "autoupdate": false,
+                    "share": "disabled",
+                });
+                write(work.join("opencode.json"), config.to_string())?;
+                // Kilo renamed OpenCode's switches; each reads its own.
+                let prefix = if self == Client::KiloCode {
+                    "KILO"
+                } else {
+                    "OPENCODE"
+                };
+                for k in [
+                    "DISABLE_AUTOUPDATE",
+                    "DISABLE_MODELS_FETCH",
+                    "DISABLE_LSP_DOWNLOAD",
+                    "DISABLE_DEFAULT_PLUGINS",
+                ] {
+                    envs.push((format!("{prefix}_{k}").into(), "1".into()));
+                }
+                if self == Client::KiloCode {
+                    for k in [
+                        "KILO_DISABLE_CODEBASE_INDEXING",
+                        "KILO_DISABLE_SESSION_INGEST",
+                        "KILO_DISABLE_SHARE",
+                        "KILO_DISABLE_PRESENCE",
+                    ] {
+                        envs.push((k.into(), "1".into()));
+                    }
+                    // Telemetry that cannot reach its host delays the start by tens of seconds.
+                    envs.push(("KILO_TELEMETRY_LEVEL".into(), "off".into()));
+                }
+                (bin.to_owned(), vec!["run".into(), PROMPT.into()])
+            }
+            Client::Cline => {
+                let providers = serde_json::json!({
+                    "version": 1, "lastUsedProvider": "openai-compatible", "modes": {},
+                    "providers": {"openai-compatible": {"settings": {
+                        "provider": "openai-compatible", "apiKey": "scripted-offline-key",
+                        "model": SCRIPTED_MODEL, "baseUrl": format!("{endpoint_base}/v1")},
+                        // Cline ignores a provider entry without `updatedAt`.
+                        "updatedAt": "2026-01-01T00:00:00.000Z", "tokenSource": "manual"}}});
+                write(
+                    home.join(".cline/data/settings/providers.json"),
+                    providers.to_string(),
+                )?;
+                let mcp = serde_json::json!({"mcpServers": {SERVER_NAME: {
+                    "type": "stdio", "command": server[0], "args": &server[1..],
+                    "timeout": TOOL_TIMEOUT_SECS}}});
+                let mcp_path = home.join("cline-mcp.json");
+                write(mcp_path.clone(), mcp.to_string())?;
+                envs.push(("CLINE_MCP_SETTINGS_PATH".into(), mcp_path.into()));
+                // The local backend runs the session in this process: without it Cline starts
+                // a hub daemon in a session of its own that outlives the run.
+                envs.push(("CLINE_SESSION_BACKEND_MODE".into(), "local".into()));
+                envs.push(("CLINE_NO_AUTO_UPDATE".into(), "1".into()));
+                (bin.to_owned(), vec![PROMPT.into()])
+            }
+            Client::ContinueCli => {
+                let config = serde_json::json!({
+                    "name": "scripted", "version": "0.0.1", "schema": "v1",
+                    "models": [{"name": "scripted", "provider": "openai", "model": SCRIPTED_MODEL,
+                                "apiBase": format!("{endpoint_base}/v1"),
+                                "apiKey": "scripted-offline-key", "roles": ["chat"]}],
+                    "mcpServers": [{"name": SERVER_NAME, "command": server[0],
+                                    "args": &server[1..]}],
+                });
+                // YAML is a superset of JSON: the JSON text is a valid config.yaml.
+                let config_path = home.join("continue.yaml");
+                write(config_path.clone(), config.to_string())?;
+                (
+                    bin.to_owned(),
+                    vec![
+                        "-p".into(),
+                        PROMPT.into(),
+                        "--config".into(),
+                        config_path.into(),
+                        "--auto".into(),
+                    ],
+                )
+            }
+            Client::FastAgent => {
+                let config = serde_json::json!({
+                    "default_model": format!("generic.{SCRIPTED_MODEL}"),
+                    "generic": {"api_key": "scripted-offline-key",
+                                "base_url": format!("{endpoint_base}/v1")},
+                    "mcp": {"servers": {SERVER_NAME: {"command": server[0], "args": &server[1..],
+                                                      "read_timeout_seconds": TOOL_TIMEOUT_SECS}}},
+                    "logger": {"progress_display": false, "show_chat": false, "show_tools": false},
+                });
+                let config_path = work.join("fastagent.config.yaml");
+                write(config_path.clone(), config.to_string())?;
+                (
+                    bin.to_owned(),
+                    vec![
+                        "go".into(),
+                        "--config-path".into(),
+                        config_path.into(),
+                        "--servers".into(),
+                        SERVER_NAME.into(),
+                        "--model".into(),
+                        format!("generic.{SCRIPTED_MODEL}").into(),
+                        "--message".into(),
+                        PROMPT.into(),
+                    ],
+                )
+            }
+            Client::OpenAiAgents => {
+                // `bin` is `matrices/clients/.venv/bin/python`; the driver sits beside the venv.
+                let clients = bin
+                    .parent()
+                    .and_then(Path::parent)
+                    .and_then(Path::parent)
+                    .unwrap_or(Path::new("."));
+                let driver = clients.join("drivers/openai-agents-client.py");
+                let mut args: Vec<OsString> = vec![
+                    driver.into(),
+                    format!("{endpoint_base}/v1").into(),
+                    TOOL_TIMEOUT_SECS.to_string().into(),
+                    PROMPT.into(),
+                ];
+                args.extend(server.iter().map(OsString::from));
+                (bin.to_owned(), args)
+            }
         };
         Ok(Invocation {
             program,
@@ -361,6 +707,7 @@ fn shell_words(words: &[String]) -> String {
 /// The first dotted version number in `text`.
 pub fn parse_version(text: &str) -> Option<String> {
     text.split(|c: char| c.is_whitespace() || c == '(' || c == ')')
+        .map(|w| w.trim_end_matches('.').trim_start_matches('v'))
         .find(|w| {
             let parts: Vec<&str> = w.split('.').collect();
             parts.len() >= 2
@@ -386,6 +733,14 @@ mod tests {
             Some("2.1.332")
         );
         assert_eq!(parse_version("codex-cli dev"), None);
+        assert_eq!(
+            parse_version("GitHub Copilot CLI 1.0.102.\nRun 'copilot update'").as_deref(),
+            Some("1.0.102")
+        );
+        assert_eq!(
+            parse_version("fast-agent-mcp v0.10.48\n").as_deref(),
+            Some("0.10.48")
+        );
         let id = Client::Codex.model_call_id("dup", 1);
         assert_eq!(id, "call_callidmeasuredup10000000");
         assert_eq!(id.len(), "call_".len() + 24);

@@ -1,5 +1,6 @@
-//! Scripted model endpoints on loopback: the OpenAI Responses API (Codex) and the Anthropic
-//! Messages API (Claude Code), both streamed as server-sent events.
+//! Scripted model endpoints on loopback: the OpenAI Responses API (Codex), the Anthropic
+//! Messages API (Claude Code), OpenAI Chat Completions (streamed or not: most other clients) and
+//! the Gemini API's `streamGenerateContent` (Gemini CLI).
 //!
 //! The endpoint plays the model. It answers the first main-loop request with the first step of
 //! its [`Script`] and each request that comes back from a tool with the next one. A request that does not offer the probe's tool (a title or quota side request) gets a
@@ -25,6 +26,10 @@ use std::time::Duration;
 pub const MAX_MODEL_REQUESTS: usize = 12;
 /// Final text the scripted model ends with.
 pub const FINAL_TEXT: &str = "Done: the probe answered.";
+/// The model name the endpoint answers as when the request names none, and lists.
+pub const SCRIPTED_MODEL: &str = "scripted-model";
+/// The fixed `created` time of every Chat Completions answer (answers do not depend on the clock).
+pub const CREATED: u64 = 1_767_225_600;
 
 /// Which wire format the endpoint speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,6 +38,13 @@ pub enum Wire {
     Responses,
     /// `POST /v1/messages`, Anthropic Messages API (Claude Code).
     Messages,
+    /// `POST .../chat/completions`, OpenAI Chat Completions, as server-sent events when the
+    /// request says `"stream": true` and as one JSON object otherwise; `GET .../models` lists
+    /// the requested model.
+    ChatCompletions,
+    /// `POST .../models/MODEL:streamGenerateContent?alt=sse` (and the unstreamed
+    /// `:generateContent` and `:countTokens`), the Gemini API.
+    Gemini,
 }
 
 /// One answer of the scripted model.
@@ -74,6 +86,9 @@ pub struct Script {
     pub steps: Vec<Step>,
     /// The probe tool's name as the client presents it to the model.
     pub tool: ToolName,
+    /// The arguments of each scripted tool call (`{}` for the probe's tool itself; a client that
+    /// reaches MCP tools through a tool of its own needs the probe's tool named here).
+    pub arguments: Value,
     /// Side effect around the first tool call.
     pub hook: Hook,
 }
@@ -110,6 +125,7 @@ struct Inner {
     seen: Vec<Seen>,
     frozen: Option<Vec<u32>>,
     froze_once: bool,
+    gave_up_while_frozen: bool,
 }
 
 #[derive(Clone)]
@@ -159,6 +175,26 @@ impl Endpoint {
             .expect("endpoint state")
             .seen
             .clone()
+    }
+
+    /// Whether the client came back to the model while the MCP server was frozen, that is,
+    /// gave up on the call instead of waiting until [`FREEZE_LIMIT`] thawed the server.
+    pub fn client_gave_up(&self) -> bool {
+        self.shared
+            .inner
+            .lock()
+            .expect("endpoint state")
+            .gave_up_while_frozen
+    }
+
+    /// Whether the MCP server is frozen right now.
+    pub fn is_frozen(&self) -> bool {
+        self.shared
+            .inner
+            .lock()
+            .expect("endpoint state")
+            .frozen
+            .is_some()
     }
 
     /// Thaws a frozen MCP server, if any (also done on drop).
@@ -222,12 +258,19 @@ async fn handle(
     body: Bytes,
 ) -> Response {
     let route = format!("{method} {}", uri.path());
-    let expected = match shared.wire {
-        Wire::Responses => "/v1/responses",
-        Wire::Messages => "/v1/messages",
+    let path = uri.path();
+    let post = method == axum::http::Method::POST;
+    let is_model_request = match shared.wire {
+        Wire::Responses => post && path == "/v1/responses",
+        Wire::Messages => post && path == "/v1/messages",
+        Wire::ChatCompletions => post && path.ends_with("/chat/completions"),
+        Wire::Gemini => {
+            post && (path.ends_with(":streamGenerateContent") || path.ends_with(":generateContent"))
+        }
     };
-    if method != axum::http::Method::POST || uri.path() != expected {
-        tracing::info!(%route, "scripted endpoint: not a model request, 404");
+    if !is_model_request {
+        let answer = side_answer(shared.wire, &method, path, &body);
+        tracing::info!(%route, answered = answer.is_some(), "scripted endpoint: not a model request");
         shared
             .inner
             .lock()
@@ -239,11 +282,31 @@ async fn handle(
                 tool_results: 0,
                 answered_call: None,
             });
-        return (StatusCode::NOT_FOUND, "not scripted").into_response();
+        return match answer {
+            Some(json) => (StatusCode::OK, axum::Json(json)).into_response(),
+            None => (StatusCode::NOT_FOUND, "not scripted").into_response(),
+        };
     }
     let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     let main_loop = offers_tool(shared.wire, &request, &shared.script.tool);
     let tool_results = count_tool_results(shared.wire, &request);
+    if shared.wire == Wire::Gemini && !main_loop {
+        // Gemini CLI's side requests (model routing, next-speaker checks) want JSON of their own
+        // schema and retry with backoff on anything else; a 404 makes it fall back at once.
+        tracing::info!(%route, "scripted endpoint: Gemini side request, 404");
+        shared
+            .inner
+            .lock()
+            .expect("endpoint state")
+            .seen
+            .push(Seen {
+                route,
+                main_loop: false,
+                tool_results,
+                answered_call: None,
+            });
+        return (StatusCode::NOT_FOUND, "not scripted").into_response();
+    }
     let (step, hook_now) = {
         let inner = shared.inner.lock().expect("endpoint state");
         let main_requests = inner.seen.iter().filter(|s| s.main_loop).count();
@@ -286,6 +349,11 @@ async fn handle(
     {
         // The client came back to the model without the server's answer: it gave up on the
         // call. Let the server read what is queued on its stdin, then end the turn.
+        shared
+            .inner
+            .lock()
+            .expect("endpoint state")
+            .gave_up_while_frozen = true;
         thaw(&shared);
         tokio::time::sleep(Duration::from_millis(1500)).await;
     }
@@ -303,16 +371,62 @@ async fn handle(
         });
         inner.seen.len()
     };
-    let body = match shared.wire {
-        Wire::Responses => responses_sse(n, &step, &shared.script.tool),
-        Wire::Messages => messages_sse(n, &step, &shared.script.tool, &request),
+    let script = &shared.script;
+    let (content_type, body) = match shared.wire {
+        Wire::Responses => ("text/event-stream", responses_sse(n, &step, &script.tool)),
+        Wire::Messages => (
+            "text/event-stream",
+            messages_sse(n, &step, &script.tool, &request),
+        ),
+        Wire::ChatCompletions => {
+            let streamed = request.get("stream").and_then(Value::as_bool) == Some(true);
+            let args = &script.arguments;
+            if streamed {
+                (
+                    "text/event-stream",
+                    chat_completion_sse(n, &step, &script.tool, args, &request),
+                )
+            } else {
+                (
+                    "application/json",
+                    chat_completion_json(n, &step, &script.tool, args, &request).to_string(),
+                )
+            }
+        }
+        Wire::Gemini => {
+            let answer = gemini_response(n, &step, &script.tool, &script.arguments, path);
+            if path.ends_with(":streamGenerateContent") {
+                ("text/event-stream", format!("data: {answer}\r\n\r\n"))
+            } else {
+                ("application/json", answer.to_string())
+            }
+        }
     };
     Response::builder()
         .status(StatusCode::OK)
-        .header("content-type", "text/event-stream")
+        .header("content-type", content_type)
         .header("cache-control", "no-cache")
         .body(axum::body::Body::from(body))
         .expect("static response parts")
+}
+
+/// The answer to a request that is not a model turn, if the wire has one: the model list of
+/// Chat Completions and the Gemini API, and Gemini's token count. Anything else is a 404.
+fn side_answer(wire: Wire, method: &axum::http::Method, path: &str, _body: &[u8]) -> Option<Value> {
+    let get = method == axum::http::Method::GET;
+    match wire {
+        Wire::ChatCompletions if get && path.ends_with("/models") => Some(json!({
+            "object": "list",
+            "data": [{"id": SCRIPTED_MODEL, "object": "model", "created": CREATED, "owned_by": "callid"}],
+        })),
+        Wire::Gemini if method == axum::http::Method::POST && path.ends_with(":countTokens") => {
+            Some(json!({"totalTokens": 10}))
+        }
+        Wire::Gemini if get && path.ends_with("/models") => Some(json!({
+            "models": [{"name": format!("models/{SCRIPTED_MODEL}"), "supportedGenerationMethods": ["generateContent", "streamGenerateContent", "countTokens"]}],
+        })),
+        _ => None,
+    }
 }
 
 /// Whether a model request offers the probe's tool.
@@ -333,8 +447,19 @@ pub fn offers_tool(wire: Wire, request: &Value, tool: &ToolName) -> bool {
                             .any(|f| f.get("name").and_then(Value::as_str) == Some(name))
                     })
         }
+        (Wire::ChatCompletions, ToolName::Flat(name)) => {
+            t.pointer("/function/name").and_then(Value::as_str) == Some(name)
+        }
+        (Wire::Gemini, ToolName::Flat(name)) => t
+            .get("functionDeclarations")
+            .and_then(Value::as_array)
+            .is_some_and(|decls| {
+                decls
+                    .iter()
+                    .any(|f| f.get("name").and_then(Value::as_str) == Some(name))
+            }),
         (_, ToolName::Flat(name)) => t.get("name").and_then(Value::as_str) == Some(name),
-        (Wire::Messages, ToolName::Namespaced { .. }) => false,
+        (_, ToolName::Namespaced { .. }) => false,
     })
 }
 
@@ -362,6 +487,28 @@ pub fn count_tool_results(wire: Wire, request: &Value) -> usize {
                     .filter_map(|m| m.get("content").and_then(Value::as_array))
                     .flatten()
                     .filter(|b| b.get("type").and_then(Value::as_str) == Some("tool_result"))
+                    .count()
+            })
+            .unwrap_or(0),
+        Wire::ChatCompletions => request
+            .get("messages")
+            .and_then(Value::as_array)
+            .map(|messages| {
+                messages
+                    .iter()
+                    .filter(|m| m.get("role").and_then(Value::as_str) == Some("tool"))
+                    .count()
+            })
+            .unwrap_or(0),
+        Wire::Gemini => request
+            .get("contents")
+            .and_then(Value::as_array)
+            .map(|contents| {
+                contents
+                    .iter()
+                    .filter_map(|c| c.get("parts").and_then(Value::as_array))
+                    .flatten()
+                    .filter(|p| p.get("functionResponse").is_some())
                     .count()
             })
             .unwrap_or(0),
@@ -502,6 +649,136 @@ pub fn messages_sse(n: usize, step: &Step, tool: &ToolName, request: &Value) -> 
     out
 }
 
+/// The tool's name as one flat string.
+fn flat_name(tool: &ToolName) -> String {
+    match tool {
+        ToolName::Flat(name) => name.clone(),
+        ToolName::Namespaced { namespace, name } => format!("{namespace}__{name}"),
+    }
+}
+
+fn request_model(request: &Value) -> &str {
+    request
+        .get("model")
+        .and_then(Value::as_str)
+        .unwrap_or(SCRIPTED_MODEL)
+}
+
+const CHAT_USAGE: fn() -> Value =
+    || json!({"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15});
+
+/// The Chat Completions answer for one step as one JSON object (`"stream": false`).
+pub fn chat_completion_json(
+    n: usize,
+    step: &Step,
+    tool: &ToolName,
+    arguments: &Value,
+    request: &Value,
+) -> Value {
+    let (message, finish) = match step {
+        Step::ToolCall { id } => (
+            json!({"role": "assistant", "content": null, "tool_calls": [{
+                "id": id, "type": "function",
+                "function": {"name": flat_name(tool), "arguments": arguments.to_string()}}]}),
+            "tool_calls",
+        ),
+        Step::Text => (json!({"role": "assistant", "content": FINAL_TEXT}), "stop"),
+    };
+    json!({
+        "id": format!("chatcmpl-scripted{n:04}"),
+        "object": "chat.completion",
+        "created": CREATED,
+        "model": request_model(request),
+        "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": null}],
+        "usage": CHAT_USAGE(),
+    })
+}
+
+/// The Chat Completions answer for one step as server-sent events (`"stream": true`): the
+/// role, the tool call's name and id, its arguments, the finish reason, a usage chunk, `[DONE]`.
+pub fn chat_completion_sse(
+    n: usize,
+    step: &Step,
+    tool: &ToolName,
+    arguments: &Value,
+    request: &Value,
+) -> String {
+    let chunk = |delta: Value, finish: Value| {
+        json!({
+            "id": format!("chatcmpl-scripted{n:04}"),
+            "object": "chat.completion.chunk",
+            "created": CREATED,
+            "model": request_model(request),
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": null}],
+        })
+    };
+    let mut chunks = vec![chunk(
+        json!({"role": "assistant", "content": ""}),
+        Value::Null,
+    )];
+    let finish = match step {
+        Step::ToolCall { id } => {
+            chunks.push(chunk(
+                json!({"tool_calls": [{"index": 0, "id": id, "type": "function",
+                    "function": {"name": flat_name(tool), "arguments": ""}}]}),
+                Value::Null,
+            ));
+            chunks.push(chunk(
+                json!({"tool_calls": [{"index": 0, "function": {"arguments": arguments.to_string()}}]}),
+                Value::Null,
+            ));
+            "tool_calls"
+        }
+        Step::Text => {
+            chunks.push(chunk(json!({"content": FINAL_TEXT}), Value::Null));
+            "stop"
+        }
+    };
+    chunks.push(chunk(json!({}), json!(finish)));
+    let mut usage = chunk(json!({}), Value::Null);
+    usage["choices"] = json!([]);
+    usage["usage"] = CHAT_USAGE();
+    chunks.push(usage);
+    let mut out = String::new();
+    for c in chunks {
+        out.push_str("data: ");
+        out.push_str(&c.to_string());
+        out.push_str("\n\n");
+    }
+    out.push_str("data: [DONE]\n\n");
+    out
+}
+
+/// The Gemini API answer for one step (`GenerateContentResponse`), streamed as one SSE event by
+/// `:streamGenerateContent` and sent as is by `:generateContent`. The model name comes from the
+/// path (`.../models/MODEL:method`).
+pub fn gemini_response(
+    n: usize,
+    step: &Step,
+    tool: &ToolName,
+    arguments: &Value,
+    path: &str,
+) -> Value {
+    let model = path
+        .rsplit('/')
+        .next()
+        .and_then(|last| last.split(':').next())
+        .filter(|m| !m.is_empty())
+        .unwrap_or(SCRIPTED_MODEL);
+    let part = match step {
+        Step::ToolCall { id } => {
+            json!({"functionCall": {"id": id, "name": flat_name(tool), "args": arguments}})
+        }
+        Step::Text => json!({"text": FINAL_TEXT}),
+    };
+    json!({
+        "candidates": [{"content": {"role": "model", "parts": [part]}, "finishReason": "STOP", "index": 0}],
+        "usageMetadata": {"promptTokenCount": 10, "candidatesTokenCount": 5, "totalTokenCount": 15},
+        "modelVersion": model,
+        "responseId": format!("scripted{n:04}"),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -549,6 +826,7 @@ mod tests {
                 Step::Text,
             ],
             tool: tool.clone(),
+            arguments: json!({}),
             hook: Hook::None,
         };
         let ep = Endpoint::start(Wire::Responses, script, None)
@@ -614,6 +892,7 @@ mod tests {
                 Step::Text,
             ],
             tool,
+            arguments: json!({}),
             hook: Hook::None,
         };
         let ep = Endpoint::start(Wire::Messages, script, None).await.unwrap();
@@ -659,13 +938,175 @@ mod tests {
         }
     }
 
+    /// The `data:` payloads of an SSE body without event names (Chat Completions, Gemini).
+    fn data_lines(body: &str) -> Vec<String> {
+        body.lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    fn flat_script(name: &str, ids: &[&str], arguments: Value) -> Script {
+        let mut steps: Vec<Step> = ids
+            .iter()
+            .map(|id| Step::ToolCall { id: (*id).into() })
+            .collect();
+        steps.push(Step::Text);
+        Script {
+            steps,
+            tool: ToolName::Flat(name.into()),
+            arguments,
+            hook: Hook::None,
+        }
+    }
+
+    #[tokio::test]
+    async fn chat_completions_endpoint_streams_and_answers_plain_json() {
+        let script = flat_script("probe_capabilities", &["call_a", "call_b"], json!({"x": 1}));
+        let ep = Endpoint::start(Wire::ChatCompletions, script, None)
+            .await
+            .unwrap();
+        let tools = json!([{"type": "function", "function": {"name": "bash", "parameters": {}}},
+                           {"type": "function", "function": {"name": "probe_capabilities", "parameters": {}}}]);
+        let user = json!({"role": "user", "content": "hi"});
+        let (status, body) = post(
+            &ep.base,
+            "/v1/chat/completions",
+            json!({"model": "m1", "stream": true, "tools": tools, "messages": [user]}),
+        )
+        .await;
+        assert_eq!(status, 200);
+        let data = data_lines(&body);
+        assert_eq!(data.last().map(String::as_str), Some("[DONE]"));
+        let chunks: Vec<Value> = data[..data.len() - 1]
+            .iter()
+            .map(|d| serde_json::from_str(d).unwrap())
+            .collect();
+        assert!(
+            chunks
+                .iter()
+                .all(|c| c["object"] == "chat.completion.chunk" && c["model"] == "m1")
+        );
+        let call = &chunks[1]["choices"][0]["delta"]["tool_calls"][0];
+        assert_eq!(call["id"], "call_a");
+        assert_eq!(call["function"]["name"], "probe_capabilities");
+        let args = &chunks[2]["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"];
+        assert_eq!(args, "{\"x\":1}");
+        assert_eq!(chunks[3]["choices"][0]["finish_reason"], "tool_calls");
+        assert_eq!(chunks[4]["usage"]["total_tokens"], 15);
+        // The tool's answer comes back unstreamed: the next step, as one JSON object.
+        let result = json!({"role": "tool", "tool_call_id": "call_a", "content": "ok"});
+        let (_, body) = post(
+            &ep.base,
+            "/chat/completions",
+            json!({"model": "m1", "tools": tools, "messages": [user, result]}),
+        )
+        .await;
+        let v: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["object"], "chat.completion");
+        assert_eq!(v["choices"][0]["finish_reason"], "tool_calls");
+        assert_eq!(v["choices"][0]["message"]["tool_calls"][0]["id"], "call_b");
+        let (_, body) = post(
+            &ep.base,
+            "/v1/chat/completions",
+            json!({"model": "m1", "tools": tools, "messages": [user, result, result]}),
+        )
+        .await;
+        let v: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["choices"][0]["message"]["content"], FINAL_TEXT);
+        // A side request without the tool gets text; the model list is served.
+        let (_, body) = post(
+            &ep.base,
+            "/v1/chat/completions",
+            json!({"messages": [user]}),
+        )
+        .await;
+        let v: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["choices"][0]["finish_reason"], "stop");
+        let models: Value = reqwest::get(format!("{}/v1/models", ep.base))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(models["data"][0]["id"], SCRIPTED_MODEL);
+        let seen = ep.seen();
+        assert_eq!(seen.len(), 5);
+        assert_eq!(seen[1].answered_call.as_deref(), Some("call_b"));
+        assert!(!seen[3].main_loop && !seen[4].main_loop);
+    }
+
+    #[tokio::test]
+    async fn gemini_endpoint_streams_function_calls() {
+        let script = flat_script("capabilities", &["gem_a"], json!({}));
+        let ep = Endpoint::start(Wire::Gemini, script, None).await.unwrap();
+        let tools =
+            json!([{"functionDeclarations": [{"name": "read_file"}, {"name": "capabilities"}]}]);
+        let user = json!({"role": "user", "parts": [{"text": "hi"}]});
+        let path = "/v1beta/models/gemini-x:streamGenerateContent?alt=sse";
+        let (status, body) =
+            post(&ep.base, path, json!({"contents": [user], "tools": tools})).await;
+        assert_eq!(status, 200);
+        let data = data_lines(&body);
+        assert_eq!(data.len(), 1);
+        let v: Value = serde_json::from_str(&data[0]).unwrap();
+        let call = &v["candidates"][0]["content"]["parts"][0]["functionCall"];
+        assert_eq!(
+            (call["id"].as_str(), call["name"].as_str()),
+            (Some("gem_a"), Some("capabilities"))
+        );
+        assert_eq!(v["modelVersion"], "gemini-x");
+        let answer = json!({"role": "user", "parts": [{"functionResponse": {"id": "gem_a", "name": "capabilities", "response": {}}}]});
+        let model = json!({"role": "model", "parts": [{"functionCall": {"name": "capabilities"}}]});
+        let (_, body) = post(
+            &ep.base,
+            path,
+            json!({"contents": [user, model, answer], "tools": tools}),
+        )
+        .await;
+        let v: Value = serde_json::from_str(&data_lines(&body)[0]).unwrap();
+        assert_eq!(
+            v["candidates"][0]["content"]["parts"][0]["text"],
+            FINAL_TEXT
+        );
+        // A side request without the tool is refused, so the client falls back at once; an
+        // unstreamed main-loop request is answered as one JSON object; token counts are served.
+        let (status, _) = post(
+            &ep.base,
+            "/v1beta/models/gemini-x:generateContent",
+            json!({"contents": [user]}),
+        )
+        .await;
+        assert_eq!(status, 404);
+        let (_, body) = post(
+            &ep.base,
+            "/v1beta/models/gemini-x:generateContent",
+            json!({"contents": [user, model, answer], "tools": tools}),
+        )
+        .await;
+        let v: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(
+            v["candidates"][0]["content"]["parts"][0]["text"],
+            FINAL_TEXT
+        );
+        let (status, body) = post(&ep.base, "/v1beta/models/gemini-x:countTokens", json!({})).await;
+        assert_eq!((status, body.contains("totalTokens")), (200, true));
+        let seen = ep.seen();
+        assert_eq!(seen[0].answered_call.as_deref(), Some("gem_a"));
+        assert_eq!((seen[1].main_loop, seen[1].tool_results), (true, 1));
+    }
+
     #[test]
-    fn counts_tool_results_in_both_wires() {
+    fn counts_tool_results_in_every_wire() {
         let r = json!({"input": [{"type": "function_call_output"}, {"type": "message"}, {"type": "function_call_output"}]});
         assert_eq!(count_tool_results(Wire::Responses, &r), 2);
         let m = json!({"messages": [{"role": "user", "content": "x"},
             {"role": "user", "content": [{"type": "tool_result"}, {"type": "text"}]}]});
         assert_eq!(count_tool_results(Wire::Messages, &m), 1);
         assert_eq!(count_tool_results(Wire::Messages, &json!({})), 0);
+        let c = json!({"messages": [{"role": "user"}, {"role": "assistant"}, {"role": "tool"}, {"role": "tool"}]});
+        assert_eq!(count_tool_results(Wire::ChatCompletions, &c), 2);
+        let g = json!({"contents": [{"parts": [{"text": "x"}]}, {"parts": [{"functionResponse": {}}, {"functionResponse": {}}]}]});
+        assert_eq!(count_tool_results(Wire::Gemini, &g), 2);
     }
 }

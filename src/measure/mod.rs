@@ -58,6 +58,23 @@ pub enum MeasureError {
         /// The end of its output.
         tail: String,
     },
+    /// A scenario whose findings need the whole scripted conversation ran out of time.
+    #[error(
+        "{client} {version} did not finish the `{scenario}` run within {secs} s, so its findings \
+         would be partial; run it again on a less loaded machine. Its last output:\n{tail}"
+    )]
+    TimedOut {
+        /// The client.
+        client: &'static str,
+        /// Its version.
+        version: String,
+        /// The scenario.
+        scenario: &'static str,
+        /// The scenario time limit.
+        secs: u64,
+        /// The end of its output.
+        tail: String,
+    },
     /// The probe log could not be classified.
     #[error(transparent)]
     Evidence(#[from] EvidenceError),
@@ -90,6 +107,7 @@ impl MeasureError {
             MeasureError::Client(e) => e.code(),
             MeasureError::Run(_) => "measure_run",
             MeasureError::NoCall { .. } => "measure_no_call",
+            MeasureError::TimedOut { .. } => "measure_timed_out",
             MeasureError::Evidence(e) => e.code(),
             MeasureError::VersionMismatch { .. } => "measure_version_mismatch",
             MeasureError::Driver { .. } => "measure_driver",
@@ -108,7 +126,7 @@ pub struct Measurement {
 
 /// The row id of a measured client.
 pub fn row_id(client: Client) -> String {
-    format!("{}-cli", client.slug())
+    client.row_id()
 }
 
 /// Measures `client` (binary `bin`) with `callid` as the probe.
@@ -149,6 +167,21 @@ pub async fn measure(
                 tail: run.output_tail.clone(),
             });
         }
+        // The two-calls and repeated-id findings count the calls of a whole conversation: one
+        // cut short by the time limit would understate them.
+        if run.timed_out && matches!(scenario, Scenario::TwoCalls | Scenario::DuplicateModelId) {
+            return Err(MeasureError::TimedOut {
+                client: client.slug(),
+                version,
+                scenario: if scenario == Scenario::TwoCalls {
+                    "two-calls"
+                } else {
+                    "duplicate-id"
+                },
+                secs: run::SCENARIO_TIMEOUT.as_secs(),
+                tail: run.output_tail.clone(),
+            });
+        }
         runs.push(run);
     }
     let base = format!("{}-{version}", client.slug());
@@ -156,7 +189,18 @@ pub async fn measure(
     let mut stability = Stability::default();
     let mut observed = None;
     let mut read = Vec::new();
+    let mut waited_out_freeze = false;
+    let mut still_waiting_on_dead_server = false;
     for run in &runs {
+        if run.scenario == Scenario::ServerDies && run.timed_out {
+            still_waiting_on_dead_server = true;
+        }
+        // A client that waited out the whole freeze never timed out: that run shows nothing
+        // about timeouts, and is neither a finding nor evidence.
+        if run.scenario == Scenario::Timeout && !run.gave_up_while_frozen {
+            waited_out_freeze = true;
+            continue;
+        }
         let name = match run.scenario.tag() {
             "" => format!("{}/{base}.jsonl", crate::matrix::data::EVIDENCE_DIR),
             tag => format!("{}/{base}.{tag}.jsonl", crate::matrix::data::EVIDENCE_DIR),
@@ -183,7 +227,7 @@ pub async fn measure(
         files.push((name, bytes));
     }
     let observed = observed.expect("the two-calls scenario always runs");
-    if observed.version != version {
+    if observed.version != version && client.states_its_version() {
         return Err(MeasureError::VersionMismatch {
             bin: bin.to_owned(),
             cli: version,
@@ -208,6 +252,34 @@ pub async fn measure(
         .map(|(p, r): &(std::path::PathBuf, Vec<crate::probe::Record>)| (p.as_path(), r.as_slice()))
         .collect();
     row.per_attempt_keys = evidence::per_attempt_keys(&read);
+    if waited_out_freeze {
+        let note = format!(
+            "(c) timeout is not measured: the client was still waiting for the frozen server \
+             after {} s, so it never timed out.",
+            endpoint::FREEZE_LIMIT.as_secs()
+        );
+        row.notes = Some(match row.notes.take() {
+            Some(more) => format!("{more} {note}"),
+            None => note,
+        });
+    }
+    if still_waiting_on_dead_server {
+        let note = format!(
+            "(c) server dies: the client never noticed; it was still waiting for the call's \
+             answer when the run was stopped after {} s, and had not sent it again.",
+            run::SCENARIO_TIMEOUT.as_secs()
+        );
+        row.notes = Some(match row.notes.take() {
+            Some(more) => format!("{more} {note}"),
+            None => note,
+        });
+    }
+    if observed.version != version {
+        // A fixed `clientInfo` placeholder: the row keeps the package version and says what
+        // the evidence shows.
+        row.version = Some(version.clone());
+        row.client_info_version = Some(observed.version.clone());
+    }
     Ok(Measurement {
         row,
         evidence: files,

@@ -10,8 +10,10 @@ use super::endpoint::{Endpoint, Hook, Script, Seen, Step};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-/// Longest one scenario may run before the client is killed.
-pub const SCENARIO_TIMEOUT: Duration = Duration::from_secs(120);
+/// Longest one scenario may run before the client is killed. Kilo Code takes up to two minutes
+/// to reach its model on a loaded 2-core machine, and never notices a dead server: the limit
+/// leaves it room to start, and ends its server-dies run.
+pub const SCENARIO_TIMEOUT: Duration = Duration::from_secs(180);
 
 /// The scenarios `measure` runs, each in a fresh home with a fresh probe log.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,6 +75,7 @@ impl Scenario {
         Script {
             steps,
             tool: client.tool_name(),
+            arguments: client.tool_arguments(),
             hook: match self {
                 Scenario::Timeout => Hook::FreezeServerDuringFirstCall,
                 Scenario::ServerDies => Hook::KillServerDuringFirstCall,
@@ -95,6 +98,9 @@ pub struct ScenarioRun {
     pub exit_code: Option<i32>,
     /// Whether the scenario hit [`SCENARIO_TIMEOUT`].
     pub timed_out: bool,
+    /// Whether the client came back to the model while its MCP server was frozen (it gave up
+    /// on the call rather than waiting for the server to be thawed).
+    pub gave_up_while_frozen: bool,
     /// The end of the client's stderr and stdout, for error messages.
     pub output_tail: String,
     /// The temporary home; removed on drop.
@@ -194,7 +200,14 @@ pub async fn run_scenario(
         Ok(status) => (status.map_err(io("wait for the client"))?.code(), false),
         Err(_) => (None, true),
     };
+    // A client that exits while its server is still frozen gave up on the call as surely as one
+    // that went back to the model; the thawed server then gets a moment to log what it was sent.
+    let frozen_at_exit = !timed_out && endpoint.is_frozen();
+    let gave_up_while_frozen = endpoint.client_gave_up() || frozen_at_exit;
     endpoint.thaw();
+    if frozen_at_exit {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+    }
     // Whatever the client left running (its MCP servers, helpers) goes with its process group.
     if let Some(pgid) = pgid {
         let _ = std::process::Command::new("kill")
@@ -214,6 +227,7 @@ pub async fn run_scenario(
         seen: endpoint.seen(),
         exit_code,
         timed_out,
+        gave_up_while_frozen,
         output_tail,
         home,
     })

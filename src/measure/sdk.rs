@@ -15,6 +15,9 @@ use crate::matrix::evidence;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+/// The project-local venv, inside `matrices/clients/`, that holds the pinned Python clients.
+pub const PYTHON_VENV: &str = ".venv";
+
 /// Longest one driver run may take.
 pub const DRIVER_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -203,22 +206,16 @@ pub async fn measure_sdk(
             run_driver(Path::new("node"), &args, &[], "the TypeScript SDK driver").await?;
         }
         SdkClient::PythonSdk => {
-            let site = clients.join("python");
-            let site = need(
-                site,
-                "install the pinned SDK with `python3 -m pip install --target \
-                 matrices/clients/python -r matrices/clients/requirements.txt`",
+            let python = need(
+                clients.join(PYTHON_VENV).join("bin/python"),
+                "make the venv with the pinned SDK: `python3 -m venv matrices/clients/.venv && \
+                 matrices/clients/.venv/bin/python -m pip install -r \
+                 matrices/clients/requirements.txt` (`.ci/run` does this)",
             )?;
             let driver = clients.join("drivers/python-sdk-client.py");
             let mut args = vec![driver.display().to_string()];
             args.extend(server.iter().cloned());
-            run_driver(
-                Path::new("python3"),
-                &args,
-                &[("PYTHONPATH", site.display().to_string())],
-                "the Python SDK driver",
-            )
-            .await?;
+            run_driver(&python, &args, &[], "the Python SDK driver").await?;
         }
         SdkClient::Rmcp => rmcp_client(callid, &log).await?,
     }

@@ -12,6 +12,7 @@ mod hardening_money;
 mod hardening_transport;
 mod identity_sources;
 mod matrix;
+mod measure_clients;
 mod probe;
 mod probe_protocol;
 mod provider;
