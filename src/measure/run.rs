@@ -4,6 +4,11 @@
 //! The MCP server is started through a two-line shell wrapper that records its process id and
 //! then `exec`s the probe, so the probe is the very process the client talks to and the endpoint
 //! can freeze it for the timeout scenario.
+//!
+//! The probe runs with `--legacy-handshake` (protocol 2025-11-25 and the `initialize`
+//! lifecycle): every committed row was measured that way, and a client that tries MCP
+//! 2026-07-28 first falls back to it. Rows under 2026-07-28 wait for the matrix's protocol
+//! column.
 
 use super::client::{Client, ClientError};
 use super::endpoint::{Endpoint, Hook, Script, Seen, Step};
@@ -151,7 +156,7 @@ pub async fn run_scenario(
         std::fs::write(
             &inner,
             format!(
-                "#!/bin/sh\necho $$ >> {}\nexec {} probe\n",
+                "#!/bin/sh\necho $$ >> {}\nexec {} probe --legacy-handshake\n",
                 sh_quote(&pids),
                 sh_quote(callid)
             ),
@@ -165,7 +170,7 @@ pub async fn run_scenario(
         )
     } else {
         format!(
-            "#!/bin/sh\necho $$ >> {}\nexec {} probe --log {}\n",
+            "#!/bin/sh\necho $$ >> {}\nexec {} probe --legacy-handshake --log {}\n",
             sh_quote(&pids),
             sh_quote(callid),
             sh_quote(&log)
