@@ -28,6 +28,16 @@ impl GatewayServer {
     pub fn new(gateway: Arc<Gateway>, info: ServerConfig) -> Self {
         GatewayServer { gateway, info }
     }
+
+    /// The upstream's peer to forward a request to, or the error the agent gets when the
+    /// upstream cannot be reached.
+    async fn upstream_peer(&self) -> Result<rmcp::Peer<rmcp::RoleClient>, McpError> {
+        self.gateway
+            .upstream()
+            .peer()
+            .await
+            .map_err(unreachable_upstream)
+    }
 }
 
 fn forwarded(e: ServiceError) -> McpError {
@@ -77,12 +87,7 @@ impl ServerHandler for GatewayServer {
             None => {
                 request.arguments = arguments;
                 request.meta = Some(rmcp::model::RequestMetaObject::from(meta));
-                let peer = self
-                    .gateway
-                    .upstream()
-                    .peer()
-                    .await
-                    .map_err(unreachable_upstream)?;
+                let peer = self.upstream_peer().await?;
                 peer.call_tool_once(request).await.map_err(forwarded)
             }
         }
@@ -93,12 +98,7 @@ impl ServerHandler for GatewayServer {
         request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListResourcesResult, McpError> {
-        let peer = self
-            .gateway
-            .upstream()
-            .peer()
-            .await
-            .map_err(unreachable_upstream)?;
+        let peer = self.upstream_peer().await?;
         peer.list_resources(request).await.map_err(forwarded)
     }
 
@@ -107,12 +107,7 @@ impl ServerHandler for GatewayServer {
         request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListResourceTemplatesResult, McpError> {
-        let peer = self
-            .gateway
-            .upstream()
-            .peer()
-            .await
-            .map_err(unreachable_upstream)?;
+        let peer = self.upstream_peer().await?;
         peer.list_resource_templates(request)
             .await
             .map_err(forwarded)
@@ -123,12 +118,7 @@ impl ServerHandler for GatewayServer {
         request: ReadResourceRequestParams,
         _context: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, McpError> {
-        let peer = self
-            .gateway
-            .upstream()
-            .peer()
-            .await
-            .map_err(unreachable_upstream)?;
+        let peer = self.upstream_peer().await?;
         peer.read_resource_once(request).await.map_err(forwarded)
     }
 
@@ -137,12 +127,7 @@ impl ServerHandler for GatewayServer {
         request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListPromptsResult, McpError> {
-        let peer = self
-            .gateway
-            .upstream()
-            .peer()
-            .await
-            .map_err(unreachable_upstream)?;
+        let peer = self.upstream_peer().await?;
         peer.list_prompts(request).await.map_err(forwarded)
     }
 
@@ -151,12 +136,7 @@ impl ServerHandler for GatewayServer {
         request: GetPromptRequestParams,
         _context: RequestContext<RoleServer>,
     ) -> Result<GetPromptResponse, McpError> {
-        let peer = self
-            .gateway
-            .upstream()
-            .peer()
-            .await
-            .map_err(unreachable_upstream)?;
+        let peer = self.upstream_peer().await?;
         peer.get_prompt_once(request).await.map_err(forwarded)
     }
 
@@ -165,12 +145,7 @@ impl ServerHandler for GatewayServer {
         request: CompleteRequestParams,
         _context: RequestContext<RoleServer>,
     ) -> Result<CompleteResult, McpError> {
-        let peer = self
-            .gateway
-            .upstream()
-            .peer()
-            .await
-            .map_err(unreachable_upstream)?;
+        let peer = self.upstream_peer().await?;
         peer.complete(request).await.map_err(forwarded)
     }
 }
