@@ -13,6 +13,7 @@
 //! # Layout
 //! - [`spend`]: [`Gateway`], the upstream as the pipeline's spender, and the start-up checks.
 //! - [`upstream`]: [`Upstream`], the (re)connecting MCP client of the upstream.
+//! - [`relay`]: [`relay::Relay`], the upstream's progress, logs and list changes back to the agent.
 //! - [`keyed_http`]: the HTTP client that also sends a spend's key as `Idempotency-Key`.
 //! - [`server`]: the agent-facing rmcp `ServerHandler`.
 //! - [`guard`]: [`guard::Guard`], the same protection embedded in a Rust MCP server.
@@ -41,6 +42,7 @@
 pub mod guard;
 pub mod keyed_http;
 pub mod policy;
+pub mod relay;
 pub mod server;
 pub mod spend;
 pub mod upstream;

@@ -3,30 +3,100 @@
 //! `tools/list` answers the upstream's tools unchanged plus `operation_status` and
 //! `resume_operation`. A `tools/call` of a spend tool or of those two goes to [`Gateway`];
 //! every other tool call, and `resources/*`, `prompts/*` and `completion/complete`, is passed to
-//! the upstream as it came (with its `_meta`) and its answer returned as it came.
+//! the upstream as it came (with its `_meta`) and its answer returned as it came; so are
+//! `logging/setLevel` and `resources/(un)subscribe`. What the upstream sends on its own comes
+//! back through [`super::relay`].
 
 use super::spend::Gateway;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, CompleteRequestParams, CompleteResult,
-    GetPromptRequestParams, GetPromptResponse, ListPromptsResult, ListResourceTemplatesResult,
-    ListResourcesResult, ListToolsResult, PaginatedRequestParams, ReadResourceRequestParams,
-    ReadResourceResponse, ServerConfig,
+    CallToolRequest, CallToolRequestParams, CallToolResponse, CallToolResult, ClientRequest,
+    CompleteRequestParams, CompleteResult, GetPromptRequestParams, GetPromptResponse,
+    ListPromptsResult, ListResourceTemplatesResult, ListResourcesResult, ListToolsResult,
+    PaginatedRequestParams, ProgressToken, ReadResourceRequestParams, ReadResourceResponse,
+    ServerConfig, ServerResult, SubscribeRequestParams, UnsubscribeRequestParams,
 };
-use rmcp::service::RequestContext;
+use rmcp::service::{NotificationContext, PeerRequestOptions, RequestContext};
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler, ServiceError, ServiceExt};
 use std::sync::Arc;
 
-/// The gateway as an MCP server; cheap to clone.
+/// The gateway as an MCP server; cheap to clone (clones share the tool list).
 #[derive(Clone, Debug)]
 pub struct GatewayServer {
     gateway: Arc<Gateway>,
     info: ServerConfig,
+    /// The merged tool list, listed again after the upstream's `tools/list_changed`.
+    tools: Arc<tokio::sync::RwLock<Vec<rmcp::model::Tool>>>,
 }
 
 impl GatewayServer {
     /// Serves `gateway`, advertising `info` (see [`super::Upstream::info`]).
     pub fn new(gateway: Arc<Gateway>, info: ServerConfig) -> Self {
-        GatewayServer { gateway, info }
+        let tools = Arc::new(tokio::sync::RwLock::new(gateway.tools().to_vec()));
+        GatewayServer {
+            gateway,
+            info,
+            tools,
+        }
+    }
+
+    /// Passes a call of a tool that does not spend to the upstream as it came: the upstream's
+    /// progress goes back under the agent's token, and the agent's cancellation goes up.
+    async fn forward_call(
+        &self,
+        request: CallToolRequestParams,
+        agent_token: Option<ProgressToken>,
+        agent: rmcp::Peer<RoleServer>,
+        cancelled: impl std::future::Future<Output = ()>,
+    ) -> Result<CallToolResponse, McpError> {
+        let peer = self.upstream_peer().await?;
+        let mut handle = peer
+            .send_request_with_option(
+                ClientRequest::CallToolRequest(CallToolRequest::new(request)),
+                PeerRequestOptions::no_options(),
+            )
+            .await
+            .map_err(forwarded)?;
+        let _route = match agent_token {
+            Some(token) => Some(
+                self.gateway
+                    .upstream()
+                    .relay()
+                    .route_progress(handle.progress_token.clone(), agent, token)
+                    .await,
+            ),
+            None => None,
+        };
+        let answer = tokio::select! {
+            answer = &mut handle.rx => Some(answer),
+            _ = cancelled => None,
+        };
+        let Some(answer) = answer else {
+            let _ = handle
+                .cancel(Some("the agent cancelled the request".into()))
+                .await;
+            return Err(McpError::internal_error(
+                "the agent cancelled the request",
+                None,
+            ));
+        };
+        let result = answer
+            .map_err(|_| forwarded(ServiceError::TransportClosed))?
+            .map_err(forwarded)?;
+        match result {
+            ServerResult::CallToolResult(r) => Ok(CallToolResponse::Complete(r)),
+            ServerResult::InputRequiredResult(r) => Ok(CallToolResponse::InputRequired(r)),
+            ServerResult::CreateTaskResult(r) => Ok(CallToolResponse::Task(r)),
+            other => serde_json::to_value(&other)
+                .ok()
+                .and_then(|v| serde_json::from_value::<CallToolResult>(v).ok())
+                .map(CallToolResponse::Complete)
+                .ok_or_else(|| {
+                    McpError::internal_error(
+                        "the upstream answered tools/call with something else than a tool result",
+                        None,
+                    )
+                }),
+        }
     }
 
     /// The upstream's peer to forward a request to, or the error the agent gets when the
@@ -61,9 +131,56 @@ impl ServerHandler for GatewayServer {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
+        let relay = self.gateway.upstream().relay();
+        if relay.take_tools_stale() {
+            match self.gateway.relist_tools().await {
+                Ok(tools) => *self.tools.write().await = tools,
+                Err(e) => {
+                    // Listed again at the next request, and refused until the upstream is fixed.
+                    relay.mark_tools_stale();
+                    crate::logging::line(format_args!("callid gateway: {e}"));
+                    return Err(McpError::internal_error(e.to_string(), None));
+                }
+            }
+        }
         Ok(ListToolsResult::with_all_items(
-            self.gateway.tools().to_vec(),
+            self.tools.read().await.clone(),
         ))
+    }
+
+    async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
+        self.gateway.upstream().relay().add_agent(context.peer);
+    }
+
+    // Logging is deprecated from MCP 2026-07-28 on; relayed for the clients of older versions.
+    #[allow(deprecated)]
+    async fn set_level(
+        &self,
+        request: rmcp::model::SetLevelRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        let peer = self.upstream_peer().await?;
+        peer.set_level(request).await.map_err(forwarded)
+    }
+
+    #[allow(deprecated)]
+    async fn subscribe(
+        &self,
+        request: SubscribeRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        let peer = self.upstream_peer().await?;
+        peer.subscribe(request).await.map_err(forwarded)
+    }
+
+    #[allow(deprecated)]
+    async fn unsubscribe(
+        &self,
+        request: UnsubscribeRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        let peer = self.upstream_peer().await?;
+        peer.unsubscribe(request).await.map_err(forwarded)
     }
 
     async fn call_tool(
@@ -85,10 +202,17 @@ impl ServerHandler for GatewayServer {
                     McpError::internal_error(format!("cannot encode a result: {e}"), None)
                 }),
             None => {
+                let agent_token =
+                    rmcp::model::RequestMetaObject::from(meta.clone()).get_progress_token();
                 request.arguments = arguments;
                 request.meta = Some(rmcp::model::RequestMetaObject::from(meta));
-                let peer = self.upstream_peer().await?;
-                peer.call_tool_once(request).await.map_err(forwarded)
+                self.forward_call(
+                    request,
+                    agent_token,
+                    context.peer,
+                    context.ct.cancelled_owned(),
+                )
+                .await
             }
         }
     }

@@ -164,6 +164,22 @@ fn identity_field(schema: &Value, at: &str) -> Option<(String, String)> {
     }
 }
 
+/// The upstream's tools, checked ([`check_tools`]), plus `operation_status` and
+/// `resume_operation`.
+async fn merged_tools(
+    upstream: &Upstream,
+    spend: &BTreeSet<String>,
+) -> Result<Vec<Tool>, StartError> {
+    let mut tools = upstream.list_tools().await?;
+    check_tools(&tools, spend)?;
+    tools.extend(
+        crate::router::server::tools()
+            .into_iter()
+            .filter(|t| t.name == OPERATION_STATUS || t.name == RESUME_OPERATION),
+    );
+    Ok(tools)
+}
+
 /// The gateway: the pipeline core, the upstream, which tools spend, and the merged tool list.
 pub struct Gateway {
     core: Core,
@@ -192,13 +208,7 @@ impl Gateway {
         policy: GatewayPolicy,
     ) -> Result<Gateway, StartError> {
         spend.extend(policy.tools.keys().cloned());
-        let mut tools = upstream.list_tools().await?;
-        check_tools(&tools, &spend)?;
-        tools.extend(
-            crate::router::server::tools()
-                .into_iter()
-                .filter(|t| t.name == OPERATION_STATUS || t.name == RESUME_OPERATION),
-        );
+        let tools = merged_tools(&upstream, &spend).await?;
         Ok(Gateway {
             core,
             upstream,
@@ -208,9 +218,15 @@ impl Gateway {
         })
     }
 
-    /// The upstream's tools plus `operation_status` and `resume_operation`.
+    /// The upstream's tools plus `operation_status` and `resume_operation`, as listed at start.
     pub fn tools(&self) -> &[Tool] {
         &self.tools
+    }
+
+    /// Lists the upstream's tools again and checks them as at start (after the upstream said
+    /// its tools changed).
+    pub async fn relist_tools(&self) -> Result<Vec<Tool>, StartError> {
+        merged_tools(&self.upstream, &self.spend).await
     }
 
     /// The upstream connection (for requests passed through unchanged).

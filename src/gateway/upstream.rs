@@ -5,6 +5,7 @@
 //! died, the HTTP session dropped) the next request opens a new one, so a redelivery after an
 //! upstream crash reaches a fresh upstream.
 
+use super::relay::{Ordered, Relay};
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, Implementation, ServerCapabilities, ServerConfig,
 };
@@ -56,13 +57,14 @@ pub enum UpstreamError {
     Refused(rmcp::ErrorData),
 }
 
-type Service = RunningService<RoleClient, ()>;
+type Service = RunningService<RoleClient, Relay>;
 
 /// A (re)connecting client of the upstream.
 pub struct Upstream {
     spec: UpstreamSpec,
     timeout: Duration,
     conn: tokio::sync::Mutex<Option<Arc<Service>>>,
+    relay: Relay,
 }
 
 impl std::fmt::Debug for Upstream {
@@ -80,6 +82,7 @@ impl Upstream {
             spec,
             timeout,
             conn: tokio::sync::Mutex::new(None),
+            relay: Relay::default(),
         };
         up.service().await?;
         Ok(up)
@@ -97,20 +100,34 @@ impl Upstream {
                     .ok_or_else(|| err("no command given after `--`".into()))?;
                 let mut command = tokio::process::Command::new(program);
                 command.args(args);
-                let transport = rmcp::transport::TokioChildProcess::new(command)
-                    .map_err(|e| err(e.to_string()))?;
-                ().serve(transport).await.map_err(|e| err(e.to_string()))
+                let transport = Ordered::new(
+                    rmcp::transport::TokioChildProcess::new(command)
+                        .map_err(|e| err(e.to_string()))?,
+                    self.relay.clone(),
+                );
+                self.relay
+                    .clone()
+                    .serve(transport)
+                    .await
+                    .map_err(|e| err(e.to_string()))
             }
             UpstreamSpec::Url(url) => {
                 let client =
                     super::keyed_http::KeyedClient::new().map_err(|e| err(e.to_string()))?;
-                let transport = rmcp::transport::StreamableHttpClientTransport::with_client(
-                    client,
-                    rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig::with_uri(
-                        url.as_str(),
+                let transport = Ordered::new(
+                    rmcp::transport::StreamableHttpClientTransport::with_client(
+                        client,
+                        rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig::with_uri(
+                            url.as_str(),
+                        ),
                     ),
+                    self.relay.clone(),
                 );
-                ().serve(transport).await.map_err(|e| err(e.to_string()))
+                self.relay
+                    .clone()
+                    .serve(transport)
+                    .await
+                    .map_err(|e| err(e.to_string()))
             }
         }
     }
@@ -134,13 +151,19 @@ impl Upstream {
         }
     }
 
+    /// Carries what the upstream sends on its own back to the agents.
+    pub fn relay(&self) -> &Relay {
+        &self.relay
+    }
+
     /// The peer to forward a request to.
     pub async fn peer(&self) -> Result<Peer<RoleClient>, UpstreamError> {
         Ok(self.service().await?.peer().clone())
     }
 
     /// What the upstream said about itself at initialization.
-    /// Only what the gateway relays is kept: tools (always), resources, prompts, completions.
+    /// Only what the gateway relays is kept: tools (always), logging, resources, prompts,
+    /// completions.
     pub async fn info(&self) -> ServerConfig {
         let mut caps = ServerCapabilities::builder().enable_tools().build();
         let Ok(service) = self.service().await else {
@@ -149,6 +172,8 @@ impl Upstream {
         let Some(peer) = service.peer().peer_info() else {
             return ServerConfig::new(caps);
         };
+        caps.tools = peer.capabilities.tools.clone().or(caps.tools);
+        caps.logging = peer.capabilities.logging.clone();
         caps.resources = peer.capabilities.resources.clone();
         caps.prompts = peer.capabilities.prompts.clone();
         caps.completions = peer.capabilities.completions.clone();

@@ -8,6 +8,7 @@ mod common;
 mod conform;
 mod conform_contract;
 mod gateway;
+mod gateway_relay;
 mod hardening_money;
 mod hardening_transport;
 mod identity_sources;

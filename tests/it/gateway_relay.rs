@@ -1,0 +1,279 @@
+//! `callid gateway` relays what its upstream sends on its own: progress under the agent's token,
+//! log messages, list changes (and lists the tools again, checked), the agent's cancellation and
+//! `logging/setLevel` going up. The upstream is `tests/fixtures/chatty_upstream.py`, a plain
+//! JSON-RPC server (no MCP SDK) that logs what reached it.
+
+use crate::common::{bin, repo};
+use callid::jsonrpc::{Child, Connection};
+use serde_json::{Value, json};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+struct Relayed {
+    conn: Connection,
+    child: Child,
+    log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+async fn start() -> Relayed {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("upstream.jsonl");
+    let args: Vec<String> = vec![
+        "gateway".into(),
+        "--registry".into(),
+        dir.path().join("gateway.sqlite3").display().to_string(),
+        "--spend".into(),
+        "charge".into(),
+        "--".into(),
+        "python3".into(),
+        repo()
+            .join("tests/fixtures/chatty_upstream.py")
+            .display()
+            .to_string(),
+        "--log".into(),
+        log.display().to_string(),
+    ];
+    let (conn, child) = Connection::spawn_stdio(&bin(), &args, &[]).await.unwrap();
+    let init = conn
+        .initialize(json!(0), "2025-06-18", "callid-tests", "1")
+        .await
+        .unwrap_or_else(|e| panic!("initialize: {e}\n{}", child.stderr_text()));
+    let caps = &init.result.as_ref().expect("initialize answered")["capabilities"];
+    assert!(
+        caps.get("logging").is_some(),
+        "logging not advertised: {caps}"
+    );
+    assert_eq!(caps["tools"]["listChanged"], json!(true), "{caps}");
+    Relayed {
+        conn,
+        child,
+        log,
+        _dir: dir,
+    }
+}
+
+impl Relayed {
+    /// Notifications the agent received so far, as JSON, oldest first.
+    fn notifications(&self) -> Vec<Value> {
+        self.conn
+            .take_unmatched()
+            .iter()
+            .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+            .filter(|m| m.get("method").is_some() && m.get("id").is_none())
+            .collect()
+    }
+
+    /// Waits (at most 10 s) until the agent received `n` notifications matching `pick`.
+    async fn wait_for(&self, n: usize, pick: impl Fn(&Value) -> bool) -> Vec<Value> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut seen = Vec::new();
+        loop {
+            seen.extend(self.notifications().into_iter().filter(|m| pick(m)));
+            if seen.len() >= n || Instant::now() > deadline {
+                return seen;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// What the upstream logged, oldest first.
+    fn upstream_log(&self) -> Vec<Value> {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+
+    /// Waits (at most 10 s) until the upstream logged an entry with key `key`.
+    async fn wait_upstream(&self, key: &str) -> Option<Value> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Some(entry) = self
+                .upstream_log()
+                .into_iter()
+                .find(|e| e.get(key).is_some())
+            {
+                return Some(entry[key].clone());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        None
+    }
+
+    async fn tools(&self) -> Value {
+        self.conn
+            .request(json!("tools"), "tools/list", json!({}))
+            .await
+            .unwrap()
+            .raw
+            .parse::<Value>()
+            .unwrap()
+    }
+
+    async fn stop(mut self) {
+        let _ = self.child.kill9().await;
+    }
+}
+
+#[tokio::test]
+async fn progress_comes_back_under_the_agents_token_and_log_messages_reach_the_agent() {
+    let gw = start().await;
+    let r = gw
+        .conn
+        .call_tool(
+            json!(1),
+            "count",
+            json!({"n": 3}),
+            Some(json!({"progressToken": "agent-token-7"})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.structured(), Some(&json!({"counted": 3})), "{}", r.raw);
+    // Already here when the answer is: progress after a request's answer is worth nothing.
+    let before_answer = gw.notifications();
+    let tokens: Vec<(&Value, &Value)> = before_answer
+        .iter()
+        .filter(|m| m["method"] == "notifications/progress")
+        .map(|m| (&m["params"]["progressToken"], &m["params"]["progress"]))
+        .collect();
+    let agent = json!("agent-token-7");
+    assert_eq!(
+        tokens,
+        vec![
+            (&agent, &json!(1.0)),
+            (&agent, &json!(2.0)),
+            (&agent, &json!(3.0))
+        ],
+        "the agent must see the upstream's progress under its own token, before the answer: \
+         {before_answer:?}"
+    );
+    let mut progress = before_answer.clone();
+    if !progress
+        .iter()
+        .any(|m| m["method"] == "notifications/message")
+    {
+        progress.extend(
+            gw.wait_for(1, |m| m["method"] == "notifications/message")
+                .await,
+        );
+    }
+    let logs: Vec<&Value> = progress
+        .iter()
+        .filter(|m| m["method"] == "notifications/message")
+        .map(|m| &m["params"]["data"])
+        .collect();
+    assert_eq!(logs, vec![&json!("counted")], "{progress:?}");
+    // The upstream saw rmcp's own token, not the agent's: the mapping is what carried it back.
+    let upstream_token = gw.wait_upstream("count").await.unwrap();
+    assert_ne!(upstream_token["progressToken"], agent);
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn a_call_without_a_progress_token_gets_no_progress() {
+    let gw = start().await;
+    let r = gw
+        .conn
+        .call_tool(json!(1), "count", json!({"n": 2}), None)
+        .await
+        .unwrap();
+    assert_eq!(r.structured(), Some(&json!({"counted": 2})), "{}", r.raw);
+    // The log message comes after the progress in the upstream's stream: once it is here, any
+    // progress would be too.
+    let seen = gw
+        .wait_for(1, |m| m["method"] == "notifications/message")
+        .await;
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    let progress: Vec<Value> = gw
+        .notifications()
+        .into_iter()
+        .filter(|m| m["method"] == "notifications/progress")
+        .collect();
+    assert!(progress.is_empty(), "{progress:?}");
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn the_agents_cancellation_and_log_level_reach_the_upstream() {
+    let gw = start().await;
+    let r = gw
+        .conn
+        .request(json!("lvl"), "logging/setLevel", json!({"level": "debug"}))
+        .await
+        .unwrap();
+    assert!(r.result.is_some(), "{}", r.raw);
+    assert_eq!(gw.wait_upstream("setLevel").await, Some(json!("debug")));
+
+    let conn = gw.conn.clone();
+    let slow = tokio::spawn(async move {
+        conn.call_tool(json!("slow-1"), "slow", json!({}), None)
+            .await
+    });
+    let upstream_id = gw
+        .wait_upstream("slow")
+        .await
+        .expect("the slow call reached the upstream")["id"]
+        .clone();
+    gw.conn
+        .notify(
+            "notifications/cancelled",
+            json!({"requestId": "slow-1", "reason": "the user pressed stop"}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        gw.wait_upstream("cancelled").await,
+        Some(upstream_id),
+        "the upstream must be told to cancel its request: {:?}",
+        gw.upstream_log()
+    );
+    slow.abort();
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn a_changed_tool_list_is_relayed_and_listed_again_with_the_start_up_checks() {
+    let gw = start().await;
+    let names = |list: &Value| -> Vec<String> {
+        list["result"]["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert!(!names(&gw.tools().await).contains(&"extra".to_string()));
+    gw.conn
+        .call_tool(json!(1), "grow", json!({}), None)
+        .await
+        .unwrap();
+    let changed = gw
+        .wait_for(1, |m| m["method"] == "notifications/tools/list_changed")
+        .await;
+    assert_eq!(changed.len(), 1);
+    let listed = names(&gw.tools().await);
+    assert!(listed.contains(&"extra".to_string()), "{listed:?}");
+    assert!(
+        listed.contains(&"operation_status".to_string()),
+        "{listed:?}"
+    );
+
+    // The upstream now exposes an identity-like field on the spend tool: refused, named.
+    gw.conn
+        .call_tool(json!(2), "poison", json!({}), None)
+        .await
+        .unwrap();
+    gw.wait_for(1, |m| m["method"] == "notifications/tools/list_changed")
+        .await;
+    let refused = gw.tools().await;
+    let message = refused["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("charge") && message.contains("call_id"),
+        "the re-listed tools must be refused naming the tool and field: {refused}"
+    );
+    // Still refused on the next request: the check is not a one-off.
+    assert!(gw.tools().await.get("error").is_some());
+    gw.stop().await;
+}
