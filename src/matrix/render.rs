@@ -3,10 +3,17 @@
 //! Rows appear in file order (people curate that order); every list inside a cell keeps the
 //! order of the data, which `add` and `measure` write sorted. Nothing volatile (no clock, no
 //! path of the machine) enters the output, so `--check` can compare byte for byte.
+//!
+//! The routers table has one row per check and one column per router (name, version, day):
+//! checks are grouped by the level their built-in scenario declares (required, recommended,
+//! then ids this build does not know), and the command that reproduces each column is listed
+//! under it with its tally per level.
 
 use super::data::{
-    ClientRow, DistinctIds, DuplicateModelId, How, IdOrigin, Matrix, OnFailure, RouterRow, Verdict,
+    CheckVerdict, ClientRow, DistinctIds, DuplicateModelId, How, IdOrigin, Matrix, OnFailure,
+    RouterRow, Verdict,
 };
+use crate::conform::report::Level;
 use std::fmt::Write as _;
 
 /// The whole `SUPPORT.md` for `matrix`.
@@ -218,67 +225,165 @@ fn render_sources(out: &mut String, rows: &[ClientRow]) {
     out.push('\n');
 }
 
+/// The level a check id has in this callid's built-in suite (`None`: not one of its checks, e.g.
+/// a check a newer or older callid ran). The level is the scenario's own; it is never guessed
+/// from the id.
+fn check_levels() -> Vec<(String, Level)> {
+    crate::conform::scenario::load_builtin()
+        .map(|all| all.into_iter().map(|s| (s.id, s.level)).collect())
+        .unwrap_or_default()
+}
+
 fn render_routers(out: &mut String, rows: &[RouterRow]) {
     out.push_str(
         "## Routers\n\n\
-         Conformance of each router to the article's rules, one column per check of `callid \
-         conform`.\n\n",
+         Conformance of each router to the article's rules: one row per check of `callid \
+         conform` (`callid conform --list` prints the rule each one quotes), one column per \
+         router, headed by the router's name, the version tested and the day of the run. \
+         **Required** checks are the article's rules and decide `callid conform`'s exit code; \
+         **recommended** ones are callid's own conventions (ROUTER-CONTRACT.md).\n\n",
     );
     if rows.is_empty() {
         out.push_str("No router rows yet.\n");
         return;
     }
-    // Columns: every check id, in the order first seen, so a new check appends a column.
-    let mut columns: Vec<&str> = Vec::new();
+    // Rows: every check id in the order first seen (the data lists them sorted), grouped by level.
+    let mut ids: Vec<&str> = Vec::new();
     for row in rows {
         for c in &row.checks {
-            if !columns.contains(&c.id.as_str()) {
-                columns.push(&c.id);
+            if !ids.contains(&c.id.as_str()) {
+                ids.push(&c.id);
             }
         }
     }
-    let _ = write!(out, "| Router | Version |");
-    for c in &columns {
-        let _ = write!(out, " `{c}` |");
+    let levels = check_levels();
+    let level_of = |id: &str| {
+        levels
+            .iter()
+            .find(|(l, _)| l == id)
+            .map(|(_, level)| *level)
+    };
+    let groups: [(Option<Level>, &str); 3] = [
+        (Some(Level::Required), "**Required** (the article's rules)"),
+        (
+            Some(Level::Recommended),
+            "**Recommended** (callid's conventions)",
+        ),
+        (None, "**Other** (not a check of this callid)"),
+    ];
+    out.push_str("| Check |");
+    for row in rows {
+        let _ = write!(out, " {} |", router_header(row));
     }
-    out.push_str("\n|---|---|");
-    for _ in &columns {
+    out.push_str("\n|---|");
+    for _ in rows {
         out.push_str("---|");
     }
     out.push('\n');
-    for row in rows {
-        let _ = write!(
-            out,
-            "| {} | {} |",
-            cell(&row.router),
-            row.version
-                .as_deref()
-                .map(cell)
-                .unwrap_or_else(|| "not stated".into())
-        );
-        for c in &columns {
-            let v = row
-                .checks
-                .iter()
-                .find(|k| k.id == *c)
-                .map(|k| k.verdict.name())
-                .unwrap_or("not run");
-            let _ = write!(out, " {v} |");
+    for (level, heading) in groups {
+        let members: Vec<&str> = ids
+            .iter()
+            .copied()
+            .filter(|id| level_of(id) == level)
+            .collect();
+        if members.is_empty() {
+            continue;
+        }
+        let _ = write!(out, "| {heading} |");
+        for _ in rows {
+            out.push_str(" |");
         }
         out.push('\n');
+        for id in members {
+            let _ = write!(out, "| {} |", code(id));
+            for row in rows {
+                let v = verdict_of(row, id).map_or("absent", CheckVerdict::name);
+                let _ = write!(out, " {v} |");
+            }
+            out.push('\n');
+        }
     }
-    out.push('\n');
+    out.push_str(
+        "\n*pass*: the router keeps the rule. *fail*: it breaks it. *n/a*: its profile declares \
+         the capability the check needs absent (no approval policy, cannot be restarted), so \
+         the check was skipped. *error*: the check could not run (not run, or a setup error). \
+         *absent*: the check was not part of that router's run.\n\n\
+         Each column is reproduced by:\n\n",
+    );
     for row in rows {
         let _ = writeln!(
             out,
-            "- **{}**: `{}`{}.",
+            "- **{}**{}: `{}`{}{}.",
             cell(&row.router),
+            row.version
+                .as_deref()
+                .map(|v| format!(" {}", cell(v)))
+                .unwrap_or_default(),
             row.command,
             row.date
                 .as_deref()
                 .map(|d| format!(" on {d}"))
-                .unwrap_or_default()
+                .unwrap_or_default(),
+            tally(row, &level_of),
         );
+    }
+}
+
+/// A router's column header: name, version and the day of the run.
+fn router_header(row: &RouterRow) -> String {
+    let mut header = cell(&row.router);
+    let _ = write!(
+        header,
+        " {}",
+        row.version
+            .as_deref()
+            .map(cell)
+            .unwrap_or_else(|| "(version not stated)".into())
+    );
+    if let Some(date) = &row.date {
+        let _ = write!(header, " ({})", cell(date));
+    }
+    header
+}
+
+fn verdict_of(row: &RouterRow, id: &str) -> Option<CheckVerdict> {
+    row.checks.iter().find(|k| k.id == id).map(|k| k.verdict)
+}
+
+/// `; required: 30 pass, 3 fail, 3 n/a` (and the same for recommended checks).
+fn tally(row: &RouterRow, level_of: &dyn Fn(&str) -> Option<Level>) -> String {
+    let mut parts = Vec::new();
+    for (level, word) in [
+        (Level::Required, "required"),
+        (Level::Recommended, "recommended"),
+    ] {
+        let verdicts: Vec<CheckVerdict> = row
+            .checks
+            .iter()
+            .filter(|c| level_of(&c.id) == Some(level))
+            .map(|c| c.verdict)
+            .collect();
+        if verdicts.is_empty() {
+            continue;
+        }
+        let counts: Vec<String> = [
+            CheckVerdict::Pass,
+            CheckVerdict::Fail,
+            CheckVerdict::NotApplicable,
+            CheckVerdict::Error,
+        ]
+        .into_iter()
+        .filter_map(|v| {
+            let n = verdicts.iter().filter(|x| **x == v).count();
+            (n > 0).then(|| format!("{n} {}", v.name()))
+        })
+        .collect();
+        parts.push(format!("{word}: {}", counts.join(", ")));
+    }
+    if parts.is_empty() {
+        String::new()
+    } else {
+        format!("; {}", parts.join("; "))
     }
 }
 
