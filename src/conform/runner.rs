@@ -28,6 +28,9 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
+mod second;
+pub use second::{check_slug, router_of};
+
 /// How long one request may take before the scenario errors.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
 /// How long a request whose router is to be killed may take before the kill counts as missed.
@@ -93,6 +96,9 @@ pub fn not_runnable(profile: &Profile, scenario: &Scenario) -> Option<Outcome> {
         }
     };
     for step in &scenario.steps {
+        if router_of(profile, step) != super::scenario::RouterChoice::First {
+            need(profile.shared_registry());
+        }
         match step {
             Step::Restart(_) => need(profile.restart()),
             Step::Reconnect(_) => {
@@ -240,6 +246,8 @@ pub struct ScenarioRun<'a> {
     router: Option<Router>,
     done: HashMap<String, Done>,
     baseline: u64,
+    /// The second router process (`router: second`), started on first use.
+    second: second::Second,
     _state: tempfile::TempDir,
     _port: PortLease,
 }
@@ -272,7 +280,7 @@ impl<'a> ScenarioRun<'a> {
             .prefix("callid-conform-state-")
             .tempdir()?;
         let port = PortLease::take()?;
-        let vars = Vars {
+        let mut vars = Vars {
             callid: callid.to_string(),
             state_dir: state.path().display().to_string(),
             registry: state.path().join("registry.sqlite3").display().to_string(),
@@ -280,7 +288,11 @@ impl<'a> ScenarioRun<'a> {
             port: port.port.to_string(),
             profile_dir: profile.dir.display().to_string(),
             handle: String::new(),
+            check_slug: check_slug(&scenario.id),
         };
+        if let Some(registry) = &profile.registry {
+            vars.registry = vars.apply(registry);
+        }
         Ok(ScenarioRun {
             profile,
             provider,
@@ -291,6 +303,7 @@ impl<'a> ScenarioRun<'a> {
             router: None,
             done: HashMap::new(),
             baseline: 0,
+            second: second::Second::default(),
             _state: state,
             _port: port,
         })
@@ -301,6 +314,9 @@ impl<'a> ScenarioRun<'a> {
         if let Some(provider) = self.provider {
             provider.hooks().reset();
             self.baseline = provider.charge_count().unwrap_or(0);
+        }
+        if let Err(reason) = self.setup().await {
+            return Ok(Outcome::Setup(reason));
         }
         let outcome = match self.start().await {
             Err(StepError::Error(e)) if e.starts_with("spawn:") => {
@@ -320,6 +336,7 @@ impl<'a> ScenarioRun<'a> {
             Ok(()) => self.steps(progress).await,
         };
         self.stop().await;
+        self.stop_second().await;
         Ok(outcome)
     }
 
@@ -329,7 +346,7 @@ impl<'a> ScenarioRun<'a> {
         for (i, step) in scenario.steps.iter().enumerate() {
             progress.step(i, step.kind());
             let label = step_label(i, step);
-            if let Err(e) = self.step(step).await {
+            if let Err(e) = self.step_on(step).await {
                 let also = |m: String| match &cosmetic {
                     Some(c) => format!("{label}: {m} (also {c})"),
                     None => format!("{label}: {m}"),
@@ -595,11 +612,11 @@ impl<'a> ScenarioRun<'a> {
         {
             p.hooks().hold_next(Duration::from_millis(s.hold_ms));
         }
-        let conn = self.conn()?.clone();
+        let conns = self.delivery_conns(s.router)?;
         let mut set = tokio::task::JoinSet::new();
-        for _ in 0..s.count {
+        for i in 0..s.count as usize {
             let id = self.id(None);
-            let conn = conn.clone();
+            let conn = conns[i % conns.len()].clone();
             let (tool, args, meta, _) = params.clone();
             set.spawn(async move { conn.call_tool(id, &tool, args, meta).await });
         }
