@@ -1439,6 +1439,11 @@ mod tests {
         no_restart.capabilities.restart = Some(false);
         let mut undeclared = Profile::reference();
         undeclared.capabilities.approval = None;
+        let mut alone = Profile::reference();
+        alone.capabilities.shared_registry = Some(false);
+        let mut replicated = Profile::reference();
+        replicated.redeliver_on_second = true;
+        replicated.capabilities.shared_registry = None;
         let skip = |r: &str| Some(Outcome::Skipped(r.to_string()));
         let not_run = |r: &str| Some(Outcome::NotRun(r.to_string()));
         let cases: Vec<(&Profile, &str, Option<Outcome>)> = vec![
@@ -1483,6 +1488,24 @@ mod tests {
                 ),
             ),
         ];
+        let cases = cases.into_iter().chain([
+            (&reference, "  - {do: concurrent, count: 2, router: both}\n", None),
+            (
+                &alone,
+                "  - {do: call, name: a}\n  - {do: redeliver, of: a, router: second}\n",
+                skip(
+                    "a second router process on the same registry: the profile declares `capabilities.shared_registry: false`",
+                ),
+            ),
+            (&alone, "  - {do: call, name: a}\n  - {do: redeliver, of: a}\n", None),
+            (
+                &replicated,
+                "  - {do: call, name: a}\n  - {do: redeliver, of: a}\n",
+                not_run(
+                    "a second router process on the same registry: the profile does not declare `capabilities.shared_registry`; set it to true, or to false to skip these checks",
+                ),
+            ),
+        ]);
         for (profile, steps, want) in cases {
             assert_eq!(not_runnable(profile, &scenario(steps)), want, "{steps}");
         }

@@ -6,6 +6,13 @@
 //! ...`). Steps are internally tagged by `do:`; serde's internally tagged enums buffer their
 //! content and lose the path, so the tag is dispatched here by hand and the path kept.
 //!
+//! # Router processes
+//! Every step but `approve` and `deny` takes `router: first` (the default) or `router: second`: a
+//! second process of the same target profile on the same state, started on first use (see
+//! [`RouterChoice`]); a `concurrent` step may take `router: both`, alternating its deliveries. A
+//! `redeliver` step that names no router goes to the second process when the profile sets
+//! `redeliver_on_second` (a replicated target).
+//!
 //! # Placeholders in `_meta` and argument strings
 //! - `{call:NAME}`: a fresh ID, the same for every use of `NAME` within one run of the scenario and
 //!   different in every run (so a router with a long-lived registry never sees an old ID).
@@ -1010,6 +1017,14 @@ mod tests {
             (
                 "steps:\n  - {do: concurrent, count: 1}\n",
                 "scenarios/x.yaml: steps[0].count: `count` must be between 2 and 256",
+            ),
+            (
+                "steps:\n  - {do: call, router: both}\n",
+                "scenarios/x.yaml: steps[0].router: `both` goes in `concurrent` steps only",
+            ),
+            (
+                "steps:\n  - {do: restart, router: third}\n",
+                "scenarios/x.yaml: steps[0].router: unknown variant `third`, expected one of `first`, `second`, `both`",
             ),
         ];
         for (body, want) in cases {

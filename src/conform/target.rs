@@ -6,11 +6,20 @@
 //! key pattern to scan for, the operator commands, and the capabilities the runner may use. What a
 //! target cannot do makes the scenarios that need it not applicable, never passed.
 //!
-//! # Placeholders (in command, args, env, url)
+//! # Placeholders (in command, args, env, url, registry, setup and the operator commands)
 //! `{callid}` this binary, `{state_dir}` a fresh directory per scenario, `{registry}`
-//! (`{state_dir}/registry.sqlite3`), `{provider_url}` the runner's provider, `{port}` a free
-//! loopback port picked per scenario, `{handle}` (operator commands), `{profile_dir}` the
-//! profile's directory.
+//! (`{state_dir}/registry.sqlite3`, or the profile's `registry`), `{provider_url}` the runner's
+//! provider, `{port}` a free loopback port picked per scenario (and router process),
+//! `{handle}` (operator commands), `{profile_dir}` the profile's directory, `{check_slug}` a
+//! unique SQL-identifier-safe name per check run, `{env:NAME}` the environment variable `NAME`
+//! (a profile file naming an unset one is refused on load).
+//!
+//! # Per-check state beyond a directory
+//! `setup` commands run before each check's router starts (e.g. `createdb {check_slug}`), and
+//! `registry` says what `{registry}` is (e.g. `{env:CALLID_CONFORM_POSTGRES}/{check_slug}`), so a
+//! router on a database server gets a fresh database per check. `capabilities.shared_registry`
+//! declares that two processes of the router may share one state (the scenarios' second router
+//! process), and `redeliver_on_second` sends every redelivery to the second process (replicas).
 
 use serde::Deserialize;
 use serde_json::{Map, Value};
@@ -419,7 +428,6 @@ impl Profile {
                     is_env_name(var)
                 } else {
                     PLACEHOLDERS.contains(&name)
-                        && name != "env:NAME"
                         && (operator || name != "handle")
                         && !(path == "registry" && name == "registry")
                 };
@@ -878,7 +886,55 @@ mod tests {
             bad.to_string().contains("unknown placeholder `{handle}`"),
             "{bad}"
         );
-        assert_eq!(placeholders_in("a {x} {y_1}{ {} }z {a b}"), ["x", "y_1"]);
+        assert_eq!(
+            placeholders_in("a {x} {y_1}{ {} }z {a b} {env:HOME} {env:a-b}"),
+            ["x", "y_1", "env:HOME"]
+        );
+        for (field, bad) in [
+            (
+                "registry: \"{registry}.x\"",
+                "registry: unknown placeholder `{registry}`",
+            ),
+            (
+                "registry: \"{env:1X}\"",
+                "registry: unknown placeholder `{env:1X}`",
+            ),
+            (
+                "setup: [{command: x, args: [\"{handle}\"]}]",
+                "setup[0].args[0]: unknown placeholder `{handle}`",
+            ),
+        ] {
+            let text = format!("{REFERENCE_PROFILE}\n{field}\n");
+            let bad_one = Profile::parse(&text, "p.yaml", PathBuf::new()).unwrap_err();
+            assert!(
+                bad_one.to_string().starts_with(&format!("p.yaml: {bad}")),
+                "{bad_one}"
+            );
+        }
+        let good = Profile::parse(
+            &format!(
+                "{REFERENCE_PROFILE}\nregistry: \"{{env:PG}}/{{check_slug}}\"\nsetup: [{{command: createdb, args: [\"{{check_slug}}\"]}}]\n"
+            ),
+            "p.yaml",
+            PathBuf::new(),
+        )
+        .unwrap();
+        let unset = "CALLID_TEST_SURELY_UNSET_VARIABLE";
+        let mut vars = Vars {
+            check_slug: "c_1".into(),
+            ..Vars::default()
+        };
+        vars.port = "7".into();
+        assert_eq!(
+            vars.apply(&format!("{{env:{unset}}}:{{port}}/{{check_slug}}")),
+            ":7/c_1"
+        );
+        let text = good.check_env("p.yaml").unwrap_err().to_string();
+        assert!(
+            text.starts_with("p.yaml: registry: the environment variable `PG`")
+                || std::env::var_os("PG").is_some(),
+            "{text}"
+        );
     }
 
     #[test]

@@ -92,10 +92,7 @@ fn the_replicated_reference_target_passes_every_required_check() {
             "--format",
             "json",
         ],
-        &[
-            ("CALLID_CONFORM_POSTGRES", pg.server_url()),
-            ("PATH", path),
-        ],
+        &[("CALLID_CONFORM_POSTGRES", pg.server_url()), ("PATH", path)],
     );
     let took = started.elapsed();
     let verdicts = verdicts(&output);
@@ -223,11 +220,7 @@ fn the_shared_registry_capability_decides_skipped_or_not_run() {
             "capabilities: {restart: true, kill: true, approval: true}",
         ),
     ] {
-        std::fs::write(
-            dir.path().join(file),
-            reference.replace(line, capabilities),
-        )
-        .unwrap();
+        std::fs::write(dir.path().join(file), reference.replace(line, capabilities)).unwrap();
     }
     let run = |profile: &str| {
         let mut args = vec!["--target", profile, "--format", "json", "--only"];

@@ -172,7 +172,10 @@ mod tests {
         let a = check_slug("concurrency.two-processes-one-registry");
         let b = check_slug("concurrency.two-processes-one-registry");
         assert_ne!(a, b);
-        assert!(a.starts_with("concurrency_two_processes_one_registry_"), "{a}");
+        assert!(
+            a.starts_with("concurrency_two_processes_one_registry_"),
+            "{a}"
+        );
         for slug in [a, check_slug(&"x.".repeat(80))] {
             assert!(slug.len() <= 53, "{slug}");
             assert!(slug.starts_with(|c: char| c.is_ascii_lowercase()), "{slug}");
