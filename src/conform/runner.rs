@@ -4,7 +4,9 @@
 //! process), drives it with [`crate::jsonrpc`] (chosen ids, exact `_meta`, redelivery with a new
 //! id), counts charges in its own provider's ledger, and checks every expectation of every step.
 //! Besides the written expectations, every step checks that no byte of any response contains the
-//! private key prefix, and that a `tools/call` is never answered with a JSON-RPC error.
+//! private key prefix, and that a `tools/call` is never answered with a JSON-RPC error. A step may
+//! go to a second process of the router on the same state, and a profile's `setup` commands run
+//! before each scenario's router starts (`runner/second.rs`).
 //!
 //! # Verdicts
 //! - `pass`: every expectation held.
