@@ -55,6 +55,10 @@ pub const SCENARIOS: &[(&str, &str)] = &[
         include_str!("../../scenarios/call-id-reused-other-arguments.yaml"),
     ),
     (
+        "concurrency-two-processes.yaml",
+        include_str!("../../scenarios/concurrency-two-processes.yaml"),
+    ),
+    (
         "concurrency.yaml",
         include_str!("../../scenarios/concurrency.yaml"),
     ),
@@ -85,6 +89,10 @@ pub const SCENARIOS: &[(&str, &str)] = &[
     (
         "identity-claude-code.yaml",
         include_str!("../../scenarios/identity-claude-code.yaml"),
+    ),
+    (
+        "identity-envelope-installations.yaml",
+        include_str!("../../scenarios/identity-envelope-installations.yaml"),
     ),
     (
         "identity-envelope-malformed.yaml",
@@ -130,6 +138,10 @@ pub const SCENARIOS: &[(&str, &str)] = &[
     (
         "redelivery-after-restart.yaml",
         include_str!("../../scenarios/redelivery-after-restart.yaml"),
+    ),
+    (
+        "redelivery-other-process.yaml",
+        include_str!("../../scenarios/redelivery-other-process.yaml"),
     ),
     (
         "redelivery-same-connection.yaml",

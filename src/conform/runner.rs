@@ -4,7 +4,9 @@
 //! process), drives it with [`crate::jsonrpc`] (chosen ids, exact `_meta`, redelivery with a new
 //! id), counts charges in its own provider's ledger, and checks every expectation of every step.
 //! Besides the written expectations, every step checks that no byte of any response contains the
-//! private key prefix, and that a `tools/call` is never answered with a JSON-RPC error.
+//! private key prefix, and that a `tools/call` is never answered with a JSON-RPC error. A step may
+//! go to a second process of the router on the same state, and a profile's `setup` commands run
+//! before each scenario's router starts (`runner/second.rs`).
 //!
 //! # Verdicts
 //! - `pass`: every expectation held.
@@ -27,6 +29,9 @@ use serde_json::{Map, Value, json};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Duration;
+
+mod second;
+pub use second::{check_slug, router_of};
 
 /// How long one request may take before the scenario errors.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
@@ -93,6 +98,9 @@ pub fn not_runnable(profile: &Profile, scenario: &Scenario) -> Option<Outcome> {
         }
     };
     for step in &scenario.steps {
+        if router_of(profile, step) != super::scenario::RouterChoice::First {
+            need(profile.shared_registry());
+        }
         match step {
             Step::Restart(_) => need(profile.restart()),
             Step::Reconnect(_) => {
@@ -240,6 +248,8 @@ pub struct ScenarioRun<'a> {
     router: Option<Router>,
     done: HashMap<String, Done>,
     baseline: u64,
+    /// The second router process (`router: second`), started on first use.
+    second: second::Second,
     _state: tempfile::TempDir,
     _port: PortLease,
 }
@@ -272,7 +282,7 @@ impl<'a> ScenarioRun<'a> {
             .prefix("callid-conform-state-")
             .tempdir()?;
         let port = PortLease::take()?;
-        let vars = Vars {
+        let mut vars = Vars {
             callid: callid.to_string(),
             state_dir: state.path().display().to_string(),
             registry: state.path().join("registry.sqlite3").display().to_string(),
@@ -280,7 +290,11 @@ impl<'a> ScenarioRun<'a> {
             port: port.port.to_string(),
             profile_dir: profile.dir.display().to_string(),
             handle: String::new(),
+            check_slug: check_slug(&scenario.id),
         };
+        if let Some(registry) = &profile.registry {
+            vars.registry = vars.apply(registry);
+        }
         Ok(ScenarioRun {
             profile,
             provider,
@@ -291,6 +305,7 @@ impl<'a> ScenarioRun<'a> {
             router: None,
             done: HashMap::new(),
             baseline: 0,
+            second: second::Second::default(),
             _state: state,
             _port: port,
         })
@@ -301,6 +316,9 @@ impl<'a> ScenarioRun<'a> {
         if let Some(provider) = self.provider {
             provider.hooks().reset();
             self.baseline = provider.charge_count().unwrap_or(0);
+        }
+        if let Err(reason) = self.setup().await {
+            return Ok(Outcome::Setup(reason));
         }
         let outcome = match self.start().await {
             Err(StepError::Error(e)) if e.starts_with("spawn:") => {
@@ -320,6 +338,7 @@ impl<'a> ScenarioRun<'a> {
             Ok(()) => self.steps(progress).await,
         };
         self.stop().await;
+        self.stop_second().await;
         Ok(outcome)
     }
 
@@ -329,7 +348,7 @@ impl<'a> ScenarioRun<'a> {
         for (i, step) in scenario.steps.iter().enumerate() {
             progress.step(i, step.kind());
             let label = step_label(i, step);
-            if let Err(e) = self.step(step).await {
+            if let Err(e) = self.step_on(step).await {
                 let also = |m: String| match &cosmetic {
                     Some(c) => format!("{label}: {m} (also {c})"),
                     None => format!("{label}: {m}"),
@@ -595,11 +614,11 @@ impl<'a> ScenarioRun<'a> {
         {
             p.hooks().hold_next(Duration::from_millis(s.hold_ms));
         }
-        let conn = self.conn()?.clone();
+        let conns = self.delivery_conns(s.router)?;
         let mut set = tokio::task::JoinSet::new();
-        for _ in 0..s.count {
+        for i in 0..s.count as usize {
             let id = self.id(None);
-            let conn = conn.clone();
+            let conn = conns[i % conns.len()].clone();
             let (tool, args, meta, _) = params.clone();
             set.spawn(async move { conn.call_tool(id, &tool, args, meta).await });
         }
@@ -1422,6 +1441,11 @@ mod tests {
         no_restart.capabilities.restart = Some(false);
         let mut undeclared = Profile::reference();
         undeclared.capabilities.approval = None;
+        let mut alone = Profile::reference();
+        alone.capabilities.shared_registry = Some(false);
+        let mut replicated = Profile::reference();
+        replicated.redeliver_on_second = true;
+        replicated.capabilities.shared_registry = None;
         let skip = |r: &str| Some(Outcome::Skipped(r.to_string()));
         let not_run = |r: &str| Some(Outcome::NotRun(r.to_string()));
         let cases: Vec<(&Profile, &str, Option<Outcome>)> = vec![
@@ -1466,6 +1490,24 @@ mod tests {
                 ),
             ),
         ];
+        let cases = cases.into_iter().chain([
+            (&reference, "  - {do: concurrent, count: 2, router: both}\n", None),
+            (
+                &alone,
+                "  - {do: call, name: a}\n  - {do: redeliver, of: a, router: second}\n",
+                skip(
+                    "a second router process on the same registry: the profile declares `capabilities.shared_registry: false`",
+                ),
+            ),
+            (&alone, "  - {do: call, name: a}\n  - {do: redeliver, of: a}\n", None),
+            (
+                &replicated,
+                "  - {do: call, name: a}\n  - {do: redeliver, of: a}\n",
+                not_run(
+                    "a second router process on the same registry: the profile does not declare `capabilities.shared_registry`; set it to true, or to false to skip these checks",
+                ),
+            ),
+        ]);
         for (profile, steps, want) in cases {
             assert_eq!(not_runnable(profile, &scenario(steps)), want, "{steps}");
         }

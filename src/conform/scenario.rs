@@ -6,6 +6,13 @@
 //! ...`). Steps are internally tagged by `do:`; serde's internally tagged enums buffer their
 //! content and lose the path, so the tag is dispatched here by hand and the path kept.
 //!
+//! # Router processes
+//! Every step but `approve` and `deny` takes `router: first` (the default) or `router: second`: a
+//! second process of the same target profile on the same state, started on first use (see
+//! [`RouterChoice`]); a `concurrent` step may take `router: both`, alternating its deliveries. A
+//! `redeliver` step that names no router goes to the second process when the profile sets
+//! `redeliver_on_second` (a replicated target).
+//!
 //! # Placeholders in `_meta` and argument strings
 //! - `{call:NAME}`: a fresh ID, the same for every use of `NAME` within one run of the scenario and
 //!   different in every run (so a router with a long-lived registry never sees an old ID).
@@ -99,6 +106,21 @@ impl Step {
         }
     }
 
+    /// The router process the step talks to (`approve` and `deny` run an operator command on
+    /// the shared state: the first).
+    pub fn router(&self) -> RouterChoice {
+        match self {
+            Step::Call(s) => s.router,
+            Step::Redeliver(s) => s.router.unwrap_or_default(),
+            Step::Concurrent(s) => s.router,
+            Step::Status(s) | Step::Resume(s) => s.router,
+            Step::Restart(s) => s.router,
+            Step::Reconnect(s) => s.router,
+            Step::ListTools(s) => s.router,
+            Step::Approve(_) | Step::Deny(_) => RouterChoice::First,
+        }
+    }
+
     /// The step's expectations, if it has any.
     pub fn expect(&self) -> Option<&Expect> {
         match self {
@@ -110,6 +132,22 @@ impl Step {
             Step::Approve(_) | Step::Deny(_) | Step::Restart(_) | Step::Reconnect(_) => None,
         }
     }
+}
+
+/// Which router process a step talks to. Both processes are started from the same profile on
+/// the same state (`{state_dir}`, `{registry}`); the second one has its own `{port}` and is started
+/// on first use. Steps that use the second process need the profile's
+/// `capabilities.shared_registry`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RouterChoice {
+    /// The router process every scenario starts with.
+    #[default]
+    First,
+    /// A second process of the same router on the same registry.
+    Second,
+    /// (`concurrent` only) deliveries alternate between the first and the second process.
+    Both,
 }
 
 /// `do: call`.
@@ -134,6 +172,10 @@ pub struct CallStep {
     /// The provider answers the next request with this HTTP status (charging nothing).
     #[serde(default)]
     pub provider_fails: Option<u16>,
+    /// Which router process takes this step (`first`, the default; `second`, a second process
+    /// of the same profile on the same state, started on first use).
+    #[serde(default)]
+    pub router: RouterChoice,
     /// What must hold after the step.
     #[serde(default)]
     pub expect: Expect,
@@ -151,6 +193,10 @@ pub struct RedeliverStep {
     /// The JSON-RPC id to use (default: the connection's next unused number).
     #[serde(default)]
     pub jsonrpc_id: Option<Value>,
+    /// Which router process takes the redelivery; left out, the first, or the second when the
+    /// profile sets `redeliver_on_second` (a replicated target).
+    #[serde(default)]
+    pub router: Option<RouterChoice>,
     /// What must hold after the step.
     #[serde(default)]
     pub expect: Expect,
@@ -174,6 +220,10 @@ pub struct ConcurrentStep {
     /// The arguments.
     #[serde(default)]
     pub arguments: Arguments,
+    /// Which router process receives the deliveries: `both` alternates them between the first
+    /// and the second process (single flight across processes sharing one registry).
+    #[serde(default)]
+    pub router: RouterChoice,
     /// What must hold after the step.
     #[serde(default)]
     pub expect: Expect,
@@ -192,6 +242,10 @@ pub struct HandleStep {
     /// A literal handle instead (e.g. an unknown one).
     #[serde(default)]
     pub handle: Option<String>,
+    /// Which router process takes this step (`first`, the default; `second`, a second process
+    /// of the same profile on the same state, started on first use).
+    #[serde(default)]
+    pub router: RouterChoice,
     /// What must hold after the step.
     #[serde(default)]
     pub expect: Expect,
@@ -212,17 +266,28 @@ pub struct RestartStep {
     /// Close stdin and let the router exit instead of killing it with SIGKILL.
     #[serde(default)]
     pub graceful: bool,
+    /// Which router process is restarted.
+    #[serde(default)]
+    pub router: RouterChoice,
 }
 
 /// `do: reconnect`.
 #[derive(Debug, Clone, PartialEq, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct ReconnectStep {}
+pub struct ReconnectStep {
+    /// Which router process is reconnected.
+    #[serde(default)]
+    pub router: RouterChoice,
+}
 
 /// `do: list_tools`.
 #[derive(Debug, Clone, PartialEq, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ListToolsStep {
+    /// Which router process takes this step (`first`, the default; `second`, a second process
+    /// of the same profile on the same state, started on first use).
+    #[serde(default)]
+    pub router: RouterChoice,
     /// What must hold after the step.
     #[serde(default)]
     pub expect: Expect,
@@ -753,6 +818,13 @@ fn validate(scenario: &Scenario) -> Result<(), ScenarioError> {
                 ));
             }
         }
+        if step.router() == RouterChoice::Both && !matches!(step, Step::Concurrent(_)) {
+            return Err(invalid(
+                file,
+                format!("{at}.router"),
+                "`both` goes in `concurrent` steps only; use `first` or `second`",
+            ));
+        }
         match step {
             Step::Call(s) => {
                 check_arguments(&s.arguments, file, &at)?;
@@ -945,6 +1017,14 @@ mod tests {
             (
                 "steps:\n  - {do: concurrent, count: 1}\n",
                 "scenarios/x.yaml: steps[0].count: `count` must be between 2 and 256",
+            ),
+            (
+                "steps:\n  - {do: call, router: both}\n",
+                "scenarios/x.yaml: steps[0].router: `both` goes in `concurrent` steps only",
+            ),
+            (
+                "steps:\n  - {do: restart, router: third}\n",
+                "scenarios/x.yaml: steps[0].router: unknown variant `third`, expected one of `first`, `second`, `both`",
             ),
         ];
         for (body, want) in cases {

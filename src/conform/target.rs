@@ -6,11 +6,20 @@
 //! key pattern to scan for, the operator commands, and the capabilities the runner may use. What a
 //! target cannot do makes the scenarios that need it not applicable, never passed.
 //!
-//! # Placeholders (in command, args, env, url)
+//! # Placeholders (in command, args, env, url, registry, setup and the operator commands)
 //! `{callid}` this binary, `{state_dir}` a fresh directory per scenario, `{registry}`
-//! (`{state_dir}/registry.sqlite3`), `{provider_url}` the runner's provider, `{port}` a free
-//! loopback port picked per scenario, `{handle}` (operator commands), `{profile_dir}` the
-//! profile's directory.
+//! (`{state_dir}/registry.sqlite3`, or the profile's `registry`), `{provider_url}` the runner's
+//! provider, `{port}` a free loopback port picked per scenario (and router process),
+//! `{handle}` (operator commands), `{profile_dir}` the profile's directory, `{check_slug}` a
+//! unique SQL-identifier-safe name per check run, `{env:NAME}` the environment variable `NAME`
+//! (a profile file naming an unset one is refused on load).
+//!
+//! # Per-check state beyond a directory
+//! `setup` commands run before each check's router starts (e.g. `createdb {check_slug}`), and
+//! `registry` says what `{registry}` is (e.g. `{env:CALLID_CONFORM_POSTGRES}/{check_slug}`), so a
+//! router on a database server gets a fresh database per check. `capabilities.shared_registry`
+//! declares that two processes of the router may share one state (the scenarios' second router
+//! process), and `redeliver_on_second` sends every redelivery to the second process (replicas).
 
 use serde::Deserialize;
 use serde_json::{Map, Value};
@@ -71,6 +80,19 @@ pub struct Profile {
     /// start command, charges cannot be counted.
     #[serde(default)]
     pub provider_listen: Option<String>,
+    /// What `{registry}` stands for (default `{state_dir}/registry.sqlite3`), e.g. a database
+    /// URL made fresh per check by `setup` (`postgres://…/{check_slug}`).
+    #[serde(default)]
+    pub registry: Option<String>,
+    /// Operator commands run, in order, before each check's router starts (e.g. create the
+    /// check's own database); one that fails makes the run a setup error.
+    #[serde(default)]
+    pub setup: Vec<SetupCommand>,
+    /// Every `redeliver` step that names no `router:` goes to the second router process (a
+    /// replicated target: the redelivery lands on the other replica). Needs
+    /// `capabilities.shared_registry: true`.
+    #[serde(default)]
+    pub redeliver_on_second: bool,
     /// The profile's directory (`{profile_dir}`), set on load.
     #[serde(skip)]
     pub dir: PathBuf,
@@ -188,6 +210,20 @@ pub struct OperatorCommand {
     pub env: BTreeMap<String, String>,
 }
 
+/// A setup command (`setup:`), run before each check's router starts.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SetupCommand {
+    /// Program.
+    pub command: String,
+    /// Arguments.
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// Environment added.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+}
+
 /// What the runner may do to the target. `false` declares the capability absent: the checks
 /// that need it are *skipped*. Left out, it is undeclared: those checks are *not run*, which
 /// makes the run incomplete (exit 1 unless `--allow-incomplete`).
@@ -200,6 +236,10 @@ pub struct Capabilities {
     /// Kill it with SIGKILL at a provider trigger.
     #[serde(default)]
     pub kill: Option<bool>,
+    /// Two processes of it, started from this profile on the same `{state_dir}` and
+    /// `{registry}`, may serve at once (a second router process, or replicas on one database).
+    #[serde(default)]
+    pub shared_registry: Option<bool>,
     /// It has an approval policy and operator commands.
     #[serde(default)]
     pub approval: Option<bool>,
@@ -225,6 +265,8 @@ pub const PLACEHOLDERS: &[&str] = &[
     "port",
     "profile_dir",
     "handle",
+    "check_slug",
+    "env:NAME",
 ];
 
 /// Why a target could not be set up.
@@ -263,6 +305,18 @@ pub enum TargetError {
         /// The placeholder, without braces.
         name: String,
     },
+    /// An `{env:NAME}` placeholder names a variable that is not set.
+    #[error(
+        "{file}: {path}: the environment variable `{name}` (placeholder `{{env:{name}}}`) is not set; set it before running conform"
+    )]
+    EnvUnset {
+        /// The file.
+        file: String,
+        /// Where.
+        path: String,
+        /// The variable.
+        name: String,
+    },
     /// `--stdio` could not be split into words.
     #[error("failed to split `--stdio {0}` into words: unbalanced quote")]
     Split(String),
@@ -276,6 +330,7 @@ impl TargetError {
             TargetError::Invalid { .. } => "target_invalid",
             TargetError::UnknownPlaceholder { .. } => "target_unknown_placeholder",
             TargetError::Split(_) => "target_command_invalid",
+            TargetError::EnvUnset { .. } => "target_env_unset",
         }
     }
 }
@@ -291,7 +346,9 @@ impl Profile {
             .parent()
             .map(Path::to_path_buf)
             .unwrap_or_else(|| PathBuf::from("."));
-        Profile::parse(&text, &file.display().to_string(), dir)
+        let profile = Profile::parse(&text, &file.display().to_string(), dir)?;
+        profile.check_env(&file.display().to_string())?;
+        Ok(profile)
     }
 
     /// Parses a profile document; `name` labels errors.
@@ -318,6 +375,12 @@ impl Profile {
             _ => {}
         }
         profile.check_placeholders(name)?;
+        if profile.redeliver_on_second && profile.capabilities.shared_registry != Some(true) {
+            return Err(invalid(
+                "redeliver_on_second".into(),
+                "sending redeliveries to a second router process needs `capabilities.shared_registry: true`".into(),
+            ));
+        }
         if profile.capabilities.approval == Some(true)
             && (profile.approve.is_none()
                 || profile.deny.is_none()
@@ -359,6 +422,48 @@ impl Profile {
     /// Refuses any `{name}` in the command, arguments, environment, URL or operator commands
     /// that is not a known placeholder (`{handle}` only in operator commands).
     fn check_placeholders(&self, file: &str) -> Result<(), TargetError> {
+        for (path, text, operator) in self.placeholder_fields() {
+            for name in placeholders_in(text) {
+                let known = if let Some(var) = name.strip_prefix("env:") {
+                    is_env_name(var)
+                } else {
+                    PLACEHOLDERS.contains(&name)
+                        && (operator || name != "handle")
+                        && !(path == "registry" && name == "registry")
+                };
+                if !known {
+                    return Err(TargetError::UnknownPlaceholder {
+                        file: file.to_string(),
+                        path,
+                        name: name.to_string(),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Refuses an `{env:NAME}` placeholder whose variable is not set (checked when a profile
+    /// file is loaded for a run, so a missing server URL is named before anything starts).
+    pub fn check_env(&self, file: &str) -> Result<(), TargetError> {
+        for (path, text, _) in self.placeholder_fields() {
+            for name in placeholders_in(text) {
+                if let Some(var) = name.strip_prefix("env:")
+                    && std::env::var_os(var).is_none()
+                {
+                    return Err(TargetError::EnvUnset {
+                        file: file.to_string(),
+                        path,
+                        name: var.to_string(),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Every field that may hold placeholders: `(path, text, is an operator command)`.
+    fn placeholder_fields(&self) -> Vec<(String, &str, bool)> {
         let mut fields: Vec<(String, &str, bool)> = Vec::new();
         if let Some(c) = &self.command {
             fields.push(("command".into(), c, false));
@@ -383,19 +488,19 @@ impl Profile {
                 }
             }
         }
-        for (path, text, operator) in fields {
-            for name in placeholders_in(text) {
-                let known = PLACEHOLDERS.contains(&name) && (operator || name != "handle");
-                if !known {
-                    return Err(TargetError::UnknownPlaceholder {
-                        file: file.to_string(),
-                        path,
-                        name: name.to_string(),
-                    });
-                }
+        if let Some(r) = &self.registry {
+            fields.push(("registry".into(), r, false));
+        }
+        for (i, op) in self.setup.iter().enumerate() {
+            fields.push((format!("setup[{i}].command"), &op.command, false));
+            for (j, a) in op.args.iter().enumerate() {
+                fields.push((format!("setup[{i}].args[{j}]"), a, false));
+            }
+            for (k, v) in &op.env {
+                fields.push((format!("setup[{i}].env.{k}"), v, false));
             }
         }
-        Ok(())
+        fields
     }
 
     /// The router's own name for the contract's error code `code`.
@@ -504,6 +609,15 @@ impl Profile {
         )
     }
 
+    /// Whether a second process of the router may run on the same state.
+    pub fn shared_registry(&self) -> Can {
+        self.capability(
+            self.capabilities.shared_registry,
+            "shared_registry",
+            "a second router process on the same registry",
+        )
+    }
+
     /// Whether approval scenarios can run.
     pub fn approval(&self) -> Can {
         match self.capabilities.approval {
@@ -542,7 +656,14 @@ impl Profile {
     }
 }
 
-/// The `{name}` tokens of `text` (a name of letters, digits and `_`).
+/// Whether `name` can name an environment variable (`{env:NAME}`): a letter or `_`, then
+/// letters, digits and `_`.
+fn is_env_name(name: &str) -> bool {
+    name.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// The `{name}` tokens of `text` (a name of letters, digits and `_`, or `env:` and one).
 fn placeholders_in(text: &str) -> Vec<&str> {
     let mut found = Vec::new();
     let mut rest = text;
@@ -552,6 +673,8 @@ fn placeholders_in(text: &str) -> Vec<&str> {
             Some(end)
                 if end > 0
                     && after[..end]
+                        .strip_prefix("env:")
+                        .unwrap_or(&after[..end])
                         .chars()
                         .all(|c| c.is_ascii_alphanumeric() || c == '_') =>
             {
@@ -581,18 +704,31 @@ pub struct Vars {
     pub profile_dir: String,
     /// `{handle}`.
     pub handle: String,
+    /// `{check_slug}`.
+    pub check_slug: String,
 }
 
 impl Vars {
     /// Replaces every known placeholder in `text`.
     pub fn apply(&self, text: &str) -> String {
-        text.replace("{callid}", &self.callid)
+        let mut text = text
+            .replace("{callid}", &self.callid)
             .replace("{state_dir}", &self.state_dir)
             .replace("{registry}", &self.registry)
             .replace("{provider_url}", &self.provider_url)
             .replace("{port}", &self.port)
             .replace("{profile_dir}", &self.profile_dir)
             .replace("{handle}", &self.handle)
+            .replace("{check_slug}", &self.check_slug);
+        for name in placeholders_in(&text.clone()) {
+            if let Some(var) = name.strip_prefix("env:") {
+                text = text.replace(
+                    &format!("{{{name}}}"),
+                    &std::env::var(var).unwrap_or_default(),
+                );
+            }
+        }
+        text
     }
 }
 
@@ -750,7 +886,55 @@ mod tests {
             bad.to_string().contains("unknown placeholder `{handle}`"),
             "{bad}"
         );
-        assert_eq!(placeholders_in("a {x} {y_1}{ {} }z {a b}"), ["x", "y_1"]);
+        assert_eq!(
+            placeholders_in("a {x} {y_1}{ {} }z {a b} {env:HOME} {env:a-b}"),
+            ["x", "y_1", "env:HOME"]
+        );
+        for (field, bad) in [
+            (
+                "registry: \"{registry}.x\"",
+                "registry: unknown placeholder `{registry}`",
+            ),
+            (
+                "registry: \"{env:1X}\"",
+                "registry: unknown placeholder `{env:1X}`",
+            ),
+            (
+                "setup: [{command: x, args: [\"{handle}\"]}]",
+                "setup[0].args[0]: unknown placeholder `{handle}`",
+            ),
+        ] {
+            let text = format!("{REFERENCE_PROFILE}\n{field}\n");
+            let bad_one = Profile::parse(&text, "p.yaml", PathBuf::new()).unwrap_err();
+            assert!(
+                bad_one.to_string().starts_with(&format!("p.yaml: {bad}")),
+                "{bad_one}"
+            );
+        }
+        let good = Profile::parse(
+            &format!(
+                "{REFERENCE_PROFILE}\nregistry: \"{{env:PG}}/{{check_slug}}\"\nsetup: [{{command: createdb, args: [\"{{check_slug}}\"]}}]\n"
+            ),
+            "p.yaml",
+            PathBuf::new(),
+        )
+        .unwrap();
+        let unset = "CALLID_TEST_SURELY_UNSET_VARIABLE";
+        let mut vars = Vars {
+            check_slug: "c_1".into(),
+            ..Vars::default()
+        };
+        vars.port = "7".into();
+        assert_eq!(
+            vars.apply(&format!("{{env:{unset}}}:{{port}}/{{check_slug}}")),
+            ":7/c_1"
+        );
+        let text = good.check_env("p.yaml").unwrap_err().to_string();
+        assert!(
+            text.starts_with("p.yaml: registry: the environment variable `PG`")
+                || std::env::var_os("PG").is_some(),
+            "{text}"
+        );
     }
 
     #[test]

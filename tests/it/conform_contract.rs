@@ -225,12 +225,12 @@ fn a_declared_absent_capability_is_skipped_and_an_undeclared_one_is_not_run() {
         .unwrap()
         .replace("{profile_dir}", &repo().display().to_string());
     let declared = reference.replace(
-        "capabilities: {restart: true, kill: true, approval: true}",
-        "capabilities: {restart: true, kill: true, approval: false}",
+        "capabilities: {restart: true, kill: true, approval: true, shared_registry: true}",
+        "capabilities: {restart: true, kill: true, approval: false, shared_registry: true}",
     );
     let undeclared = reference.replace(
-        "capabilities: {restart: true, kill: true, approval: true}",
-        "capabilities: {restart: true, kill: true}",
+        "capabilities: {restart: true, kill: true, approval: true, shared_registry: true}",
+        "capabilities: {restart: true, kill: true, shared_registry: true}",
     );
     assert_ne!(declared, reference);
     std::fs::write(dir.path().join("declared.yaml"), declared).unwrap();
@@ -302,7 +302,7 @@ fn a_typo_in_a_placeholder_is_an_error_naming_it_and_the_known_ones() {
     assert_eq!(code(&output), 2, "{}", stdout(&output));
     assert_eq!(
         stderr(&output).trim(),
-        "error: typo.yaml: args[2]: unknown placeholder `{regsitry}`; the known ones are `{callid}`, `{state_dir}`, `{registry}`, `{provider_url}`, `{port}`, `{profile_dir}`, `{handle}`"
+        "error: typo.yaml: args[2]: unknown placeholder `{regsitry}`; the known ones are `{callid}`, `{state_dir}`, `{registry}`, `{provider_url}`, `{port}`, `{profile_dir}`, `{handle}`, `{check_slug}`, `{env:NAME}`"
     );
     assert_eq!(
         std::fs::read_dir(dir.path()).unwrap().count(),
@@ -619,8 +619,8 @@ fn matrix_add_reads_skipped_and_not_run_verdicts() {
     let text = std::fs::read_to_string(repo().join("scenarios/targets/reference.yaml"))
         .unwrap()
         .replace(
-            "capabilities: {restart: true, kill: true, approval: true}",
-            "capabilities: {restart: true, approval: false}",
+            "capabilities: {restart: true, kill: true, approval: true, shared_registry: true}",
+            "capabilities: {restart: true, approval: false, shared_registry: true}",
         );
     std::fs::write(dir.path().join("p.yaml"), text).unwrap();
     let report = conform_in(

@@ -1,7 +1,8 @@
 //! JSON: `{version, target, duration_ms, success, allow_incomplete, summary, checks: [{id, title,
 //! rule, article, level, verdict, reason, baseline, duration_ms}]}`, pretty-printed. `verdict` is
 //! one of `pass`, `fail`, `skipped` (the profile declares the capability absent), `not-run`,
-//! `error`; `level` is `required` or `recommended`.
+//! `error`; `level` is `required` or `recommended`. The required checks come first, each level in
+//! id order.
 
 use super::Report;
 use std::io::Write;
@@ -12,9 +13,10 @@ pub const VERSION: u32 = 1;
 
 /// Renders `report` as JSON.
 pub fn render(report: &Report, out: &mut dyn Write) -> std::io::Result<()> {
+    // The required checks first: when a rule and a convention both fail, the rule leads.
     let checks: Vec<serde_json::Value> = report
-        .checks
-        .iter()
+        .level(super::Level::Required)
+        .chain(report.level(super::Level::Recommended))
         .map(|c| {
             serde_json::json!({
                 "id": c.id,

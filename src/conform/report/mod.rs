@@ -96,7 +96,9 @@ fn millis<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_u64(d.as_millis() as u64)
 }
 
-/// One run: the target and every check's result, in id order.
+/// One run: the target and every check's result, in id order. Every format renders the required
+/// checks (the article's rules, where a double charge shows) before the recommended ones
+/// (callid's conventions), so when both fail the report leads with the money.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Report {
     /// The target's name.
@@ -185,7 +187,14 @@ impl Report {
             s.not_run,
             s.error
         );
+        // The rules come first: a broken rule (money) leads, a convention comes last.
         let mut notes = Vec::new();
+        if s.unexpected > 0 {
+            notes.push(format!("{} unexpected", s.unexpected));
+        }
+        if s.stale > 0 {
+            notes.push(format!("{} stale expected failure(s) now pass", s.stale));
+        }
         if s.not_run > 0 {
             notes.push(if self.allow_incomplete {
                 format!("{} not run allowed by --allow-incomplete", s.not_run)
@@ -193,20 +202,14 @@ impl Report {
                 format!("incomplete: {} check(s) not run", s.not_run)
             });
         }
+        if s.expected > 0 {
+            notes.push(format!("{} expected failure(s)", s.expected));
+        }
         if s.recommended_failed > 0 {
             notes.push(format!(
                 "{} recommended check(s) failed",
                 s.recommended_failed
             ));
-        }
-        if s.expected > 0 {
-            notes.push(format!("{} expected failure(s)", s.expected));
-        }
-        if s.unexpected > 0 {
-            notes.push(format!("{} unexpected", s.unexpected));
-        }
-        if s.stale > 0 {
-            notes.push(format!("{} stale expected failure(s) now pass", s.stale));
         }
         if !notes.is_empty() {
             line.push_str(&format!(" ({})", notes.join(", ")));
@@ -261,6 +264,42 @@ pub fn verdict_label(check: &CheckResult) -> String {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+
+    /// A double charge (a required rule) and a missing replay marker (a convention) fail in one
+    /// run: every format, and the summary line, name the rule first, although the convention's
+    /// id sorts first.
+    #[test]
+    fn when_a_rule_and_a_convention_both_fail_every_format_leads_with_the_rule() {
+        let mut report = sample();
+        report
+            .checks
+            .retain(|c| c.id == "convention.replay-marker" || c.id == "new-call.same-arguments");
+        report.checks.sort_by(|a, b| a.id.cmp(&b.id));
+        assert_eq!(report.checks[0].id, "convention.replay-marker");
+        report.checks[1].reason = "steps[1] (redeliver `first`): the provider recorded 2 charge(s) in this scenario, expected 1".into();
+        assert!(
+            report
+                .summary_line()
+                .ends_with("(1 unexpected, 1 recommended check(s) failed)"),
+            "{}",
+            report.summary_line()
+        );
+        for format in [Format::Table, Format::Markdown, Format::Json, Format::Junit] {
+            let mut out = Vec::new();
+            render(&report, format, &mut out).unwrap();
+            let text = String::from_utf8(out).unwrap();
+            let rule = text
+                .find("new-call.same-arguments")
+                .expect("the rule is reported");
+            let convention = text
+                .find("convention.replay-marker")
+                .expect("the convention is reported");
+            assert!(
+                rule < convention,
+                "{format:?} leads with the convention:\n{text}"
+            );
+        }
+    }
 
     /// A report with every verdict and every baseline outcome, for the snapshot tests.
     pub fn sample() -> Report {
