@@ -112,6 +112,13 @@ pub enum Command {
     Completions(CompletionsArgs),
     /// Print the identity sources accepted: the built-in table, extended by `--identity-sources`.
     IdentitySources(IdentitySourcesArgs),
+    /// (internal) The stdio form of `callid conform`'s upstream MCP role: bridges stdin/stdout to
+    /// the runner's upstream at URL. The runner hands it to routers as `{upstream_argv}`.
+    #[command(name = "conform-upstream-relay", hide = true)]
+    ConformUpstreamRelay {
+        /// The runner's upstream endpoint (`http://127.0.0.1:PORT/mcp`).
+        url: String,
+    },
 }
 
 /// `callid completions`

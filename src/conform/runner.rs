@@ -276,10 +276,16 @@ impl<'a> ScenarioRun<'a> {
             callid: callid.to_string(),
             state_dir: state.path().display().to_string(),
             registry: state.path().join("registry.sqlite3").display().to_string(),
-            provider_url: provider.map(RunnerProvider::url).unwrap_or_default(),
+            provider_url: provider
+                .map(RunnerProvider::provider_url)
+                .unwrap_or_default(),
             port: port.port.to_string(),
             profile_dir: profile.dir.display().to_string(),
             handle: String::new(),
+            upstream_url: provider
+                .map(RunnerProvider::upstream_url)
+                .unwrap_or_default(),
+            upstream_argv: upstream_argv(provider, callid),
         };
         Ok(ScenarioRun {
             profile,
@@ -363,7 +369,10 @@ impl<'a> ScenarioRun<'a> {
                     None => Some(self.call(id, &params).await?),
                 };
                 if s.expect.no_reply == Some(true) && response.is_some() {
-                    return fail("expected no reply (the router is killed at the provider)");
+                    return fail(format!(
+                        "expected no reply (the router is killed at the {})",
+                        self.role()
+                    ));
                 }
                 self.after(
                     s.name.as_deref(),
@@ -442,6 +451,13 @@ impl<'a> ScenarioRun<'a> {
                 Ok(())
             }
         }
+    }
+
+    /// The runner's role behind the router (`provider` or `upstream`), for messages.
+    fn role(&self) -> &'static str {
+        self.provider
+            .map_or(self.profile.backend, RunnerProvider::role)
+            .name()
     }
 
     fn id(&mut self, explicit: Option<Value>) -> Value {
@@ -553,12 +569,14 @@ impl<'a> ScenarioRun<'a> {
                     // The router died after writing this reply: possible only if it replied
                     // before the provider answered, which is itself a broken rule.
                     return fail(format!(
-                        "the router answered before the provider's reply reached it: {}",
+                        "the router answered before the {}'s reply reached it: {}",
+                        self.role(),
                         describe(&response, &self.profile.pointers.error)
                     ));
                 }
                 fail(format!(
-                    "the router answered without reaching the provider's kill trigger `{}`: {}",
+                    "the router answered without reaching the {}'s kill trigger `{}`: {}",
+                    self.role(),
                     trigger_name(trigger),
                     describe(&response, &self.profile.pointers.error)
                 ))
@@ -919,7 +937,8 @@ impl<'a> ScenarioRun<'a> {
             let got = provider.charge_count().map_err(ledger_error)? - self.baseline;
             if got != want {
                 return fail(format!(
-                    "the provider recorded {got} charge(s) in this scenario, expected {want}"
+                    "the {} recorded {got} charge(s) in this scenario, expected {want}",
+                    provider.role().name()
                 ));
             }
         }
@@ -931,7 +950,8 @@ impl<'a> ScenarioRun<'a> {
             let ids = provider.charge_ids().map_err(ledger_error)?;
             if !ids.contains(&charge) {
                 return fail(format!(
-                    "the result's charge id `{charge}` is not a charge the provider recorded"
+                    "the result's charge id `{charge}` is not a charge the {} recorded",
+                    provider.role().name()
                 ));
             }
         }
@@ -944,7 +964,8 @@ impl<'a> ScenarioRun<'a> {
                 .find(|k| k.contains(prefix.as_str()))
             {
                 return fail(format!(
-                    "the provider received the private operation key as its idempotency key (`{}`)",
+                    "the {} received the private operation key as its idempotency key (`{}`)",
+                    provider.role().name(),
                     clip(key, 40)
                 ));
             }
@@ -955,7 +976,8 @@ impl<'a> ScenarioRun<'a> {
             keys.dedup();
             if keys.len() > 1 {
                 return fail(format!(
-                    "the provider received {} different idempotency keys for one operation: a redelivery must continue the same operation under the same key",
+                    "the {} received {} different idempotency keys for one operation: a redelivery must continue the same operation under the same key",
+                    provider.role().name(),
                     keys.len()
                 ));
             }
@@ -1019,7 +1041,7 @@ impl<'a> ScenarioRun<'a> {
             .iter()
             .map(|(k, v)| (k.clone(), vars.apply(v)))
             .collect();
-        let args: Vec<String> = profile.args.iter().map(|a| vars.apply(a)).collect();
+        let args: Vec<String> = vars.apply_args(&profile.args);
         let router = match (profile.transport, &profile.command) {
             (Transport::Stdio, Some(command)) => {
                 let program = PathBuf::from(vars.apply(command));
@@ -1215,6 +1237,16 @@ impl Drop for PortLease {
         if let Some(path) = self.claim.take() {
             let _ = std::fs::remove_file(path);
         }
+    }
+}
+
+/// `{upstream_argv}`: the stdio relay to the runner's upstream (empty in the provider role).
+fn upstream_argv(provider: Option<&RunnerProvider>, callid: &str) -> Vec<String> {
+    match provider {
+        Some(p) if p.role() == super::target::Backend::Upstream => {
+            super::upstream::relay_argv(callid, &p.url())
+        }
+        _ => Vec::new(),
     }
 }
 

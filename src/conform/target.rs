@@ -10,7 +10,11 @@
 //! `{callid}` this binary, `{state_dir}` a fresh directory per scenario, `{registry}`
 //! (`{state_dir}/registry.sqlite3`), `{provider_url}` the runner's provider, `{port}` a free
 //! loopback port picked per scenario, `{handle}` (operator commands), `{profile_dir}` the
-//! profile's directory.
+//! profile's directory. With `backend: upstream` ([`Backend`]): `{upstream_url}` the runner's
+//! upstream MCP endpoint, `{upstream_command}` one shell-quoted command line of a stdio upstream
+//! that reaches it, and an `args` element exactly `{upstream_argv}`, which becomes that command's
+//! words (program and arguments) as several elements. A placeholder of the other backend is an
+//! error, as is `{upstream_argv}` anywhere but as a whole `args` element.
 
 use serde::Deserialize;
 use serde_json::{Map, Value};
@@ -71,10 +75,48 @@ pub struct Profile {
     /// start command, charges cannot be counted.
     #[serde(default)]
     pub provider_listen: Option<String>,
+    /// Which of the runner's paid backends the router calls: its HTTP provider (default) or
+    /// its upstream MCP server.
+    #[serde(default)]
+    pub backend: Backend,
     /// The profile's directory (`{profile_dir}`), set on load.
     #[serde(skip)]
     pub dir: PathBuf,
 }
+
+/// The runner's role behind the router: what the router calls to spend, and what counts the
+/// charges.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Backend {
+    /// The runner's HTTP provider at `{provider_url}` (`POST /v1/images`, `Idempotency-Key`).
+    #[default]
+    Provider,
+    /// The runner's upstream MCP server (`{upstream_url}`, `{upstream_command}`,
+    /// `{upstream_argv}`) exposing the paid tool: for gateways and MCP-native routers.
+    Upstream,
+}
+
+impl Backend {
+    /// How reports name it: `provider` or `upstream`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Provider => "provider",
+            Backend::Upstream => "upstream",
+        }
+    }
+
+    /// The placeholders that only this backend fills.
+    fn own_placeholders(self) -> &'static [&'static str] {
+        match self {
+            Backend::Provider => &["provider_url"],
+            Backend::Upstream => &["upstream_url", "upstream_command", "upstream_argv"],
+        }
+    }
+}
+
+/// The `args` element that expands into the stdio upstream's words.
+pub const UPSTREAM_ARGV: &str = "{upstream_argv}";
 
 fn default_private_prefix() -> String {
     crate::keys::DEFAULT_KEY_PREFIX.to_string()
@@ -225,6 +267,9 @@ pub const PLACEHOLDERS: &[&str] = &[
     "port",
     "profile_dir",
     "handle",
+    "upstream_url",
+    "upstream_command",
+    "upstream_argv",
 ];
 
 /// Why a target could not be set up.
@@ -383,6 +428,10 @@ impl Profile {
                 }
             }
         }
+        let other = match self.backend {
+            Backend::Provider => Backend::Upstream,
+            Backend::Upstream => Backend::Provider,
+        };
         for (path, text, operator) in fields {
             for name in placeholders_in(text) {
                 let known = PLACEHOLDERS.contains(&name) && (operator || name != "handle");
@@ -393,7 +442,32 @@ impl Profile {
                         name: name.to_string(),
                     });
                 }
+                let invalid = |message: String| TargetError::Invalid {
+                    file: file.to_string(),
+                    path: path.clone(),
+                    message,
+                };
+                if other.own_placeholders().contains(&name) {
+                    return Err(invalid(format!(
+                        "`{{{name}}}` belongs to `backend: {}`, and this profile has `backend: {}`",
+                        other.name(),
+                        self.backend.name()
+                    )));
+                }
+                let whole_arg = path.starts_with("args[") && text == UPSTREAM_ARGV;
+                if name == "upstream_argv" && !whole_arg {
+                    return Err(invalid(
+                        "`{upstream_argv}` expands into several arguments: give it as a whole `args` element (`args: [..., \"--\", \"{upstream_argv}\"]`), or use `{upstream_command}` for one string".into(),
+                    ));
+                }
             }
+        }
+        if self.backend == Backend::Upstream && self.provider_listen.is_some() {
+            return Err(TargetError::Invalid {
+                file: file.to_string(),
+                path: "provider_listen".into(),
+                message: "`provider_listen` is for `backend: provider`; with `backend: upstream` the runner starts the router and hands it `{upstream_url}` or `{upstream_command}`".into(),
+            });
         }
         Ok(())
     }
@@ -526,7 +600,7 @@ impl Profile {
             Can::Yes
         } else {
             Can::Cannot(
-                "charges cannot be counted: the router does not use the runner's provider (start it from the profile with `{provider_url}`, or set `provider_listen` and point the router there)".into(),
+                "charges cannot be counted: the router does not use the runner's provider or upstream (start it from the profile with `{provider_url}`, or `backend: upstream` and `{upstream_url}` / `{upstream_argv}`; or set `provider_listen` and point the router there)".into(),
             )
         }
     }
@@ -581,18 +655,62 @@ pub struct Vars {
     pub profile_dir: String,
     /// `{handle}`.
     pub handle: String,
+    /// `{upstream_url}`.
+    pub upstream_url: String,
+    /// `{upstream_argv}`: the stdio upstream's program and arguments (`{upstream_command}` is
+    /// them quoted into one line).
+    pub upstream_argv: Vec<String>,
 }
 
 impl Vars {
+    /// `{upstream_command}`: [`Vars::upstream_argv`] as one POSIX shell line.
+    pub fn upstream_command(&self) -> String {
+        self.upstream_argv
+            .iter()
+            .map(|w| shell_quote(w))
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
+    /// The router's arguments: every placeholder replaced, and an element exactly
+    /// `{upstream_argv}` replaced by the stdio upstream's words.
+    pub fn apply_args(&self, args: &[String]) -> Vec<String> {
+        let mut out = Vec::with_capacity(args.len());
+        for a in args {
+            if a == UPSTREAM_ARGV {
+                out.extend(self.upstream_argv.iter().cloned());
+            } else {
+                out.push(self.apply(a));
+            }
+        }
+        out
+    }
+
     /// Replaces every known placeholder in `text`.
     pub fn apply(&self, text: &str) -> String {
-        text.replace("{callid}", &self.callid)
+        text.replace("{upstream_url}", &self.upstream_url)
+            .replace("{upstream_command}", &self.upstream_command())
+            .replace("{callid}", &self.callid)
             .replace("{state_dir}", &self.state_dir)
             .replace("{registry}", &self.registry)
             .replace("{provider_url}", &self.provider_url)
             .replace("{port}", &self.port)
             .replace("{profile_dir}", &self.profile_dir)
             .replace("{handle}", &self.handle)
+    }
+}
+
+/// `word` quoted for a POSIX shell (as is when it needs no quoting); [`split_words`] reads it
+/// back.
+pub fn shell_quote(word: &str) -> String {
+    let plain = !word.is_empty()
+        && word
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./:=@%+,".contains(c));
+    if plain {
+        word.to_string()
+    } else {
+        format!("'{}'", word.replace('\'', "'\\''"))
     }
 }
 
