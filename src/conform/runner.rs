@@ -1472,7 +1472,7 @@ mod tests {
                 &url,
                 "  - {do: call, expect: {charges: 0}}\n",
                 not_run(
-                    "charges cannot be counted: the router does not use the runner's provider (start it from the profile with `{provider_url}`, or set `provider_listen` and point the router there)",
+                    "charges cannot be counted: the router does not use the runner's provider or upstream (start it from the profile with `{provider_url}`, or `backend: upstream` and `{upstream_url}` / `{upstream_argv}`; or set `provider_listen` and point the router there)",
                 ),
             ),
             (&url, "  - do: reconnect\n", None),

@@ -872,6 +872,70 @@ mod tests {
     }
 
     #[test]
+    fn upstream_placeholders_belong_to_the_upstream_backend() {
+        let gateway = include_str!("../../scenarios/targets/gateway.yaml");
+        let p = Profile::parse(gateway, "g.yaml", PathBuf::new()).unwrap();
+        assert_eq!(p.backend, Backend::Upstream);
+        assert_eq!(p.ledger(), Can::Yes);
+        let vars = Vars {
+            callid: "/bin/callid".into(),
+            upstream_argv: vec![
+                "/opt/my callid".into(),
+                "conform-upstream-relay".into(),
+                "http://127.0.0.1:9/mcp".into(),
+            ],
+            ..Vars::default()
+        };
+        let args = vars.apply_args(&p.args);
+        assert_eq!(
+            args[args.len() - 4..],
+            [
+                "--",
+                "/opt/my callid",
+                "conform-upstream-relay",
+                "http://127.0.0.1:9/mcp"
+            ]
+        );
+        assert_eq!(
+            vars.upstream_command(),
+            "'/opt/my callid' conform-upstream-relay http://127.0.0.1:9/mcp"
+        );
+        assert_eq!(
+            split_words(&vars.upstream_command()).unwrap(),
+            vars.upstream_argv
+        );
+        assert_eq!(shell_quote("it's"), "'it'\\''s'");
+        assert_eq!(split_words(&shell_quote("it's")).unwrap(), ["it's"]);
+
+        let bad = |from: &str, to: &str| {
+            Profile::parse(&gateway.replace(from, to), "g.yaml", PathBuf::new())
+                .unwrap_err()
+                .to_string()
+        };
+        let text = bad("\"{upstream_argv}\"]", "\"{provider_url}\"]");
+        assert!(
+            text.contains("`{provider_url}` belongs to `backend: provider`"),
+            "{text}"
+        );
+        let text = bad("\"{upstream_argv}\"]", "\"x{upstream_argv}\"]");
+        assert!(text.contains("give it as a whole `args` element"), "{text}");
+        let text = Profile::parse(
+            &REFERENCE_PROFILE.replace(
+                "\"{provider_url}\", --approval",
+                "\"{upstream_url}\", --approval",
+            ),
+            "r.yaml",
+            PathBuf::new(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            text.contains("`{upstream_url}` belongs to `backend: upstream`"),
+            "{text}"
+        );
+    }
+
+    #[test]
     fn invalid_profiles_name_the_path() {
         let bad = Profile::parse(
             &REFERENCE_PROFILE.replace("capabilities:", "capabilitie:"),
