@@ -7,6 +7,7 @@ mod cli;
 mod common;
 mod conform;
 mod conform_contract;
+mod conform_upstream;
 mod gateway;
 mod hardening_money;
 mod hardening_transport;
