@@ -418,7 +418,9 @@ pub struct GatewayArgs {
     after_help = "The router contract, what a router must do to be judged (required: the \
 article's rules; recommended: callid's conventions), is ROUTER-CONTRACT.md in callid's \
 repository, and `callid conform --contract` prints it. Start a profile for your router with \
-`callid conform --print-profile > router.yaml`; list the checks with `--list`."
+`callid conform --print-profile > router.yaml`; list the checks with `--list`. A gateway or an \
+MCP-native router spends through the runner's upstream MCP server instead of its HTTP provider: \
+`backend: upstream` in the profile (e.g. scenarios/targets/gateway.yaml)."
 )]
 pub struct ConformArgs {
     /// A target profile (YAML) saying how to start and drive the router

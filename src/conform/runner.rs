@@ -2,8 +2,8 @@
 //!
 //! For every scenario the runner starts the router on a fresh state directory (when it owns the
 //! process), drives it with [`crate::jsonrpc`] (chosen ids, exact `_meta`, redelivery with a new
-//! id), counts charges in its own provider's ledger, and checks every expectation of every step.
-//! Besides the written expectations, every step checks that no byte of any response contains the
+//! id), counts charges in its own provider's (or upstream's) ledger, and checks every
+//! expectation of every step. Besides the written expectations, every step checks that no byte of any response contains the
 //! private key prefix, and that a `tools/call` is never answered with a JSON-RPC error.
 //!
 //! # Verdicts
