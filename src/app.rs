@@ -31,7 +31,21 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Bench(args) => bench(args),
         Command::IdentitySources(args) => identity_sources_command(args),
         Command::Completions(args) => completions(args),
+        Command::ConformUpstreamRelay { url } => conform_upstream_relay(&url),
     }
+}
+
+/// `callid conform-upstream-relay URL` (hidden): see [`crate::conform::upstream::relay`].
+fn conform_upstream_relay(url: &str) -> anyhow::Result<ExitCode> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("failed to start the async runtime")?;
+    let relayed = runtime.block_on(crate::conform::upstream::relay(url));
+    // The blocking read of stdin would otherwise hold the process open after an error.
+    runtime.shutdown_background();
+    relayed?;
+    Ok(ExitCode::from(exit_codes::SUCCESS))
 }
 
 /// `callid completions SHELL`: the completion script, generated from the same clap definition

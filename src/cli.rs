@@ -112,6 +112,13 @@ pub enum Command {
     Completions(CompletionsArgs),
     /// Print the identity sources accepted: the built-in table, extended by `--identity-sources`.
     IdentitySources(IdentitySourcesArgs),
+    /// (internal) The stdio form of `callid conform`'s upstream MCP role: bridges stdin/stdout to
+    /// the runner's upstream at URL. The runner hands it to routers as `{upstream_argv}`.
+    #[command(name = "conform-upstream-relay", hide = true)]
+    ConformUpstreamRelay {
+        /// The runner's upstream endpoint (`http://127.0.0.1:PORT/mcp`).
+        url: String,
+    },
 }
 
 /// `callid completions`
@@ -411,7 +418,9 @@ pub struct GatewayArgs {
     after_help = "The router contract, what a router must do to be judged (required: the \
 article's rules; recommended: callid's conventions), is ROUTER-CONTRACT.md in callid's \
 repository, and `callid conform --contract` prints it. Start a profile for your router with \
-`callid conform --print-profile > router.yaml`; list the checks with `--list`."
+`callid conform --print-profile > router.yaml`; list the checks with `--list`. A gateway or an \
+MCP-native router spends through the runner's upstream MCP server instead of its HTTP provider: \
+`backend: upstream` in the profile (e.g. scenarios/targets/gateway.yaml)."
 )]
 pub struct ConformArgs {
     /// A target profile (YAML) saying how to start and drive the router

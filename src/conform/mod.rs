@@ -3,7 +3,9 @@
 //! The scenarios and the reference profile are built into the binary ([`builtin`]), so an
 //! installed `callid conform` runs from any directory; `--scenarios DIR` adds or replaces them.
 //! [`run`] loads the target ([`target::Profile`]), starts the runner's own paid provider
-//! ([`provider::RunnerProvider`], whose ledger is the ground truth of every charge count), runs
+//! ([`provider::RunnerProvider`], whose ledger is the ground truth of every charge count), or,
+//! for a profile with `backend: upstream`, the runner's upstream MCP server over the same kind of
+//! ledger ([`upstream`]: for gateways and MCP-native routers), runs
 //! each scenario ([`scenario::Scenario`]) in its own fresh state through [`runner`], classifies
 //! every verdict against the expected-failures baseline ([`expected`]) and returns one
 //! [`report::Report`] that every format renders.
@@ -14,7 +16,8 @@
 //!   `not run`, which fails the run unless `--allow-incomplete`.
 //! - Required checks (the article's rules) decide the exit code; recommended ones (callid's
 //!   conventions) are reported in their own section.
-//! - Charge counts come from the provider's ledger, never from what the router says.
+//! - Charge counts come from the provider's (or upstream's) ledger, never from what the router
+//!   says, and every count message names the role that counted.
 //! - Every byte of every response is scanned for the private key pattern.
 //! - A router that dies mid-scenario is an `error` for that scenario; the run goes on.
 //! - Check ids are stable: they are the `id:` of the scenario files, each citing its article rule.
@@ -26,6 +29,7 @@ pub mod report;
 pub mod runner;
 pub mod scenario;
 pub mod target;
+pub mod upstream;
 
 use expected::ExpectedFailures;
 use report::{CheckResult, Report, Verdict};
@@ -323,7 +327,7 @@ async fn run_one(
     let provider = match shared {
         Some(shared) => Some(shared),
         None if profile.runner_starts() => Some(Arc::new(
-            provider::RunnerProvider::start("127.0.0.1:0").await?,
+            provider::RunnerProvider::start_for(profile.backend).await?,
         )),
         None => None,
     };

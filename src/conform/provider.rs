@@ -6,8 +6,13 @@
 //! scenario hold the first charge (so deliveries overlap), and kill the router with SIGKILL when
 //! its request reaches the provider (nothing charged, answered 503 to a dead socket) or right
 //! after the charge is committed and before the reply is sent.
+//!
+//! The same ledger and hooks serve the runner's other role, the upstream MCP server
+//! ([`super::upstream`], `backend: upstream`): [`RunnerProvider::start_upstream`]. The role is
+//! named in every charge-count message ("the upstream recorded 0 charge(s)").
 
 use super::scenario::KillTrigger;
+use super::target::Backend;
 use crate::provider::{HookAction, Ledger, ProviderHandle, ProviderHooks};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -75,6 +80,16 @@ impl RunnerHooks {
         self.plan.lock().expect("plan lock").fail_next = Some(status);
     }
 
+    /// Records an idempotency key received besides the one [`ProviderHooks::before_charge`]
+    /// was called with (the upstream's `Idempotency-Key` header when `_meta` holds another).
+    pub fn record_key(&self, key: &str) {
+        self.plan
+            .lock()
+            .expect("plan lock")
+            .keys_seen
+            .push(key.to_string());
+    }
+
     /// Every idempotency key the provider received since the last reset.
     pub fn keys_seen(&self) -> Vec<String> {
         self.plan.lock().expect("plan lock").keys_seen.clone()
@@ -132,23 +147,34 @@ impl ProviderHooks for RunnerHooks {
     }
 }
 
-/// The running provider, its ledger and hooks.
+/// The running provider (or upstream), its ledger and hooks.
 pub struct RunnerProvider {
-    handle: ProviderHandle,
+    server: Server,
     ledger: Ledger,
     hooks: Arc<RunnerHooks>,
     _dir: tempfile::TempDir,
 }
 
+/// What serves the ledger: the HTTP provider or the upstream MCP server.
+enum Server {
+    Provider(ProviderHandle),
+    Upstream(super::upstream::UpstreamServer),
+}
+
+fn ledger_dir() -> Result<(tempfile::TempDir, Ledger), ProviderSetupError> {
+    let dir = tempfile::Builder::new()
+        .prefix("callid-conform-provider-")
+        .tempdir()
+        .map_err(|e| ProviderSetupError::Ledger(e.to_string()))?;
+    let ledger = Ledger::open(&dir.path().join("ledger.sqlite3"))
+        .map_err(|e| ProviderSetupError::Ledger(e.to_string()))?;
+    Ok((dir, ledger))
+}
+
 impl RunnerProvider {
     /// Starts the provider on `listen` (`127.0.0.1:0` picks a port) over a fresh ledger.
     pub async fn start(listen: &str) -> Result<RunnerProvider, ProviderSetupError> {
-        let dir = tempfile::Builder::new()
-            .prefix("callid-conform-provider-")
-            .tempdir()
-            .map_err(|e| ProviderSetupError::Ledger(e.to_string()))?;
-        let ledger = Ledger::open(&dir.path().join("ledger.sqlite3"))
-            .map_err(|e| ProviderSetupError::Ledger(e.to_string()))?;
+        let (dir, ledger) = ledger_dir()?;
         let bind = |source| ProviderSetupError::Bind {
             addr: listen.to_string(),
             source,
@@ -159,16 +185,76 @@ impl RunnerProvider {
         let handle =
             crate::provider::spawn(listener, ledger.clone(), Some(dyn_hooks)).map_err(bind)?;
         Ok(RunnerProvider {
-            handle,
+            server: Server::Provider(handle),
             ledger,
             hooks,
             _dir: dir,
         })
     }
 
-    /// `http://127.0.0.1:PORT`.
+    /// Starts the runner's upstream MCP server on `listen` (`127.0.0.1:0` picks a port) over a
+    /// fresh ledger, with the same hooks: see [`super::upstream`].
+    pub async fn start_upstream(listen: &str) -> Result<RunnerProvider, ProviderSetupError> {
+        let (dir, ledger) = ledger_dir()?;
+        let listener = tokio::net::TcpListener::bind(listen)
+            .await
+            .map_err(|source| ProviderSetupError::Bind {
+                addr: listen.to_string(),
+                source,
+            })?;
+        let hooks = Arc::new(RunnerHooks::default());
+        let server =
+            super::upstream::UpstreamServer::spawn(listener, ledger.clone(), hooks.clone())
+                .map_err(|source| ProviderSetupError::Bind {
+                    addr: listen.to_string(),
+                    source,
+                })?;
+        Ok(RunnerProvider {
+            server: Server::Upstream(server),
+            ledger,
+            hooks,
+            _dir: dir,
+        })
+    }
+
+    /// Starts the role `backend` names on a free loopback port.
+    pub async fn start_for(backend: Backend) -> Result<RunnerProvider, ProviderSetupError> {
+        match backend {
+            Backend::Provider => RunnerProvider::start("127.0.0.1:0").await,
+            Backend::Upstream => RunnerProvider::start_upstream("127.0.0.1:0").await,
+        }
+    }
+
+    /// Which role this is.
+    pub fn role(&self) -> Backend {
+        match self.server {
+            Server::Provider(_) => Backend::Provider,
+            Server::Upstream(_) => Backend::Upstream,
+        }
+    }
+
+    /// The provider's `http://127.0.0.1:PORT`, or the upstream's `http://127.0.0.1:PORT/mcp`.
     pub fn url(&self) -> String {
-        self.handle.base_url()
+        match &self.server {
+            Server::Provider(handle) => handle.base_url(),
+            Server::Upstream(server) => server.url(),
+        }
+    }
+
+    /// `{provider_url}`: the provider's URL, empty in the upstream role.
+    pub fn provider_url(&self) -> String {
+        match self.role() {
+            Backend::Provider => self.url(),
+            Backend::Upstream => String::new(),
+        }
+    }
+
+    /// `{upstream_url}`: the upstream's URL, empty in the provider role.
+    pub fn upstream_url(&self) -> String {
+        match self.role() {
+            Backend::Upstream => self.url(),
+            Backend::Provider => String::new(),
+        }
     }
 
     /// The hooks.

@@ -2,11 +2,11 @@
 //!
 //! For every scenario the runner starts the router on a fresh state directory (when it owns the
 //! process), drives it with [`crate::jsonrpc`] (chosen ids, exact `_meta`, redelivery with a new
-//! id), counts charges in its own provider's ledger, and checks every expectation of every step.
-//! Besides the written expectations, every step checks that no byte of any response contains the
-//! private key prefix, and that a `tools/call` is never answered with a JSON-RPC error. A step may
-//! go to a second process of the router on the same state, and a profile's `setup` commands run
-//! before each scenario's router starts (`runner/second.rs`).
+//! id), counts charges in its own provider's (or upstream's) ledger, and checks every
+//! expectation of every step. Besides the written expectations, every step checks that no byte
+//! of any response contains the private key prefix, and that a `tools/call` is never answered
+//! with a JSON-RPC error. A step may go to a second process of the router on the same state, and
+//! a profile's `setup` commands run before each scenario's router starts (`runner/second.rs`).
 //!
 //! # Verdicts
 //! - `pass`: every expectation held.
@@ -286,11 +286,17 @@ impl<'a> ScenarioRun<'a> {
             callid: callid.to_string(),
             state_dir: state.path().display().to_string(),
             registry: state.path().join("registry.sqlite3").display().to_string(),
-            provider_url: provider.map(RunnerProvider::url).unwrap_or_default(),
+            provider_url: provider
+                .map(RunnerProvider::provider_url)
+                .unwrap_or_default(),
             port: port.port.to_string(),
             profile_dir: profile.dir.display().to_string(),
             handle: String::new(),
             check_slug: check_slug(&scenario.id),
+            upstream_url: provider
+                .map(RunnerProvider::upstream_url)
+                .unwrap_or_default(),
+            upstream_argv: upstream_argv(provider, callid),
         };
         if let Some(registry) = &profile.registry {
             vars.registry = vars.apply(registry);
@@ -382,7 +388,10 @@ impl<'a> ScenarioRun<'a> {
                     None => Some(self.call(id, &params).await?),
                 };
                 if s.expect.no_reply == Some(true) && response.is_some() {
-                    return fail("expected no reply (the router is killed at the provider)");
+                    return fail(format!(
+                        "expected no reply (the router is killed at the {})",
+                        self.role()
+                    ));
                 }
                 self.after(
                     s.name.as_deref(),
@@ -461,6 +470,13 @@ impl<'a> ScenarioRun<'a> {
                 Ok(())
             }
         }
+    }
+
+    /// The runner's role behind the router (`provider` or `upstream`), for messages.
+    fn role(&self) -> &'static str {
+        self.provider
+            .map_or(self.profile.backend, RunnerProvider::role)
+            .name()
     }
 
     fn id(&mut self, explicit: Option<Value>) -> Value {
@@ -572,12 +588,14 @@ impl<'a> ScenarioRun<'a> {
                     // The router died after writing this reply: possible only if it replied
                     // before the provider answered, which is itself a broken rule.
                     return fail(format!(
-                        "the router answered before the provider's reply reached it: {}",
+                        "the router answered before the {}'s reply reached it: {}",
+                        self.role(),
                         describe(&response, &self.profile.pointers.error)
                     ));
                 }
                 fail(format!(
-                    "the router answered without reaching the provider's kill trigger `{}`: {}",
+                    "the router answered without reaching the {}'s kill trigger `{}`: {}",
+                    self.role(),
                     trigger_name(trigger),
                     describe(&response, &self.profile.pointers.error)
                 ))
@@ -938,7 +956,8 @@ impl<'a> ScenarioRun<'a> {
             let got = provider.charge_count().map_err(ledger_error)? - self.baseline;
             if got != want {
                 return fail(format!(
-                    "the provider recorded {got} charge(s) in this scenario, expected {want}"
+                    "the {} recorded {got} charge(s) in this scenario, expected {want}",
+                    provider.role().name()
                 ));
             }
         }
@@ -950,7 +969,8 @@ impl<'a> ScenarioRun<'a> {
             let ids = provider.charge_ids().map_err(ledger_error)?;
             if !ids.contains(&charge) {
                 return fail(format!(
-                    "the result's charge id `{charge}` is not a charge the provider recorded"
+                    "the result's charge id `{charge}` is not a charge the {} recorded",
+                    provider.role().name()
                 ));
             }
         }
@@ -963,7 +983,8 @@ impl<'a> ScenarioRun<'a> {
                 .find(|k| k.contains(prefix.as_str()))
             {
                 return fail(format!(
-                    "the provider received the private operation key as its idempotency key (`{}`)",
+                    "the {} received the private operation key as its idempotency key (`{}`)",
+                    provider.role().name(),
                     clip(key, 40)
                 ));
             }
@@ -974,7 +995,8 @@ impl<'a> ScenarioRun<'a> {
             keys.dedup();
             if keys.len() > 1 {
                 return fail(format!(
-                    "the provider received {} different idempotency keys for one operation: a redelivery must continue the same operation under the same key",
+                    "the {} received {} different idempotency keys for one operation: a redelivery must continue the same operation under the same key",
+                    provider.role().name(),
                     keys.len()
                 ));
             }
@@ -1038,7 +1060,7 @@ impl<'a> ScenarioRun<'a> {
             .iter()
             .map(|(k, v)| (k.clone(), vars.apply(v)))
             .collect();
-        let args: Vec<String> = profile.args.iter().map(|a| vars.apply(a)).collect();
+        let args: Vec<String> = vars.apply_args(&profile.args);
         let router = match (profile.transport, &profile.command) {
             (Transport::Stdio, Some(command)) => {
                 let program = PathBuf::from(vars.apply(command));
@@ -1234,6 +1256,16 @@ impl Drop for PortLease {
         if let Some(path) = self.claim.take() {
             let _ = std::fs::remove_file(path);
         }
+    }
+}
+
+/// `{upstream_argv}`: the stdio relay to the runner's upstream (empty in the provider role).
+fn upstream_argv(provider: Option<&RunnerProvider>, callid: &str) -> Vec<String> {
+    match provider {
+        Some(p) if p.role() == super::target::Backend::Upstream => {
+            super::upstream::relay_argv(callid, &p.url())
+        }
+        _ => Vec::new(),
     }
 }
 
@@ -1464,7 +1496,7 @@ mod tests {
                 &url,
                 "  - {do: call, expect: {charges: 0}}\n",
                 not_run(
-                    "charges cannot be counted: the router does not use the runner's provider (start it from the profile with `{provider_url}`, or set `provider_listen` and point the router there)",
+                    "charges cannot be counted: the router does not use the runner's provider or upstream (start it from the profile with `{provider_url}`, or `backend: upstream` and `{upstream_url}` / `{upstream_argv}`; or set `provider_listen` and point the router there)",
                 ),
             ),
             (&url, "  - do: reconnect\n", None),

@@ -20,6 +20,12 @@
 //! router on a database server gets a fresh database per check. `capabilities.shared_registry`
 //! declares that two processes of the router may share one state (the scenarios' second router
 //! process), and `redeliver_on_second` sends every redelivery to the second process (replicas).
+//!
+//! With `backend: upstream` ([`Backend`]): `{upstream_url}` the runner's upstream MCP endpoint,
+//! `{upstream_command}` one shell-quoted command line of a stdio upstream that reaches it, and an
+//! `args` element exactly `{upstream_argv}`, which becomes that command's words (program and
+//! arguments) as several elements. A placeholder of the other backend is an error, as is
+//! `{upstream_argv}` anywhere but as a whole `args` element.
 
 use serde::Deserialize;
 use serde_json::{Map, Value};
@@ -93,10 +99,48 @@ pub struct Profile {
     /// `capabilities.shared_registry: true`.
     #[serde(default)]
     pub redeliver_on_second: bool,
+    /// Which of the runner's paid backends the router calls: its HTTP provider (default) or
+    /// its upstream MCP server.
+    #[serde(default)]
+    pub backend: Backend,
     /// The profile's directory (`{profile_dir}`), set on load.
     #[serde(skip)]
     pub dir: PathBuf,
 }
+
+/// The runner's role behind the router: what the router calls to spend, and what counts the
+/// charges.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Backend {
+    /// The runner's HTTP provider at `{provider_url}` (`POST /v1/images`, `Idempotency-Key`).
+    #[default]
+    Provider,
+    /// The runner's upstream MCP server (`{upstream_url}`, `{upstream_command}`,
+    /// `{upstream_argv}`) exposing the paid tool: for gateways and MCP-native routers.
+    Upstream,
+}
+
+impl Backend {
+    /// How reports name it: `provider` or `upstream`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Provider => "provider",
+            Backend::Upstream => "upstream",
+        }
+    }
+
+    /// The placeholders that only this backend fills.
+    fn own_placeholders(self) -> &'static [&'static str] {
+        match self {
+            Backend::Provider => &["provider_url"],
+            Backend::Upstream => &["upstream_url", "upstream_command", "upstream_argv"],
+        }
+    }
+}
+
+/// The `args` element that expands into the stdio upstream's words.
+pub const UPSTREAM_ARGV: &str = "{upstream_argv}";
 
 fn default_private_prefix() -> String {
     crate::keys::DEFAULT_KEY_PREFIX.to_string()
@@ -265,6 +309,9 @@ pub const PLACEHOLDERS: &[&str] = &[
     "port",
     "profile_dir",
     "handle",
+    "upstream_url",
+    "upstream_command",
+    "upstream_argv",
     "check_slug",
     "env:NAME",
 ];
@@ -422,6 +469,10 @@ impl Profile {
     /// Refuses any `{name}` in the command, arguments, environment, URL or operator commands
     /// that is not a known placeholder (`{handle}` only in operator commands).
     fn check_placeholders(&self, file: &str) -> Result<(), TargetError> {
+        let other = match self.backend {
+            Backend::Provider => Backend::Upstream,
+            Backend::Upstream => Backend::Provider,
+        };
         for (path, text, operator) in self.placeholder_fields() {
             for name in placeholders_in(text) {
                 let known = if let Some(var) = name.strip_prefix("env:") {
@@ -438,7 +489,32 @@ impl Profile {
                         name: name.to_string(),
                     });
                 }
+                let invalid = |message: String| TargetError::Invalid {
+                    file: file.to_string(),
+                    path: path.clone(),
+                    message,
+                };
+                if other.own_placeholders().contains(&name) {
+                    return Err(invalid(format!(
+                        "`{{{name}}}` belongs to `backend: {}`, and this profile has `backend: {}`",
+                        other.name(),
+                        self.backend.name()
+                    )));
+                }
+                let whole_arg = path.starts_with("args[") && text == UPSTREAM_ARGV;
+                if name == "upstream_argv" && !whole_arg {
+                    return Err(invalid(
+                        "`{upstream_argv}` expands into several arguments: give it as a whole `args` element (`args: [..., \"--\", \"{upstream_argv}\"]`), or use `{upstream_command}` for one string".into(),
+                    ));
+                }
             }
+        }
+        if self.backend == Backend::Upstream && self.provider_listen.is_some() {
+            return Err(TargetError::Invalid {
+                file: file.to_string(),
+                path: "provider_listen".into(),
+                message: "`provider_listen` is for `backend: provider`; with `backend: upstream` the runner starts the router and hands it `{upstream_url}` or `{upstream_command}`".into(),
+            });
         }
         Ok(())
     }
@@ -640,7 +716,7 @@ impl Profile {
             Can::Yes
         } else {
             Can::Cannot(
-                "charges cannot be counted: the router does not use the runner's provider (start it from the profile with `{provider_url}`, or set `provider_listen` and point the router there)".into(),
+                "charges cannot be counted: the router does not use the runner's provider or upstream (start it from the profile with `{provider_url}`, or `backend: upstream` and `{upstream_url}` / `{upstream_argv}`; or set `provider_listen` and point the router there)".into(),
             )
         }
     }
@@ -706,12 +782,42 @@ pub struct Vars {
     pub handle: String,
     /// `{check_slug}`.
     pub check_slug: String,
+    /// `{upstream_url}`.
+    pub upstream_url: String,
+    /// `{upstream_argv}`: the stdio upstream's program and arguments (`{upstream_command}` is
+    /// them quoted into one line).
+    pub upstream_argv: Vec<String>,
 }
 
 impl Vars {
+    /// `{upstream_command}`: [`Vars::upstream_argv`] as one POSIX shell line.
+    pub fn upstream_command(&self) -> String {
+        self.upstream_argv
+            .iter()
+            .map(|w| shell_quote(w))
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
+    /// The router's arguments: every placeholder replaced, and an element exactly
+    /// `{upstream_argv}` replaced by the stdio upstream's words.
+    pub fn apply_args(&self, args: &[String]) -> Vec<String> {
+        let mut out = Vec::with_capacity(args.len());
+        for a in args {
+            if a == UPSTREAM_ARGV {
+                out.extend(self.upstream_argv.iter().cloned());
+            } else {
+                out.push(self.apply(a));
+            }
+        }
+        out
+    }
+
     /// Replaces every known placeholder in `text`.
     pub fn apply(&self, text: &str) -> String {
         let mut text = text
+            .replace("{upstream_url}", &self.upstream_url)
+            .replace("{upstream_command}", &self.upstream_command())
             .replace("{callid}", &self.callid)
             .replace("{state_dir}", &self.state_dir)
             .replace("{registry}", &self.registry)
@@ -729,6 +835,20 @@ impl Vars {
             }
         }
         text
+    }
+}
+
+/// `word` quoted for a POSIX shell (as is when it needs no quoting); [`split_words`] reads it
+/// back.
+pub fn shell_quote(word: &str) -> String {
+    let plain = !word.is_empty()
+        && word
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./:=@%+,".contains(c));
+    if plain {
+        word.to_string()
+    } else {
+        format!("'{}'", word.replace('\'', "'\\''"))
     }
 }
 
@@ -933,6 +1053,70 @@ mod tests {
         assert!(
             text.starts_with("p.yaml: registry: the environment variable `PG`")
                 || std::env::var_os("PG").is_some(),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn upstream_placeholders_belong_to_the_upstream_backend() {
+        let gateway = include_str!("../../scenarios/targets/gateway.yaml");
+        let p = Profile::parse(gateway, "g.yaml", PathBuf::new()).unwrap();
+        assert_eq!(p.backend, Backend::Upstream);
+        assert_eq!(p.ledger(), Can::Yes);
+        let vars = Vars {
+            callid: "/bin/callid".into(),
+            upstream_argv: vec![
+                "/opt/my callid".into(),
+                "conform-upstream-relay".into(),
+                "http://127.0.0.1:9/mcp".into(),
+            ],
+            ..Vars::default()
+        };
+        let args = vars.apply_args(&p.args);
+        assert_eq!(
+            args[args.len() - 4..],
+            [
+                "--",
+                "/opt/my callid",
+                "conform-upstream-relay",
+                "http://127.0.0.1:9/mcp"
+            ]
+        );
+        assert_eq!(
+            vars.upstream_command(),
+            "'/opt/my callid' conform-upstream-relay http://127.0.0.1:9/mcp"
+        );
+        assert_eq!(
+            split_words(&vars.upstream_command()).unwrap(),
+            vars.upstream_argv
+        );
+        assert_eq!(shell_quote("it's"), "'it'\\''s'");
+        assert_eq!(split_words(&shell_quote("it's")).unwrap(), ["it's"]);
+
+        let bad = |from: &str, to: &str| {
+            Profile::parse(&gateway.replace(from, to), "g.yaml", PathBuf::new())
+                .unwrap_err()
+                .to_string()
+        };
+        let text = bad("\"{upstream_argv}\"]", "\"{provider_url}\"]");
+        assert!(
+            text.contains("`{provider_url}` belongs to `backend: provider`"),
+            "{text}"
+        );
+        let text = bad("\"{upstream_argv}\"]", "\"x{upstream_argv}\"]");
+        assert!(text.contains("give it as a whole `args` element"), "{text}");
+        let text = Profile::parse(
+            &REFERENCE_PROFILE.replace(
+                "\"{provider_url}\", --approval",
+                "\"{upstream_url}\", --approval",
+            ),
+            "r.yaml",
+            PathBuf::new(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            text.contains("`{upstream_url}` belongs to `backend: upstream`"),
             "{text}"
         );
     }

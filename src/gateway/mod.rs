@@ -32,6 +32,8 @@
 //! - No spend reaches the upstream before its registry row is committed.
 //! - A call id answers one operation: redelivery returns the recorded upstream result, with
 //!   `_meta["callid/replayed"] = true` and `_meta["callid/handle"]`, without calling the upstream.
+//! - Every answer about an operation (an upstream result, a refusal naming one, `operation_status`)
+//!   names its public handle and status in `_meta["callid/handle"]` and `_meta["callid/status"]`.
 //! - An upstream result with `isError: true` is the tool's answer: recorded and replayed.
 //! - An upstream that dies, times out or drops the connection leaves the operation open
 //!   (`outcome_unknown`); redelivering the same call re-sends it with the same idempotency key.

@@ -109,7 +109,15 @@ impl GatewayPolicy {
             return Ok(0);
         };
         if let Some(p) = &t.price_pointer {
-            return args.pointer(p).and_then(Value::as_u64).ok_or_else(|| {
+            // `3.0` is the number 3, as the request hash says: the same request, the same price.
+            let cents = |v: &Value| {
+                v.as_u64().or_else(|| {
+                    v.as_f64()
+                        .filter(|f| f.fract() == 0.0 && *f >= 0.0 && *f < u64::MAX as f64)
+                        .map(|f| f as u64)
+                })
+            };
+            return args.pointer(p).and_then(cents).ok_or_else(|| {
                 ToolError::new(
                     "invalid_arguments",
                     format!(
@@ -149,11 +157,16 @@ mod tests {
             p.price("pay", &json!({"amount": {"cents": 12}})).unwrap(),
             12
         );
+        assert_eq!(
+            p.price("pay", &json!({"amount": {"cents": 12.0}})).unwrap(),
+            12
+        );
         assert_eq!(p.price("other", &json!({})).unwrap(), 0);
         for bad in [
             json!({}),
             json!({"amount": {"cents": -1}}),
             json!({"amount": {"cents": "3"}}),
+            json!({"amount": {"cents": 2.5}}),
         ] {
             assert_eq!(
                 p.price("pay", &bad).unwrap_err().code,

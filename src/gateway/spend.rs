@@ -6,7 +6,9 @@
 //! `callid/idempotency-key` ([`crate::keys::OperationKey::idempotency_key`]), the same on every
 //! continuation of the operation. The upstream's `CallToolResult`, `isError: true` included, is
 //! the operation's recorded result, replayed on redelivery with `_meta["callid/replayed"]` and
-//! `_meta["callid/handle"]` added. An upstream that dies, times out or drops the connection
+//! `_meta["callid/handle"]` added. Every answer about an operation (results, refusals naming
+//! one, `operation_status`) names its handle and status in `_meta["callid/handle"]` and
+//! `_meta["callid/status"]`. An upstream that dies, times out or drops the connection
 //! leaves the operation open (`outcome_unknown`): redelivering the same call re-sends it under
 //! the same idempotency key.
 
@@ -21,6 +23,9 @@ use std::collections::BTreeSet;
 
 /// `_meta` key of the idempotency key the upstream receives.
 pub const IDEMPOTENCY_META: &str = "callid/idempotency-key";
+/// `_meta` key of a gateway answer that names its operation's status (the handle is in
+/// [`crate::router::pipeline::HANDLE_META`]).
+pub const STATUS_META: &str = "callid/status";
 /// Status of an operation by handle (added to the upstream's tools).
 pub const OPERATION_STATUS: &str = "operation_status";
 /// Runs an approved operation (added to the upstream's tools).
@@ -262,7 +267,41 @@ impl Gateway {
         } else {
             return None;
         };
-        Some(self.core.finish(name, reply, &keys))
+        let mut value = self.core.finish(name, reply, &keys);
+        name_operation(&mut value);
+        Some(value)
+    }
+}
+
+/// Puts the operation's handle and status in `_meta` of every answer about one, so a client
+/// reads them in one place whatever the answer: an upstream result (whose `structuredContent`
+/// is the upstream's own, so they cannot go there; a recorded result is `completed`), a refusal
+/// or `operation_status` (which also carry them in `structuredContent`).
+fn name_operation(value: &mut Value) {
+    use crate::router::pipeline::HANDLE_META;
+    let raw = value["_meta"][HANDLE_META].is_string();
+    let structured = &value["structuredContent"];
+    let (handle, status) = if raw {
+        (None, Some(Status::Completed.name().to_string()))
+    } else {
+        match structured["handle"].as_str() {
+            Some(h) => (
+                Some(h.to_string()),
+                structured["status"].as_str().map(str::to_string),
+            ),
+            None => return,
+        }
+    };
+    if !value["_meta"].is_object() {
+        value["_meta"] = json!({});
+    }
+    if let Some(h) = handle {
+        value["_meta"][HANDLE_META] = json!(h);
+    }
+    if let Some(s) = status
+        && value["_meta"][STATUS_META].is_null()
+    {
+        value["_meta"][STATUS_META] = json!(s);
     }
 }
 

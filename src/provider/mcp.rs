@@ -2,10 +2,10 @@
 //! `callid gateway` in demos, tests and the README.
 //!
 //! [`McpProvider`] has one paid tool, `generate_image` (arguments as the HTTP body:
-//! `prompt`, `width`, `height`, `model`), and one free tool, `list_charges`. A `generate_image`
-//! call must carry `_meta["callid/idempotency-key"]`; it is charged once per key in the same
-//! durable [`Ledger`] and by the same rules as the HTTP provider: the first use of a key charges
-//! and answers the receipt, the same key with the same request answers the original receipt
+//! `prompt`, `width`, `height`, `model`, `max_amount_cents`), and one free tool,
+//! `list_charges`. A `generate_image` call must carry `_meta["callid/idempotency-key"]`; it is
+//! charged once per key in the same durable [`Ledger`] and by the same rules as the HTTP
+//! provider: the first use of a key charges and answers the receipt, the same key with the same request answers the original receipt
 //! (`_meta["callid-provider/replayed"] = true`) without a new charge, the same key with another
 //! request is refused. Every refusal is a tool result with `isError: true` and
 //! `structuredContent: {"error": code, "message": ...}`: the tool's own answer.
@@ -13,7 +13,7 @@
 //! The resource `callid-provider://charges` holds the same list as `list_charges`.
 
 use super::ledger::Ledger;
-use super::types::{ChargesPage, ImageRequest};
+use super::types::{ChargeOutcome, ChargesPage, ImageRequest};
 use crate::crashpoint::{self, Boundary};
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, Implementation, ListResourcesResult,
@@ -84,19 +84,7 @@ impl McpProvider {
                     // Test-only: a new charge is committed and its answer not yet sent.
                     crashpoint::hit(Boundary::AfterProviderCharge);
                 }
-                let r = &outcome.receipt;
-                let text = format!(
-                    "Generated image `{}` ({}x{}, {}) for {} cents, charge `{}`.",
-                    r.image.id, r.image.width, r.image.height, r.model, r.amount_cents, r.charge_id
-                );
-                let mut v = json!({
-                    "content": [{"type": "text", "text": text}],
-                    "structuredContent": serde_json::to_value(r).expect("a receipt serializes"),
-                });
-                if outcome.replayed {
-                    v["_meta"] = json!({ REPLAYED_META: true });
-                }
-                v
+                charge_result(&outcome)
             }
             Ok(Err(e)) => refusal(e.code(), &format!("{e}; nothing was charged")),
             Err(e) => refusal("internal_error", &format!("charge task failed: {e}")),
@@ -113,7 +101,26 @@ impl McpProvider {
     }
 }
 
-fn refusal(code: &str, message: &str) -> Value {
+/// The `CallToolResult` JSON of a charge: the receipt as `structuredContent`, a one-line text,
+/// and `_meta["callid-provider/replayed"] = true` on a replay.
+pub fn charge_result(outcome: &ChargeOutcome) -> Value {
+    let r = &outcome.receipt;
+    let text = format!(
+        "Generated image `{}` ({}x{}, {}) for {} cents, charge `{}`.",
+        r.image.id, r.image.width, r.image.height, r.model, r.amount_cents, r.charge_id
+    );
+    let mut v = json!({
+        "content": [{"type": "text", "text": text}],
+        "structuredContent": serde_json::to_value(r).expect("a receipt serializes"),
+    });
+    if outcome.replayed {
+        v["_meta"] = json!({ REPLAYED_META: true });
+    }
+    v
+}
+
+/// The `CallToolResult` JSON of a refusal: `isError: true`, `structuredContent: {error, message}`.
+pub fn refusal(code: &str, message: &str) -> Value {
     json!({
         "isError": true,
         "content": [{"type": "text", "text": message}],
@@ -141,7 +148,8 @@ pub fn tools() -> Vec<Tool> {
                     "prompt": {"type": "string", "description": "What the image shows."},
                     "width": {"type": "integer", "description": "Width in pixels (default 1024)."},
                     "height": {"type": "integer", "description": "Height in pixels (default 1024)."},
-                    "model": {"type": "string", "description": "Model name (default `flux-schnell`)."}
+                    "model": {"type": "string", "description": "Model name (default `flux-schnell`)."},
+                    "max_amount_cents": {"type": "integer", "description": "Refuse to charge more than this many cents (optional)."}
                 },
                 "required": ["prompt"],
                 "additionalProperties": false

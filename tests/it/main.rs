@@ -8,6 +8,7 @@ mod common;
 mod conform;
 mod conform_contract;
 mod conform_replicas;
+mod conform_upstream;
 mod gateway;
 mod gateway_relay;
 mod hardening_money;

@@ -1,0 +1,284 @@
+//! Integration tests of `callid conform`'s upstream MCP role (`backend: upstream`): `callid
+//! gateway` judged through it over stdio (`{upstream_argv}`) and streamable HTTP
+//! (`{upstream_url}`), crash checks included; a gateway-like proxy whose flaws double-charge,
+//! caught and blamed on the upstream's count; `{upstream_command}`; and the stdio relay itself.
+
+use crate::common::{bin, repo};
+use callid::conform::provider::RunnerProvider;
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+fn conform(args: &[&str]) -> Output {
+    Command::new(bin())
+        .arg("conform")
+        .args(args)
+        .current_dir(repo())
+        .env_remove("CALLID_CONFORM_JOBS")
+        .output()
+        .expect("run callid conform")
+}
+
+/// `{check id: (verdict, reason, level)}` of a `--format json` run.
+fn verdicts(output: &Output) -> BTreeMap<String, (String, String, String)> {
+    let doc: Value = serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
+        panic!(
+            "not JSON ({e}):\n{}\nstderr:\n{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        )
+    });
+    doc["checks"]
+        .as_array()
+        .expect("checks")
+        .iter()
+        .map(|c| {
+            let s = |k: &str| c[k].as_str().unwrap().to_string();
+            (s("id"), (s("verdict"), s("reason"), s("level")))
+        })
+        .collect()
+}
+
+/// Runs the whole suite against a gateway profile: every required check passes (the crash
+/// checks included: they fail unless the upstream's kill trigger fired), and the one
+/// recommended check the gateway does not follow is reported as such.
+fn gateway_passes(profile: &str) {
+    let output = conform(&["--target", profile, "--format", "json"]);
+    let verdicts = verdicts(&output);
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{verdicts:#?}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let scenarios = std::fs::read_dir(repo().join("scenarios"))
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .path()
+                .extension()
+                .is_some_and(|x| x == "yaml")
+        })
+        .count();
+    assert_eq!(verdicts.len(), scenarios);
+    for (id, (verdict, reason, level)) in &verdicts {
+        if id == "convention.status-returns-result" {
+            // The gateway's status tool wraps the upstream's whole tool result.
+            assert_eq!((verdict.as_str(), level.as_str()), ("fail", "recommended"));
+            assert!(
+                reason.contains("the result differs from `first`'s"),
+                "{reason}"
+            );
+        } else {
+            assert_eq!(verdict, "pass", "{id} ({level}): {reason}");
+        }
+    }
+    for crash in [
+        "crash.after-charge-before-reply",
+        "crash.after-dispatch-before-charge",
+    ] {
+        assert_eq!(verdicts[crash].0, "pass");
+    }
+}
+
+#[test]
+fn the_gateway_with_a_stdio_upstream_passes_every_required_check() {
+    gateway_passes("scenarios/targets/gateway.yaml");
+}
+
+#[test]
+fn the_gateway_with_an_http_upstream_passes_every_required_check() {
+    gateway_passes("scenarios/targets/gateway-http.yaml");
+}
+
+/// The proxy fixture's profile with `flags` before `--` (or the upstream as one string).
+fn proxy_profile(dir: &Path, flags: &[&str], one_string: bool) -> String {
+    let fixture = repo().join("tests/fixtures/broken_routers");
+    let mut args: Vec<String> = vec![format!("{}/proxy.py", fixture.display())];
+    args.extend(flags.iter().map(|f| f.to_string()));
+    if one_string {
+        args.extend(["--upstream-command".into(), "{upstream_command}".into()]);
+    } else {
+        args.extend(["--".into(), "{upstream_argv}".into()]);
+    }
+    let base = std::fs::read_to_string(fixture.join("profile-proxy.yaml")).unwrap();
+    let text = base.replace(
+        "args: [\"{profile_dir}/proxy.py\", --, \"{upstream_argv}\"]",
+        &format!("args: {}", json!(args)),
+    );
+    assert_ne!(text, base);
+    let path = dir.join("proxy.yaml");
+    std::fs::write(&path, text).unwrap();
+    path.display().to_string()
+}
+
+const MONEY_CHECKS: &[&str] = &[
+    "redelivery.same-connection",
+    "crash.after-charge-before-reply",
+    "crash.after-dispatch-before-charge",
+];
+
+fn run_proxy(flags: &[&str], one_string: bool) -> BTreeMap<String, (String, String, String)> {
+    let dir = tempfile::tempdir().unwrap();
+    let profile = proxy_profile(dir.path(), flags, one_string);
+    let mut args = vec!["--target", profile.as_str(), "--format", "json"];
+    for id in MONEY_CHECKS {
+        args.extend(["--only", id]);
+    }
+    verdicts(&conform(&args))
+}
+
+#[test]
+fn a_proxy_that_forwards_redeliveries_without_a_key_is_caught_by_the_upstream_count() {
+    // Keyed, the upstream's idempotency saves even a proxy that forwards every delivery, over
+    // either stdio form.
+    for one_string in [false, true] {
+        let verdicts = run_proxy(&["--flaw", "forward-redelivery"], one_string);
+        for id in MONEY_CHECKS {
+            assert_eq!(verdicts[*id].0, "pass", "{id}: {}", verdicts[*id].1);
+        }
+    }
+    // Without a key the upstream charges every forwarded call, and says so.
+    let verdicts = run_proxy(&["--flaw", "no-key", "--flaw", "forward-redelivery"], false);
+    let want = [
+        (
+            "redelivery.same-connection",
+            "steps[1] (redeliver `first`): the upstream recorded 2 charge(s) in this scenario, expected 1",
+        ),
+        (
+            "crash.after-charge-before-reply",
+            "steps[2] (redeliver `again`): the upstream recorded 2 charge(s) in this scenario, expected 1",
+        ),
+        (
+            "crash.after-dispatch-before-charge",
+            "steps[3] (redeliver `first`): the upstream recorded 2 charge(s) in this scenario, expected 1",
+        ),
+    ];
+    for (id, reason) in want {
+        assert_eq!(
+            (verdicts[id].0.as_str(), verdicts[id].1.as_str()),
+            ("fail", reason),
+            "{id}"
+        );
+    }
+    // A memory-only proxy without a key: only a restart shows the double charge.
+    let verdicts = run_proxy(&["--flaw", "no-key"], true);
+    assert_eq!(verdicts["redelivery.same-connection"].0, "pass");
+    assert_eq!(
+        verdicts["crash.after-charge-before-reply"].1,
+        "steps[2] (redeliver `again`): the upstream recorded 2 charge(s) in this scenario, expected 1"
+    );
+}
+
+fn send(stdin: &mut std::process::ChildStdin, message: Value) {
+    use std::io::Write as _;
+    writeln!(stdin, "{message}").unwrap();
+    stdin.flush().unwrap();
+}
+
+fn receive(lines: &mut impl Iterator<Item = std::io::Result<String>>) -> Value {
+    let line = lines.next().expect("a line").unwrap();
+    serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_relay_bridges_stdio_to_the_runner_upstream() {
+    use std::io::BufRead as _;
+    let upstream = RunnerProvider::start_upstream("127.0.0.1:0").await.unwrap();
+    let url = upstream.url();
+    assert!(
+        url.starts_with("http://127.0.0.1:") && url.ends_with("/mcp"),
+        "{url}"
+    );
+    let mut child = Command::new(bin())
+        .args(["conform-upstream-relay", &url])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let call = |id: u32, meta: Value| {
+        json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {
+            "name": "generate_image", "arguments": {"prompt": "fox", "width": 512}, "_meta": meta}})
+    };
+    let (reply, mut stdin, mut lines) = tokio::task::spawn_blocking(move || {
+        send(
+            &mut stdin,
+            json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+                "protocolVersion": "2025-06-18", "capabilities": {},
+                "clientInfo": {"name": "t", "version": "1"}}}),
+        );
+        let init = receive(&mut lines);
+        assert_eq!(init["result"]["protocolVersion"], "2025-06-18", "{init}");
+        send(
+            &mut stdin,
+            json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+        );
+        send(
+            &mut stdin,
+            json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}),
+        );
+        let list = receive(&mut lines);
+        let names: Vec<&str> = list["result"]["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["generate_image", "list_charges"]);
+        let mut replies = Vec::new();
+        for (id, meta) in [
+            (2, json!({"callid/idempotency-key": "k1"})),
+            (3, json!({"callid/idempotency-key": "k1"})),
+            (4, json!({})),
+            (5, json!({})),
+        ] {
+            send(&mut stdin, call(id, meta));
+            replies.push(receive(&mut lines));
+        }
+        (replies, stdin, lines)
+    })
+    .await
+    .unwrap();
+    assert_eq!(reply[0]["id"], 2);
+    let receipt = &reply[0]["result"]["structuredContent"];
+    assert_eq!(reply[1]["result"]["structuredContent"], *receipt);
+    assert_eq!(
+        reply[1]["result"]["_meta"]["callid-provider/replayed"],
+        true
+    );
+    assert_ne!(
+        reply[2]["result"]["structuredContent"]["charge_id"],
+        reply[3]["result"]["structuredContent"]["charge_id"]
+    );
+    // One charge for the key, one for each call without a key.
+    assert_eq!(upstream.charge_count().unwrap(), 3);
+    assert_eq!(
+        upstream.hooks().keys_seen(),
+        [
+            "k1",
+            "k1",
+            callid::conform::upstream::NO_KEY,
+            callid::conform::upstream::NO_KEY
+        ]
+    );
+    // An upstream outage ends the relay: to the router, its stdio upstream died mid-call.
+    upstream.hooks().fail_next(503);
+    let status = tokio::task::spawn_blocking(move || {
+        send(&mut stdin, call(6, json!({"callid/idempotency-key": "k2"})));
+        assert!(lines.next().is_none(), "no answer after an outage");
+        let status = child.wait().unwrap();
+        let mut err = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+        (status, err)
+    })
+    .await
+    .unwrap();
+    assert!(!status.0.success());
+    assert!(status.1.contains("answered HTTP 503"), "{}", status.1);
+    assert_eq!(upstream.charge_count().unwrap(), 3);
+}
