@@ -482,7 +482,7 @@ fn matrix_command(args: crate::cli::MatrixArgs) -> anyhow::Result<ExitCode> {
             }
         }
         MatrixCommand::Add { logs, dir } => {
-            let today = crate::measure::today();
+            let today = crate::clock::today();
             let (reports, logs): (Vec<_>, Vec<_>) = logs.into_iter().partition(|p| {
                 std::fs::read_to_string(p).is_ok_and(|t| crate::matrix::is_conform_report(&t))
             });

@@ -12,6 +12,7 @@
 //! - [`exit_codes`]: the exit codes every command uses.
 //! - [`error_chain`]: an error and its causes as one line of text, each cause said once.
 //! - [`identity`]: the trusted-identity rules: sources in `_meta`, bounds, identity in arguments.
+//! - [`clock`]: the wall clock, and the one UTC date algorithm behind every timestamp and date.
 //! - [`canonical`]: RFC 8785 canonical JSON and the request hash `sha256(tool, 0, canonical args)`.
 //! - [`yaml`]: the message of a strict YAML loading error, its path said once.
 //! - [`shape`]: the shape of `_meta` (paths, types, lengths, short digests), never its values.
@@ -45,6 +46,7 @@ pub mod backend;
 pub mod bench;
 pub mod canonical;
 pub mod classify;
+pub mod clock;
 pub mod cli;
 pub mod conform;
 pub mod crashpoint;

@@ -79,6 +79,7 @@
 //! or delete old rows by hand once no client can redeliver them.
 
 use crate::canonical::RequestHash;
+use crate::clock::now_ms;
 use crate::keys::{OperationKey, PublicHandle};
 use crate::store::{StoreError, StoreSpec};
 use serde_json::Value;
@@ -633,14 +634,6 @@ impl Registry {
     pub fn all(&mut self) -> Result<Vec<Operation>, RegistryError> {
         each!(self, r => r.all())
     }
-}
-
-/// Milliseconds since the Unix epoch.
-pub fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
 }
 
 /// The default registry file: `$XDG_DATA_HOME/callid/registry.sqlite3`, else
