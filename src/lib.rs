@@ -27,6 +27,7 @@
 //! - [`probe`]: an MCP server (and a transparent proxy) that records the shape of every request.
 //! - [`classify`]: turns probe logs into one identity verdict per client.
 //! - [`store`]: how every SQLite file of callid is opened, inspected, protected and migrated.
+//! - [`pg`]: PostgreSQL connection URLs, redacted wherever shown, and their session settings.
 //! - [`provider`]: the paid image provider with a durable ledger that charges once per key.
 //! - [`backend`]: the authorization and execution layers, each idempotent on its own.
 //! - [`router`]: the reference router: identity, request hash, registry, keys, scrubbing,
@@ -60,6 +61,7 @@ pub mod keys;
 pub mod logging;
 pub mod matrix;
 pub mod measure;
+pub mod pg;
 pub mod probe;
 pub mod provider;
 pub mod router;

@@ -179,15 +179,8 @@ pub enum RegistryError {
         source: rusqlite::Error,
     },
     /// `--registry` looks like a PostgreSQL URL but is not one this build can use.
-    #[error(
-        "registry URL `{url}` is not usable: {detail}; pass `postgres://USER@HOST:PORT/DATABASE`"
-    )]
-    BadUrl {
-        /// The URL, password redacted.
-        url: String,
-        /// What was wrong.
-        detail: String,
-    },
+    #[error(transparent)]
+    BadUrl(#[from] crate::pg::BadPgUrl),
     /// PostgreSQL cannot be reached or refused an operation. Every spend fails closed until it
     /// answers again; the router reconnects on the next call.
     #[error("registry `{url}` failed while {doing}: {cause}")]
@@ -417,7 +410,7 @@ pub enum Lease {
 pub mod postgres;
 pub mod sqlite;
 
-pub use postgres::PgUrl;
+pub use crate::pg::PgUrl;
 pub use sqlite::SqliteRegistry;
 
 /// Where the registry lives: a SQLite file on this machine, or a PostgreSQL database shared by
