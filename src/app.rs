@@ -251,7 +251,7 @@ fn run_classify(args: crate::cli::ClassifyArgs) -> anyhow::Result<ExitCode> {
 
 fn run_demo(args: crate::cli::DemoArgs) -> anyhow::Result<ExitCode> {
     let runtime = tokio::runtime::Runtime::new()?;
-    let result = runtime.block_on(crate::probe::demo::run());
+    let result = runtime.block_on(crate::demo::run());
     runtime.shutdown_background();
     let outcome = result.context("running the demo")?;
     crate::classify::render(&outcome.verdicts, args.format.into(), &mut stdout())

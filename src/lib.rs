@@ -26,6 +26,8 @@
 //!   control of ids and `_meta`, used by the conformance runner, `measure` and `bench`.
 //! - [`probe`]: an MCP server (and a transparent proxy) that records the shape of every request.
 //! - [`classify`]: turns probe logs into one identity verdict per client.
+//! - [`demo`]: `callid demo`, three scripted clients against real probe processes, then
+//!   [`classify`]'s verdicts.
 //! - [`store`]: how every SQLite file of callid is opened, inspected, protected and migrated.
 //! - [`pg`]: PostgreSQL connection URLs, redacted wherever shown, and their session settings.
 //! - [`provider`]: the paid image provider with a durable ledger that charges once per key.
@@ -51,6 +53,7 @@ pub mod clock;
 pub mod cli;
 pub mod conform;
 pub mod crashpoint;
+pub mod demo;
 pub mod error_chain;
 pub mod exit_codes;
 pub mod gateway;
