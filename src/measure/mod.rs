@@ -202,16 +202,17 @@ pub async fn measure(
             waited_out_freeze = true;
             continue;
         }
-        let name = match run.scenario.tag() {
-            "" => format!("{}/{base}.jsonl", crate::matrix::data::EVIDENCE_DIR),
-            tag => format!("{}/{base}.{tag}.jsonl", crate::matrix::data::EVIDENCE_DIR),
-        };
+        let name = format!(
+            "{}/{}",
+            crate::matrix::data::EVIDENCE_DIR,
+            run.scenario.log_name(&base)
+        );
         let records = evidence::read_evidence(&row_id(client), &run.log)?;
         let calls = analyze::tool_calls(&records);
         match run.scenario {
             Scenario::TwoCalls => {
                 stability.distinct_ids = analyze::distinct_ids(&calls);
-                stability.id_origin = analyze::id_origin(&calls, &run.scenario.model_ids(client));
+                stability.id_origin = analyze::id_origin(&calls, &run.scenario.model_ids(client.id_style()));
                 observed = Some(evidence::single_client(&run.log, &records)?);
             }
             Scenario::DuplicateModelId => {
