@@ -120,7 +120,7 @@ mod tests {
         assert!(!format!("{url:?}").contains("s3cret"));
         for (text, why) in [
             ("postgres://bob:pw@db.example:5432/", "names no database"),
-            ("postgres://bob:pw@/db", "names no host"),
+            ("postgres:///db", "names no host"),
             ("postgres://bob:pw@db.example:99999/db", "does not parse"),
         ] {
             let err = PgUrl::parse(text).unwrap_err().to_string();
