@@ -86,7 +86,10 @@ mod tests {
     #[test]
     fn today_is_the_date_of_now() {
         let (before, day, after) = (now_rfc3339(), today(), now_rfc3339());
-        assert!(before.starts_with(&day) || after.starts_with(&day), "{before} {day} {after}");
+        assert!(
+            before.starts_with(&day) || after.starts_with(&day),
+            "{before} {day} {after}"
+        );
         assert!(now_ms() > 1_700_000_000_000);
     }
 }

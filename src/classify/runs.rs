@@ -130,7 +130,10 @@ mod tests {
         let ids = Scenario::TwoCalls.model_ids(IdStyle::Anthropic);
         assert_eq!(ids.len(), 2);
         assert_ne!(ids[0], ids[1]);
-        assert!(ids.iter().all(|id| id.starts_with("toolu_") && id.len() == 30));
+        assert!(
+            ids.iter()
+                .all(|id| id.starts_with("toolu_") && id.len() == 30)
+        );
         let dup = Scenario::DuplicateModelId.model_ids(IdStyle::OpenAi);
         assert_eq!(dup[0], dup[1]);
     }

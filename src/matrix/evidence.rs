@@ -14,8 +14,8 @@ use super::data::{
     ClientRow, ClientsFile, DistinctIds, How, IdOrigin, MatrixError, Stability, Verdict,
 };
 use crate::classify::kinds::{self, RunKind, ValueKind};
-use crate::classify::{self, ClientVerdict, KeySplit};
 use crate::classify::runs::{IdStyle, Scenario};
+use crate::classify::{self, ClientVerdict, KeySplit};
 use crate::probe::record::Record;
 use std::path::{Path, PathBuf};
 

@@ -212,7 +212,8 @@ pub async fn measure(
         match run.scenario {
             Scenario::TwoCalls => {
                 stability.distinct_ids = analyze::distinct_ids(&calls);
-                stability.id_origin = analyze::id_origin(&calls, &run.scenario.model_ids(client.id_style()));
+                stability.id_origin =
+                    analyze::id_origin(&calls, &run.scenario.model_ids(client.id_style()));
                 observed = Some(evidence::single_client(&run.log, &records)?);
             }
             Scenario::DuplicateModelId => {
