@@ -13,6 +13,7 @@ mod hardening_transport;
 mod identity_sources;
 mod matrix;
 mod measure_clients;
+mod module_graph;
 mod probe;
 mod probe_protocol;
 mod provider;
