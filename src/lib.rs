@@ -14,6 +14,7 @@
 //! - [`identity`]: the trusted-identity rules: sources in `_meta`, bounds, identity in arguments.
 //! - [`clock`]: the wall clock, and the one UTC date algorithm behind every timestamp and date.
 //! - [`canonical`]: RFC 8785 canonical JSON and the request hash `sha256(tool, 0, canonical args)`.
+//! - [`text`]: cutting text at a character boundary, and GitHub-flavoured Markdown table cells.
 //! - [`yaml`]: the message of a strict YAML loading error, its path said once.
 //! - [`shape`]: the shape of `_meta` (paths, types, lengths, short digests), never its values.
 //! - [`keys`]: private operation keys and public handles as distinct, leak-resistant types.
@@ -71,4 +72,5 @@ pub mod router;
 pub mod secret;
 pub mod shape;
 pub mod store;
+pub mod text;
 pub mod yaml;
