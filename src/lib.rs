@@ -15,7 +15,7 @@
 //! - [`clock`]: the wall clock, and the one UTC date algorithm behind every timestamp and date.
 //! - [`canonical`]: RFC 8785 canonical JSON and the request hash `sha256(tool, 0, canonical args)`.
 //! - [`text`]: cutting text at a character boundary, and GitHub-flavoured Markdown table cells.
-//! - [`yaml`]: the message of a strict YAML loading error, its path said once.
+//! - [`yaml`]: the one strict YAML loader; its errors say the path once.
 //! - [`shape`]: the shape of `_meta` (paths, types, lengths, short digests), never its values.
 //! - [`keys`]: private operation keys and public handles as distinct, leak-resistant types.
 //! - [`secret`]: credentials (tokens, URLs with passwords or API keys) that never show.
