@@ -56,11 +56,7 @@ pub fn markdown_cell(text: &str) -> String {
 /// backtick fence longer than any run of backticks inside, so a backtick in `text` shows as one.
 pub fn markdown_code(text: &str) -> String {
     let flat = one_line(text);
-    let longest_run = flat
-        .split(|c| c != '`')
-        .map(str::len)
-        .max()
-        .unwrap_or(0);
+    let longest_run = flat.split(|c| c != '`').map(str::len).max().unwrap_or(0);
     let fence = "`".repeat(longest_run + 1);
     // A space on each side keeps a leading or trailing backtick apart from the fence; CommonMark
     // strips one such space from each side.

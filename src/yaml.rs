@@ -22,7 +22,8 @@ pub struct YamlError {
 
 /// Loads a `T` from YAML text.
 pub fn from_str<T: DeserializeOwned>(text: &str) -> Result<T, YamlError> {
-    serde_path_to_error::deserialize(serde_yaml::Deserializer::from_str(text)).map_err(|e| error(&e))
+    serde_path_to_error::deserialize(serde_yaml::Deserializer::from_str(text))
+        .map_err(|e| error(&e))
 }
 
 /// Loads a `T` from a YAML value already parsed (a part of a larger document); the path is
@@ -86,12 +87,18 @@ mod tests {
     fn from_str_and_from_value_say_where_and_what() {
         let err = super::from_str::<Doc>("transport: stdio\nsteps:\n- charges: x\n").unwrap_err();
         assert_eq!(err.path, "steps[0].charges");
-        assert!(err.message.starts_with("invalid type: string \"x\""), "{err}");
+        assert!(
+            err.message.starts_with("invalid type: string \"x\""),
+            "{err}"
+        );
         let err = super::from_str::<Doc>("- 1\n").unwrap_err();
         assert_eq!(err.path, ".");
         assert!(err.message.starts_with("invalid type: sequence"), "{err}");
         let err = super::from_str::<Doc>("transport: stdio\nsteps: [\n").unwrap_err();
-        assert!(err.message.contains("line"), "a syntax error says where: {err}");
+        assert!(
+            err.message.contains("line"),
+            "a syntax error says where: {err}"
+        );
         let value: serde_yaml::Value = super::from_str("- charges: 1\n  extra: 2\n").unwrap();
         let err = super::from_value::<Vec<Step>>(value).unwrap_err();
         assert_eq!(err.path, "[0].extra");

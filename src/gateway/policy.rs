@@ -72,11 +72,12 @@ impl GatewayPolicy {
         if text.trim().is_empty() {
             return Ok(GatewayPolicy::default());
         }
-        let policy: GatewayPolicy = crate::yaml::from_str(text).map_err(|e| PolicyError::Parse {
-            path: origin.to_string(),
-            at: e.path,
-            message: e.message,
-        })?;
+        let policy: GatewayPolicy =
+            crate::yaml::from_str(text).map_err(|e| PolicyError::Parse {
+                path: origin.to_string(),
+                at: e.path,
+                message: e.message,
+            })?;
         for (name, tool) in &policy.tools {
             let at = format!("tools.{name}");
             if tool.price_cents.is_some() && tool.price_pointer.is_some() {

@@ -293,13 +293,16 @@ fn failure(f: OnFailure) -> &'static str {
     }
 }
 
-
 /// A key-list cell: the keys, `none`, or `unknown` when the split could not be told (as
 /// `callid classify` says for a single call).
 fn keys(list: Option<&[String]>) -> String {
     match list {
         None => "unknown".into(),
         Some([]) => "none".into(),
-        Some(list) => list.iter().map(|k| markdown_code(k)).collect::<Vec<_>>().join(", "),
+        Some(list) => list
+            .iter()
+            .map(|k| markdown_code(k))
+            .collect::<Vec<_>>()
+            .join(", "),
     }
 }
