@@ -265,7 +265,7 @@ fn run_classify(args: crate::cli::ClassifyArgs) -> anyhow::Result<ExitCode> {
 
 fn run_demo(args: crate::cli::DemoArgs) -> anyhow::Result<ExitCode> {
     let runtime = tokio::runtime::Runtime::new()?;
-    let result = runtime.block_on(crate::probe::demo::run());
+    let result = runtime.block_on(crate::demo::run());
     runtime.shutdown_background();
     let outcome = result.context("running the demo")?;
     crate::classify::render(&outcome.verdicts, args.format.into(), &mut stdout())
@@ -496,7 +496,7 @@ fn matrix_command(args: crate::cli::MatrixArgs) -> anyhow::Result<ExitCode> {
             }
         }
         MatrixCommand::Add { logs, dir } => {
-            let today = crate::measure::today();
+            let today = crate::clock::today();
             let (reports, logs): (Vec<_>, Vec<_>) = logs.into_iter().partition(|p| {
                 std::fs::read_to_string(p).is_ok_and(|t| crate::matrix::is_conform_report(&t))
             });

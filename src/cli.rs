@@ -38,6 +38,18 @@ pub enum FormatArg {
     Junit,
 }
 
+impl From<FormatArg> for crate::conform::report::Format {
+    fn from(arg: FormatArg) -> Self {
+        use crate::conform::report::Format;
+        match arg {
+            FormatArg::Table => Format::Table,
+            FormatArg::Markdown => Format::Markdown,
+            FormatArg::Json => Format::Json,
+            FormatArg::Junit => Format::Junit,
+        }
+    }
+}
+
 /// `--format` of `callid classify`, `demo` and `bench`: they have no JUnit renderer, so clap
 /// refuses `junit` and their help lists only what they print.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

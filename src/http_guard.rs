@@ -380,12 +380,9 @@ async fn guard_layer(State(guard): State<Arc<Guard>>, req: Request, next: Next) 
     }
 }
 
-/// A header value for a message: at most 200 characters.
+/// A header value for a message: at most 200 bytes.
 fn shorten(text: &str) -> String {
-    match text.char_indices().nth(200) {
-        Some((cut, _)) => format!("{}...", &text[..cut]),
-        None => text.to_string(),
-    }
+    crate::text::clip(text, 200)
 }
 
 #[cfg(test)]

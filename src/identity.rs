@@ -660,22 +660,10 @@ impl IdentitySources {
 
     /// Adds the entries of one YAML table (`origin` names it in errors).
     pub fn extend_from_yaml(&mut self, text: &str, origin: &str) -> Result<(), SourcesError> {
-        let file: SourcesFile = serde_path_to_error::deserialize(
-            serde_yaml::Deserializer::from_str(text),
-        )
-        .map_err(|e| {
-            let at = e.path().to_string();
-            let message = e.inner().to_string();
-            // The YAML error repeats the path of the value it is about.
-            let message = match message.split_once(": ") {
-                Some((prefix, rest)) if at.starts_with(prefix) => rest.to_string(),
-                _ => message,
-            };
-            SourcesError::Parse {
-                path: origin.into(),
-                at,
-                message,
-            }
+        let file: SourcesFile = crate::yaml::from_str(text).map_err(|e| SourcesError::Parse {
+            path: origin.into(),
+            at: e.path,
+            message: e.message,
         })?;
         if file.sources.is_empty() {
             return Err(SourcesError::Parse {

@@ -136,11 +136,7 @@ impl Response {
 }
 
 fn preview(text: &str) -> String {
-    let mut end = text.len().min(200);
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("`{}`", &text[..end])
+    format!("`{}`", crate::text::cut(text, 200))
 }
 
 type Waiters = Arc<Mutex<HashMap<String, VecDeque<oneshot::Sender<Response>>>>>;

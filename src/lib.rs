@@ -12,8 +12,10 @@
 //! - [`exit_codes`]: the exit codes every command uses.
 //! - [`error_chain`]: an error and its causes as one line of text, each cause said once.
 //! - [`identity`]: the trusted-identity rules: sources in `_meta`, bounds, identity in arguments.
+//! - [`clock`]: the wall clock, and the one UTC date algorithm behind every timestamp and date.
 //! - [`canonical`]: RFC 8785 canonical JSON and the request hash `sha256(tool, 0, canonical args)`.
-//! - [`yaml`]: the message of a strict YAML loading error, its path said once.
+//! - [`text`]: cutting text at a character boundary, and GitHub-flavoured Markdown table cells.
+//! - [`yaml`]: the one strict YAML loader; its errors say the path once.
 //! - [`shape`]: the shape of `_meta` (paths, types, lengths, short digests), never its values.
 //! - [`keys`]: private operation keys and public handles as distinct, leak-resistant types.
 //! - [`secret`]: credentials (tokens, URLs with passwords or API keys) that never show.
@@ -25,7 +27,10 @@
 //!   control of ids and `_meta`, used by the conformance runner, `measure` and `bench`.
 //! - [`probe`]: an MCP server (and a transparent proxy) that records the shape of every request.
 //! - [`classify`]: turns probe logs into one identity verdict per client.
+//! - [`demo`]: `callid demo`, three scripted clients against real probe processes, then
+//!   [`classify`]'s verdicts.
 //! - [`store`]: how every SQLite file of callid is opened, inspected, protected and migrated.
+//! - [`pg`]: PostgreSQL connection URLs, redacted wherever shown, and their session settings.
 //! - [`provider`]: the paid image provider with a durable ledger that charges once per key.
 //! - [`backend`]: the authorization and execution layers, each idempotent on its own.
 //! - [`router`]: the reference router: identity, request hash, registry, keys, scrubbing,
@@ -46,8 +51,10 @@ pub mod bench;
 pub mod canonical;
 pub mod classify;
 pub mod cli;
+pub mod clock;
 pub mod conform;
 pub mod crashpoint;
+pub mod demo;
 pub mod error_chain;
 pub mod exit_codes;
 pub mod gateway;
@@ -58,10 +65,12 @@ pub mod keys;
 pub mod logging;
 pub mod matrix;
 pub mod measure;
+pub mod pg;
 pub mod probe;
 pub mod provider;
 pub mod router;
 pub mod secret;
 pub mod shape;
 pub mod store;
+pub mod text;
 pub mod yaml;

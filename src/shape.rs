@@ -16,6 +16,7 @@
 
 use crate::canonical;
 use crate::identity;
+use crate::text::cut;
 use hmac::{Hmac, KeyInit, Mac};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -380,17 +381,6 @@ fn value_shape_without_digest(value: &Value) -> ValueShape {
         len,
         digest: String::new(),
     }
-}
-
-fn cut(s: &str, max: usize) -> &str {
-    if s.len() <= max {
-        return s;
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    &s[..end]
 }
 
 /// Whether `key` is a valid MCP `_meta` key: an optional prefix of dot-separated labels ending in

@@ -140,7 +140,7 @@ pub fn decision_id(agent_id: &str, operation_key: &str) -> String {
 }
 
 fn now_ms() -> i64 {
-    crate::router::registry::now_ms()
+    crate::clock::now_ms()
 }
 
 impl Authorization {

@@ -76,7 +76,7 @@ pub struct BackendConfig {
     /// The registry's PostgreSQL database, when the router runs as replicas on one: the
     /// authorization decisions (and so the budget) and the executions live there, shared by
     /// every replica.
-    pub shared_state: Option<crate::router::registry::PgUrl>,
+    pub shared_state: Option<crate::pg::PgUrl>,
 }
 
 impl Default for BackendConfig {

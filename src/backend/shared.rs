@@ -14,8 +14,8 @@
 use super::authorization::{AuthorizationRequest, Decision, decision_id};
 use super::error::BackendError;
 use super::execution::{Begin, Executed, provider_key};
+use crate::pg::PgUrl;
 use crate::provider::Receipt;
-use crate::router::registry::PgUrl;
 use postgres::Client;
 use std::sync::Mutex;
 

@@ -441,13 +441,9 @@ pub async fn concurrent(
     Ok(total as f64 / start.elapsed().as_secs_f64())
 }
 
-/// The first 300 characters of an answer, for errors.
+/// The first 300 bytes of an answer (whole characters), for errors.
 pub fn snippet(text: &str) -> String {
-    let mut cut: String = text.chars().take(300).collect();
-    if cut.len() < text.len() {
-        cut.push('…');
-    }
-    cut
+    crate::text::clip(text, 300)
 }
 
 /// The last `n` non-empty lines of `text`, joined with ` | `.

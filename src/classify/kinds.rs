@@ -28,6 +28,7 @@
 //! | `call_id` | distinct on every pair of distinct calls and the same on every redelivery, with at least one of each |
 //! | `unknown` | too little evidence: distinct across calls but the client never retried (a call ID cannot be told from a per-attempt value without a redelivery), or fewer than two calls |
 
+use super::runs::Scenario;
 use crate::probe::record::{Kind, Record};
 use serde::Serialize;
 use std::collections::{BTreeSet, HashMap};
@@ -47,12 +48,10 @@ impl RunKind {
     /// duplicate-id run, which is left out.
     pub fn of_file(path: &std::path::Path) -> Option<RunKind> {
         let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
-        if name.ends_with(".duplicate-id.jsonl") {
-            None
-        } else if name.ends_with(".timeout.jsonl") || name.ends_with(".server-dies.jsonl") {
-            Some(RunKind::OneCall)
-        } else {
-            Some(RunKind::DistinctCalls)
+        match Scenario::of_file(name) {
+            Scenario::DuplicateModelId => None,
+            Scenario::Timeout | Scenario::ServerDies => Some(RunKind::OneCall),
+            Scenario::TwoCalls => Some(RunKind::DistinctCalls),
         }
     }
 }

@@ -1,6 +1,7 @@
 //! The Markdown renderer: a summary table, then one section per client with every key.
 
 use super::{ClientVerdict, KeyClass, KeySplit, notes, other_call_level, per_call_id_cell};
+use crate::text::{markdown_cell, markdown_code};
 use std::io::Write;
 
 /// Writes the verdicts as GitHub-flavoured Markdown.
@@ -15,7 +16,7 @@ pub fn render(verdicts: &[ClientVerdict], out: &mut dyn Write) -> std::io::Resul
             "none".to_string()
         } else {
             k.iter()
-                .map(|k| format!("`{}`", cell(k)))
+                .map(|k| markdown_code(k))
                 .collect::<Vec<_>>()
                 .join(", ")
         }
@@ -33,13 +34,13 @@ pub fn render(verdicts: &[ClientVerdict], out: &mut dyn Write) -> std::io::Resul
             None => v.verdict.name().to_string(),
         };
         let id = match &v.source_key {
-            Some(_) => format!("`{}`", cell(&per_call_id_cell(v))),
+            Some(_) => markdown_code(&per_call_id_cell(v)),
             None => "none".to_string(),
         };
         writeln!(
             out,
             "| {} | {verdict} | {id} | {call_level} | {context} | {} |",
-            cell(&v.client.to_string()),
+            markdown_cell(&v.client.to_string()),
             v.calls
         )?;
     }
@@ -67,7 +68,7 @@ pub fn render(verdicts: &[ClientVerdict], out: &mut dyn Write) -> std::io::Resul
         let methods: Vec<String> = v
             .methods
             .iter()
-            .map(|m| format!("`{}` ×{}", cell(&m.method), m.count))
+            .map(|m| format!("{} ×{}", markdown_code(&m.method), m.count))
             .collect();
         if !methods.is_empty() {
             writeln!(out, "- methods: {}", methods.join(", "))?;
@@ -97,8 +98,8 @@ pub fn render(verdicts: &[ClientVerdict], out: &mut dyn Write) -> std::io::Resul
             };
             writeln!(
                 out,
-                "| `{}` | {} | {len} | {} | {} | {class} |",
-                cell(&k.path),
+                "| {} | {} | {len} | {} | {} | {class} |",
+                markdown_code(&k.path),
                 types.join(", "),
                 k.calls,
                 k.distinct_values
@@ -106,9 +107,4 @@ pub fn render(verdicts: &[ClientVerdict], out: &mut dyn Write) -> std::io::Resul
         }
     }
     Ok(())
-}
-
-/// Escapes text for a Markdown table cell.
-fn cell(text: &str) -> String {
-    text.replace('|', "\\|").replace('`', "'")
 }

@@ -7,12 +7,14 @@
 //! # Layout
 //! - [`analysis`]: grouping, verdicts, the call-level / context key split, per-call ID checks.
 //! - [`kinds`]: call IDs, per-attempt values and context told apart from measured runs.
+//! - [`runs`]: the runs a measurement records, their log names and scripted tool-call ids.
 //! - [`table`], [`markdown`], [`json`]: the renderers.
 
 pub mod analysis;
 pub mod json;
 pub mod kinds;
 pub mod markdown;
+pub mod runs;
 pub mod table;
 
 pub use analysis::{

@@ -25,6 +25,7 @@ use super::scenario::{
 };
 use super::target::{Can, Profile, Transport, Vars};
 use crate::jsonrpc::{Child, Connection, Response, RpcError};
+use crate::text::{clip, cut};
 use serde_json::{Map, Value, json};
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -224,17 +225,6 @@ fn last_line(text: &str) -> String {
         .find(|l| !l.trim().is_empty())
         .map(|l| clip(l.trim(), 200))
         .unwrap_or_default()
-}
-
-fn clip(text: &str, max: usize) -> String {
-    if text.len() <= max {
-        return text.to_string();
-    }
-    let mut end = max;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &text[..end])
 }
 
 /// One scenario run's state.
@@ -1014,14 +1004,9 @@ impl<'a> ScenarioRun<'a> {
             .unwrap_or_default();
         for raw in std::iter::once(&response.raw).chain(unmatched.iter()) {
             if let Some(at) = raw.find(prefix.as_str()) {
-                let end = (at + prefix.len() + 24).min(raw.len());
-                let mut end = end;
-                while !raw.is_char_boundary(end) {
-                    end -= 1;
-                }
                 return fail(format!(
                     "a response contains the private key pattern `{prefix}` (`{}`…): the key must never reach the agent",
-                    &raw[at..end]
+                    cut(&raw[at..], prefix.len() + 24)
                 ));
             }
         }

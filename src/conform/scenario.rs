@@ -675,21 +675,20 @@ fn from_value<T: serde::de::DeserializeOwned>(
     file: &Path,
     prefix: &str,
 ) -> Result<T, ScenarioError> {
-    serde_path_to_error::deserialize(value).map_err(|e| {
-        let inner = e.path().to_string();
-        let path = match (prefix.is_empty(), inner == ".") {
-            (true, _) => inner,
+    crate::yaml::from_value(value).map_err(|e| {
+        let path = match (prefix.is_empty(), e.path == ".") {
+            (true, _) => e.path,
             (false, true) => prefix.to_string(),
-            (false, false) => format!("{prefix}.{inner}"),
+            (false, false) => format!("{prefix}.{}", e.path),
         };
-        invalid(file, path, e.into_inner().to_string())
+        invalid(file, path, e.message)
     })
 }
 
 /// Parses one scenario document; `file` names it in errors.
 pub fn parse(text: &str, file: &Path) -> Result<Scenario, ScenarioError> {
     let doc: serde_yaml::Value =
-        serde_yaml::from_str(text).map_err(|e| invalid(file, ".", e.to_string()))?;
+        crate::yaml::from_str(text).map_err(|e| invalid(file, e.path, e.message))?;
     let raw: RawScenario = from_value(doc, file, "")?;
     if !is_check_id(&raw.id) {
         return Err(invalid(

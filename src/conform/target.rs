@@ -405,9 +405,8 @@ impl Profile {
             path,
             message,
         };
-        let de = serde_yaml::Deserializer::from_str(text);
-        let mut profile: Profile = serde_path_to_error::deserialize(de)
-            .map_err(|e| invalid(e.path().to_string(), crate::yaml::message(&e)))?;
+        let mut profile: Profile =
+            crate::yaml::from_str(text).map_err(|e| invalid(e.path, e.message))?;
         profile.dir = dir;
         match profile.transport {
             Transport::Stdio if profile.command.is_none() => {

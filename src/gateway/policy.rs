@@ -72,12 +72,11 @@ impl GatewayPolicy {
         if text.trim().is_empty() {
             return Ok(GatewayPolicy::default());
         }
-        let de = serde_yaml::Deserializer::from_str(text);
         let policy: GatewayPolicy =
-            serde_path_to_error::deserialize(de).map_err(|e| PolicyError::Parse {
+            crate::yaml::from_str(text).map_err(|e| PolicyError::Parse {
                 path: origin.to_string(),
-                at: e.path().to_string(),
-                message: e.inner().to_string(),
+                at: e.path,
+                message: e.message,
             })?;
         for (name, tool) in &policy.tools {
             let at = format!("tools.{name}");

@@ -33,15 +33,8 @@ impl std::fmt::Display for Difference {
 fn show(line: Option<&str>) -> String {
     match line {
         // Debug formatting makes trailing spaces, tabs and `\r` visible.
-        Some(l) => format!("{:?}", truncate(l, 160)),
+        Some(l) => format!("{:?}", crate::text::cut(l, 160)),
         None => "(no such line)".into(),
-    }
-}
-
-fn truncate(s: &str, max: usize) -> &str {
-    match s.char_indices().nth(max) {
-        Some((i, _)) => &s[..i],
-        None => s,
     }
 }
 

@@ -359,14 +359,10 @@ pub fn parse_yaml<T: serde::de::DeserializeOwned>(
     text: &str,
     file: &Path,
 ) -> Result<T, MatrixError> {
-    let de = serde_yaml::Deserializer::from_str(text);
-    serde_path_to_error::deserialize(de).map_err(|err| {
-        let path = err.path().to_string();
-        MatrixError::Parse {
-            file: file.to_owned(),
-            path: if path.is_empty() { ".".into() } else { path },
-            message: crate::yaml::message(&err),
-        }
+    crate::yaml::from_str(text).map_err(|e| MatrixError::Parse {
+        file: file.to_owned(),
+        path: e.path,
+        message: e.message,
     })
 }
 

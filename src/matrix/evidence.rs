@@ -14,9 +14,8 @@ use super::data::{
     ClientRow, ClientsFile, DistinctIds, How, IdOrigin, MatrixError, Stability, Verdict,
 };
 use crate::classify::kinds::{self, RunKind, ValueKind};
+use crate::classify::runs::{IdStyle, Scenario};
 use crate::classify::{self, ClientVerdict, KeySplit};
-use crate::measure::client::Client;
-use crate::measure::run::Scenario;
 use crate::probe::record::Record;
 use std::path::{Path, PathBuf};
 
@@ -248,19 +247,6 @@ pub fn row_from_observed(
     }
 }
 
-/// The scenario an evidence file records, from its name.
-pub fn scenario_of(file: &str) -> Scenario {
-    if file.ends_with(".duplicate-id.jsonl") {
-        Scenario::DuplicateModelId
-    } else if file.ends_with(".timeout.jsonl") {
-        Scenario::Timeout
-    } else if file.ends_with(".server-dies.jsonl") {
-        Scenario::ServerDies
-    } else {
-        Scenario::TwoCalls
-    }
-}
-
 /// The per-attempt keys (sorted) of one client's evidence: each file with its records, the run
 /// it holds told by its name ([`RunKind::of_file`]). Only a timeout or server-dies run where the
 /// client redelivered its call can show one; see [`crate::classify::kinds`].
@@ -278,11 +264,11 @@ pub fn per_attempt_keys(files: &[(&Path, &[Record])]) -> Vec<String> {
     keys
 }
 
-/// The client whose scripted tool-call ids a per-call key goes with.
-fn client_for_key(key: Option<&str>) -> Option<Client> {
+/// The style of the scripted tool-call ids a per-call key goes with (Codex's and Claude Code's).
+fn id_style_for_key(key: Option<&str>) -> Option<IdStyle> {
     match key {
-        Some(crate::identity::CODEX_KEY) => Some(Client::Codex),
-        Some(crate::identity::CLAUDE_CODE_KEY) => Some(Client::ClaudeCode),
+        Some(crate::identity::CODEX_KEY) => Some(IdStyle::OpenAi),
+        Some(crate::identity::CLAUDE_CODE_KEY) => Some(IdStyle::Anthropic),
         _ => None,
     }
 }
@@ -311,7 +297,7 @@ pub fn check_row(dir: &Path, row: &ClientRow) -> Result<(), EvidenceError> {
     let How::Measured { evidence, .. } = &row.how else {
         return Ok(());
     };
-    let has = |scenario: Scenario| evidence.iter().any(|f| scenario_of(f) == scenario);
+    let has = |scenario: Scenario| evidence.iter().any(|f| Scenario::of_file(f) == scenario);
     let s = &row.stability;
     for (claimed, scenario, field) in [
         (
@@ -368,7 +354,7 @@ pub fn check_row(dir: &Path, row: &ClientRow) -> Result<(), EvidenceError> {
             o.per_call_id.clone(),
         )?;
         let calls = analyze::tool_calls(&records);
-        let scenario = scenario_of(file);
+        let scenario = Scenario::of_file(file);
         if i == 0 {
             let sorted = |keys: &Option<Vec<String>>| {
                 keys.clone().map(|mut k| {
@@ -400,7 +386,7 @@ pub fn check_row(dir: &Path, row: &ClientRow) -> Result<(), EvidenceError> {
                 )?;
             }
             if row.stability.id_origin != IdOrigin::NotMeasured {
-                let model_ids = client_for_key(o.per_call_id.as_deref())
+                let model_ids = id_style_for_key(o.per_call_id.as_deref())
                     .map(|c| scenario.model_ids(c))
                     .unwrap_or_default();
                 disagree(

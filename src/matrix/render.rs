@@ -14,6 +14,7 @@ use super::data::{
     RouterRow, Verdict,
 };
 use crate::conform::report::Level;
+use crate::text::{markdown_cell as cell, markdown_code};
 use std::fmt::Write as _;
 
 /// The whole `SUPPORT.md` for `matrix`.
@@ -64,7 +65,7 @@ fn render_clients(out: &mut String, rows: &[ClientRow]) {
             verdict,
             row.per_call_id
                 .as_deref()
-                .map(|k| attempt(code(k), k, row))
+                .map(|k| attempt(markdown_code(k), k, row))
                 .unwrap_or_else(|| "none".into()),
             call_level(row),
             keys(row.context_keys.as_deref()),
@@ -94,7 +95,7 @@ fn call_level(row: &ClientRow) -> String {
         Some([]) => "none".into(),
         Some(list) => list
             .iter()
-            .map(|k| attempt(code(k), k, row))
+            .map(|k| attempt(markdown_code(k), k, row))
             .collect::<Vec<_>>()
             .join(", "),
     }
@@ -295,7 +296,7 @@ fn render_routers(out: &mut String, rows: &[RouterRow]) {
         }
         out.push('\n');
         for id in members {
-            let _ = write!(out, "| {} |", code(id));
+            let _ = write!(out, "| {} |", markdown_code(id));
             for row in rows {
                 let v = verdict_of(row, id).map_or("absent", CheckVerdict::name);
                 let _ = write!(out, " {v} |");
@@ -397,21 +398,16 @@ fn failure(f: OnFailure) -> &'static str {
     }
 }
 
-/// Text safe inside a Markdown table cell.
-fn cell(text: &str) -> String {
-    text.replace('|', "\\|").replace('\n', " ")
-}
-
-fn code(key: &str) -> String {
-    format!("`{}`", key.replace('`', "'").replace('|', "\\|"))
-}
-
 /// A key-list cell: the keys, `none`, or `unknown` when the split could not be told (as
 /// `callid classify` says for a single call).
 fn keys(list: Option<&[String]>) -> String {
     match list {
         None => "unknown".into(),
         Some([]) => "none".into(),
-        Some(list) => list.iter().map(|k| code(k)).collect::<Vec<_>>().join(", "),
+        Some(list) => list
+            .iter()
+            .map(|k| markdown_code(k))
+            .collect::<Vec<_>>()
+            .join(", "),
     }
 }

@@ -5,6 +5,7 @@
 //! caches and credentials never touch the user's, and nothing from the user's leaks in.
 
 use super::endpoint::{SCRIPTED_MODEL, ToolName, Wire};
+use crate::classify::runs::IdStyle;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
@@ -266,15 +267,14 @@ impl Client {
     /// API uses (`call_` + 24 alphanumerics, `toolu_` + 24 base62), fixed so evidence can be
     /// checked against it.
     pub fn model_call_id(self, tag: &str, n: usize) -> String {
-        let mut body = format!("callidmeasure{tag}{n}");
-        body.retain(|c| c.is_ascii_alphanumeric());
-        while body.len() < 24 {
-            body.push('0');
-        }
-        body.truncate(24);
+        self.id_style().model_call_id(tag, n)
+    }
+
+    /// The shape of the tool-call ids of this client's model API.
+    pub fn id_style(self) -> IdStyle {
         match self.wire() {
-            Wire::Messages => format!("toolu_{body}"),
-            Wire::Responses | Wire::ChatCompletions | Wire::Gemini => format!("call_{body}"),
+            Wire::Messages => IdStyle::Anthropic,
+            Wire::Responses | Wire::ChatCompletions | Wire::Gemini => IdStyle::OpenAi,
         }
     }
 

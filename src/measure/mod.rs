@@ -23,6 +23,7 @@ pub mod endpoint;
 pub mod run;
 pub mod sdk;
 
+use crate::clock::today;
 use crate::matrix::analyze;
 use crate::matrix::data::{ClientRow, How, Stability};
 use crate::matrix::evidence::{self, EvidenceError};
@@ -201,16 +202,18 @@ pub async fn measure(
             waited_out_freeze = true;
             continue;
         }
-        let name = match run.scenario.tag() {
-            "" => format!("{}/{base}.jsonl", crate::matrix::data::EVIDENCE_DIR),
-            tag => format!("{}/{base}.{tag}.jsonl", crate::matrix::data::EVIDENCE_DIR),
-        };
+        let name = format!(
+            "{}/{}",
+            crate::matrix::data::EVIDENCE_DIR,
+            run.scenario.log_name(&base)
+        );
         let records = evidence::read_evidence(&row_id(client), &run.log)?;
         let calls = analyze::tool_calls(&records);
         match run.scenario {
             Scenario::TwoCalls => {
                 stability.distinct_ids = analyze::distinct_ids(&calls);
-                stability.id_origin = analyze::id_origin(&calls, &run.scenario.model_ids(client));
+                stability.id_origin =
+                    analyze::id_origin(&calls, &run.scenario.model_ids(client.id_style()));
                 observed = Some(evidence::single_client(&run.log, &records)?);
             }
             Scenario::DuplicateModelId => {
@@ -284,41 +287,4 @@ pub async fn measure(
         row,
         evidence: files,
     })
-}
-
-/// Today's date in UTC, `YYYY-MM-DD`.
-pub fn today() -> String {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    civil_date(secs / 86_400)
-}
-
-/// The proleptic Gregorian date of a day count since 1970-01-01 (Howard Hinnant's algorithm).
-pub fn civil_date(days: u64) -> String {
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!("{y:04}-{m:02}-{d:02}")
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn civil_dates() {
-        for (days, want) in [
-            (0, "1970-01-01"),
-            (11_016, "2000-02-29"),
-            (20_786, "2026-11-29"),
-        ] {
-            assert_eq!(super::civil_date(days), want);
-        }
-    }
 }

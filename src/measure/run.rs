@@ -20,59 +20,14 @@ use std::time::Duration;
 /// leaves it room to start, and ends its server-dies run.
 pub const SCENARIO_TIMEOUT: Duration = Duration::from_secs(180);
 
-/// The scenarios `measure` runs, each in a fresh home with a fresh probe log.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Scenario {
-    /// Two distinct model tool calls, then final text: the verdict, the keys, (a) and the
-    /// origin of the ID.
-    TwoCalls,
-    /// The model returns the same tool-call id twice: (b).
-    DuplicateModelId,
-    /// The probe is frozen while the first call is in flight: (c), timeout.
-    Timeout,
-    /// The server behind the probe dies while the first call is in flight: (c), death.
-    ServerDies,
-}
+pub use crate::classify::runs::Scenario;
 
+/// What `measure` plays for each run (the names and ids are [`Scenario`]'s own).
 impl Scenario {
-    /// Every scenario, in the order they run.
-    pub const ALL: [Scenario; 4] = [
-        Scenario::TwoCalls,
-        Scenario::DuplicateModelId,
-        Scenario::Timeout,
-        Scenario::ServerDies,
-    ];
-
-    /// Name used in evidence file names (empty for the main evidence).
-    pub fn tag(self) -> &'static str {
-        match self {
-            Scenario::TwoCalls => "",
-            Scenario::DuplicateModelId => "duplicate-id",
-            Scenario::Timeout => "timeout",
-            Scenario::ServerDies => "server-dies",
-        }
-    }
-
-    /// The model's tool-call ids of this scenario, in order.
-    pub fn model_ids(self, client: Client) -> Vec<String> {
-        match self {
-            Scenario::TwoCalls => vec![
-                client.model_call_id("twocalls", 1),
-                client.model_call_id("twocalls", 2),
-            ],
-            Scenario::DuplicateModelId => {
-                let id = client.model_call_id("duplicate", 1);
-                vec![id.clone(), id]
-            }
-            Scenario::Timeout => vec![client.model_call_id("timeout", 1)],
-            Scenario::ServerDies => vec![client.model_call_id("dies", 1)],
-        }
-    }
-
     /// The script the endpoint plays.
     pub fn script(self, client: Client) -> Script {
         let mut steps: Vec<Step> = self
-            .model_ids(client)
+            .model_ids(client.id_style())
             .into_iter()
             .map(|id| Step::ToolCall { id })
             .collect();

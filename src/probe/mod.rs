@@ -13,7 +13,6 @@
 //! - [`writer`]: the bounded queue and thread that build and write records off the reply path.
 //! - [`server`]: the rmcp server with the read-only `capabilities` tool.
 //! - [`stdio`], [`http`], [`wrap`]: the three transports, each feeding raw messages to the tap.
-//! - [`demo`]: `callid demo`, three scripted clients against real probe processes.
 //! - [`error`]: the transports' error type, [`ProbeError`].
 //!
 //! # Design
@@ -25,7 +24,6 @@
 //! the [`writer`] thread, which builds the record and appends it; the HTTP probe writes what is
 //! queued before exiting on SIGINT or SIGTERM.
 
-pub mod demo;
 pub mod error;
 pub mod http;
 pub mod record;

@@ -308,7 +308,7 @@ impl Record {
     pub fn new(kind: Kind, bytes: usize, ctx: &RecordContext, digester: &Digester) -> Self {
         Record {
             version: RECORD_VERSION,
-            time: now_rfc3339(),
+            time: crate::clock::now_rfc3339(),
             transport: ctx.transport,
             connection: ctx.connection.clone(),
             kind,
@@ -466,36 +466,6 @@ pub fn label(text: &str, digester: &Digester) -> String {
     }
 }
 
-/// Current time as RFC 3339 UTC with milliseconds (`2026-11-29T23:12:35.123Z`).
-pub fn now_rfc3339() -> String {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    rfc3339(now.as_secs() as i64, now.subsec_millis())
-}
-
-/// Formats seconds since the Unix epoch (UTC) plus milliseconds as RFC 3339.
-pub fn rfc3339(secs: i64, millis: u32) -> String {
-    let days = secs.div_euclid(86_400);
-    let rem = secs.rem_euclid(86_400);
-    // Howard Hinnant's civil_from_days.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{millis:03}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
-}
-
 /// Why a log could not be opened or written.
 #[derive(Debug, thiserror::Error)]
 pub enum LogError {
@@ -571,13 +541,6 @@ impl ShapeLog {
 mod tests {
     use super::*;
     use serde_json::json;
-
-    #[test]
-    fn rfc3339_dates() {
-        assert_eq!(rfc3339(0, 0), "1970-01-01T00:00:00.000Z");
-        assert_eq!(rfc3339(951_782_400, 5), "2000-02-29T00:00:00.005Z");
-        assert_eq!(rfc3339(1_796_000_000, 999), "2026-11-30T00:53:20.999Z");
-    }
 
     #[test]
     fn labels_are_bounded() {

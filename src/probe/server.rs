@@ -138,11 +138,7 @@ pub fn capabilities_answer(
 
 /// A key name cut to [`shape::MAX_KEY_BYTES`] at a character boundary, as shapes record it.
 fn cut_key(key: &str) -> &str {
-    let mut end = key.len().min(shape::MAX_KEY_BYTES);
-    while !key.is_char_boundary(end) {
-        end -= 1;
-    }
-    &key[..end]
+    crate::text::cut(key, shape::MAX_KEY_BYTES)
 }
 
 /// The length a shape records: bytes of a string, items of an array, keys of an object.

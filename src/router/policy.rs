@@ -96,11 +96,10 @@ impl Policy {
         if text.trim().is_empty() {
             return Ok(Policy::default());
         }
-        let de = serde_yaml::Deserializer::from_str(text);
-        serde_path_to_error::deserialize(de).map_err(|e| PolicyError::Parse {
+        crate::yaml::from_str(text).map_err(|e| PolicyError::Parse {
             path: origin.to_string(),
-            at: e.path().to_string(),
-            message: crate::yaml::message(&e),
+            at: e.path,
+            message: e.message,
         })
     }
 

@@ -144,7 +144,7 @@ impl KeyPool {
         };
         tx.execute(
             "UPDATE keys SET claimed_by = ?2, claimed_ms = ?3 WHERE operation_key = ?1",
-            params![key, handle, super::registry::now_ms()],
+            params![key, handle, crate::clock::now_ms()],
         )
         .map_err(err)?;
         tx.commit().map_err(err)?;

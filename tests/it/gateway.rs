@@ -569,7 +569,7 @@ async fn an_http_upstream_gets_the_derived_key_and_not_the_identity() {
         .map(|s| s.to_string())
         .collect();
     let (_probe_stdin, mut probe) = Connection::spawn_stdio(&bin(), &args, &[]).await.unwrap();
-    let url = callid::probe::demo::http_url(&probe).await.unwrap();
+    let url = callid::demo::http_url(&probe).await.unwrap();
     let gw_args: Vec<String> = vec![
         "gateway".into(),
         "--registry".into(),

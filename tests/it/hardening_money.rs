@@ -552,7 +552,7 @@ async fn a_lease_left_by_a_crashed_predecessor_with_the_same_pid_is_taken_over()
     let r = w.router(&[], &[]).await;
     let pid = r.child.pid().unwrap();
     let owner = format!("{pid}:{}:predecessor-instance", process_start(pid));
-    let far = callid::router::registry::now_ms() + 600_000;
+    let far = callid::clock::now_ms() + 600_000;
     let changed = rusqlite::Connection::open(w.registry())
         .unwrap()
         .execute(

@@ -16,6 +16,7 @@ mod hardening_transport;
 mod identity_sources;
 mod matrix;
 mod measure_clients;
+mod module_graph;
 mod pg;
 mod probe;
 mod probe_protocol;

@@ -374,7 +374,7 @@ async fn http_probe_records_sessions_and_answers_discover() {
         "pepper",
     ])
     .await;
-    let url = callid::probe::demo::http_url(&child).await.unwrap();
+    let url = callid::demo::http_url(&child).await.unwrap();
     assert!(
         url.starts_with("http://127.0.0.1:") && url.ends_with("/mcp"),
         "{url}"

@@ -2,6 +2,7 @@
 //! job summaries).
 
 use super::{CheckResult, Level, Report, verdict_label};
+use crate::text::markdown_cell as cell;
 use std::io::Write;
 
 /// Renders `report` as GitHub-flavoured Markdown.
@@ -42,22 +43,6 @@ fn rows<'a>(
     Ok(())
 }
 
-/// Escapes what would break a table cell or be read as markup.
-fn cell(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        match c {
-            '|' => out.push_str("\\|"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '&' => out.push_str("&amp;"),
-            '\n' | '\r' => out.push(' '),
-            c => out.push(c),
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     #[test]
@@ -65,10 +50,5 @@ mod tests {
         let mut out = Vec::new();
         super::render(&crate::conform::report::tests::sample(), &mut out).unwrap();
         insta::assert_snapshot!(String::from_utf8(out).unwrap());
-    }
-
-    #[test]
-    fn cells_escape_pipes_and_markup() {
-        assert_eq!(super::cell("a|b <c>\nd&"), "a\\|b &lt;c&gt; d&amp;");
     }
 }

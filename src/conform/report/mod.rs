@@ -231,17 +231,6 @@ pub enum Format {
     Junit,
 }
 
-impl From<crate::cli::FormatArg> for Format {
-    fn from(arg: crate::cli::FormatArg) -> Self {
-        match arg {
-            crate::cli::FormatArg::Table => Format::Table,
-            crate::cli::FormatArg::Markdown => Format::Markdown,
-            crate::cli::FormatArg::Json => Format::Json,
-            crate::cli::FormatArg::Junit => Format::Junit,
-        }
-    }
-}
-
 /// Renders `report` as `format`.
 pub fn render(report: &Report, format: Format, out: &mut dyn Write) -> std::io::Result<()> {
     match format {

@@ -79,6 +79,7 @@
 //! or delete old rows by hand once no client can redeliver them.
 
 use crate::canonical::RequestHash;
+use crate::clock::now_ms;
 use crate::keys::{OperationKey, PublicHandle};
 use crate::store::{StoreError, StoreSpec};
 use serde_json::Value;
@@ -178,15 +179,8 @@ pub enum RegistryError {
         source: rusqlite::Error,
     },
     /// `--registry` looks like a PostgreSQL URL but is not one this build can use.
-    #[error(
-        "registry URL `{url}` is not usable: {detail}; pass `postgres://USER@HOST:PORT/DATABASE`"
-    )]
-    BadUrl {
-        /// The URL, password redacted.
-        url: String,
-        /// What was wrong.
-        detail: String,
-    },
+    #[error(transparent)]
+    BadUrl(#[from] crate::pg::BadPgUrl),
     /// PostgreSQL cannot be reached or refused an operation. Every spend fails closed until it
     /// answers again; the router reconnects on the next call.
     #[error("registry `{url}` failed while {doing}: {cause}")]
@@ -416,7 +410,7 @@ pub enum Lease {
 pub mod postgres;
 pub mod sqlite;
 
-pub use postgres::PgUrl;
+pub use crate::pg::PgUrl;
 pub use sqlite::SqliteRegistry;
 
 /// Where the registry lives: a SQLite file on this machine, or a PostgreSQL database shared by
@@ -633,14 +627,6 @@ impl Registry {
     pub fn all(&mut self) -> Result<Vec<Operation>, RegistryError> {
         each!(self, r => r.all())
     }
-}
-
-/// Milliseconds since the Unix epoch.
-pub fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
 }
 
 /// The default registry file: `$XDG_DATA_HOME/callid/registry.sqlite3`, else

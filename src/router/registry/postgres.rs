@@ -11,11 +11,11 @@
 
 use super::{Approval, Lease, NewOperation, Operation, RawRow, RegistryError, Status, now_ms};
 use crate::keys::PublicHandle;
-use postgres::{Client, Config, NoTls, Statement};
+use crate::pg::PgUrl;
+use postgres::{Client, NoTls, Statement};
 use serde_json::Value;
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::str::FromStr;
 use std::time::Duration;
 
 /// The application marker in `callid_schema`.
@@ -91,85 +91,6 @@ pub const MIGRATIONS: &[&str] = &[
          CHECK ((state = 'completed') = (receipt IS NOT NULL))
      );",
 ];
-
-/// A `postgres://` URL whose password (and query values) are redacted wherever it is shown.
-#[derive(Clone, PartialEq, Eq)]
-pub struct PgUrl {
-    raw: String,
-    redacted: String,
-}
-
-impl PgUrl {
-    /// Parses and checks a `postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE` URL.
-    pub fn parse(text: &str) -> Result<PgUrl, RegistryError> {
-        let text = text.trim();
-        let bad = |redacted: String, detail: &str| RegistryError::BadUrl {
-            url: redacted,
-            detail: detail.to_string(),
-        };
-        let url = reqwest::Url::parse(text)
-            .map_err(|e| bad("postgres://…".into(), &format!("it does not parse ({e})")))?;
-        let redacted = redact(&url);
-        if url.host_str().is_none_or(str::is_empty) {
-            return Err(bad(redacted, "it names no host"));
-        }
-        if url.path().trim_matches('/').is_empty() {
-            return Err(bad(redacted, "it names no database"));
-        }
-        Config::from_str(text).map_err(|e| bad(redacted.clone(), &e.to_string()))?;
-        Ok(PgUrl {
-            raw: text.to_string(),
-            redacted,
-        })
-    }
-
-    pub(crate) fn config(&self) -> Config {
-        let mut config = Config::from_str(&self.raw).expect("checked in PgUrl::parse");
-        if config.get_connect_timeout().is_none() {
-            config.connect_timeout(Duration::from_secs(5));
-        }
-        if config.get_application_name().is_none() {
-            config.application_name("callid-router");
-        }
-        // A replica on a machine that vanished (no FIN) is noticed within about 8 s.
-        config
-            .keepalives(true)
-            .keepalives_idle(Duration::from_secs(5))
-            .keepalives_interval(Duration::from_secs(1))
-            .keepalives_retries(3)
-            .tcp_user_timeout(Duration::from_secs(8));
-        config
-    }
-}
-
-impl std::fmt::Display for PgUrl {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.redacted)
-    }
-}
-
-impl std::fmt::Debug for PgUrl {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "PgUrl({})", self.redacted)
-    }
-}
-
-/// The URL with its password and every query value replaced by `REDACTED` (the user stays).
-fn redact(url: &reqwest::Url) -> String {
-    let mut shown = url.clone();
-    if shown.password().is_some() {
-        let _ = shown.set_password(Some("REDACTED"));
-    }
-    if url.query().is_some() {
-        let pairs: Vec<String> = url
-            .query_pairs()
-            .map(|(k, _)| format!("{k}=REDACTED"))
-            .collect();
-        shown.set_query(Some(&pairs.join("&")));
-    }
-    shown.set_fragment(None);
-    shown.to_string()
-}
 
 /// An open PostgreSQL registry.
 pub struct PgRegistry {
@@ -776,21 +697,8 @@ fn fresh_key() -> i32 {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-
     #[test]
-    fn the_password_and_query_values_are_redacted_and_the_user_kept() {
-        let url =
-            PgUrl::parse("postgres://alice:s3cret@db.example:5433/reg?sslmode=disable").unwrap();
-        assert_eq!(
-            url.to_string(),
-            "postgres://alice:REDACTED@db.example:5433/reg?sslmode=REDACTED"
-        );
-        assert!(!format!("{url:?}").contains("s3cret"));
-        let err = PgUrl::parse("postgres://bob:pw@db.example:5432/").unwrap_err();
-        let text = err.to_string();
-        assert!(text.contains("names no database"), "{text}");
-        assert!(!text.contains("pw@"), "{text}");
+    fn a_postgres_url_is_a_database_and_anything_else_a_file() {
         use super::super::RegistryLocation;
         let at = |s: &str| RegistryLocation::parse(std::ffi::OsStr::new(s)).unwrap();
         assert!(matches!(
@@ -805,8 +713,8 @@ mod tests {
             at("/tmp/postgres:/x"),
             RegistryLocation::File("/tmp/postgres:/x".into())
         );
-        let err = PgUrl::parse("postgres://bob:pw@db.example:5432/").unwrap_err();
-        let text = err.to_string();
+        let err = RegistryLocation::parse("postgres://bob:pw@db.example:5432/".as_ref());
+        let text = err.unwrap_err().to_string();
         assert!(text.contains("names no database"), "{text}");
         assert!(!text.contains("pw@"), "{text}");
     }

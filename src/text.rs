@@ -1,0 +1,131 @@
+//! Text helpers every renderer and message shares: cutting a string to a byte budget without
+//! splitting a character ([`cut`], [`clip`]), and GitHub-flavoured Markdown table cells
+//! ([`markdown_cell`], [`markdown_code`]).
+//!
+//! # Guarantees
+//! - [`cut`] and [`clip`] never panic and never split a UTF-8 character: they keep the longest
+//!   prefix of at most `max` bytes that ends on a character boundary.
+//! - A cell from [`markdown_cell`] or [`markdown_code`] stays one cell of one row whatever the
+//!   input: every `|` is escaped as `\|` (GFM unescapes it even inside a code span) and every line
+//!   break becomes a space. A text cell also shows `<`, `>` and `&` as written instead of reading
+//!   them as HTML (client names come from the client and may hold anything); a code cell shows
+//!   every character but `|` and line breaks as written, backticks included.
+
+/// The longest prefix of `text` that is at most `max` bytes and ends on a character boundary.
+pub fn cut(text: &str, max: usize) -> &str {
+    if text.len() <= max {
+        return text;
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+/// [`cut`], followed by `…` when something was cut off.
+pub fn clip(text: &str, max: usize) -> String {
+    let kept = cut(text, max);
+    if kept.len() == text.len() {
+        kept.to_string()
+    } else {
+        format!("{kept}…")
+    }
+}
+
+/// `text` as the content of a Markdown table cell: `|` escaped, line breaks as spaces, and
+/// `<`, `>`, `&` as character references so that nothing is read as HTML.
+pub fn markdown_cell(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '|' => out.push_str("\\|"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '&' => out.push_str("&amp;"),
+            '\r' if chars.peek() == Some(&'\n') => {}
+            '\n' | '\r' => out.push(' '),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// `text` as a code span for a Markdown table cell: `|` escaped, line breaks as spaces, and a
+/// backtick fence longer than any run of backticks inside, so a backtick in `text` shows as one.
+pub fn markdown_code(text: &str) -> String {
+    let flat = one_line(text);
+    let longest_run = flat.split(|c| c != '`').map(str::len).max().unwrap_or(0);
+    let fence = "`".repeat(longest_run + 1);
+    // A space on each side keeps a leading or trailing backtick apart from the fence; CommonMark
+    // strips one such space from each side.
+    let pad = if flat.starts_with('`') || flat.ends_with('`') {
+        " "
+    } else {
+        ""
+    };
+    format!("{fence}{pad}{}{pad}{fence}", flat.replace('|', "\\|"))
+}
+
+/// `text` with every line break (`\r\n`, `\n`, `\r`) as one space.
+fn one_line(text: &str) -> String {
+    text.replace("\r\n", " ").replace(['\n', '\r'], " ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cut_keeps_whole_characters_within_the_budget() {
+        for (text, max, want) in [
+            ("", 3, ""),
+            ("abc", 3, "abc"),
+            ("abcd", 3, "abc"),
+            ("aé", 2, "a"),
+            ("aé", 3, "aé"),
+            ("日本", 5, "日"),
+            ("日本", 2, ""),
+            ("🦀x", 3, ""),
+            ("🦀x", 4, "🦀"),
+        ] {
+            assert_eq!(cut(text, max), want, "cut({text:?}, {max})");
+        }
+    }
+
+    #[test]
+    fn clip_marks_what_it_cut() {
+        assert_eq!(clip("abc", 3), "abc");
+        assert_eq!(clip("abcd", 3), "abc…");
+        assert_eq!(clip("日本", 4), "日…");
+    }
+
+    #[test]
+    fn a_text_cell_is_one_cell_and_no_html() {
+        for (text, want) in [
+            ("plain", "plain"),
+            ("a|b", "a\\|b"),
+            ("a\nb\r\nc\rd", "a b c d"),
+            ("<script>&", "&lt;script&gt;&amp;"),
+            ("a|b <c>\nd&", "a\\|b &lt;c&gt; d&amp;"),
+        ] {
+            assert_eq!(markdown_cell(text), want, "{text:?}");
+        }
+    }
+
+    #[test]
+    fn a_code_cell_shows_its_text_in_one_cell() {
+        for (text, want) in [
+            ("callId", "`callId`"),
+            ("a|b", "`a\\|b`"),
+            ("x-codex\nturn", "`x-codex turn`"),
+            ("a`b", "``a`b``"),
+            ("`x", "`` `x ``"),
+            ("a``b`", "``` a``b` ```"),
+            ("<a&b>", "`<a&b>`"),
+        ] {
+            assert_eq!(markdown_code(text), want, "{text:?}");
+        }
+    }
+}
