@@ -331,6 +331,38 @@ mod tests {
     }
 
     #[test]
+    fn protocol_keys_of_2026_07_28_are_context_and_the_json_rpc_id_never_counts() {
+        // Under MCP 2026-07-28 every request carries the protocol keys, and a retry carries a new
+        // JSON-RPC id (`run` gives each record its own): neither makes a key per attempt.
+        let proto = |call: &str| {
+            json!({
+                "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                "io.modelcontextprotocol/clientInfo": {"name": "c", "version": "1"},
+                "io.modelcontextprotocol/clientCapabilities": {},
+                "callId": call,
+            })
+        };
+        let two_calls = run(&[proto("c1"), proto("c2")]);
+        let retried = run(&[proto("c9"), proto("c9")]);
+        assert_ne!(
+            retried[0].id, retried[1].id,
+            "the retry has a new JSON-RPC id"
+        );
+        let all = kinds(&[
+            (RunKind::DistinctCalls, two_calls),
+            (RunKind::OneCall, retried),
+        ]);
+        assert_eq!(kind_of(&all, "callId"), ValueKind::CallId);
+        for key in [
+            "io.modelcontextprotocol/protocolVersion",
+            "io.modelcontextprotocol/clientInfo",
+            "io.modelcontextprotocol/clientCapabilities",
+        ] {
+            assert_eq!(kind_of(&all, key), ValueKind::Context, "{key}");
+        }
+    }
+
+    #[test]
     fn deliveries_are_compared_in_sequence_and_runs_never_across() {
         // Three deliveries of one call: two redeliveries, not three pairs.
         let three = run(&[json!({"k": "a"}), json!({"k": "a"}), json!({"k": "a"})]);

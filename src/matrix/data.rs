@@ -11,8 +11,11 @@ use crate::identity;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
-/// Format version of both files.
+/// Format version of `routers.yaml`, and the oldest `clients.yaml` still read.
 pub const FORMAT_VERSION: u32 = 1;
+/// Format version of `clients.yaml` as written now: 2 adds each row's `protocol`, which a
+/// measured row must give. Version 1 files (no `protocol`) are still read.
+pub const CLIENTS_FORMAT_VERSION: u32 = 2;
 /// File name of the client rows inside the matrix directory.
 pub const CLIENTS_FILE: &str = "clients.yaml";
 /// File name of the router rows inside the matrix directory.
@@ -74,7 +77,8 @@ impl MatrixError {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ClientsFile {
-    /// Always [`FORMAT_VERSION`].
+    /// [`CLIENTS_FORMAT_VERSION`], or [`FORMAT_VERSION`] for a file written before rows had a
+    /// `protocol`.
     pub version: u32,
     /// One row per client surface, in the order they are rendered.
     pub clients: Vec<ClientRow>,
@@ -120,6 +124,12 @@ pub struct ClientRow {
     /// Day of the measurement or the report, `YYYY-MM-DD`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub date: Option<String>,
+    /// The MCP protocol version the client used for its `tools/call`s (e.g. `2026-07-28`, or the
+    /// `2025-11-25` it agreed in `initialize`), as the probe recorded it: a measured row takes it
+    /// from its first evidence file and is checked against it; a reported row gives it only when
+    /// its source states it. Several versions are listed comma-separated, sorted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub protocol: Option<String>,
     /// The identity verdict.
     pub verdict: Verdict,
     /// Identity error code when rejected (e.g. `missing_identity`).
@@ -407,7 +417,17 @@ impl ClientsFile {
     /// Reads and validates `path`.
     pub fn load(path: &Path) -> Result<Self, MatrixError> {
         let file: ClientsFile = read_yaml(path)?;
-        version_rule(file.version, path)?;
+        if file.version != CLIENTS_FORMAT_VERSION {
+            version_rule(file.version, path).map_err(|_| MatrixError::Parse {
+                file: path.to_owned(),
+                path: "version".into(),
+                message: format!(
+                    "format version {} is not supported; this callid reads {FORMAT_VERSION} and \
+                     {CLIENTS_FORMAT_VERSION}",
+                    file.version
+                ),
+            })?;
+        }
         file.validate(path)?;
         Ok(file)
     }
@@ -419,11 +439,19 @@ impl ClientsFile {
         write_text(path, &format!("{CLIENTS_HEADER}{body}"))
     }
 
-    /// Inserts `row`, replacing the row with the same `id`; new rows go last.
+    /// Inserts `row`, replacing the row with the same `id`; new rows go last. A version 1 file
+    /// becomes [`CLIENTS_FORMAT_VERSION`] once every measured row gives its `protocol`.
     pub fn upsert(&mut self, row: ClientRow) {
         match self.clients.iter_mut().find(|r| r.id == row.id) {
             Some(slot) => *slot = row,
             None => self.clients.push(row),
+        }
+        if self
+            .clients
+            .iter()
+            .all(|r| !matches!(r.how, How::Measured { .. }) || r.protocol.is_some())
+        {
+            self.version = CLIENTS_FORMAT_VERSION;
         }
     }
 
@@ -470,6 +498,12 @@ impl ClientsFile {
             }
             match &row.how {
                 How::Measured { command, evidence } => {
+                    if self.version >= CLIENTS_FORMAT_VERSION && row.protocol.is_none() {
+                        return Err(fail(format!(
+                            "a measured row must give the `protocol` version its evidence shows \
+                             (format version {CLIENTS_FORMAT_VERSION})"
+                        )));
+                    }
                     if row.version.is_none() || row.date.is_none() {
                         return Err(fail(
                             "a measured row must give the exact `version` and `date` it measured"
@@ -815,6 +849,44 @@ mod tests {
             "{head}    version: 1.0.0\n    date: 2026-11-30\n    verdict: rejected\n    reason: missing_identity\n    call_level_keys: [callId]\n    how: {{kind: measured, command: c, evidence: [e.jsonl]}}\n"
         ))
         .unwrap();
+    }
+
+    #[test]
+    fn format_2_needs_the_protocol_of_a_measured_row_and_format_1_is_still_read() {
+        let measured = "  - id: a\n    client: A\n    surface: s\n    version: 1.0.0\n    \
+                        date: 2026-11-30\n{protocol}    verdict: rejected\n    reason: \
+                        missing_identity\n    how: {kind: measured, command: c, evidence: [e.jsonl]}\n";
+        let file = |version: u32, protocol: &str| {
+            format!(
+                "version: {version}\nclients:\n{}",
+                measured.replace("{protocol}", protocol)
+            )
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(CLIENTS_FILE);
+        let load = |text: String| {
+            std::fs::write(&path, text).unwrap();
+            ClientsFile::load(&path)
+        };
+        load(file(1, "")).unwrap();
+        let ok = load(file(2, "    protocol: 2026-07-28\n")).unwrap();
+        assert_eq!(ok.clients[0].protocol.as_deref(), Some("2026-07-28"));
+        let err = load(file(2, "")).unwrap_err();
+        assert!(
+            err.to_string().contains("must give the `protocol`"),
+            "{err}"
+        );
+        let err = load(file(3, "    protocol: 2026-07-28\n")).unwrap_err();
+        assert_eq!(err.code(), "matrix_parse");
+        assert!(err.to_string().contains("reads 1 and 2"), "{err}");
+        // A version 1 file becomes version 2 once every measured row gives its protocol.
+        let mut v1 = load(file(1, "")).unwrap();
+        let mut row = v1.clients[0].clone();
+        v1.upsert(row.clone());
+        assert_eq!(v1.version, FORMAT_VERSION);
+        row.protocol = Some("2025-11-25".into());
+        v1.upsert(row);
+        assert_eq!(v1.version, CLIENTS_FORMAT_VERSION);
     }
 
     #[test]

@@ -113,6 +113,9 @@ pub struct Observed {
     pub unknown_keys: Vec<String>,
     /// Whether the call-level / context split was inferred from two or more calls.
     pub split_known: bool,
+    /// The protocol version(s) its `tools/call`s were made under ([`protocol_of`]); `None` when
+    /// the probe could not tell.
+    pub protocol: Option<String>,
 }
 
 /// A verdict in row terms; `None` when it has no `tools/call` to judge.
@@ -168,7 +171,25 @@ pub fn observed(v: &ClientVerdict) -> Option<Observed> {
         },
         unknown_keys: unknown,
         split_known: split,
+        protocol: None,
     })
+}
+
+/// The MCP protocol version the `tools/call` requests in `records` were made under, as the probe
+/// recorded it for each: the request's own `io.modelcontextprotocol/protocolVersion` under
+/// 2026-07-28, else the version agreed in `initialize` (see [`crate::probe::tap`]). Distinct
+/// versions are sorted and joined with `, `; `None` when no call has one. What a client sent on
+/// `server/discover` before falling back does not count: only the calls do.
+pub fn protocol_of(records: &[Record]) -> Option<String> {
+    let versions: std::collections::BTreeSet<&str> = records
+        .iter()
+        .filter(|r| {
+            r.kind == crate::probe::record::Kind::Request
+                && r.method.as_deref() == Some("tools/call")
+        })
+        .filter_map(|r| r.protocol_version.as_deref())
+        .collect();
+    (!versions.is_empty()).then(|| versions.into_iter().collect::<Vec<_>>().join(", "))
 }
 
 /// Reads one evidence file strictly: every line must be a probe record.
@@ -194,9 +215,14 @@ pub fn single_client(path: &Path, records: &[Record]) -> Result<Observed, Eviden
         .filter(|v| v.calls > 0 || v.client.name.is_some())
         .collect();
     match verdicts.as_slice() {
-        [one] => observed(one).ok_or_else(|| EvidenceError::NoCalls {
-            file: path.to_owned(),
-        }),
+        [one] => observed(one)
+            .map(|o| Observed {
+                protocol: protocol_of(records),
+                ..o
+            })
+            .ok_or_else(|| EvidenceError::NoCalls {
+                file: path.to_owned(),
+            }),
         _ => Err(EvidenceError::ClientCount {
             file: path.to_owned(),
             count: verdicts.len(),
@@ -235,6 +261,7 @@ pub fn row_from_observed(
         version: Some(o.version.clone()).filter(|v| !v.is_empty()),
         client_info_version: None,
         date: Some(date),
+        protocol: o.protocol.clone(),
         verdict: o.verdict,
         reason: o.reason.clone(),
         per_call_id: o.per_call_id.clone(),
@@ -356,6 +383,15 @@ pub fn check_row(dir: &Path, row: &ClientRow) -> Result<(), EvidenceError> {
         let calls = analyze::tool_calls(&records);
         let scenario = Scenario::of_file(file);
         if i == 0 {
+            if row.protocol.is_some() {
+                disagree(
+                    row,
+                    &path,
+                    "protocol",
+                    row.protocol.clone(),
+                    o.protocol.clone(),
+                )?;
+            }
             let sorted = |keys: &Option<Vec<String>>| {
                 keys.clone().map(|mut k| {
                     k.sort();
@@ -477,6 +513,11 @@ pub fn row_differences(committed: &ClientRow, measured: &ClientRow) -> Vec<Strin
         format!("{:?}", measured.client_info_version),
     );
     cmp(
+        "protocol",
+        format!("{:?}", committed.protocol),
+        format!("{:?}", measured.protocol),
+    );
+    cmp(
         "verdict",
         committed.verdict.name().into(),
         measured.verdict.name().into(),
@@ -512,4 +553,80 @@ pub fn row_differences(committed: &ClientRow, measured: &ClientRow) -> Vec<Strin
         format!("{:?}", measured.stability),
     );
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::matrix::data::OnFailure;
+    use crate::probe::record::{RecordContext, Transport, record_for_request};
+    use crate::shape::Digester;
+    use serde_json::{Value, json};
+
+    fn record(method: &str, id: Value, params: Value, ctx: &RecordContext) -> Record {
+        record_for_request(method, Some(&id), Some(&params), 1, ctx, &Digester::Plain)
+    }
+
+    fn call(id: i64, meta: Value, ctx: &RecordContext) -> Record {
+        let params = json!({"name": "capabilities", "arguments": {}, "_meta": meta});
+        record("tools/call", json!(id), params, ctx)
+    }
+
+    #[test]
+    fn the_protocol_is_the_one_the_calls_were_made_under() {
+        // 2026-07-28: each call declares it, whatever `server/discover` said.
+        let ctx = RecordContext::new(Transport::Stdio);
+        let v = |p: &str| json!({"io.modelcontextprotocol/protocolVersion": p});
+        let records = vec![
+            record(
+                "server/discover",
+                json!(1),
+                json!({"_meta": v("2026-07-28")}),
+                &ctx,
+            ),
+            call(2, v("2026-07-28"), &ctx),
+            call(3, v("2026-07-28"), &ctx),
+        ];
+        assert_eq!(protocol_of(&records).as_deref(), Some("2026-07-28"));
+        // A fallback to `initialize`: the calls are under the agreed version, and a discover
+        // that was refused does not count.
+        let mut agreed = RecordContext::new(Transport::Stdio);
+        agreed.protocol_version = Some("2025-11-25".into());
+        let records = vec![
+            record(
+                "server/discover",
+                json!(1),
+                json!({"_meta": v("2026-07-28")}),
+                &ctx,
+            ),
+            call(2, json!({}), &agreed),
+        ];
+        assert_eq!(protocol_of(&records).as_deref(), Some("2025-11-25"));
+        // Mixed versions are all listed, sorted; no call, no protocol.
+        let records = vec![call(1, v("2026-07-28"), &ctx), call(2, json!({}), &agreed)];
+        assert_eq!(
+            protocol_of(&records).as_deref(),
+            Some("2025-11-25, 2026-07-28")
+        );
+        assert_eq!(protocol_of(&records[..0]), None);
+    }
+
+    #[test]
+    fn a_retry_under_2026_07_28_is_judged_by_its_call_id_never_its_json_rpc_id() {
+        let ctx = RecordContext::new(Transport::Stdio);
+        let meta = |id: &str| json!({"io.modelcontextprotocol/protocolVersion": "2026-07-28", "callId": id});
+        // The retry carries a new JSON-RPC id, as 2026-07-28 requires, and the same call ID.
+        let same = [call(7, meta("c1"), &ctx), call(8, meta("c1"), &ctx)];
+        assert_ne!(same[0].id, same[1].id);
+        assert_eq!(
+            analyze::on_timeout(&analyze::tool_calls(&same)),
+            OnFailure::RetriedSameId
+        );
+        // The same JSON-RPC id twice with two call IDs is a new ID, not the same one.
+        let new = [call(7, meta("c1"), &ctx), call(7, meta("c2"), &ctx)];
+        assert_eq!(
+            analyze::on_timeout(&analyze::tool_calls(&new)),
+            OnFailure::RetriedNewId
+        );
+    }
 }

@@ -105,7 +105,7 @@ pub fn add_logs(
     let mut file = ClientsFile::load(&clients_path)?;
     let mut added = Vec::new();
     for verdict in classify::classify(&records) {
-        let Some(observed) = evidence::observed(&verdict) else {
+        let Some(mut observed) = evidence::observed(&verdict) else {
             continue;
         };
         let id = data::slug(&[&observed.name, &observed.version]);
@@ -119,11 +119,14 @@ pub fn add_logs(
             })
             .map(|r| r.connection.as_str())
             .collect();
-        let mut lines = String::new();
-        for r in records
+        let own: Vec<crate::probe::Record> = records
             .iter()
             .filter(|r| connections.contains(r.connection.as_str()))
-        {
+            .cloned()
+            .collect();
+        observed.protocol = evidence::protocol_of(&own);
+        let mut lines = String::new();
+        for r in &own {
             lines.push_str(&serde_json::to_string(r).expect("records serialize"));
             lines.push('\n');
         }

@@ -45,8 +45,8 @@ fn render_clients(out: &mut String, rows: &[ClientRow]) {
         return;
     }
     out.push_str(
-        "| Client | Surface | Verdict | Per-call ID | Other call-level keys | Context keys | Version | How |\n\
-         |---|---|---|---|---|---|---|---|\n",
+        "| Client | Surface | Verdict | Per-call ID | Other call-level keys | Context keys | Version | Protocol | How |\n\
+         |---|---|---|---|---|---|---|---|---|\n",
     );
     for (n, row) in rows.iter().enumerate() {
         let verdict = match &row.reason {
@@ -59,7 +59,7 @@ fn render_clients(out: &mut String, rows: &[ClientRow]) {
         };
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             cell(&row.client),
             cell(&row.surface),
             verdict,
@@ -73,10 +73,15 @@ fn render_clients(out: &mut String, rows: &[ClientRow]) {
                 .as_deref()
                 .map(cell)
                 .unwrap_or_else(|| "not stated".into()),
+            row.protocol
+                .as_deref()
+                .map(cell)
+                .unwrap_or_else(|| "not stated".into()),
             how,
         );
     }
     out.push('\n');
+    out.push_str(PROTOCOL_NOTE);
     if rows.iter().any(|r| !r.per_attempt_keys.is_empty()) {
         out.push_str(
             "*per attempt*: the value changed when the client redelivered the same call (its \
@@ -87,6 +92,15 @@ fn render_clients(out: &mut String, rows: &[ClientRow]) {
         );
     }
 }
+
+/// What the Protocol column means, below the clients table.
+const PROTOCOL_NOTE: &str = "*Protocol*: the MCP protocol version the client's `tools/call`s \
+     were made under, as the probe recorded it. The probe speaks both lifecycles: a client that \
+     opens with `server/discover` gets MCP 2026-07-28 (stateless; every request carries \
+     `io.modelcontextprotocol/protocolVersion`, `clientInfo` and `clientCapabilities` in `_meta`, \
+     listed here as context keys: they are the same on every call, never a call ID), any other \
+     client the version it agreed in `initialize`. A reported row gives it only where its source \
+     states it.\n\n";
 
 /// The "Other call-level keys" cell, per-attempt keys marked.
 fn call_level(row: &ClientRow) -> String {
@@ -125,8 +139,10 @@ fn render_stability(out: &mut String, rows: &[ClientRow]) {
          that controls the model's tool-call ids: (a) two distinct model tool calls; (b) the \
          model API returns the same tool-call id twice; (c) the server does not answer within the \
          client's tool timeout (set to 6 s where the client lets it be set), or its process dies \
-         while the call is in flight. A finding holds for \
-         the version shown. A client that sends no per-call ID is listed too: its columns count \
+         while the call is in flight. The (c) columns compare the per-call ID of each attempt, \
+         never the JSON-RPC id: a retry must carry a new JSON-RPC id (MCP 2026-07-28 requires \
+         it), so only the call ID can say it is the same call. A finding holds for \
+         the version shown and the protocol of its row. A client that sends no per-call ID is listed too: its columns count \
          calls, and a second call or a resent one carries nothing a server could tell from a new \
          call.\n\n",
     );

@@ -5,10 +5,9 @@
 //! then `exec`s the probe, so the probe is the very process the client talks to and the endpoint
 //! can freeze it for the timeout scenario.
 //!
-//! The probe runs with `--legacy-handshake` (protocol 2025-11-25 and the `initialize`
-//! lifecycle): every committed row was measured that way, and a client that tries MCP
-//! 2026-07-28 first falls back to it. Rows under 2026-07-28 wait for the matrix's protocol
-//! column.
+//! The probe speaks both lifecycles (no `--legacy-handshake`): a client that opens with
+//! `server/discover` is measured under MCP 2026-07-28, any other under the version it agrees in
+//! `initialize`; the row's `protocol` records which (see [`crate::matrix::evidence::protocol_of`]).
 
 use super::client::{Client, ClientError};
 use super::endpoint::{Endpoint, Hook, Script, Seen, Step};
@@ -111,7 +110,7 @@ pub async fn run_scenario(
         std::fs::write(
             &inner,
             format!(
-                "#!/bin/sh\necho $$ >> {}\nexec {} probe --legacy-handshake\n",
+                "#!/bin/sh\necho $$ >> {}\nexec {} probe\n",
                 sh_quote(&pids),
                 sh_quote(callid)
             ),
@@ -125,7 +124,7 @@ pub async fn run_scenario(
         )
     } else {
         format!(
-            "#!/bin/sh\necho $$ >> {}\nexec {} probe --legacy-handshake --log {}\n",
+            "#!/bin/sh\necho $$ >> {}\nexec {} probe --log {}\n",
             sh_quote(&pids),
             sh_quote(callid),
             sh_quote(&log)

@@ -130,11 +130,7 @@ async fn rmcp_client(callid: &Path, log: &Path) -> Result<(), MeasureError> {
     use rmcp::ServiceExt as _;
     use rmcp::model::CallToolRequestParams;
     let mut command = tokio::process::Command::new(callid);
-    command
-        .arg("probe")
-        .arg("--legacy-handshake")
-        .arg("--log")
-        .arg(log);
+    command.arg("probe").arg("--log").arg(log);
     let fail = |e: String| MeasureError::Driver {
         what: "rmcp client".into(),
         detail: e,
@@ -181,7 +177,6 @@ pub async fn measure_sdk(
     let server = [
         callid.display().to_string(),
         "probe".to_owned(),
-        "--legacy-handshake".to_owned(),
         "--log".to_owned(),
         log.display().to_string(),
     ];

@@ -167,11 +167,34 @@ fn a_row_that_disagrees_with_its_evidence_fails_the_check() {
             "on_timeout: no-retry",
             "on_timeout: retried-same-id",
             "stability.on_timeout",
+            "evidence_disagrees",
         ),
-        ("  - itemId\n", "", "call_level_keys"),
-        ("version: 0.171.0", "version: 0.172.0", "`version`"),
+        ("  - itemId\n", "", "call_level_keys", "evidence_disagrees"),
+        (
+            "version: 0.171.0",
+            "version: 0.172.0",
+            "`version`",
+            "evidence_disagrees",
+        ),
+        // The row says 2026-07-28; its calls were made under the 2025-06-18 it agreed.
+        (
+            "protocol: 2025-06-18",
+            "protocol: 2026-07-28",
+            "`protocol`",
+            "evidence_disagrees",
+        ),
+        // A version 2 file's measured row must give its protocol.
+        (
+            "  protocol: 2025-06-18\n",
+            "",
+            "must give the `protocol`",
+            "invalid row `codex-cli`",
+        ),
     ];
-    for (from, to, want) in cases {
+    for (from, to, want, code) in cases {
+        // A disagreement with the evidence fails the check (1); a row that breaks a rule of the
+        // file is invalid input (2).
+        let exit = if code == "evidence_disagrees" { 1 } else { 2 };
         let (tmp, dir) = fixture();
         let path = dir.join("clients.yaml");
         let text = std::fs::read_to_string(&path).unwrap();
@@ -181,12 +204,12 @@ fn a_row_that_disagrees_with_its_evidence_fails_the_check() {
         let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
         assert_eq!(
             out.status.code(),
-            Some(1),
+            Some(exit),
             "{}",
             transcript(&out, tmp.path())
         );
         assert!(
-            stderr.contains("evidence_disagrees") && stderr.contains(want),
+            stderr.contains(code) && stderr.contains(want),
             "{want}: {stderr}"
         );
         assert!(!dir.join("SUPPORT.md").exists(), "nothing is written");
