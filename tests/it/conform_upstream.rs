@@ -282,3 +282,29 @@ async fn the_relay_bridges_stdio_to_the_runner_upstream() {
     assert!(status.1.contains("answered HTTP 503"), "{}", status.1);
     assert_eq!(upstream.charge_count().unwrap(), 3);
 }
+
+/// Every shipped target profile (callid's own and the third-party ones) loads: a renamed field or
+/// placeholder would otherwise surface only when someone runs that profile.
+#[test]
+fn every_shipped_target_profile_loads() {
+    let mut seen = 0;
+    let mut dirs = vec![crate::common::repo().join("scenarios/targets")];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "yaml")
+                && !path.ends_with("gateway-policy.yaml")
+            {
+                // Parsed, not loaded: loading also wants the `{env:NAME}` variables set.
+                let text = std::fs::read_to_string(&path).unwrap();
+                let dir = path.parent().unwrap().to_path_buf();
+                callid::conform::target::Profile::parse(&text, &path.display().to_string(), dir)
+                    .unwrap_or_else(|e| panic!("{e}"));
+                seen += 1;
+            }
+        }
+    }
+    assert!(seen >= 10, "only {seen} profiles found");
+}
