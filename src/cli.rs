@@ -363,8 +363,15 @@ pub struct ProviderArgs {
 /// `callid gateway`
 #[derive(Debug, Args)]
 pub struct GatewayArgs {
-    /// The gateway's registry (SQLite), created if missing.
-    #[arg(long, value_name = "FILE")]
+    /// The gateway's registry: a SQLite file, created if missing, or
+    /// `postgres://USER@HOST:PORT/DATABASE` shared by gateway replicas (password redacted
+    /// wherever shown; plaintext connections: keep the database on loopback or a private network).
+    #[arg(
+        long,
+        value_name = "FILE|URL",
+        env = "CALLID_REGISTRY",
+        hide_env_values = true
+    )]
     pub registry: PathBuf,
     /// A tool of the upstream that spends money: its calls go through the whole pipeline
     /// (repeatable).

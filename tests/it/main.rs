@@ -17,5 +17,6 @@ mod probe;
 mod probe_protocol;
 mod provider;
 mod replicas;
+mod replicas_gateway;
 mod router;
 mod store;
