@@ -54,7 +54,8 @@
 //!   taken over by the next redelivery (median 61 ms after `kill -9` on loopback under load; a
 //!   vanished machine after TCP keepalives and `tcp_user_timeout`, about 8 s). A result is
 //!   recorded only by the lease holder (fencing). It does not work behind a transaction-mode
-//!   pooler.
+//!   pooler. A budgeted insert (the gateway's policy budget) runs its lookup, sum and insert in
+//!   one transaction under an advisory lock on the installation, so replicas never overspend.
 //!
 //! ## Compatibility
 //! - The file is identified by `PRAGMA application_id` ([`APPLICATION_ID`]) and versioned by
