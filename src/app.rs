@@ -341,7 +341,7 @@ fn run_gateway(args: crate::cli::GatewayArgs) -> anyhow::Result<ExitCode> {
     };
     let options = GatewayOptions {
         policy,
-        registry: args.registry,
+        registry: crate::router::registry::RegistryLocation::parse(args.registry.as_os_str())?,
         spend: args.spend.into_iter().collect(),
         upstream,
         upstream_timeout: std::time::Duration::from_secs(args.upstream_timeout),

@@ -382,8 +382,15 @@ pub struct ProviderArgs {
 /// `callid gateway`
 #[derive(Debug, Args)]
 pub struct GatewayArgs {
-    /// The gateway's registry (SQLite), created if missing.
-    #[arg(long, value_name = "FILE")]
+    /// The gateway's registry: a SQLite file, created if missing, or
+    /// `postgres://USER@HOST:PORT/DATABASE` shared by gateway replicas (password redacted
+    /// wherever shown; plaintext connections: keep the database on loopback or a private network).
+    #[arg(
+        long,
+        value_name = "FILE|URL",
+        env = "CALLID_REGISTRY",
+        hide_env_values = true
+    )]
     pub registry: PathBuf,
     /// A tool of the upstream that spends money: its calls go through the whole pipeline
     /// (repeatable).
@@ -584,7 +591,8 @@ pub struct BenchArgs {
     pub format: PlainFormatArg,
     /// Run only these rows (repeatable): probe_round_trip, probe_throughput, shape_extraction,
     /// request_hash, router_new_operation, router_concurrent, router_replay, conform_suite,
-    /// probe_rss, router_rss.
+    /// probe_rss, router_rss, postgres_new_operation, postgres_replicas (PostgreSQL: a throwaway
+    /// cluster, or the database of `CALLID_BENCH_POSTGRES_URL`).
     #[arg(long, value_name = "ID", num_args = 1..)]
     pub only: Vec<String>,
     /// The Python that runs the `mcp` SDK probe baseline (default: `target/bench-venv` under the

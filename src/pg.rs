@@ -13,6 +13,7 @@
 //!   parser, so connecting never fails for the URL's syntax.
 
 use postgres::Config;
+use postgres::config::SslMode;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -50,7 +51,15 @@ impl PgUrl {
         if url.path().trim_matches('/').is_empty() {
             return Err(bad(redacted, "it names no database"));
         }
-        Config::from_str(text).map_err(|e| bad(redacted.clone(), &e.to_string()))?;
+        let config = Config::from_str(text).map_err(|e| bad(redacted.clone(), &e.to_string()))?;
+        if !matches!(config.get_ssl_mode(), SslMode::Disable | SslMode::Prefer) {
+            return Err(bad(
+                redacted,
+                "it asks for TLS (`sslmode=require`), which this build does not speak; refused \
+                 rather than connecting in plaintext: keep the database on loopback or a private \
+                 network and drop `sslmode` (or set `sslmode=disable`)",
+            ));
+        }
         Ok(PgUrl {
             raw: text.to_string(),
             redacted,
@@ -126,6 +135,20 @@ mod tests {
             let err = PgUrl::parse(text).unwrap_err().to_string();
             assert!(err.contains(why), "{err}");
             assert!(!err.contains("pw@"), "{err}");
+        }
+    }
+
+    #[test]
+    fn a_url_asking_for_tls_is_refused_never_downgraded() {
+        let err =
+            PgUrl::parse("postgres://bob:pw@db.example:5432/reg?sslmode=require").unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("`sslmode=require`"), "{text}");
+        assert!(text.contains("plaintext"), "{text}");
+        assert!(!text.contains(":pw@"), "{text}");
+        // Plaintext asked for, or allowed (`prefer`, the default): accepted.
+        for ok in ["?sslmode=disable", "?sslmode=prefer", ""] {
+            PgUrl::parse(&format!("postgres://bob@db.example:5432/reg{ok}")).unwrap();
         }
     }
 }

@@ -8,8 +8,9 @@
 //! `synchronous_commit = on`; budget check and record run under a transaction-level advisory
 //! lock on the account, so two replicas cannot both see the same remaining budget. The table,
 //! `callid_decisions`, is created by the registry's migrations (the router opens the registry
-//! before its backend). A lost connection is dropped and opened again on the next call; until
-//! the database answers, every spend fails closed.
+//! before its backend). Concurrent spends of one replica use a bounded pool of up to
+//! [`POOL_SIZE`] connections, each set up as above; a lost connection is dropped and a fresh one
+//! opened on the next call; until the database answers, every spend fails closed.
 
 use super::authorization::{AuthorizationRequest, Decision, decision_id};
 use super::error::BackendError;
@@ -17,17 +18,23 @@ use super::execution::{Begin, Executed, provider_key};
 use crate::pg::PgUrl;
 use crate::provider::Receipt;
 use postgres::Client;
-use std::sync::Mutex;
+use std::sync::{Condvar, Mutex};
 
 /// The advisory-lock namespace of budget checks (`"cLAB"`), apart from the registry's.
 const BUDGET_LOCK: i32 = 0x634c_4142;
 /// The advisory-lock namespace of executions (`"cLEX"`): one `begin` per decision at a time.
 const EXECUTION_LOCK: i32 = 0x634c_4558;
 
-/// One connection to the shared decisions, opened on demand.
+/// How many connections one replica's layers open at most (opened on demand, kept for reuse).
+pub const POOL_SIZE: usize = 8;
+
+/// How long a layer call waits for a free connection before it fails closed.
+const CHECKOUT_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The shared decisions and executions, through a bounded pool of connections.
 pub struct SharedState {
     url: PgUrl,
-    client: Mutex<Option<Client>>,
+    pool: Pool,
 }
 
 impl std::fmt::Debug for SharedState {
@@ -38,15 +45,64 @@ impl std::fmt::Debug for SharedState {
     }
 }
 
+/// A bounded pool: up to [`POOL_SIZE`] connections, each opened on first need with the
+/// session settings the guarantees rest on, reused while healthy; a connection that failed
+/// without a server error code (network, server gone) or is closed is dropped, so the next
+/// checkout opens a fresh one once the database is back. A caller finding every connection
+/// busy waits up to [`CHECKOUT_WAIT`].
+struct Pool {
+    state: Mutex<PoolState>,
+    freed: Condvar,
+}
+
+#[derive(Default)]
+struct PoolState {
+    idle: Vec<Client>,
+    open: usize,
+}
+
+/// A connection checked out of the pool; returned (or dropped, when broken) on drop.
+struct Checkout<'a> {
+    pool: &'a Pool,
+    client: Option<Client>,
+    broken: bool,
+}
+
+impl Drop for Checkout<'_> {
+    fn drop(&mut self) {
+        let Some(client) = self.client.take() else {
+            return;
+        };
+        let mut state = self.pool.state.lock().unwrap_or_else(|p| p.into_inner());
+        if self.broken || client.is_closed() || std::thread::panicking() {
+            state.open -= 1;
+            drop(state);
+            drop_off_runtime(client);
+        } else {
+            state.idle.push(client);
+            drop(state);
+        }
+        self.pool.freed.notify_one();
+    }
+}
+
+/// Drops a sync client on a plain thread: it owns a runtime, which must not be dropped inside
+/// an async task.
+fn drop_off_runtime<T: Send + 'static>(value: T) {
+    let _ = std::thread::spawn(move || drop(value)).join();
+}
+
 impl Drop for SharedState {
     fn drop(&mut self) {
-        // The sync client runs its own runtime, which must not be dropped inside an async task.
-        let client = self
-            .client
-            .get_mut()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
-        let _ = std::thread::spawn(move || drop(client)).join();
+        let idle = std::mem::take(
+            &mut self
+                .pool
+                .state
+                .get_mut()
+                .unwrap_or_else(|p| p.into_inner())
+                .idle,
+        );
+        drop_off_runtime(idle);
     }
 }
 
@@ -58,11 +114,90 @@ const SPENT: &str = "SELECT COALESCE(SUM(CASE state
     FROM callid_decisions WHERE account = $1";
 
 impl SharedState {
-    /// The decisions in the database at `url` (connected on first use).
+    /// The decisions in the database at `url` (connections opened on first use).
     pub fn new(url: PgUrl) -> SharedState {
         SharedState {
             url,
-            client: Mutex::new(None),
+            pool: Pool {
+                state: Mutex::new(PoolState::default()),
+                freed: Condvar::new(),
+            },
+        }
+    }
+
+    /// Connections open now (idle or checked out).
+    pub fn open_connections(&self) -> usize {
+        self.pool
+            .state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .open
+    }
+
+    fn connect(&self) -> Result<Client, postgres::Error> {
+        let mut client = self.url.config().connect(postgres::NoTls)?;
+        client.batch_execute(
+            "SET synchronous_commit = on; SET lock_timeout = '10s';
+             SET statement_timeout = '30s';",
+        )?;
+        Ok(client)
+    }
+
+    /// A healthy connection: an idle one, a new one while fewer than [`POOL_SIZE`] are open,
+    /// or the next one freed within [`CHECKOUT_WAIT`].
+    fn checkout(&self, doing: &'static str) -> Result<Checkout<'_>, BackendError> {
+        let deadline = std::time::Instant::now() + CHECKOUT_WAIT;
+        let mut state = self.pool.state.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if let Some(client) = state.idle.pop() {
+                if client.is_closed() {
+                    state.open -= 1;
+                    drop(state);
+                    drop_off_runtime(client);
+                    state = self.pool.state.lock().unwrap_or_else(|p| p.into_inner());
+                    continue;
+                }
+                return Ok(Checkout {
+                    pool: &self.pool,
+                    client: Some(client),
+                    broken: false,
+                });
+            }
+            if state.open < POOL_SIZE {
+                state.open += 1;
+                drop(state);
+                return match self.connect() {
+                    Ok(client) => Ok(Checkout {
+                        pool: &self.pool,
+                        client: Some(client),
+                        broken: false,
+                    }),
+                    Err(e) => {
+                        let mut state = self.pool.state.lock().unwrap_or_else(|p| p.into_inner());
+                        state.open -= 1;
+                        drop(state);
+                        self.pool.freed.notify_one();
+                        Err(self.unavailable(doing, &e))
+                    }
+                };
+            }
+            let now = std::time::Instant::now();
+            if now >= deadline {
+                return Err(BackendError::SharedStateUnavailable {
+                    url: self.url.to_string(),
+                    doing,
+                    cause: format!(
+                        "all {POOL_SIZE} connections stayed busy for {} s",
+                        CHECKOUT_WAIT.as_secs()
+                    ),
+                });
+            }
+            state = self
+                .pool
+                .freed
+                .wait_timeout(state, deadline - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
         }
     }
 
@@ -71,30 +206,14 @@ impl SharedState {
         doing: &'static str,
         f: impl FnOnce(&mut Client) -> Result<T, Failure>,
     ) -> Result<T, BackendError> {
-        let mut guard = self.client.lock().unwrap_or_else(|p| p.into_inner());
-        if guard.as_ref().is_none_or(Client::is_closed) {
-            *guard = None;
-            let mut client = self
-                .url
-                .config()
-                .connect(postgres::NoTls)
-                .map_err(|e| self.unavailable(doing, &e))?;
-            client
-                .batch_execute(
-                    "SET synchronous_commit = on; SET lock_timeout = '10s';
-                     SET statement_timeout = '30s';",
-                )
-                .map_err(|e| self.unavailable(doing, &e))?;
-            *guard = Some(client);
-        }
-        let client = guard.as_mut().expect("connected above");
+        let mut checkout = self.checkout(doing)?;
+        let client = checkout.client.as_mut().expect("checked out");
         match f(client) {
             Ok(v) => Ok(v),
             Err(Failure::Backend(e)) => Err(e),
             Err(Failure::Db(e)) => {
-                if e.code().is_none() || client.is_closed() {
-                    *guard = None;
-                }
+                let broken = e.code().is_none() || client.is_closed();
+                checkout.broken = broken;
                 Err(self.unavailable(doing, &e))
             }
         }

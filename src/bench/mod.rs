@@ -26,6 +26,7 @@
 //! - [`endtoend`]: the rows that start processes.
 //! - [`baseline`]: the bare rmcp server.
 //! - [`python`]: finding a Python with the `mcp` SDK.
+//! - [`postgres`]: the PostgreSQL rows and their throwaway cluster.
 //! - [`report`]: rows, verdicts, and the three renderings.
 
 pub mod baseline;
@@ -33,6 +34,7 @@ pub mod drive;
 pub mod endtoend;
 pub mod fixtures;
 pub mod micro;
+pub mod postgres;
 pub mod python;
 pub mod report;
 pub mod stats;
@@ -172,6 +174,7 @@ pub async fn run(options: &Options) -> Report {
                 if want.contains(&RowId::ConformSuite) {
                     outcomes.push((RowId::ConformSuite, endtoend::conform_row(&ctx).await));
                 }
+                outcomes.extend(postgres::rows(&ctx).await);
             }
             Err(error) => {
                 for id in want.iter().copied() {

@@ -31,11 +31,15 @@ pub enum RowId {
     ProbeRss,
     /// Router peak resident memory under load.
     RouterRss,
+    /// Router new durable operations on a PostgreSQL registry against a raw INSERT+COMMIT.
+    PostgresNewOperation,
+    /// 16 clients across two replicas on one PostgreSQL database against 1 client on 1.
+    PostgresReplicas,
 }
 
 impl RowId {
     /// Every row, in report order.
-    pub const ALL: [RowId; 10] = [
+    pub const ALL: [RowId; 12] = [
         RowId::ProbeRoundTrip,
         RowId::ProbeThroughput,
         RowId::ShapeExtraction,
@@ -46,6 +50,8 @@ impl RowId {
         RowId::ConformSuite,
         RowId::ProbeRss,
         RowId::RouterRss,
+        RowId::PostgresNewOperation,
+        RowId::PostgresReplicas,
     ];
 
     /// The stable id (`--only` takes it).
@@ -61,6 +67,8 @@ impl RowId {
             RowId::ConformSuite => "conform_suite",
             RowId::ProbeRss => "probe_rss",
             RowId::RouterRss => "router_rss",
+            RowId::PostgresNewOperation => "postgres_new_operation",
+            RowId::PostgresReplicas => "postgres_replicas",
         }
     }
 
@@ -82,6 +90,8 @@ impl RowId {
             RowId::ConformSuite => "whole conformance suite against the reference router",
             RowId::ProbeRss => "probe resident memory under load",
             RowId::RouterRss => "router resident memory under load",
+            RowId::PostgresNewOperation => "router: new operation, durable, PostgreSQL registry",
+            RowId::PostgresReplicas => "2 router replicas on one PostgreSQL: 16 clients",
         }
     }
 
@@ -97,6 +107,8 @@ impl RowId {
             RowId::RouterReplay => "bare rmcp echo round trip",
             RowId::ConformSuite => "(absolute, this machine)",
             RowId::ProbeRss | RowId::RouterRss => "(absolute)",
+            RowId::PostgresNewOperation => "raw PostgreSQL INSERT + COMMIT, same server",
+            RowId::PostgresReplicas => "1 client on 1 replica",
         }
     }
 
@@ -113,6 +125,8 @@ impl RowId {
             RowId::ConformSuite => Target::SecondsAtMost(20.0),
             RowId::ProbeRss => Target::MegabytesAtMost(20.0),
             RowId::RouterRss => Target::MegabytesAtMost(40.0),
+            RowId::PostgresNewOperation => Target::RatioAtLeast(0.3),
+            RowId::PostgresReplicas => Target::RatioAtLeast(3.0),
         }
     }
 }

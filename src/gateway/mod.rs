@@ -54,7 +54,6 @@ pub use upstream::{Upstream, UpstreamSpec};
 
 use crate::router::pipeline::{Core, CoreOptions};
 use std::collections::BTreeSet;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -64,8 +63,8 @@ pub const DEFAULT_UPSTREAM_TIMEOUT: Duration = Duration::from_secs(100);
 /// How the gateway runs.
 #[derive(Debug, Clone)]
 pub struct GatewayOptions {
-    /// The registry file.
-    pub registry: PathBuf,
+    /// The registry: a SQLite file, or a PostgreSQL database shared by gateway replicas.
+    pub registry: crate::router::registry::RegistryLocation,
     /// The tools that spend (the policy's tools spend too).
     pub spend: BTreeSet<String>,
     /// Prices, approvals and budget.
@@ -102,7 +101,7 @@ pub async fn run(
         .map_err(StartError::from)?;
     let info = upstream.info().await;
     let core = Core::new(CoreOptions {
-        registry: crate::router::registry::RegistryLocation::File(options.registry.clone()),
+        registry: options.registry.clone(),
         preallocated_keys: None,
         key_prefix: options.key_prefix.clone(),
         handle_prefix: options.handle_prefix.clone(),
@@ -112,7 +111,7 @@ pub async fn run(
     let spend: Vec<&str> = gateway.spend_tools().collect();
     crate::logging::line(format_args!(
         "callid gateway: {} in front of {} (spend tools: {})",
-        options.registry.display(),
+        options.registry,
         options.upstream,
         spend.join(", ")
     ));

@@ -22,5 +22,6 @@ mod probe;
 mod probe_protocol;
 mod provider;
 mod replicas;
+mod replicas_gateway;
 mod router;
 mod store;

@@ -54,7 +54,8 @@
 //!   taken over by the next redelivery (median 61 ms after `kill -9` on loopback under load; a
 //!   vanished machine after TCP keepalives and `tcp_user_timeout`, about 8 s). A result is
 //!   recorded only by the lease holder (fencing). It does not work behind a transaction-mode
-//!   pooler.
+//!   pooler. A budgeted insert (the gateway's policy budget) runs its lookup, sum and insert in
+//!   one transaction under an advisory lock on the installation, so replicas never overspend.
 //!
 //! ## Compatibility
 //! - The file is identified by `PRAGMA application_id` ([`APPLICATION_ID`]) and versioned by
@@ -555,23 +556,14 @@ impl Registry {
 
     /// [`Registry::insert_or_get`], refusing a new operation that would take the cents committed
     /// by this installation's operations above `budget_cents`, in the same transaction (the
-    /// gateway's policy budget). The gateway runs on a SQLite file only: on PostgreSQL a budget
-    /// is refused (fail closed), never ignored.
+    /// gateway's policy budget; on PostgreSQL under an advisory lock, so it holds across
+    /// replicas).
     pub fn insert_within_budget(
         &mut self,
         new: NewOperation,
         budget_cents: Option<u64>,
     ) -> Result<Insert, RegistryError> {
-        match (self, budget_cents) {
-            (Registry::Sqlite(r), budget) => r.insert_within_budget(new, budget),
-            (Registry::Postgres(r), None) => r
-                .insert_or_get(new)
-                .map(|(op, created)| Insert::Stored(Box::new(op), created)),
-            (Registry::Postgres(_), Some(_)) => Err(RegistryError::Unsupported {
-                what: "a budget checked at insert (the gateway's policy budget) needs a SQLite \
-                       registry; nothing was recorded or dispatched",
-            }),
-        }
+        each!(self, r => r.insert_within_budget(new, budget_cents))
     }
 
     /// Takes the dispatch lease of a pending operation for `owner` until `now + ttl`.

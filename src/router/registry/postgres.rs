@@ -9,7 +9,9 @@
 //! again on the next call, so the router fails closed while the database is down and recovers
 //! when it returns.
 
-use super::{Approval, Lease, NewOperation, Operation, RawRow, RegistryError, Status, now_ms};
+use super::{
+    Approval, Insert, Lease, NewOperation, Operation, RawRow, RegistryError, Status, now_ms,
+};
 use crate::keys::PublicHandle;
 use crate::pg::PgUrl;
 use postgres::{Client, NoTls, Statement};
@@ -24,6 +26,10 @@ pub const APPLICATION: &str = "callid-registry";
 /// The advisory-lock namespace of callid (the registry's SQLite application id, `"cLiD"`):
 /// `(NAMESPACE, 0)` serializes migrations, `(NAMESPACE, k)` with `k > 0` is a replica's life.
 const NAMESPACE: i32 = super::APPLICATION_ID;
+
+/// The advisory-lock namespace of budgeted inserts (`"cLGB"`): `(BUDGET_NAMESPACE,
+/// hashtext(installation id))` serializes the budget check and insert of one installation.
+const BUDGET_NAMESPACE: i32 = 0x634c_4742;
 
 /// The schema, one migration per version step. Append only: never edit a shipped entry.
 pub const MIGRATIONS: &[&str] = &[
@@ -157,6 +163,23 @@ const CLAIM: &str = "UPDATE callid_operations o
                  AND l.classid = $5::integer::oid AND l.objid = o.lease_lock::oid
                  AND l.objsubid = 2))
     RETURNING 1";
+
+/// The cents committed by an installation's operations, as the SQLite backend counts them.
+const COMMITTED: &str = "SELECT COALESCE(SUM(CASE
+        WHEN status = 'completed' THEN COALESCE(charged_cents, amount_cents)
+        WHEN status IN ('pending', 'awaiting_approval') THEN amount_cents
+        ELSE 0 END), 0)::bigint
+    FROM callid_operations WHERE installation_id = $1";
+
+/// What one attempt of [`PgRegistry::insert_within_budget`] found.
+enum Inserted {
+    /// The INSERT ran: whether it created the row (false: another replica's row won).
+    Row(bool),
+    /// The row already existed (seen under the budget lock).
+    Existing(Box<RawRow>),
+    /// Over budget: the cents already committed.
+    OverBudget(u64),
+}
 
 const STATUS_OF: &str = "SELECT status FROM callid_operations WHERE handle = $1";
 
@@ -471,6 +494,27 @@ impl PgRegistry {
     /// INSERT commits first owns the call identity; the others read the winner's row with a
     /// fresh statement. The row is committed (`synchronous_commit = on`) when this returns.
     pub fn insert_or_get(&mut self, new: NewOperation) -> Result<(Operation, bool), RegistryError> {
+        match self.insert_within_budget(new, None)? {
+            Insert::Stored(op, created) => Ok((*op, created)),
+            Insert::OverBudget { .. } => unreachable!("no budget was given"),
+        }
+    }
+
+    /// [`PgRegistry::insert_or_get`], refusing a new operation that would take the cents
+    /// committed by this installation's operations (completed ones by what they charged, pending
+    /// and awaiting ones by their amount) above `budget_cents`, as the SQLite backend does.
+    ///
+    /// With a budget, the lookup, the sum and the insert run in one transaction under a
+    /// transaction-level advisory lock on the installation ([`BUDGET_NAMESPACE`]): every
+    /// replica's budgeted insert for one installation takes the same lock, and each statement
+    /// after it sees every row the previous holder committed (READ COMMITTED takes a snapshot
+    /// per statement), so concurrent spends across replicas never overspend together. The lock
+    /// is released at commit; no connection is pinned across a dispatch.
+    pub fn insert_within_budget(
+        &mut self,
+        new: NewOperation,
+        budget_cents: Option<u64>,
+    ) -> Result<Insert, RegistryError> {
         let installation = self.installation_id.clone();
         let (status, approval) = if new.needs_approval {
             (Status::AwaitingApproval, Approval::Required)
@@ -480,28 +524,64 @@ impl PgRegistry {
         let now = now_ms();
         let arguments = new.arguments.to_string();
         let amount = new.amount_cents as i64;
-        let inserted = self.run("recording a new operation", |c, p| {
-            let s = p.get(c, INSERT)?;
-            c.query_opt(
-                &s,
+        let budget = budget_cents.map(|b| b.min(i64::MAX as u64) as i64);
+        let done = self.run("recording a new operation", |c, p| {
+            let insert = p.get(c, INSERT)?;
+            let params: [&(dyn postgres::types::ToSql + Sync); 13] = [
+                &new.platform,
+                &installation,
+                &new.harness_call_id,
+                &new.handle.as_str(),
+                &new.key.expose(),
+                &new.tool,
+                &new.request_hash.as_str(),
+                &arguments,
+                &amount,
+                &status.name(),
+                &approval.name(),
+                &now,
+                &new.source_installation,
+            ];
+            let Some(budget) = budget else {
+                return Ok(Inserted::Row(c.query_opt(&insert, &params)?.is_some()));
+            };
+            let find = p.get(c, FIND)?;
+            let committed = p.get(c, COMMITTED)?;
+            let mut tx = c.transaction()?;
+            tx.execute(
+                "SELECT pg_advisory_xact_lock($1, hashtext($2))",
+                &[&BUDGET_NAMESPACE, &installation],
+            )?;
+            let existing = tx.query_opt(
+                &find,
                 &[
                     &new.platform,
                     &installation,
                     &new.harness_call_id,
-                    &new.handle.as_str(),
-                    &new.key.expose(),
-                    &new.tool,
-                    &new.request_hash.as_str(),
-                    &arguments,
-                    &amount,
-                    &status.name(),
-                    &approval.name(),
-                    &now,
                     &new.source_installation,
                 ],
-            )
-            .map(|r| r.is_some())
+            )?;
+            if let Some(row) = existing {
+                return Ok(Inserted::Existing(Box::new(row_to_raw(&row)?)));
+            }
+            let spent: i64 = tx.query_one(&committed, &[&installation])?.try_get(0)?;
+            if spent.max(0).saturating_add(amount) > budget {
+                return Ok(Inserted::OverBudget(spent.max(0) as u64));
+            }
+            let created = tx.query_opt(&insert, &params)?.is_some();
+            tx.commit()?;
+            Ok(Inserted::Row(created))
         })?;
+        let inserted = match done {
+            Inserted::Row(created) => created,
+            Inserted::Existing(raw) => {
+                let op = raw.into_operation(&self.location())?;
+                return Ok(Insert::Stored(Box::new(op), false));
+            }
+            Inserted::OverBudget(committed_cents) => {
+                return Ok(Insert::OverBudget { committed_cents });
+            }
+        };
         if !inserted {
             let existing = self.find(
                 &new.platform,
@@ -509,15 +589,15 @@ impl PgRegistry {
                 &new.harness_call_id,
             )?;
             return match existing {
-                Some(op) => Ok((op, false)),
+                Some(op) => Ok(Insert::Stored(Box::new(op), false)),
                 None => Err(self.corrupt(format!(
                     "the row of call `{}` conflicted on insert and then could not be found",
                     new.harness_call_id
                 ))),
             };
         }
-        Ok((
-            Operation {
+        Ok(Insert::Stored(
+            Box::new(Operation {
                 platform: new.platform,
                 source_installation: new.source_installation,
                 harness_call_id: new.harness_call_id,
@@ -532,7 +612,7 @@ impl PgRegistry {
                 result: None,
                 error: None,
                 charged_cents: None,
-            },
+            }),
             true,
         ))
     }

@@ -1,0 +1,552 @@
+//! Gateway replicas on one PostgreSQL registry: real `callid gateway` processes, each in front of
+//! its own `callid provider --mcp` upstream, the upstreams sharing one ledger file (so the ledger
+//! counts every charge whichever replica's upstream made it), and a real throwaway PostgreSQL
+//! cluster ([`PgCluster`]). Only the database and the ledger are shared.
+//!
+//! Without PostgreSQL binaries these tests print a SKIP outside CI and fail in CI (`CI=true`).
+
+use crate::common::bin;
+use crate::replicas::PgCluster;
+use callid::crashpoint::Boundary;
+use callid::jsonrpc::{Child, Connection, Response, RpcError};
+use callid::provider::Ledger;
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+const KEY_PREFIX: &str = "hubu:operation:v1:";
+
+static RPC_ID: AtomicU64 = AtomicU64::new(70_000);
+
+fn next_id() -> Value {
+    json!(RPC_ID.fetch_add(1, Ordering::Relaxed))
+}
+
+/// A PostgreSQL cluster, the shared ledger, and the replicas' files.
+struct World {
+    dir: tempfile::TempDir,
+    pg: PgCluster,
+}
+
+impl World {
+    fn new(test: &str) -> Option<World> {
+        Some(World {
+            pg: PgCluster::start(test)?,
+            dir: tempfile::tempdir().unwrap(),
+        })
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn ledger(&self) -> PathBuf {
+        self.path("ledger.sqlite3")
+    }
+
+    fn charges(&self) -> Vec<callid::provider::ChargeRecord> {
+        if !self.ledger().exists() {
+            return vec![];
+        }
+        Ledger::open(&self.ledger()).unwrap().charges().unwrap()
+    }
+
+    /// A policy file: `text` as YAML.
+    fn policy(&self, text: &str) -> String {
+        let path = self.path("policy.yaml");
+        std::fs::write(&path, text).unwrap();
+        path.display().to_string()
+    }
+
+    /// Starts a gateway replica on the shared database (`CALLID_REGISTRY`) in front of its own
+    /// `callid provider --mcp` on the shared ledger.
+    async fn gateway(&self, extra: &[&str], envs: &[(&str, &str)]) -> Gw {
+        let mut args: Vec<String> =
+            vec!["gateway".into(), "--spend".into(), "generate_image".into()];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        args.extend([
+            "--".into(),
+            bin().display().to_string(),
+            "provider".into(),
+            "--mcp".into(),
+            "--ledger".into(),
+            self.ledger().display().to_string(),
+        ]);
+        let mut env: Vec<(String, String)> = vec![
+            ("CALLID_LOG".into(), "debug".into()),
+            ("CALLID_REGISTRY".into(), self.pg.url()),
+        ];
+        env.extend(envs.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        let (conn, child) = Connection::spawn_stdio(&bin(), &args, &env).await.unwrap();
+        let init = conn
+            .initialize(json!(0), "2025-06-18", "callid-tests", "1")
+            .await
+            .unwrap_or_else(|e| panic!("initialize: {e}\n{}", child.stderr_text()));
+        assert!(init.result.is_some(), "initialize failed: {}", init.raw);
+        Gw { conn, child }
+    }
+
+    /// `callid router SUBCOMMAND ... --registry URL`.
+    fn operator(&self, args: &[&str]) -> std::process::Output {
+        Command::new(bin())
+            .arg("router")
+            .args(args)
+            .args(["--registry", &self.pg.url()])
+            .output()
+            .unwrap()
+    }
+
+    fn handle_of(&self, call_id: &str) -> String {
+        self.pg.sql(
+            "callid",
+            &format!("SELECT handle FROM callid_operations WHERE harness_call_id = '{call_id}'"),
+        )
+    }
+}
+
+struct Gw {
+    conn: Connection,
+    child: Child,
+}
+
+impl Gw {
+    async fn call(&self, tool: &str, args: Value, meta: Option<Value>) -> Response {
+        let r = self
+            .conn
+            .call_tool(next_id(), tool, args, meta)
+            .await
+            .unwrap_or_else(|e| panic!("{tool} failed: {e}\n{}", self.child.stderr_text()));
+        assert!(!r.raw.contains(KEY_PREFIX), "leaked a key: {}", r.raw);
+        r
+    }
+
+    async fn spend(&self, call_id: &str) -> Response {
+        self.call("generate_image", fox(), Some(codex(call_id)))
+            .await
+    }
+
+    /// Redelivers until the answer is not `operation_in_progress` (another replica's dispatch
+    /// is live: retry shortly); returns the answer and how long it took.
+    async fn spend_until_settled(&self, call_id: &str) -> (Response, Duration) {
+        let start = Instant::now();
+        loop {
+            let r = self.spend(call_id).await;
+            if r.is_tool_error() && code(&r) == "operation_in_progress" {
+                assert!(
+                    start.elapsed() < Duration::from_secs(60),
+                    "still in progress after 60 s: {}",
+                    r.raw
+                );
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                continue;
+            }
+            return (r, start.elapsed());
+        }
+    }
+
+    async fn stop(mut self) -> String {
+        let _ = self.child.kill9().await;
+        let stderr = self.child.stderr_text();
+        assert!(!stderr.contains(KEY_PREFIX), "log shows a key:\n{stderr}");
+        stderr
+    }
+}
+
+fn codex(id: &str) -> Value {
+    json!({"callId": id, "progressToken": 7})
+}
+
+fn fox() -> Value {
+    json!({"prompt": "an origami fox"})
+}
+
+fn code(r: &Response) -> String {
+    assert!(r.is_tool_error(), "expected a tool error, got {}", r.raw);
+    r.structured().unwrap()["error"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+fn meta(r: &Response) -> &Value {
+    &r.tool_result().unwrap()["_meta"]
+}
+
+fn replayed(r: &Response) -> bool {
+    meta(r)["callid/replayed"].as_bool().unwrap_or(false)
+}
+
+fn handle(r: &Response) -> String {
+    meta(r)["callid/handle"]
+        .as_str()
+        .or_else(|| r.structured().and_then(|s| s["handle"].as_str()))
+        .unwrap_or_else(|| panic!("no handle in {}", r.raw))
+        .to_string()
+}
+
+/// The upstream's receipt in a successful spend reply.
+fn receipt(r: &Response) -> Value {
+    assert!(!r.is_tool_error(), "expected success, got {}", r.raw);
+    let s = r.structured().unwrap().clone();
+    assert!(s["charge_id"].as_str().is_some(), "{}", r.raw);
+    s
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_gateway_replicas_32_deliveries_of_one_call_charge_once() {
+    let Some(w) = World::new("three_gateway_replicas_32_deliveries_of_one_call_charge_once") else {
+        return;
+    };
+    let replicas = [
+        w.gateway(&[], &[]).await,
+        w.gateway(&[], &[]).await,
+        w.gateway(&[], &[]).await,
+    ];
+    let mut tasks = vec![];
+    for i in 0..32 {
+        let conn = replicas[i % 3].conn.clone();
+        tasks.push(tokio::spawn(async move {
+            conn.call_tool(next_id(), "generate_image", fox(), Some(codex("burst")))
+                .await
+                .unwrap()
+        }));
+    }
+    let mut done = vec![];
+    for t in tasks {
+        let r = t.await.unwrap();
+        assert!(!r.raw.contains(KEY_PREFIX), "{}", r.raw);
+        if r.is_tool_error() {
+            assert_eq!(code(&r), "operation_in_progress", "{}", r.raw);
+        } else {
+            done.push(receipt(&r));
+        }
+    }
+    assert!(!done.is_empty());
+    let charges = w.charges();
+    assert_eq!(charges.len(), 1, "one charge across three gateway replicas");
+    assert!(done.iter().all(|d| d == &done[0]));
+    assert_eq!(done[0]["charge_id"], json!(charges[0].charge_id));
+    for r in &replicas {
+        let (again, _) = r.spend_until_settled("burst").await;
+        assert_eq!(receipt(&again), done[0]);
+        assert!(replayed(&again));
+    }
+    assert_eq!(w.charges().len(), 1);
+    assert_eq!(
+        w.pg.sql("callid", "SELECT count(*) FROM callid_operations"),
+        "1"
+    );
+    for r in replicas {
+        r.stop().await;
+    }
+}
+
+#[tokio::test]
+async fn a_gateway_replica_killed_holding_a_dispatch_is_taken_over_with_one_charge() {
+    let Some(w) = World::new("a_gateway_replica_killed_holding_a_dispatch") else {
+        return;
+    };
+    let survivor = w.gateway(&[], &[]).await;
+    let mut takeovers = vec![];
+    // Killed by the crash point at each boundary the gateway passes.
+    for boundary in [
+        Boundary::AfterRowCommit,
+        Boundary::BeforeResultRecorded,
+        Boundary::BeforeReply,
+    ] {
+        let name = boundary.name();
+        let call = format!("crash-{name}");
+        let before = w.charges().len();
+        let mut doomed = w.gateway(&[], &[(callid::crashpoint::ENV, name)]).await;
+        let err = doomed
+            .conn
+            .call_tool(next_id(), "generate_image", fox(), Some(codex(&call)))
+            .await;
+        assert!(
+            matches!(err, Err(RpcError::Closed { .. })),
+            "{name}: the replica should have died, got {err:?}"
+        );
+        assert!(!doomed.child.wait().await.unwrap().success(), "{name}");
+        let row = w.handle_of(&call);
+        assert!(!row.is_empty(), "{name}: the row is committed first");
+        let (again, took) = survivor.spend_until_settled(&call).await;
+        takeovers.push(took);
+        let r = receipt(&again);
+        assert_eq!(handle(&again), row, "{name}: same handle");
+        assert_eq!(w.charges().len(), before + 1, "{name}: one charge");
+        assert_eq!(
+            r["charge_id"],
+            json!(w.charges().last().unwrap().charge_id),
+            "{name}: the original charge"
+        );
+        assert_eq!(
+            replayed(&again),
+            boundary == Boundary::BeforeReply,
+            "{name}"
+        );
+        let (third, _) = survivor.spend_until_settled(&call).await;
+        assert_eq!(receipt(&third), r, "{name}");
+        assert!(replayed(&third), "{name}");
+    }
+
+    // kill -9 while the replica holds the dispatch lease (paused after the upstream charged,
+    // before the result is recorded): another replica takes the lease over once the server
+    // sees the dead replica's connection drop, and re-sends under the same key.
+    let gate = w.path("gate");
+    let mut reached = gate.clone().into_os_string();
+    reached.push(".reached");
+    let pause = format!(
+        "{}:{}",
+        Boundary::AfterProviderCharge.name(),
+        gate.display()
+    );
+    let mut holder = w
+        .gateway(&[], &[(callid::crashpoint::PAUSE_ENV, &pause)])
+        .await;
+    let conn = holder.conn.clone();
+    let call = tokio::spawn(async move {
+        conn.call_tool(next_id(), "generate_image", fox(), Some(codex("held")))
+            .await
+    });
+    while !Path::new(&reached).exists() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let before = w.charges().len();
+    assert_eq!(
+        w.pg.sql(
+            "callid",
+            "SELECT count(*) FROM callid_operations
+             WHERE harness_call_id = 'held' AND lease_owner IS NOT NULL"
+        ),
+        "1",
+        "the paused replica holds the lease"
+    );
+    let busy = survivor.spend("held").await;
+    assert_eq!(code(&busy), "operation_in_progress", "{}", busy.raw);
+    holder.child.kill9().await.unwrap();
+    holder.child.wait().await.unwrap();
+    assert!(call.await.unwrap().is_err());
+    std::fs::write(&gate, b"").unwrap();
+    let (again, took) = survivor.spend_until_settled("held").await;
+    takeovers.push(took);
+    assert_eq!(handle(&again), w.handle_of("held"), "same handle");
+    assert_eq!(
+        w.charges().len(),
+        before,
+        "the upstream's one charge, replayed"
+    );
+    assert_eq!(
+        receipt(&again)["charge_id"],
+        json!(w.charges().last().unwrap().charge_id)
+    );
+    eprintln!("gateway takeover after kill -9 (first settled redelivery): {takeovers:?}");
+    survivor.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_budget_race_across_gateway_replicas_never_overspends() {
+    let Some(w) = World::new("a_budget_race_across_gateway_replicas_never_overspends") else {
+        return;
+    };
+    let policy = w.policy("budget_cents: 9\ntools:\n  generate_image:\n    price_cents: 3\n");
+    let flags = ["--policy", policy.as_str()];
+    let replicas = [
+        w.gateway(&flags, &[]).await,
+        w.gateway(&flags, &[]).await,
+        w.gateway(&flags, &[]).await,
+    ];
+    let mut tasks = vec![];
+    for i in 0..12 {
+        let conn = replicas[i % 3].conn.clone();
+        tasks.push(tokio::spawn(async move {
+            conn.call_tool(
+                next_id(),
+                "generate_image",
+                fox(),
+                Some(codex(&format!("budget-{i}"))),
+            )
+            .await
+            .unwrap()
+        }));
+    }
+    let mut ok = 0;
+    for t in tasks {
+        let r = t.await.unwrap();
+        if r.is_tool_error() {
+            assert_eq!(code(&r), "budget_exceeded", "{}", r.raw);
+        } else {
+            ok += 1;
+        }
+    }
+    assert_eq!(ok, 3, "a 9-cent budget pays for three 3-cent calls");
+    assert_eq!(w.charges().len(), 3);
+    assert_eq!(
+        w.pg.sql("callid", "SELECT count(*) FROM callid_operations"),
+        "3",
+        "a refused spend records nothing"
+    );
+    // A spend already recorded is replayed, never refused by the spent budget.
+    let recorded = w.pg.sql(
+        "callid",
+        "SELECT harness_call_id FROM callid_operations ORDER BY harness_call_id LIMIT 1",
+    );
+    for r in &replicas {
+        let again = r.spend(&recorded).await;
+        receipt(&again);
+        assert!(replayed(&again));
+    }
+    assert_eq!(w.charges().len(), 3);
+    for r in replicas {
+        r.stop().await;
+    }
+}
+
+#[tokio::test]
+async fn approvals_on_a_gateway_database_hold_on_every_replica() {
+    let Some(w) = World::new("approvals_on_a_gateway_database_hold_on_every_replica") else {
+        return;
+    };
+    let policy =
+        w.policy("approval_above_cents: 2\ntools:\n  generate_image:\n    price_cents: 5\n");
+    let flags = ["--policy", policy.as_str()];
+    let a = w.gateway(&flags, &[]).await;
+    let b = w.gateway(&flags, &[]).await;
+
+    let waiting = a.spend("needs-ok").await;
+    assert_eq!(code(&waiting), "awaiting_approval");
+    let h = handle(&waiting);
+    let hint = format!("callid router approve {h} --registry {}", w.pg.url());
+    assert!(waiting.raw.contains(&hint), "{}", waiting.raw);
+    assert_eq!(code(&b.spend("needs-ok").await), "awaiting_approval");
+    let status = w.operator(&["status", &h]);
+    let text = String::from_utf8_lossy(&status.stdout);
+    assert!(
+        status.status.success(),
+        "{}",
+        String::from_utf8_lossy(&status.stderr)
+    );
+    assert!(text.contains("awaiting_approval"), "{text}");
+    assert!(!text.contains(KEY_PREFIX), "{text}");
+
+    let out = w.operator(&["approve", &h]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        w.charges().is_empty(),
+        "an approval alone dispatches nothing"
+    );
+    let resumed = b.call("resume_operation", json!({"handle": h}), None).await;
+    let r = receipt(&resumed);
+    assert_eq!(w.charges().len(), 1);
+    let again = a.spend("needs-ok").await;
+    assert_eq!(receipt(&again), r);
+    assert!(replayed(&again));
+    let status = w.operator(&["status", &h]);
+    assert!(String::from_utf8_lossy(&status.stdout).contains("completed"));
+
+    let refused = b.spend("not-ok").await;
+    let h2 = handle(&refused);
+    let out = w.operator(&["deny", &h2, "--reason", "too dear"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for g in [&a, &b] {
+        let after = g.spend("not-ok").await;
+        assert_eq!(code(&after), "operation_denied", "{}", after.raw);
+        assert!(after.raw.contains("too dear"), "{}", after.raw);
+    }
+    let twice = w.operator(&["approve", &h2]);
+    assert!(!twice.status.success());
+    assert_eq!(w.charges().len(), 1);
+    a.stop().await;
+    b.stop().await;
+}
+
+#[tokio::test]
+async fn a_database_restart_fails_gateway_spends_closed_then_recovers() {
+    let Some(w) = World::new("a_database_restart_fails_gateway_spends_closed_then_recovers") else {
+        return;
+    };
+    let policy = w.policy("budget_cents: 100\ntools:\n  generate_image:\n    price_cents: 3\n");
+    let flags = ["--policy", policy.as_str()];
+    let a = w.gateway(&flags, &[]).await;
+    let b = w.gateway(&flags, &[]).await;
+    let first = a.spend("before").await;
+    let first = receipt(&first);
+    assert_eq!(w.charges().len(), 1);
+
+    w.pg.stop_server();
+    for g in [&a, &b] {
+        for call in ["while-down", "before"] {
+            let down = g.spend(call).await;
+            assert_eq!(code(&down), "registry_unavailable", "{}", down.raw);
+            let message = down.structured().unwrap()["message"].as_str().unwrap();
+            assert!(message.contains(&w.pg.url()), "names the URL: {message}");
+            assert!(
+                message.contains("retrying with the same call is safe"),
+                "{message}"
+            );
+        }
+    }
+    assert_eq!(
+        w.charges().len(),
+        1,
+        "nothing dispatched while the database is down"
+    );
+
+    w.pg.start_server();
+    let (up, _) = b.spend_until_settled("while-down").await;
+    let up = receipt(&up);
+    assert_eq!(w.charges().len(), 2);
+    let (replay, _) = a.spend_until_settled("while-down").await;
+    assert_eq!(receipt(&replay), up);
+    assert!(replayed(&replay));
+    let (old, _) = b.spend_until_settled("before").await;
+    assert_eq!(receipt(&old), first);
+    assert_eq!(w.charges().len(), 2);
+    a.stop().await;
+    b.stop().await;
+}
+
+/// Connections are plaintext: a URL that asks for TLS is refused before anything connects,
+/// never silently downgraded. Needs no server.
+#[test]
+fn a_registry_url_asking_for_tls_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = dir.path().join("ledger.sqlite3");
+    let url = "postgres://callid:hunter2@127.0.0.1:9/callid?sslmode=require";
+    let gateway = Command::new(bin())
+        .args([
+            "gateway",
+            "--registry",
+            url,
+            "--spend",
+            "generate_image",
+            "--",
+        ])
+        .arg(bin())
+        .args(["provider", "--mcp", "--ledger"])
+        .arg(&ledger)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let router = Command::new(bin())
+        .args(["router", "status", "h", "--registry", url])
+        .output()
+        .unwrap();
+    for out in [gateway, router] {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{stderr}");
+        assert!(stderr.contains("`sslmode=require`"), "{stderr}");
+        assert!(stderr.contains("plaintext"), "{stderr}");
+        assert!(!stderr.contains("hunter2"), "{stderr}");
+    }
+    assert!(!ledger.exists(), "refused before the upstream started");
+}
