@@ -202,7 +202,7 @@ impl ServerHandler for ProbeServer {
     async fn call_tool(
         &self,
         request: CallToolRequestParams,
-        context: RequestContext<RoleServer>,
+        mut context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
         if request.name != CAPABILITIES_TOOL {
             return Err(McpError::invalid_params(
@@ -214,8 +214,9 @@ impl ServerHandler for ProbeServer {
             ));
         }
         // rmcp moves the request's `_meta` into the context; an empty map means none was sent.
-        let map = &context.meta.0.0;
-        let meta = (!map.is_empty()).then(|| Value::Object(map.clone()));
+        // Taken, not cloned: the context is this call's own.
+        let map = std::mem::take(&mut context.meta.0.0);
+        let meta = (!map.is_empty()).then(|| Value::Object(map));
         let arguments = request.arguments.map(Value::Object).unwrap_or(Value::Null);
         let answer = capabilities_answer(meta.as_ref(), &arguments, &self.digester, &self.sources);
         Ok(CallToolResult::structured(answer).into())

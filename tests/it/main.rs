@@ -14,6 +14,7 @@ mod identity_sources;
 mod matrix;
 mod measure_clients;
 mod probe;
+mod probe_perf;
 mod probe_protocol;
 mod provider;
 mod replicas;
