@@ -79,6 +79,8 @@ fn input(restore: &mut Restore) -> Reader {
         let reader: Reader = match kind {
             Kind::Fifo => {
                 restore.fds.push(fd.try_clone()?);
+                // `_unchecked` takes the descriptor as it is: non-blocking it must be.
+                let fd = set_nonblocking(fd, true)?;
                 Box::new(tokio::net::unix::pipe::Receiver::from_owned_fd_unchecked(
                     fd,
                 )?)
@@ -109,6 +111,7 @@ fn output(restore: &mut Restore) -> Writer {
         let writer: Writer = match kind {
             Kind::Fifo => {
                 restore.fds.push(fd.try_clone()?);
+                let fd = set_nonblocking(fd, true)?;
                 Box::new(tokio::net::unix::pipe::Sender::from_owned_fd_unchecked(fd)?)
             }
             Kind::Socket => {
