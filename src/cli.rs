@@ -595,8 +595,9 @@ pub struct BenchArgs {
     /// cluster, or the database of `CALLID_BENCH_POSTGRES_URL`).
     #[arg(long, value_name = "ID", num_args = 1..)]
     pub only: Vec<String>,
-    /// The Python that runs the `mcp` SDK probe baseline (default: `target/bench-venv` under the
-    /// current directory, then `python3`).
+    /// The Python that runs the `mcp` SDK probe baseline (default: `matrices/clients/.venv` of
+    /// the checkout, then `target/bench-venv`, then `python3`; when none has the SDK, callid bench
+    /// makes `matrices/clients/.venv` from the pinned requirements if PyPI answers).
     #[arg(long, value_name = "PATH", env = "CALLID_BENCH_PYTHON")]
     pub python: Option<PathBuf>,
     /// Serve the bare rmcp baseline server on stdio (started by `callid bench` itself).

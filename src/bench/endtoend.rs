@@ -131,7 +131,8 @@ pub async fn probe_rows(ctx: &Context) -> Vec<(RowId, Outcome)> {
     let mut rows = Vec::new();
     // Looked for first, so a missing Python is reported as a skip whatever else fails.
     let python = if wanted.contains(&RowId::ProbeThroughput) {
-        match python::find(ctx.python.as_deref()) {
+        // May make the venv (minutes of pip, its progress on standard error): off the workers.
+        match tokio::task::block_in_place(|| python::find(ctx.python.as_deref())) {
             Ok(python) => Some(python),
             Err(reason) => {
                 rows.push((RowId::ProbeThroughput, Outcome::Skipped { reason }));

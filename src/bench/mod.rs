@@ -15,8 +15,8 @@
 //!   They are driven through [`crate::jsonrpc`]; every answer is checked, so a server answering
 //!   errors fails its row rather than looking fast.
 //! - The in-process rows ([`micro`]) time the rule core against plain serde_json work.
-//! - A row that cannot run for a reason outside the thing measured (no Python with `mcp`) is
-//!   `skipped` with the reason; a row whose servers fail is `error`. Neither counts as met.
+//! - A row that cannot run for a reason outside the thing measured (no Python with `mcp`, and
+//!   the pinned venv cannot be made: see [`python`]) is `skipped` with the reason and the command; a row whose servers fail is `error`. Neither counts as met.
 //!
 //! # Layout
 //! - [`stats`]: paired rounds, medians, units.
@@ -25,7 +25,7 @@
 //! - [`drive`]: starting servers and sending checked calls, sequentially or concurrently.
 //! - [`endtoend`]: the rows that start processes.
 //! - [`baseline`]: the bare rmcp server.
-//! - [`python`]: finding a Python with the `mcp` SDK.
+//! - [`python`]: finding a Python with the `mcp` SDK, or making the pinned venv that has it.
 //! - [`postgres`]: the PostgreSQL rows and their throwaway cluster.
 //! - [`report`]: rows, verdicts, and the three renderings.
 

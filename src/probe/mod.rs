@@ -9,23 +9,28 @@
 //! # Layout
 //! - [`record`]: the log record ([`Record`], [`record_for_request`]) and its JSON-lines writer
 //!   ([`ShapeLog`]); shared with the router's `--diagnose-meta` and the matrix tools.
-//! - [`tap`]: raw client message in, record out, per connection; decides what the server sees.
+//! - [`tap`]: raw client message in, record out, per connection; decides what the server sees
+//!   ([`head`]: the members it decides on, parsed without the rest).
 //! - [`writer`]: the bounded queue and thread that build and write records off the reply path.
 //! - [`server`]: the rmcp server with the read-only `capabilities` tool.
-//! - [`stdio`], [`http`], [`wrap`]: the three transports, each feeding raw messages to the tap.
+//! - [`stdio`], [`http`], [`wrap`]: the three transports, each feeding raw messages to the tap;
+//!   [`pipes`]: stdin and stdout on the reactor when they are pipes (no thread-pool hand-offs).
 //! - [`error`]: the transports' error type, [`ProbeError`].
 //!
 //! # Design
 //! Recording happens at the message level, before rmcp parses anything, so every message is
 //! recorded the same way, including those rmcp would reject or never show a handler
 //! (notifications, malformed lines). See [`tap`] for the bounds and for what the tap answers
-//! itself. Each message is parsed once: on stdio the tap's parse is what rmcp serves (the tap is
-//! rmcp's transport). The reply does not wait for the record: the tap hands the parsed message to
-//! the [`writer`] thread, which builds the record and appends it; the HTTP probe writes what is
-//! queued before exiting on SIGINT or SIGTERM.
+//! itself. On stdio the tap is rmcp's transport: it reads rmcp's typed message from the text,
+//! decides on the few members it needs ([`head`]), and hands the text to the [`writer`] thread,
+//! which parses it whole, builds the record and appends it; the reply never waits for the record.
+//! Standard input and output are the reactor's own pipes ([`pipes`]). The HTTP probe writes what
+//! is queued before exiting on SIGINT or SIGTERM.
 
 pub mod error;
+pub mod head;
 pub mod http;
+pub mod pipes;
 pub mod record;
 pub mod server;
 pub mod stdio;
@@ -125,8 +130,9 @@ pub async fn run(options: ProbeOptions) -> Result<i32, ProbeError> {
             .with_identity_sources(options.identity_sources.clone())
             .legacy_handshake(options.legacy_handshake),
     );
-    let served =
-        stdio::serve_stdio(tokio::io::stdin(), tokio::io::stdout(), tap.clone(), server).await;
+    let (input, output, restore) = pipes::open();
+    let served = stdio::serve_stdio(input, output, tap.clone(), server).await;
+    restore.restore();
     tap.finish();
     served?;
     Ok(0)

@@ -95,13 +95,23 @@ pub fn capabilities_answer(
     digester: &Digester,
     sources: &IdentitySources,
 ) -> Value {
+    // Built member by member (in the order the answer has always had): `json!` with expression
+    // values serializes each one into a new `Value`, copying the key list and the verdict a
+    // second time per call.
     let verdict = match sources.from_meta(meta) {
-        Ok(id) => json!({
-            "verdict": "accepted",
-            "platform": crate::probe::record::label(&id.platform, digester),
-            "source": id.source_key,
-        }),
-        Err(e) => json!({"verdict": "rejected", "code": e.code(), "message": e.to_string()}),
+        Ok(id) => object([
+            ("verdict", Value::from("accepted")),
+            (
+                "platform",
+                Value::String(crate::probe::record::label(&id.platform, digester)),
+            ),
+            ("source", Value::String(id.source_key)),
+        ]),
+        Err(e) => object([
+            ("verdict", Value::from("rejected")),
+            ("code", Value::from(e.code())),
+            ("message", Value::String(e.to_string())),
+        ]),
     };
     // Top-level keys only, read straight from the map: the answer carries no digest, so a full
     // `meta_shape` here (the tap has already recorded one for the log) would hash every value
@@ -111,13 +121,18 @@ pub fn capabilities_answer(
             .iter()
             .take(shape::MAX_ENTRIES)
             .map(|(key, value)| {
-                let shown = value_shape_len(value);
-                json!({
-                    "key": crate::probe::record::label(cut_key(key), digester),
-                    "type": shape::JsonType::of(value).name(),
-                    "len": shown,
-                    "identity_source": sources.entry(key).is_some(),
-                })
+                object([
+                    (
+                        "key",
+                        Value::String(crate::probe::record::label(cut_key(key), digester)),
+                    ),
+                    ("type", Value::from(shape::JsonType::of(value).name())),
+                    (
+                        "len",
+                        value_shape_len(value).map_or(Value::Null, Value::from),
+                    ),
+                    ("identity_source", Value::Bool(sources.entry(key).is_some())),
+                ])
             })
             .collect(),
         _ => Vec::new(),
@@ -127,13 +142,31 @@ pub fn capabilities_answer(
         Some(Value::Object(_)) => "object",
         Some(_) => "not_object",
     };
-    json!({
-        "identity": verdict,
-        "meta": meta_status,
-        "meta_keys": keys,
-        "arguments_identity_error": sources.check_arguments(arguments).err().map(|e| e.code()),
-        "note": "shapes only: no `_meta` value and no argument is recorded or echoed",
-    })
+    object([
+        ("identity", verdict),
+        ("meta", Value::from(meta_status)),
+        ("meta_keys", Value::Array(keys)),
+        (
+            "arguments_identity_error",
+            sources
+                .check_arguments(arguments)
+                .err()
+                .map_or(Value::Null, |e| Value::from(e.code())),
+        ),
+        (
+            "note",
+            Value::from("shapes only: no `_meta` value and no argument is recorded or echoed"),
+        ),
+    ])
+}
+
+/// A JSON object of these members, in this order.
+fn object<const N: usize>(members: [(&str, Value); N]) -> Value {
+    let mut map = Map::with_capacity(N);
+    for (key, value) in members {
+        map.insert(key.to_string(), value);
+    }
+    Value::Object(map)
 }
 
 /// A key name cut to [`shape::MAX_KEY_BYTES`] at a character boundary, as shapes record it.
@@ -198,7 +231,7 @@ impl ServerHandler for ProbeServer {
     async fn call_tool(
         &self,
         request: CallToolRequestParams,
-        context: RequestContext<RoleServer>,
+        mut context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
         if request.name != CAPABILITIES_TOOL {
             return Err(McpError::invalid_params(
@@ -210,8 +243,9 @@ impl ServerHandler for ProbeServer {
             ));
         }
         // rmcp moves the request's `_meta` into the context; an empty map means none was sent.
-        let map = &context.meta.0.0;
-        let meta = (!map.is_empty()).then(|| Value::Object(map.clone()));
+        // Taken, not cloned: the context is this call's own.
+        let map = std::mem::take(&mut context.meta.0.0);
+        let meta = (!map.is_empty()).then(|| Value::Object(map));
         let arguments = request.arguments.map(Value::Object).unwrap_or(Value::Null);
         let answer = capabilities_answer(meta.as_ref(), &arguments, &self.digester, &self.sources);
         Ok(CallToolResult::structured(answer).into())

@@ -53,7 +53,7 @@ use std::sync::Arc;
 /// Longest message recorded in full, in bytes (1 MiB).
 pub const MAX_MESSAGE_BYTES: usize = 1 << 20;
 /// The per-request client capabilities key of protocol 2026-07-28.
-const INLINE_CAPABILITIES_META_KEY: &str = "io.modelcontextprotocol/clientCapabilities";
+pub(crate) const INLINE_CAPABILITIES_META_KEY: &str = "io.modelcontextprotocol/clientCapabilities";
 /// Longest id or method token the skimmer keeps.
 const MAX_SKIM_TOKEN: usize = 1024;
 
@@ -299,6 +299,11 @@ impl TapConnection {
     fn client_message(&mut self, bytes: &[u8]) -> Observation {
         let text = bytes.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(bytes);
         let text = text.strip_suffix(b"\r").unwrap_or(text);
+        if self.feeds_server
+            && let Some(obs) = self.served_message(text, bytes.len())
+        {
+            return obs;
+        }
         let value: Value = match serde_json::from_slice(text) {
             Ok(v) => v,
             Err(e) => {
@@ -396,6 +401,31 @@ impl TapConnection {
                 )
             }
         }
+    }
+
+    /// The reply path of a connection feeding the server: when the message is an object rmcp
+    /// reads, the tap decides on its [`super::head`] (the members it reads, nothing else built)
+    /// and hands the text to the writer, which parses the whole message for the record off the
+    /// reply path. `None` for anything else (malformed, not an object, not rmcp's): the caller
+    /// then takes the whole-`Value` path, which answers exactly as before. Nothing about the
+    /// connection changes before this returns `Some`.
+    fn served_message(&mut self, text: &[u8], bytes: usize) -> Option<Observation> {
+        let text = std::str::from_utf8(text).ok()?;
+        let head = super::head::head(text)?;
+        let message = serde_json::from_str::<ClientJsonRpcMessage>(text).ok()?;
+        let (mut obs, pending) = self.one_message(&head, bytes);
+        if obs.forward {
+            obs.message = Some(message);
+        }
+        match pending {
+            Pending::Built(record) => self.tap.submit(*record),
+            Pending::Deferred(ctx) => self.tap.writer.submit(Job::Text {
+                text: text.as_bytes().to_vec(),
+                bytes,
+                ctx,
+            }),
+        }
+        Some(obs)
     }
 
     /// Decides what to do with one message and updates the connection's state; the record is
@@ -1133,5 +1163,31 @@ mod tests {
             (json!("x"), json!(-32602))
         );
         assert_eq!(h.records().len(), 2);
+        // Past serde_json's nesting limit: refused as too deep, as without a server behind.
+        let deep = format!(
+            r#"{{"jsonrpc":"2.0","id":11,"method":"tools/call","params":{{"name":"t","_meta":{{"k":{}{}}}}}}}"#,
+            "[".repeat(1000),
+            "]".repeat(1000)
+        );
+        let o = c.client_frame(&Frame::Message(deep.into_bytes()));
+        assert!(o.message.is_none() && !o.forward);
+        assert_eq!(o.answer.unwrap()["error"]["code"], json!(-32600));
+        assert_eq!(h.last().error.unwrap().code, "too_deep");
+        // A tools/call is decided on its head and recorded whole.
+        let meta = json!({"callId": "call_12", "threadId": "t", "progressToken": 12,
+            "x-codex-turn-metadata": {"model": "m", "sandbox": "workspace-write"}});
+        let o = c.client_frame(&msg(json!({"jsonrpc":"2.0","id":12,"method":"tools/call",
+            "params":{"name":"capabilities","arguments":{}, "_meta": meta}})));
+        assert!(o.forward && o.message.is_some());
+        let r = h.last();
+        assert_eq!(r.method.as_deref(), Some("tools/call"));
+        let shape = r
+            .meta
+            .as_ref()
+            .and_then(|m| m.shape())
+            .expect("an object shape");
+        assert_eq!(shape.root.digest, Digester::Plain.value(&meta));
+        assert_eq!(shape.entries.len(), 6);
+        assert_eq!(r.identity.as_ref().map(|_| ()), Some(()), "a verdict");
     }
 }

@@ -1,7 +1,7 @@
 //! The probe's record writer: records are built and written off the reply path.
 //!
-//! The tap hands each message to a [`RecordWriter`] as it was parsed (the JSON value, its
-//! length, and a snapshot of the connection's context) and goes on answering; a writer thread
+//! The tap hands each message to a [`RecordWriter`] as it was parsed (the JSON value, or on
+//! stdio its text, which is parsed here; its length; and a snapshot of the connection's context) and goes on answering; a writer thread
 //! builds the record (shape digests, identity verdict, request digest), serializes it and appends
 //! it to the [`ShapeLog`].
 //!
@@ -32,6 +32,16 @@ pub const QUEUE_RECORDS: usize = 4096;
 pub enum Job {
     /// A record built by the tap (refused or oversize messages, batch elements).
     Record(Box<Record>),
+    /// A request or notification as the client sent it (the tap decided on its
+    /// [`super::head`]): parsed here, then as [`Job::Message`].
+    Text {
+        /// The message's text.
+        text: Vec<u8>,
+        /// Its length in bytes as received.
+        bytes: usize,
+        /// The connection's context when it arrived.
+        ctx: RecordContext,
+    },
     /// A parsed request or notification: the record is [`record_for_request`] of it.
     Message {
         /// The whole message.
@@ -176,6 +186,32 @@ impl Drop for RecordWriter {
 pub fn build(job: Job, digester: &Digester) -> Record {
     match job {
         Job::Record(record) => *record,
+        Job::Text { text, bytes, ctx } => match serde_json::from_slice::<Value>(&text) {
+            Ok(message) => build(
+                Job::Message {
+                    message,
+                    bytes,
+                    ctx,
+                },
+                digester,
+            ),
+            // The head and rmcp read it, the whole parse did not (a number past f64 in a
+            // member neither of them reads): recorded as malformed, its shape unknown.
+            Err(e) => {
+                let mut record = Record::new(super::record::Kind::Malformed, bytes, &ctx, digester);
+                let too_deep = e.to_string().contains("recursion limit");
+                record.error = Some(super::record::RecordError {
+                    code: if too_deep {
+                        "too_deep"
+                    } else {
+                        "malformed_json"
+                    }
+                    .to_string(),
+                    message: format!("not valid JSON: {e}"),
+                });
+                record
+            }
+        },
         Job::Message {
             message,
             bytes,
@@ -194,21 +230,50 @@ pub fn build(job: Job, digester: &Digester) -> Record {
     }
 }
 
+/// How long the writer pauses between drains while records keep coming.
+///
+/// A record handed to a waiting writer wakes its thread (a futex wake on the reply path, and a
+/// context switch); with one call in flight that was one wake-up per call. Once woken, the writer
+/// writes the record, pauses, drains the queue, and pauses and drains again as long as it finds
+/// records; it waits (to be woken by the next record) only after a pause that brought none: a busy probe wakes it once per
+/// pause, not once per call. The queue holds far more than a pause brings (a pause of 1 ms at
+/// 100,000 calls/s is 100 records against [`QUEUE_RECORDS`]).
+pub const PAUSE: std::time::Duration = std::time::Duration::from_millis(1);
+
 fn write_loop(rx: mpsc::Receiver<Item>, log: &ShapeLog, digester: &Digester, counters: &Counters) {
-    while let Ok(item) = rx.recv() {
-        match item {
-            Item::Flush(done) => {
-                let _ = done.send(());
+    let handle = |item: Item| match item {
+        Item::Flush(done) => {
+            let _ = done.send(());
+        }
+        Item::Job(job) => match log.write(&build(job, digester)) {
+            Ok(()) => {
+                counters.written.fetch_add(1, Ordering::Relaxed);
             }
-            Item::Job(job) => match log.write(&build(job, digester)) {
-                Ok(()) => {
-                    counters.written.fetch_add(1, Ordering::Relaxed);
+            Err(e) => {
+                counters.failed.fetch_add(1, Ordering::Relaxed);
+                tracing::error!("{e:#}");
+            }
+        },
+    };
+    // Waits for the first record after an idle spell, then drains between pauses (see PAUSE).
+    while let Ok(item) = rx.recv() {
+        handle(item);
+        loop {
+            std::thread::sleep(PAUSE);
+            let mut drained = 0usize;
+            loop {
+                match rx.try_recv() {
+                    Ok(item) => {
+                        handle(item);
+                        drained += 1;
+                    }
+                    Err(mpsc::TryRecvError::Empty) => break,
+                    Err(mpsc::TryRecvError::Disconnected) => return,
                 }
-                Err(e) => {
-                    counters.failed.fetch_add(1, Ordering::Relaxed);
-                    tracing::error!("{e:#}");
-                }
-            },
+            }
+            if drained == 0 {
+                break;
+            }
         }
     }
 }

@@ -90,7 +90,10 @@ fn bench_without_python_mcp_skips_the_throughput_row_with_the_reason() {
         reason.contains("`/nonexistent/python3` cannot be started"),
         "{reason}"
     );
-    assert!(reason.contains("pip install mcp"), "{reason}");
+    assert!(
+        reason.contains("pip install -r matrices/clients/requirements.txt"),
+        "{reason}"
+    );
 }
 
 #[tokio::test]

@@ -19,6 +19,7 @@ mod measure_clients;
 mod module_graph;
 mod pg;
 mod probe;
+mod probe_perf;
 mod probe_protocol;
 mod provider;
 mod replicas;

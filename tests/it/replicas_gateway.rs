@@ -6,7 +6,7 @@
 //! Without PostgreSQL binaries these tests print a SKIP outside CI and fail in CI (`CI=true`).
 
 use crate::common::bin;
-use crate::replicas::PgCluster;
+use crate::pg::PgCluster;
 use callid::crashpoint::Boundary;
 use callid::jsonrpc::{Child, Connection, Response, RpcError};
 use callid::provider::Ledger;
