@@ -13,7 +13,7 @@
 
 use super::scenario::KillTrigger;
 use super::target::Backend;
-use crate::provider::{HookAction, Ledger, ProviderHandle, ProviderHooks};
+use crate::provider::{HookAction, Ledger, ProviderError, ProviderHandle, ProviderHooks};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -32,6 +32,23 @@ pub enum ProviderSetupError {
         #[source]
         source: std::io::Error,
     },
+}
+
+/// The runner's ledger could not be read, so a `charges:` or `charge_in_ledger` expectation
+/// cannot be judged (the scenario is an error, not a failure).
+#[derive(Debug, thiserror::Error)]
+#[error("failed to read the runner's ledger")]
+pub struct LedgerReadError {
+    /// The ledger's error.
+    #[source]
+    pub source: ProviderError,
+}
+
+impl LedgerReadError {
+    /// Stable machine code.
+    pub fn code(&self) -> &'static str {
+        "runner_ledger_unreadable"
+    }
 }
 
 /// What the hooks do next; reset for every scenario.
@@ -263,16 +280,18 @@ impl RunnerProvider {
     }
 
     /// How many charges the ledger holds.
-    pub fn charge_count(&self) -> Result<u64, String> {
-        self.ledger.charge_count().map_err(|e| e.to_string())
+    pub fn charge_count(&self) -> Result<u64, LedgerReadError> {
+        self.ledger
+            .charge_count()
+            .map_err(|source| LedgerReadError { source })
     }
 
     /// The charge ids in the ledger.
-    pub fn charge_ids(&self) -> Result<Vec<String>, String> {
+    pub fn charge_ids(&self) -> Result<Vec<String>, LedgerReadError> {
         Ok(self
             .ledger
             .charges()
-            .map_err(|e| e.to_string())?
+            .map_err(|source| LedgerReadError { source })?
             .into_iter()
             .map(|c| c.charge_id)
             .collect())

@@ -8,6 +8,13 @@
 //! with a JSON-RPC error. A step may go to a second process of the router on the same state, and
 //! a profile's `setup` commands run before each scenario's router starts (`runner/second.rs`).
 //!
+//! # Layout
+//! - `runner.rs`: the step interpreter, [`ScenarioRun`] and its per-step methods.
+//! - `runner/process.rs`: the router process lifecycle (start, restart, kill, `{port}` leases,
+//!   `initialize`, stderr tails).
+//! - `runner/expect.rs`: the expectation checks of a step and the reasons they give.
+//! - `runner/second.rs`: the second router process, `setup` commands, `{check_slug}`.
+//!
 //! # Verdicts
 //! - `pass`: every expectation held.
 //! - `fail`: an expectation did not hold; the reason names the step and what differed.
@@ -24,27 +31,28 @@ use super::scenario::{
     ArgumentSet, Arguments, CallIds, Expect, KillTrigger, Scenario, Step, expand,
 };
 use super::target::{Can, Profile, Transport, Vars};
-use crate::jsonrpc::{Child, Connection, Response, RpcError};
-use crate::text::{clip, cut};
+use crate::jsonrpc::{Connection, Response, RpcError};
+use expect::{check_schemas, describe, pointer, pointer_str};
+use process::{PortLease, Process, Router, initialize, last_line, self_connect_http};
 use serde_json::{Map, Value, json};
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::time::Duration;
 
+mod expect;
+mod process;
 mod second;
 pub use second::{check_slug, router_of};
 
-/// How long one request may take before the scenario errors.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
 /// How long a request whose router is to be killed may take before the kill counts as missed.
 const KILL_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long an HTTP router started by the runner may take to answer.
-const HTTP_START_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long a router may take to exit after its stdin closes.
-const GRACEFUL_EXIT: Duration = Duration::from_secs(3);
 
 /// How the reason of a scenario whose router did not start begins.
 pub const START_FAILED: &str = "starting the router";
+
+/// The reason text of a verdict: a sentence for a person, shown as it is in every report and
+/// never matched on. A type alias, not an error type: it has no cause to chain and no code of its
+/// own (the [`Outcome`] variant is the code).
+pub type Reason = String;
 
 /// The outcome of one scenario.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,15 +60,15 @@ pub enum Outcome {
     /// Every expectation held.
     Pass,
     /// An expectation did not hold.
-    Fail(String),
+    Fail(Reason),
     /// The profile declares absent what it needs.
-    Skipped(String),
+    Skipped(Reason),
     /// The runner cannot run it against this target (the run is incomplete).
-    NotRun(String),
+    NotRun(Reason),
     /// It could not finish.
-    Error(String),
+    Error(Reason),
     /// The target is set up so that the check cannot judge it (a setup error for the run).
-    Setup(String),
+    Setup(Reason),
 }
 
 /// A fatal setup problem: the router program could not be started at all.
@@ -158,73 +166,6 @@ struct Done {
     params: Option<Params>,
     handle: Option<String>,
     result: Option<Value>,
-}
-
-/// The router the runner drives: its connection and (when the runner owns it) its process.
-struct Router {
-    conn: Connection,
-    process: Option<Process>,
-}
-
-enum Process {
-    Stdio(Child),
-    Http(tokio::process::Child),
-}
-
-impl Process {
-    fn pid(&self) -> Option<u32> {
-        match self {
-            Process::Stdio(c) => c.pid(),
-            Process::Http(c) => c.id(),
-        }
-    }
-
-    /// SIGKILL to its whole process group, then to it (and reaped).
-    async fn kill9(&mut self) {
-        if let Some(pid) = self.pid() {
-            super::provider::sigkill(pid);
-        }
-        let _ = match self {
-            Process::Stdio(c) => c.kill9().await,
-            Process::Http(c) => c.kill().await,
-        };
-    }
-
-    fn stderr_tail(&self) -> String {
-        match self {
-            Process::Stdio(c) => tail(&c.stderr_text()),
-            Process::Http(_) => String::new(),
-        }
-    }
-}
-
-/// The last lines of a program's stderr (up to 8 non-empty lines, 800 bytes), on one line each
-/// joined by ` | `: a traceback or a panic names its problem a few lines above its last line.
-fn tail(text: &str) -> String {
-    let lines: Vec<&str> = text
-        .lines()
-        .map(str::trim_end)
-        .filter(|l| !l.trim().is_empty())
-        .collect();
-    let mut kept: Vec<&str> = Vec::new();
-    let mut size = 0;
-    for line in lines.iter().rev().take(8) {
-        size += line.len() + 3;
-        if size > 800 && !kept.is_empty() {
-            break;
-        }
-        kept.push(line);
-    }
-    kept.reverse();
-    clip(&kept.join(" | "), 800)
-}
-
-fn last_line(text: &str) -> String {
-    text.lines()
-        .rev()
-        .find(|l| !l.trim().is_empty())
-        .map(|l| clip(l.trim(), 200))
-        .unwrap_or_default()
 }
 
 /// One scenario run's state.
@@ -762,486 +703,6 @@ impl<'a> ScenarioRun<'a> {
         }
         checked
     }
-
-    fn check_response(
-        &self,
-        r: &Response,
-        expect: &Expect,
-        handle: Option<&str>,
-        result: Option<&Value>,
-    ) -> StepResult {
-        let pointers = &self.profile.pointers;
-        let profile = self.profile;
-        // Conventions (a code's name, a status word, the replay marker) are checked after the
-        // rules, so a broken rule is the reason whenever both break.
-        let mut cosmetic: Option<String> = None;
-        if let Some(error) = &r.error {
-            return fail(format!(
-                "answered a JSON-RPC error ({}) where the contract requires a tool result",
-                clip(&error.to_string(), 200)
-            ));
-        }
-        if r.tool_result().is_none() {
-            return fail("the response has neither `result` nor `error`");
-        }
-        let code = pointer_str(r, &pointers.error);
-        if let Some(want) = expect.ok {
-            if want && r.is_tool_error() {
-                return fail(format!(
-                    "expected success, got {}",
-                    describe(r, &pointers.error)
-                ));
-            }
-            if !want && !r.is_tool_error() {
-                return fail("expected a tool error, got success");
-            }
-        }
-        for (want, named) in [
-            (
-                expect.error.as_deref().map(|w| profile.error_code(w)),
-                false,
-            ),
-            (expect.error_named.as_deref(), true),
-        ] {
-            let Some(want) = want else { continue };
-            if !r.is_tool_error() {
-                return fail(format!(
-                    "expected the tool error `{want}`, got success{}",
-                    handle
-                        .map(|h| format!(" with handle `{h}`"))
-                        .unwrap_or_default()
-                ));
-            }
-            if code.as_deref() != Some(want) {
-                let message = format!(
-                    "expected the tool error `{want}`{}, got {}",
-                    if named { " (callid's name for it)" } else { "" },
-                    describe(r, &pointers.error)
-                );
-                if named {
-                    cosmetic.get_or_insert(message);
-                } else {
-                    return fail(message);
-                }
-            }
-        }
-        if let Some(want) = &expect.status {
-            let want = profile.status_word(want);
-            let got = pointer_str(r, &pointers.status);
-            if got.as_deref() != Some(want) {
-                return fail(format!(
-                    "expected status `{want}`, got {}",
-                    got.map(|g| format!("`{g}`"))
-                        .unwrap_or_else(|| format!("none at `{}`", pointers.status))
-                ));
-            }
-        }
-        if let Some(want) = expect.replayed {
-            match &pointers.replayed {
-                None => {
-                    cosmetic.get_or_insert(
-                        "the profile names no replay marker (`pointers.replayed: null`)".into(),
-                    );
-                }
-                Some(at) => {
-                    let got = pointer(r, at);
-                    if got.and_then(Value::as_bool) != Some(want) {
-                        cosmetic.get_or_insert(format!(
-                            "expected the replay flag at `{at}` to be {want}, got {}",
-                            got.map(|g| format!("`{g}`"))
-                                .unwrap_or_else(|| "none".into())
-                        ));
-                    }
-                }
-            }
-        }
-        if let Some(want) = expect.has_handle
-            && want != handle.is_some()
-        {
-            return fail(if want {
-                format!(
-                    "expected a public handle at `{}`, found none",
-                    pointers.handle
-                )
-            } else {
-                format!("expected no handle, got `{}`", handle.unwrap_or_default())
-            });
-        }
-        if let Some(other) = &expect.same_handle_as {
-            let theirs = self.done.get(other).and_then(|d| d.handle.as_deref());
-            match (handle, theirs) {
-                (Some(a), Some(b)) if a == b => {}
-                (Some(a), Some(b)) => {
-                    return fail(format!(
-                        "expected the handle of `{other}` (`{b}`), got `{a}`: a second operation"
-                    ));
-                }
-                (None, _) => {
-                    return fail(format!(
-                        "expected the handle of `{other}`, got no handle ({})",
-                        describe(r, &pointers.error)
-                    ));
-                }
-                (Some(_), None) => {
-                    return fail(format!("step `{other}` has no handle to compare with"));
-                }
-            }
-        }
-        for other in &expect.different_handle_from {
-            let theirs = self.done.get(other).and_then(|d| d.handle.as_deref());
-            match (handle, theirs) {
-                (Some(a), Some(b)) if a == b => {
-                    return fail(format!(
-                        "expected a new operation, got the handle of `{other}` (`{a}`): two calls collapsed into one"
-                    ));
-                }
-                (Some(_), Some(_)) => {}
-                (None, _) => {
-                    return fail(format!(
-                        "expected a new operation with its own handle, got no handle ({})",
-                        describe(r, &pointers.error)
-                    ));
-                }
-                (Some(_), None) => {
-                    return fail(format!("step `{other}` has no handle to compare with"));
-                }
-            }
-        }
-        if let Some(other) = &expect.result_equals {
-            let theirs = self.done.get(other).and_then(|d| d.result.as_ref());
-            match (result, theirs) {
-                (Some(a), Some(b)) if a == b => {}
-                (Some(a), Some(b)) => {
-                    return fail(format!(
-                        "the result differs from `{other}`'s: {}",
-                        first_difference(b, a, "")
-                    ));
-                }
-                _ => {
-                    return fail(format!(
-                        "no result at `{}` to compare with `{other}`'s",
-                        pointers.result
-                    ));
-                }
-            }
-        }
-        match cosmetic {
-            Some(c) => Err(StepError::Cosmetic(c)),
-            None => Ok(()),
-        }
-    }
-
-    fn check_ledger(&self, expect: &Expect) -> StepResult {
-        self.check_ledger_with(expect, None)
-    }
-
-    fn check_ledger_with(&self, expect: &Expect, response: Option<&Response>) -> StepResult {
-        if !expect.needs_ledger() {
-            return Ok(());
-        }
-        let provider = self.provider.expect("checked by not_runnable");
-        let ledger_error =
-            |e: String| StepError::Error(format!("reading the runner's ledger failed: {e}"));
-        if let Some(want) = expect.charges {
-            let got = provider.charge_count().map_err(ledger_error)? - self.baseline;
-            if got != want {
-                return fail(format!(
-                    "the {} recorded {got} charge(s) in this scenario, expected {want}",
-                    provider.role().name()
-                ));
-            }
-        }
-        if expect.charge_in_ledger == Some(true) {
-            let pointer_at = &self.profile.pointers.charge_id;
-            let Some(charge) = response.and_then(|r| pointer_str(r, pointer_at)) else {
-                return fail(format!("no charge id at `{pointer_at}` in the result"));
-            };
-            let ids = provider.charge_ids().map_err(ledger_error)?;
-            if !ids.contains(&charge) {
-                return fail(format!(
-                    "the result's charge id `{charge}` is not a charge the {} recorded",
-                    provider.role().name()
-                ));
-            }
-        }
-        if expect.provider_keys_not_private == Some(true) {
-            let prefix = &self.profile.private_key_prefix;
-            if let Some(key) = provider
-                .hooks()
-                .keys_seen()
-                .iter()
-                .find(|k| k.contains(prefix.as_str()))
-            {
-                return fail(format!(
-                    "the {} received the private operation key as its idempotency key (`{}`)",
-                    provider.role().name(),
-                    clip(key, 40)
-                ));
-            }
-        }
-        if expect.provider_one_key == Some(true) {
-            let mut keys = provider.hooks().keys_seen();
-            keys.sort();
-            keys.dedup();
-            if keys.len() > 1 {
-                return fail(format!(
-                    "the {} received {} different idempotency keys for one operation: a redelivery must continue the same operation under the same key",
-                    provider.role().name(),
-                    keys.len()
-                ));
-            }
-        }
-        Ok(())
-    }
-
-    /// No byte of any message the router sent may contain the private key prefix.
-    fn scan(&self, response: &Response) -> StepResult {
-        let prefix = &self.profile.private_key_prefix;
-        let unmatched = self
-            .router
-            .as_ref()
-            .map(|r| r.conn.take_unmatched())
-            .unwrap_or_default();
-        for raw in std::iter::once(&response.raw).chain(unmatched.iter()) {
-            if let Some(at) = raw.find(prefix.as_str()) {
-                return fail(format!(
-                    "a response contains the private key pattern `{prefix}` (`{}`…): the key must never reach the agent",
-                    cut(&raw[at..], prefix.len() + 24)
-                ));
-            }
-        }
-        Ok(())
-    }
-
-    fn transport_error(&self, e: RpcError) -> StepError {
-        let stderr = self
-            .router
-            .as_ref()
-            .and_then(|r| r.process.as_ref())
-            .map(Process::stderr_tail)
-            .unwrap_or_default();
-        let message = match &e {
-            RpcError::Closed { .. } => "the router exited unexpectedly".to_string(),
-            RpcError::Timeout {
-                method, timeout, ..
-            } => {
-                format!("the router did not answer `{method}` within {timeout:?}")
-            }
-            other => clip(&other.to_string(), 200),
-        };
-        if stderr.is_empty() {
-            StepError::Error(message)
-        } else {
-            StepError::Error(format!("{message} (its stderr ends with: {stderr})"))
-        }
-    }
-
-    /// Starts (or restarts) the router on this scenario's state and initializes a connection.
-    async fn start(&mut self) -> StepResult {
-        let profile = self.profile;
-        let vars = &self.vars;
-        let env: Vec<(String, String)> = profile
-            .env
-            .iter()
-            .map(|(k, v)| (k.clone(), vars.apply(v)))
-            .collect();
-        let args: Vec<String> = vars.apply_args(&profile.args);
-        let router = match (profile.transport, &profile.command) {
-            (Transport::Stdio, Some(command)) => {
-                let program = PathBuf::from(vars.apply(command));
-                let (mut conn, child) = Connection::spawn_stdio_in(&program, &args, &env, true)
-                    .await
-                    .map_err(|e| match e {
-                        RpcError::Spawn { program, source } => {
-                            StepError::Error(format!("spawn: `{program}`: {source}"))
-                        }
-                        other => StepError::Error(other.to_string()),
-                    })?;
-                conn.set_timeout(REQUEST_TIMEOUT);
-                Router {
-                    conn,
-                    process: Some(Process::Stdio(child)),
-                }
-            }
-            (Transport::Http, command) => {
-                let process = match command {
-                    Some(command) => {
-                        let program = vars.apply(command);
-                        let child = tokio::process::Command::new(&program)
-                            .args(&args)
-                            .envs(env.iter().map(|(k, v)| (k, v)))
-                            .stdin(std::process::Stdio::null())
-                            .stdout(std::process::Stdio::null())
-                            .stderr(std::process::Stdio::null())
-                            .process_group(0)
-                            .kill_on_drop(true)
-                            .spawn()
-                            .map_err(|e| StepError::Error(format!("spawn: `{program}`: {e}")))?;
-                        Some(Process::Http(child))
-                    }
-                    None => None,
-                };
-                let conn = self_connect_http(profile, vars).await?;
-                Router { conn, process }
-            }
-            (Transport::Stdio, None) => unreachable!("validated on load"),
-        };
-        let id = self.id(None);
-        let wait_for_http = profile.transport == Transport::Http && router.process.is_some();
-        self.router = Some(router);
-        let conn = self.conn()?.clone();
-        if wait_for_http {
-            let deadline = tokio::time::Instant::now() + HTTP_START_TIMEOUT;
-            loop {
-                match initialize(&conn, id.clone(), &self.scenario.protocol).await {
-                    Ok(()) => break,
-                    Err(e) if tokio::time::Instant::now() >= deadline => return Err(e),
-                    Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
-                }
-            }
-            Ok(())
-        } else {
-            match initialize(&conn, id, &self.scenario.protocol).await {
-                Err(StepError::Error(m)) => {
-                    let mut tail = String::new();
-                    if let Some(process) = self.router.as_ref().and_then(|r| r.process.as_ref()) {
-                        if let Process::Stdio(child) = process {
-                            child.stderr_closed(Duration::from_secs(2)).await;
-                        }
-                        tail = process.stderr_tail();
-                    }
-                    Err(StepError::Error(if tail.is_empty() {
-                        m
-                    } else {
-                        format!("{m} (its stderr ends with: {tail})")
-                    }))
-                }
-                other => other,
-            }
-        }
-    }
-
-    async fn stop_router(&mut self, graceful: bool) {
-        let Some(mut router) = self.router.take() else {
-            return;
-        };
-        if graceful {
-            router.conn.close().await;
-            if let Some(Process::Stdio(child)) = &mut router.process
-                && tokio::time::timeout(GRACEFUL_EXIT, child.wait())
-                    .await
-                    .is_ok()
-            {
-                return;
-            }
-        }
-        if let Some(p) = &mut router.process {
-            p.kill9().await;
-        }
-    }
-
-    async fn stop(&mut self) {
-        if self.profile.runner_starts() {
-            self.stop_router(false).await;
-        } else if let Some(router) = self.router.take() {
-            router.conn.close().await;
-        }
-    }
-}
-
-async fn self_connect_http(profile: &Profile, vars: &Vars) -> StepResult<Connection> {
-    let url = vars.apply(profile.url.as_deref().expect("validated on load"));
-    let mut conn = Connection::http(&url)
-        .await
-        .map_err(|e| StepError::Error(e.to_string()))?;
-    conn.set_timeout(REQUEST_TIMEOUT);
-    Ok(conn)
-}
-
-async fn initialize(conn: &Connection, id: Value, protocol: &str) -> StepResult {
-    let response = conn
-        .initialize(id, protocol, "callid-conform", env!("CARGO_PKG_VERSION"))
-        .await
-        .map_err(|e| {
-            StepError::Error(match e {
-                RpcError::Closed { .. } => "the router exited before answering `initialize`".into(),
-                other => format!("initialize failed: {}", clip(&other.to_string(), 300)),
-            })
-        })?;
-    if let Some(error) = response.error {
-        return fail(format!(
-            "initialize with protocol {protocol} was refused: {error}"
-        ));
-    }
-    Ok(())
-}
-
-/// A loopback port for `{port}`, held for one scenario against every other conform process.
-///
-/// A port found free and then released can be taken by another scenario (or another conform
-/// run) before the router binds it, and the runner would then drive someone else's router. So the
-/// port comes from outside the kernel's ephemeral range (where `bind(0)` never lands), and the
-/// file `callid-conform-ports/PORT.claim` in the temporary directory, created exclusively, claims
-/// it until the scenario ends. A claim older than [`STALE_CLAIM`] is left over from a killed run
-/// and is taken over.
-struct PortLease {
-    port: u16,
-    claim: Option<PathBuf>,
-}
-
-/// Age after which a port claim is considered abandoned (a scenario takes seconds).
-const STALE_CLAIM: Duration = Duration::from_secs(600);
-
-/// Ports handed out for `{port}`: below Linux's default ephemeral range (32768-60999).
-const PORT_RANGE: std::ops::Range<u16> = 20000..32000;
-
-impl PortLease {
-    fn take() -> std::io::Result<PortLease> {
-        let dir = std::env::temp_dir().join("callid-conform-ports");
-        std::fs::create_dir_all(&dir)?;
-        let span = PORT_RANGE.end - PORT_RANGE.start;
-        let start = (uuid::Uuid::new_v4().as_u128() % u128::from(span)) as u16;
-        for i in 0..span {
-            let port = PORT_RANGE.start + (start + i) % span;
-            let path = dir.join(format!("{port}.claim"));
-            let stale = std::fs::metadata(&path)
-                .and_then(|m| m.modified())
-                .ok()
-                .and_then(|t| t.elapsed().ok())
-                .is_some_and(|age| age > STALE_CLAIM);
-            if stale {
-                let _ = std::fs::remove_file(&path);
-            }
-            let claimed = std::fs::OpenOptions::new()
-                .create_new(true)
-                .write(true)
-                .open(&path)
-                .is_ok();
-            if !claimed {
-                continue;
-            }
-            let lease = PortLease {
-                port,
-                claim: Some(path),
-            };
-            if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
-                return Ok(lease);
-            }
-        }
-        Err(std::io::Error::other(format!(
-            "no free loopback port in {}..{}",
-            PORT_RANGE.start, PORT_RANGE.end
-        )))
-    }
-}
-
-impl Drop for PortLease {
-    fn drop(&mut self) {
-        // Dropped after the scenario's router is stopped: the port is free again.
-        if let Some(path) = self.claim.take() {
-            let _ = std::fs::remove_file(path);
-        }
-    }
 }
 
 /// `{upstream_argv}`: the stdio relay to the runner's upstream (empty in the provider role).
@@ -1276,170 +737,9 @@ fn trigger_name(t: KillTrigger) -> &'static str {
     }
 }
 
-fn pointer<'r>(r: &'r Response, at: &str) -> Option<&'r Value> {
-    r.tool_result()?.pointer(at)
-}
-
-fn pointer_str(r: &Response, at: &str) -> Option<String> {
-    pointer(r, at).and_then(Value::as_str).map(str::to_string)
-}
-
-/// `the tool error `code` ("message")`, `success`, or the JSON-RPC error, for reasons.
-fn describe(r: &Response, error_pointer: &str) -> String {
-    if let Some(e) = &r.error {
-        return format!("the JSON-RPC error {}", clip(&e.to_string(), 160));
-    }
-    if r.is_tool_error() {
-        let code = pointer_str(r, error_pointer).unwrap_or_else(|| "(no code)".into());
-        let text = r
-            .tool_result()
-            .and_then(|t| t.pointer("/content/0/text"))
-            .and_then(Value::as_str)
-            .map(|t| format!(" ({})", clip(t, 120)))
-            .unwrap_or_default();
-        return format!("the tool error `{code}`{text}");
-    }
-    "success".to_string()
-}
-
-/// The first place two JSON values differ, as `at /path: `a` vs `b``.
-fn first_difference(want: &Value, got: &Value, at: &str) -> String {
-    match (want, got) {
-        (Value::Object(a), Value::Object(b)) => {
-            for (k, v) in a {
-                let path = format!("{at}/{k}");
-                match b.get(k) {
-                    Some(w) if w == v => {}
-                    Some(w) => return first_difference(v, w, &path),
-                    None => return format!("at `{path}`: missing"),
-                }
-            }
-            if let Some(k) = b.keys().find(|k| !a.contains_key(*k)) {
-                return format!("at `{at}/{k}`: unexpected");
-            }
-            format!("at `{at}`")
-        }
-        (Value::Array(a), Value::Array(b)) if a.len() == b.len() => {
-            for (i, (v, w)) in a.iter().zip(b).enumerate() {
-                if v != w {
-                    return first_difference(v, w, &format!("{at}/{i}"));
-                }
-            }
-            format!("at `{at}`")
-        }
-        _ => format!(
-            "at `{}`: `{}` became `{}`",
-            if at.is_empty() { "/" } else { at },
-            clip(&want.to_string(), 60),
-            clip(&got.to_string(), 60)
-        ),
-    }
-}
-
-/// Fails when a tool's input schema names an identity-like property at any depth, or the spend
-/// tool is not listed.
-fn check_schemas(response: &Response, spend: &str) -> StepResult {
-    if let Some(error) = &response.error {
-        return fail(format!("`tools/list` failed: {error}"));
-    }
-    let tools = response
-        .result
-        .as_ref()
-        .and_then(|r| r.get("tools"))
-        .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default();
-    if !tools
-        .iter()
-        .any(|t| t.get("name").and_then(Value::as_str) == Some(spend))
-    {
-        return fail(format!("the spend tool `{spend}` is not listed"));
-    }
-    for tool in &tools {
-        let name = tool.get("name").and_then(Value::as_str).unwrap_or("?");
-        let Some(schema) = tool.get("inputSchema") else {
-            continue;
-        };
-        if let Some(path) = identity_property(schema, "") {
-            return fail(format!(
-                "tool `{name}` exposes the identity-like field `{path}` in its input schema: the model would write it"
-            ));
-        }
-    }
-    Ok(())
-}
-
-fn identity_property(schema: &Value, at: &str) -> Option<String> {
-    match schema {
-        Value::Object(map) => {
-            for (key, value) in map {
-                if matches!(key.as_str(), "properties" | "patternProperties")
-                    && let Value::Object(props) = value
-                {
-                    for (prop, sub) in props {
-                        let path = format!("{at}/{prop}");
-                        if crate::identity::is_identity_like(prop) {
-                            return Some(path);
-                        }
-                        if let Some(found) = identity_property(sub, &path) {
-                            return Some(found);
-                        }
-                    }
-                } else if key == "required"
-                    && let Value::Array(names) = value
-                    && let Some(n) = names
-                        .iter()
-                        .filter_map(Value::as_str)
-                        .find(|n| crate::identity::is_identity_like(n))
-                {
-                    return Some(format!("{at}/{n}"));
-                } else if let Some(found) = identity_property(value, at) {
-                    return Some(found);
-                }
-            }
-            None
-        }
-        Value::Array(items) => items.iter().find_map(|v| identity_property(v, at)),
-        _ => None,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn identity_properties_are_found_at_any_depth() {
-        let cases = [
-            (
-                json!({"type": "object", "properties": {"prompt": {"type": "string"}}}),
-                None,
-            ),
-            (
-                json!({"properties": {"prompt": {}, "callId": {}}}),
-                Some("/callId"),
-            ),
-            (
-                json!({"properties": {"options": {"properties": {"idempotency_key": {}}}}}),
-                Some("/options/idempotency_key"),
-            ),
-            (
-                json!({"properties": {"layers": {"items": {"properties": {"tool_use_id": {}}}}}}),
-                Some("/layers/tool_use_id"),
-            ),
-            (
-                json!({"$defs": {"x": {"properties": {"_meta": {}}}}}),
-                Some("/_meta"),
-            ),
-            (
-                json!({"required": ["operation_key"]}),
-                Some("/operation_key"),
-            ),
-        ];
-        for (schema, want) in cases {
-            assert_eq!(identity_property(&schema, "").as_deref(), want, "{schema}");
-        }
-    }
 
     #[test]
     fn skipped_only_when_declared_absent_otherwise_not_run() {
@@ -1528,32 +828,5 @@ mod tests {
         for (profile, steps, want) in cases {
             assert_eq!(not_runnable(profile, &scenario(steps)), want, "{steps}");
         }
-    }
-
-    #[test]
-    fn the_stderr_tail_keeps_the_lines_that_name_the_problem() {
-        let traceback = "Traceback (most recent call last):\n  File \"r.py\", line 3, in <module>\n    import nope\nModuleNotFoundError: No module named 'nope'\n\n";
-        assert_eq!(
-            tail(traceback),
-            "Traceback (most recent call last): |   File \"r.py\", line 3, in <module> |     import nope | ModuleNotFoundError: No module named 'nope'"
-        );
-        let long: String = (0..100).map(|i| format!("line {i}\n")).collect();
-        let got = tail(&long);
-        assert!(
-            got.starts_with("line 92 | ") && got.ends_with("line 99"),
-            "{got}"
-        );
-    }
-
-    #[test]
-    fn first_difference_names_the_path() {
-        let a = json!({"handle": "h", "result": {"charge_id": "c1", "n": [1, 2]}});
-        let b = json!({"handle": "h", "result": {"charge_id": "c2", "n": [1, 2]}});
-        assert_eq!(
-            first_difference(&a, &b, ""),
-            "at `/result/charge_id`: `\"c1\"` became `\"c2\"`"
-        );
-        let c = json!({"handle": "h", "result": {"charge_id": "c1", "n": [1, 2]}, "x": 1});
-        assert_eq!(first_difference(&a, &c, ""), "at `/x`: unexpected");
     }
 }

@@ -464,7 +464,8 @@ impl ClientsFile {
                 row: row.id.clone(),
                 rule,
             };
-            check_id_and_date(&mut seen, &row.id, row.date.as_deref()).map_err(fail)?;
+            check_id_and_date(&mut seen, &row.id, row.date.as_deref())
+                .map_err(|BrokenRule(rule)| fail(rule))?;
             match row.verdict {
                 Verdict::Accepted => {
                     let Some(key) = &row.per_call_id else {
@@ -542,7 +543,7 @@ impl ClientsFile {
                                 .into(),
                         ));
                     }
-                    reported_keys_rule(row).map_err(fail)?;
+                    reported_keys_rule(row).map_err(|BrokenRule(rule)| fail(rule))?;
                 }
             }
         }
@@ -575,7 +576,8 @@ impl RoutersFile {
                 row: row.id.clone(),
                 rule,
             };
-            check_id_and_date(&mut seen, &row.id, row.date.as_deref()).map_err(fail)?;
+            check_id_and_date(&mut seen, &row.id, row.date.as_deref())
+                .map_err(|BrokenRule(rule)| fail(rule))?;
             let mut checks = std::collections::BTreeSet::new();
             for c in &row.checks {
                 if !checks.insert(c.id.as_str()) {
@@ -653,12 +655,17 @@ pub fn slug(parts: &[&str]) -> String {
     out
 }
 
+/// A rule a row breaks, as a fragment ("`id` appears twice; ..."): what a row check knows before
+/// the file and the row are named. A newtype rather than an error type: it only ever becomes the
+/// `rule` of a [`MatrixError::Rule`] (code `matrix_rule`), which the caller builds.
+struct BrokenRule(String);
+
 /// A reported row lists the keys of one `tools/call` `_meta`, so its verdict must be what the
 /// identity rules make of those keys: each key listed once; an accepted row carries no identity
 /// source key beside its `per_call_id` (two are `ambiguous_identity`); a `missing_identity` row
 /// carries none, an `ambiguous_identity` row at least two. (A measured row is checked against
 /// its evidence instead: its keys span several calls, which may differ.)
-fn reported_keys_rule(row: &ClientRow) -> Result<(), String> {
+fn reported_keys_rule(row: &ClientRow) -> Result<(), BrokenRule> {
     let mut seen = std::collections::BTreeSet::new();
     let listed = row
         .per_call_id
@@ -667,10 +674,10 @@ fn reported_keys_rule(row: &ClientRow) -> Result<(), String> {
         .chain(row.context_keys.iter().flatten());
     for key in listed {
         if !seen.insert(key.as_str()) {
-            return Err(format!(
+            return Err(BrokenRule(format!(
                 "`{key}` is listed twice; a key is the per-call ID, a call-level key or a \
                  context key"
-            ));
+            )));
         }
     }
     let sources: Vec<&str> = row
@@ -683,22 +690,22 @@ fn reported_keys_rule(row: &ClientRow) -> Result<(), String> {
         .collect();
     match (row.verdict, row.reason.as_deref()) {
         (Verdict::Accepted, _) => match sources.first() {
-            Some(key) => Err(format!(
+            Some(key) => Err(BrokenRule(format!(
                 "lists the identity source key `{key}` beside its `per_call_id`; the identity \
                  rules refuse a `_meta` with two source keys (`ambiguous_identity`)"
-            )),
+            ))),
             None => Ok(()),
         },
         (Verdict::Rejected, Some("missing_identity")) => match sources.first() {
-            Some(key) => Err(format!(
+            Some(key) => Err(BrokenRule(format!(
                 "lists the identity source key `{key}`, so the identity rules would not judge \
                  its `_meta` `missing_identity`"
-            )),
+            ))),
             None => Ok(()),
         },
-        (Verdict::Rejected, Some("ambiguous_identity")) if sources.len() < 2 => {
-            Err("an `ambiguous_identity` row must list at least two identity source keys".into())
-        }
+        (Verdict::Rejected, Some("ambiguous_identity")) if sources.len() < 2 => Err(BrokenRule(
+            "an `ambiguous_identity` row must list at least two identity source keys".into(),
+        )),
         _ => Ok(()),
     }
 }
@@ -708,17 +715,21 @@ fn check_id_and_date<'a>(
     seen: &mut std::collections::BTreeSet<&'a str>,
     id: &'a str,
     date: Option<&str>,
-) -> Result<(), String> {
+) -> Result<(), BrokenRule> {
     if !is_slug(id) {
-        return Err("`id` must be 1 to 64 of lowercase letters, digits, `.` and `-`".into());
+        return Err(BrokenRule(
+            "`id` must be 1 to 64 of lowercase letters, digits, `.` and `-`".into(),
+        ));
     }
     if !seen.insert(id) {
-        return Err("`id` appears twice; each row needs its own".into());
+        return Err(BrokenRule(
+            "`id` appears twice; each row needs its own".into(),
+        ));
     }
     if let Some(date) = date
         && !is_date(date)
     {
-        return Err(format!("`date` `{date}` is not `YYYY-MM-DD`"));
+        return Err(BrokenRule(format!("`date` `{date}` is not `YYYY-MM-DD`")));
     }
     Ok(())
 }

@@ -17,7 +17,8 @@
 //!   letter or digit made `_` (at most 40), `_`, and 12 random hex digits, so it is a valid
 //!   unquoted SQL identifier and database name (at most 53 bytes, lowercase, starts with a letter).
 
-use super::{PortLease, Router, ScenarioRun, StepError, StepResult, last_line};
+use super::process::{PortLease, Router, last_line};
+use super::{Reason, ScenarioRun, StepError, StepResult};
 use crate::conform::scenario::{RouterChoice, Step};
 use crate::conform::target::Profile;
 use crate::jsonrpc::Connection;
@@ -129,7 +130,7 @@ impl ScenarioRun<'_> {
     }
 
     /// Runs the profile's `setup` commands; `Err` is the reason, for a setup error.
-    pub(super) async fn setup(&self) -> Result<(), String> {
+    pub(super) async fn setup(&self) -> Result<(), Reason> {
         for (i, command) in self.profile.setup.iter().enumerate() {
             let program = self.vars.apply(&command.command);
             let run = tokio::process::Command::new(&program)
