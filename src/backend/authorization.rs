@@ -267,8 +267,43 @@ impl Authorization {
         if let Some(shared) = &self.shared {
             return shared.authorize(req, now_ms(), self.expiry_ms);
         }
+        self.store.write(|tx| self.authorize_in(tx, req))
+    }
+
+    /// [`Authorization::authorize`], then [`Authorization::mark_dispatched`], in one transaction
+    /// (one commit): the decision, and whether it was `reserved` (no provider call had started
+    /// for it before). The crash point after the authorization sits after this commit.
+    pub fn authorize_for_dispatch(
+        &self,
+        req: &AuthorizationRequest<'_>,
+    ) -> Result<(Decision, bool), BackendError> {
+        if let Some(shared) = &self.shared {
+            let decision = shared.authorize(req, now_ms(), self.expiry_ms)?;
+            let first = shared.set_state(&decision.decision_id, "dispatched", &["reserved"])? == 1;
+            return Ok((decision, first));
+        }
         let sql = |e| BackendError::from(self.store.error(e));
         self.store.write(|tx| {
+            let decision = self.authorize_in(tx, req)?;
+            let first = tx
+                .execute(
+                    "UPDATE decisions SET state = 'dispatched' \
+                     WHERE decision_id = ?1 AND state = 'reserved'",
+                    [&decision.decision_id],
+                )
+                .map_err(sql)?
+                == 1;
+            Ok((decision, first))
+        })
+    }
+
+    fn authorize_in(
+        &self,
+        tx: &rusqlite::Transaction<'_>,
+        req: &AuthorizationRequest<'_>,
+    ) -> Result<Decision, BackendError> {
+        let sql = |e| BackendError::from(self.store.error(e));
+        {
             let existing = tx
                 .query_row(
                     "SELECT decision_id, account, amount_cents, scope, request_hash, created_at, \
@@ -356,7 +391,7 @@ impl Authorization {
             )
             .map_err(sql)?;
             Ok(decision)
-        })
+        }
     }
 
     /// Cents of `account`'s budget held by its decisions (charged, dispatched, or reserved and

@@ -18,4 +18,5 @@ mod probe_protocol;
 mod provider;
 mod replicas;
 mod router;
+mod router_perf;
 mod store;

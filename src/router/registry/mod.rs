@@ -580,6 +580,37 @@ impl Registry {
         }
     }
 
+    /// [`Registry::insert_within_budget`] that also takes the dispatch lease of the new row for
+    /// `owner` until `now + ttl`: returns the row, whether this call created it, and whether the
+    /// lease is held (only for a created, pending row). On a SQLite file the row and its lease
+    /// are one transaction, one commit; on PostgreSQL the lease is claimed right after the insert.
+    pub fn insert_leased(
+        &mut self,
+        new: NewOperation,
+        budget_cents: Option<u64>,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<(Insert, bool), RegistryError> {
+        match self {
+            Registry::Sqlite(r) => {
+                let insert = r.insert_leased(new, budget_cents, Some((owner, ttl)))?;
+                let leased =
+                    matches!(&insert, Insert::Stored(op, true) if op.status == Status::Pending);
+                Ok((insert, leased))
+            }
+            Registry::Postgres(_) => {
+                let insert = self.insert_within_budget(new, budget_cents)?;
+                let leased = match &insert {
+                    Insert::Stored(op, true) if op.status == Status::Pending => {
+                        self.claim_lease(&op.handle, owner, ttl)? == Lease::Granted
+                    }
+                    _ => false,
+                };
+                Ok((insert, leased))
+            }
+        }
+    }
+
     /// Takes the dispatch lease of a pending operation for `owner` until `now + ttl`.
     pub fn claim_lease(
         &mut self,
