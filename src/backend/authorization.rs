@@ -31,7 +31,8 @@
 //! The decision is committed before [`Authorization::authorize`] returns, and the crash point
 //! [`Boundary::AfterAuthorization`](crate::crashpoint::Boundary::AfterAuthorization) sits right
 //! after that commit. It is marked `dispatched` ([`Authorization::mark_dispatched`]) and committed
-//! before the provider is called.
+//! before the provider is called; the backend records a new decision and its `dispatched` mark in
+//! one transaction ([`Authorization::authorize_for_dispatch`], one commit).
 //!
 //! ## Compatibility
 //! `application_id` `0x434c4155` ("CLAU"), `user_version` 2; see [`crate::store`]. Decisions

@@ -13,9 +13,11 @@
 //!    public handle, and its row is committed before anything is dispatched; the same id with the
 //!    same hash returns the recorded result (marked replayed) or, with none recorded yet,
 //!    continues the same operation under the same key; the same id with another hash is refused
-//!    (`request_mismatch`) before the spender;
-//! 6. takes the row's dispatch lease, lets the spender execute it with the private key, records
-//!    the outcome, then replies.
+//!    (`request_mismatch`) before the spender; a completed operation's reply is kept ready in
+//!    the [`ReplayCache`] once its result is committed, so a redelivery with the same hash is
+//!    answered from there after steps 1 to 3;
+//! 6. takes the row's dispatch lease (a new row is committed with it), lets the spender execute
+//!    it with the private key, records the outcome, then replies.
 //!
 //! Every reply, success or error, passes through the [`Scrubber`] ([`Core::finish`]).
 //!

@@ -14,7 +14,9 @@
 //!   the registry's commit returned), so a cached answer is always the durable record's answer.
 //! - Memory is bounded: at most `max_entries` replies and `max_bytes` bytes of serialized reply
 //!   JSON; the least recently used replies are evicted first. A reply larger than `max_bytes`
-//!   alone is not cached.
+//!   alone is not cached. A cached reply is a parsed JSON value, a few KiB of heap for a
+//!   `generate_image` result: the default bounds keep the cache to a few MB, so the router stays
+//!   within its resident-memory target (`callid bench --only router_rss`).
 //! - Nothing invalidates an entry (results are immutable); eviction only costs the next
 //!   redelivery a registry look-up.
 
@@ -24,9 +26,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
 /// How many replies the router keeps by default.
-pub const DEFAULT_MAX_ENTRIES: usize = 4096;
+pub const DEFAULT_MAX_ENTRIES: usize = 256;
 /// How many bytes of serialized replies the router keeps by default.
-pub const DEFAULT_MAX_BYTES: usize = 16 * 1024 * 1024;
+pub const DEFAULT_MAX_BYTES: usize = 1024 * 1024;
 
 /// One cached reply: what it answers and the scrubbed `CallToolResult` JSON to send.
 #[derive(Debug)]

@@ -38,7 +38,8 @@
 //!   never both read "absent" and both insert). Readers and writers from other processes wait up
 //!   to [`BUSY_TIMEOUT`] for a lock before the call fails closed.
 //! - Dispatch is guarded by a lease on the row ([`Registry::claim_lease`]): a process that is about
-//!   to call the backend writes its owner id and an expiry; another process that finds a live
+//!   to call the backend writes its owner id and an expiry (a new row is written with its lease,
+//!   one commit: [`Registry::insert_leased`]); another process that finds a live
 //!   lease answers `operation_in_progress` (safe to retry). A lease whose owner is gone or whose
 //!   expiry passed is taken over at once. The owner id is unique per router instance and process
 //!   life ([`process_owner`]: PID, process start time, random instance id), so a crashed
