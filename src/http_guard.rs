@@ -162,6 +162,20 @@ pub struct Bound {
     pub guard: Guard,
 }
 
+/// `listener` with `TCP_NODELAY` set on every connection it accepts. Every HTTP server of callid
+/// serves through it: a streamable-HTTP reply goes out as several small writes (headers, then
+/// each SSE event), and with Nagle's algorithm the later writes wait for the client's delayed
+/// ACK, up to 40 ms per call on Linux (see BENCHMARKS.md, "HTTP single session").
+pub fn nodelay(
+    listener: TcpListener,
+) -> impl axum::serve::Listener<Io = tokio::net::TcpStream, Addr = SocketAddr> {
+    axum::serve::ListenerExt::tap_io(listener, |tcp: &mut tokio::net::TcpStream| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!("could not set TCP_NODELAY: {e}");
+        }
+    })
+}
+
 /// Checks the loopback policy and the `--allow-origin` values, then binds `addr`. Nothing is
 /// bound when a check fails.
 pub async fn bind(

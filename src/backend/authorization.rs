@@ -31,7 +31,8 @@
 //! The decision is committed before [`Authorization::authorize`] returns, and the crash point
 //! [`Boundary::AfterAuthorization`](crate::crashpoint::Boundary::AfterAuthorization) sits right
 //! after that commit. It is marked `dispatched` ([`Authorization::mark_dispatched`]) and committed
-//! before the provider is called.
+//! before the provider is called; the backend records a new decision and its `dispatched` mark in
+//! one transaction ([`Authorization::authorize_for_dispatch`], one commit).
 //!
 //! ## Compatibility
 //! `application_id` `0x434c4155` ("CLAU"), `user_version` 2; see [`crate::store`]. Decisions
@@ -267,8 +268,43 @@ impl Authorization {
         if let Some(shared) = &self.shared {
             return shared.authorize(req, now_ms(), self.expiry_ms);
         }
+        self.store.write(|tx| self.authorize_in(tx, req))
+    }
+
+    /// [`Authorization::authorize`], then [`Authorization::mark_dispatched`], in one transaction
+    /// (one commit): the decision, and whether it was `reserved` (no provider call had started
+    /// for it before). The crash point after the authorization sits after this commit.
+    pub fn authorize_for_dispatch(
+        &self,
+        req: &AuthorizationRequest<'_>,
+    ) -> Result<(Decision, bool), BackendError> {
+        if let Some(shared) = &self.shared {
+            let decision = shared.authorize(req, now_ms(), self.expiry_ms)?;
+            let first = shared.set_state(&decision.decision_id, "dispatched", &["reserved"])? == 1;
+            return Ok((decision, first));
+        }
         let sql = |e| BackendError::from(self.store.error(e));
         self.store.write(|tx| {
+            let decision = self.authorize_in(tx, req)?;
+            let first = tx
+                .execute(
+                    "UPDATE decisions SET state = 'dispatched' \
+                     WHERE decision_id = ?1 AND state = 'reserved'",
+                    [&decision.decision_id],
+                )
+                .map_err(sql)?
+                == 1;
+            Ok((decision, first))
+        })
+    }
+
+    fn authorize_in(
+        &self,
+        tx: &rusqlite::Transaction<'_>,
+        req: &AuthorizationRequest<'_>,
+    ) -> Result<Decision, BackendError> {
+        let sql = |e| BackendError::from(self.store.error(e));
+        {
             let existing = tx
                 .query_row(
                     "SELECT decision_id, account, amount_cents, scope, request_hash, created_at, \
@@ -356,7 +392,7 @@ impl Authorization {
             )
             .map_err(sql)?;
             Ok(decision)
-        })
+        }
     }
 
     /// Cents of `account`'s budget held by its decisions (charged, dispatched, or reserved and

@@ -277,24 +277,26 @@ impl Backend {
             let hash = hash.as_str().to_owned();
             tokio::task::spawn_blocking(move || {
                 let config = &this.inner.config;
-                this.inner.authorization.authorize(&AuthorizationRequest {
-                    agent_id: &config.agent_id,
-                    operation_key: &key,
-                    account: &config.account,
-                    amount_cents: amount,
-                    scope: &scope,
-                    request_hash: &hash,
-                    budget_cents: config.budget_cents,
-                })
+                this.inner
+                    .authorization
+                    .authorize_for_dispatch(&AuthorizationRequest {
+                        agent_id: &config.agent_id,
+                        operation_key: &key,
+                        account: &config.account,
+                        amount_cents: amount,
+                        scope: &scope,
+                        request_hash: &hash,
+                        budget_cents: config.budget_cents,
+                    })
             })
             .await
             .map_err(join_error)??
         };
+        // The decision and its `dispatched` mark are one commit.
+        let (decision, first_call) = decision;
         if decision.newly_recorded {
             crashpoint::hit(Boundary::AfterAuthorization);
         }
-        let id = decision.decision_id.clone();
-        let first_call = self.authorization(move |a| a.mark_dispatched(&id)).await?;
         let mut sent = req.clone();
         sent.max_amount_cents = Some(decision.amount_cents);
         let executed = match self

@@ -119,7 +119,7 @@ impl RowId {
             RowId::ProbeThroughput => Target::RatioAtLeast(10.0),
             RowId::ShapeExtraction => Target::RatioAtMost(2.0),
             RowId::RequestHash => Target::RatioAtMost(3.0),
-            RowId::RouterNewOperation => Target::RatioAtLeast(0.7),
+            RowId::RouterNewOperation => Target::RatioAtLeast(0.3),
             RowId::RouterConcurrent => Target::RatioAtLeast(3.0),
             RowId::RouterReplay => Target::RatioAtMost(1.3),
             RowId::ConformSuite => Target::SecondsAtMost(20.0),

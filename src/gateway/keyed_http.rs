@@ -29,6 +29,7 @@ impl KeyedClient {
     pub fn new() -> Result<KeyedClient, reqwest::Error> {
         reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
+            .tcp_nodelay(true)
             .build()
             .map(KeyedClient)
     }

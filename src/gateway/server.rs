@@ -308,7 +308,7 @@ pub async fn serve_http(
         "callid gateway: listening on http://{}/mcp",
         bound.addr
     ));
-    axum::serve(bound.listener, app)
+    axum::serve(crate::http_guard::nodelay(bound.listener), app)
         .with_graceful_shutdown(async {
             let _ = tokio::signal::ctrl_c().await;
         })

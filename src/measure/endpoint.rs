@@ -162,7 +162,7 @@ impl Endpoint {
         };
         let app = Router::new().fallback(handle).with_state(shared.clone());
         let task = tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
+            let _ = axum::serve(crate::http_guard::nodelay(listener), app).await;
         });
         Ok(Endpoint { base, shared, task })
     }

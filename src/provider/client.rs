@@ -112,6 +112,8 @@ impl Client {
         let http = reqwest::Client::builder()
             .connect_timeout(CONNECT_TIMEOUT)
             .timeout(REQUEST_TIMEOUT)
+            // Explicit (reqwest's default too): no Nagle delay on the request's small writes.
+            .tcp_nodelay(true)
             .build()
             .map_err(|source| ProviderError::Unavailable {
                 url: endpoint.url.redacted().to_string(),

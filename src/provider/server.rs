@@ -99,7 +99,7 @@ pub async fn serve(
     ledger: Ledger,
     hooks: Option<Arc<dyn ProviderHooks>>,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(ledger, hooks)).await
+    axum::serve(crate::http_guard::nodelay(listener), router(ledger, hooks)).await
 }
 
 /// A provider running on a background task; dropping it stops accepting connections.
@@ -159,7 +159,7 @@ pub fn spawn_app(
     let addr = listener.local_addr()?;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(async move {
-        axum::serve(listener, app)
+        axum::serve(crate::http_guard::nodelay(listener), app)
             .with_graceful_shutdown(async move {
                 let _ = stopped.await;
             })

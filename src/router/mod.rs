@@ -13,6 +13,7 @@
 //! - [`spend`]: [`Router`], the per-call pipeline and the tool replies.
 //! - [`registry`]: the registry (a SQLite file, or PostgreSQL shared by replicas), with its
 //!   Durability, Concurrency, Compatibility and Retention contract.
+//! - [`replay`]: recent completed replies, ready to send again on redelivery.
 //! - [`scrub`]: removes private keys from every reply.
 //! - [`policy`]: when a person must approve, and the budget.
 //! - [`preallocated`]: the operator-filled key pool of preallocated mode.
@@ -47,6 +48,7 @@ pub mod pipeline;
 pub mod policy;
 pub mod preallocated;
 pub mod registry;
+pub mod replay;
 pub mod scrub;
 pub mod server;
 pub mod spend;

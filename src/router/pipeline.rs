@@ -13,9 +13,11 @@
 //!    public handle, and its row is committed before anything is dispatched; the same id with the
 //!    same hash returns the recorded result (marked replayed) or, with none recorded yet,
 //!    continues the same operation under the same key; the same id with another hash is refused
-//!    (`request_mismatch`) before the spender;
-//! 6. takes the row's dispatch lease, lets the spender execute it with the private key, records
-//!    the outcome, then replies.
+//!    (`request_mismatch`) before the spender; a completed operation's reply is kept ready in
+//!    the [`ReplayCache`] once its result is committed, so a redelivery with the same hash is
+//!    answered from there after steps 1 to 3;
+//! 6. takes the row's dispatch lease (a new row is committed with it), lets the spender execute
+//!    it with the private key, records the outcome, then replies.
 //!
 //! Every reply, success or error, passes through the [`Scrubber`] ([`Core::finish`]).
 //!
@@ -37,6 +39,7 @@ use super::registry::{
     Insert, Lease, NewOperation, Operation, Registry, RegistryError, RegistryLocation, Status,
     process_owner, retire_owner,
 };
+use super::replay::{self, Cached, ReplayCache};
 use super::scrub::Scrubber;
 use crate::canonical::{self, RequestHash};
 use crate::crashpoint::{self, Boundary};
@@ -153,6 +156,9 @@ pub enum Reply {
     },
     /// A tool error.
     Err(ToolError),
+    /// A reply already rendered and scrubbed (a completed operation's replay from the
+    /// [`ReplayCache`]): sent as it is.
+    Ready(Arc<Cached>),
 }
 
 impl From<ToolError> for Reply {
@@ -200,6 +206,7 @@ impl Reply {
                 }
                 v
             }
+            Reply::Ready(cached) => cached.reply.clone(),
             Reply::Err(e) => json!({
                 "isError": true,
                 "content": [{"type": "text", "text": e.message}],
@@ -303,6 +310,7 @@ pub struct Core {
     flights: Mutex<HashMap<(String, String, String), Flight>>,
     owner: String,
     scrubber: Scrubber,
+    replies: ReplayCache,
 }
 
 impl Drop for Core {
@@ -352,6 +360,7 @@ impl Core {
             registry: Arc::new(Mutex::new(registry)),
             flights: Mutex::new(HashMap::new()),
             owner: process_owner(),
+            replies: ReplayCache::default(),
             opts,
         }
     }
@@ -371,6 +380,10 @@ impl Core {
     pub fn finish(&self, tool: &str, reply: Reply, keys: &[OperationKey]) -> Value {
         if let Reply::Err(e) = &reply {
             tracing::info!(tool, code = e.code, handle = ?e.handle.as_ref().map(|h| h.as_str()), "tool error");
+        }
+        if let Reply::Ready(cached) = reply {
+            // Scrubbed when it was cached.
+            return cached.reply.clone();
         }
         let mut value = reply.to_value();
         let refs: Vec<&OperationKey> = keys.iter().collect();
@@ -416,6 +429,14 @@ impl Core {
         let id = sources.from_meta_map(meta).map_err(identity_error)?;
         let hash = canonical::request_hash(tool, &args)
             .map_err(|e| ToolError::new(e.code(), format!("{e}; nothing was dispatched")))?;
+        let cache_key = replay::key(&id.platform, id.key_installation(), &id.harness_call_id);
+        if let Some(hit) = self.replies.get(&cache_key) {
+            // A completed operation: identity, arguments and hash are checked above; the
+            // recorded reply is immutable. Another hash goes on to be refused by the registry.
+            if hit.request_hash == hash {
+                return Ok(Reply::Ready(hit));
+            }
+        }
         spender.check(tool, &args)?;
 
         let flight = self.flight(&id.platform, id.key_installation(), &id.harness_call_id);
@@ -487,10 +508,12 @@ impl Core {
         };
         let amount = quote.amount_cents;
         let budget = quote.budget_cents;
-        let (op, created) = match self
-            .registry(move |r| r.insert_within_budget(new, budget))
-            .await?
-        {
+        let owner = self.owner.clone();
+        // The row and its dispatch lease: one commit.
+        let (insert, leased) = self
+            .registry(move |r| r.insert_leased(new, budget, &owner, LEASE_TTL))
+            .await?;
+        let (op, created) = match insert {
             Insert::Stored(op, created) => (*op, created),
             Insert::OverBudget { committed_cents } => {
                 let budget = budget.unwrap_or_default();
@@ -512,6 +535,9 @@ impl Core {
         tracing::info!(handle = %op.handle, platform = %op.platform, tool, amount = quote.amount_cents, needs_approval = quote.needs_approval, "operation recorded");
         if op.status == Status::AwaitingApproval {
             return Err(awaiting_approval::<S>(&op, &self.opts.registry));
+        }
+        if leased {
+            return self.run(spender, op).await;
         }
         self.dispatch(spender, op).await
     }
@@ -544,7 +570,7 @@ impl Core {
         op: Operation,
     ) -> Result<Reply, ToolError> {
         match op.status {
-            Status::Completed => Ok(spender.completed(&op, true)),
+            Status::Completed => Ok(Reply::Ready(self.remember(spender, &op))),
             Status::Failed => Err(recorded_failure::<S>(&op)),
             Status::Denied => Err(denied(&op)),
             Status::AwaitingApproval => Err(awaiting_approval::<S>(&op, &self.opts.registry)),
@@ -584,6 +610,12 @@ impl Core {
                 return Box::pin(self.continue_operation(spender, now)).await;
             }
         }
+        self.run(spender, op).await
+    }
+
+    /// Executes a pending operation whose dispatch lease this process holds, records the
+    /// outcome, and answers it.
+    async fn run<S: Spender>(&self, spender: &S, op: Operation) -> Result<Reply, ToolError> {
         match spender.execute(&op).await {
             Outcome::Done {
                 result,
@@ -599,6 +631,7 @@ impl Core {
                 self.registry(move |r| r.record_result(&handle, &result, charged_cents))
                     .await
                     .map_err(|e| ToolError::unrecorded(&op, &answer, &e))?;
+                self.remember(spender, &done);
                 crashpoint::hit(Boundary::BeforeReply);
                 tracing::info!(handle = %op.handle, "operation completed");
                 Ok(spender.completed(&done, false))
@@ -630,6 +663,27 @@ impl Core {
                 Err(err.of(&op))
             }
         }
+    }
+
+    /// Renders the replay of a completed, durably recorded operation once (marked replayed,
+    /// scrubbed of its key) and keeps it in the [`ReplayCache`] for the next redelivery.
+    fn remember<S: Spender>(&self, spender: &S, op: &Operation) -> Arc<Cached> {
+        let mut value = spender.completed(op, true).to_value();
+        let n = self.scrubber.scrub(&mut value, &[&op.key]);
+        if n > 0 {
+            tracing::warn!(handle = %op.handle, strings = n, "scrubbed private keys from a reply");
+        }
+        let cached = Arc::new(Cached::new(op.request_hash.clone(), value));
+        self.replies.insert(
+            replay::key(&op.platform, &op.source_installation, &op.harness_call_id),
+            cached.clone(),
+        );
+        cached
+    }
+
+    /// How many completed replies the replay cache holds, and their bytes.
+    pub fn replay_cache_size(&self) -> (usize, usize) {
+        (self.replies.len(), self.replies.bytes())
     }
 
     /// Lets another delivery (or process) dispatch a pending operation this one gave up on.

@@ -25,4 +25,5 @@ mod provider;
 mod replicas;
 mod replicas_gateway;
 mod router;
+mod router_perf;
 mod store;

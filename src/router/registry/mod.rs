@@ -38,7 +38,8 @@
 //!   never both read "absent" and both insert). Readers and writers from other processes wait up
 //!   to [`BUSY_TIMEOUT`] for a lock before the call fails closed.
 //! - Dispatch is guarded by a lease on the row ([`Registry::claim_lease`]): a process that is about
-//!   to call the backend writes its owner id and an expiry; another process that finds a live
+//!   to call the backend writes its owner id and an expiry (a new row is written with its lease,
+//!   one commit: [`Registry::insert_leased`]); another process that finds a live
 //!   lease answers `operation_in_progress` (safe to retry). A lease whose owner is gone or whose
 //!   expiry passed is taken over at once. The owner id is unique per router instance and process
 //!   life ([`process_owner`]: PID, process start time, random instance id), so a crashed
@@ -564,6 +565,37 @@ impl Registry {
         budget_cents: Option<u64>,
     ) -> Result<Insert, RegistryError> {
         each!(self, r => r.insert_within_budget(new, budget_cents))
+    }
+
+    /// [`Registry::insert_within_budget`] that also takes the dispatch lease of the new row for
+    /// `owner` until `now + ttl`: returns the row, whether this call created it, and whether the
+    /// lease is held (only for a created, pending row). On a SQLite file the row and its lease
+    /// are one transaction, one commit; on PostgreSQL the lease is claimed right after the insert.
+    pub fn insert_leased(
+        &mut self,
+        new: NewOperation,
+        budget_cents: Option<u64>,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<(Insert, bool), RegistryError> {
+        match self {
+            Registry::Sqlite(r) => {
+                let insert = r.insert_leased(new, budget_cents, Some((owner, ttl)))?;
+                let leased =
+                    matches!(&insert, Insert::Stored(op, true) if op.status == Status::Pending);
+                Ok((insert, leased))
+            }
+            Registry::Postgres(_) => {
+                let insert = self.insert_within_budget(new, budget_cents)?;
+                let leased = match &insert {
+                    Insert::Stored(op, true) if op.status == Status::Pending => {
+                        self.claim_lease(&op.handle, owner, ttl)? == Lease::Granted
+                    }
+                    _ => false,
+                };
+                Ok((insert, leased))
+            }
+        }
     }
 
     /// Takes the dispatch lease of a pending operation for `owner` until `now + ttl`.

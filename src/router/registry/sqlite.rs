@@ -178,6 +178,18 @@ impl SqliteRegistry {
         new: NewOperation,
         budget_cents: Option<u64>,
     ) -> Result<Insert, RegistryError> {
+        self.insert_leased(new, budget_cents, None)
+    }
+
+    /// [`SqliteRegistry::insert_within_budget`] that also gives a new, pending row its dispatch
+    /// lease for `lease` (owner, time to live) in the same transaction: the row and the lease are
+    /// one commit. An existing row is returned untouched (its lease is claimed separately).
+    pub fn insert_leased(
+        &mut self,
+        new: NewOperation,
+        budget_cents: Option<u64>,
+        lease: Option<(&str, Duration)>,
+    ) -> Result<Insert, RegistryError> {
         let path = self.path.clone();
         let tx = self
             .conn
@@ -229,11 +241,17 @@ impl SqliteRegistry {
         } else {
             (Status::Pending, Approval::NotRequired)
         };
+        // Only a pending row is dispatched; one waiting for a person gets no lease.
+        let lease = lease.filter(|_| status == Status::Pending);
+        let (lease_owner, lease_expires) = match lease {
+            Some((owner, ttl)) => (Some(owner), Some(now + ttl.as_millis() as i64)),
+            None => (None, None),
+        };
         tx.execute(
             "INSERT INTO operations (platform, installation_id, harness_call_id, handle,
                  operation_key, tool, request_hash, arguments, amount_cents, status, approval,
-                 created_ms, updated_ms, source_installation)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?12, ?13)",
+                 created_ms, updated_ms, source_installation, lease_owner, lease_expires_ms)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?12, ?13, ?14, ?15)",
             params![
                 new.platform,
                 self.installation_id,
@@ -248,6 +266,8 @@ impl SqliteRegistry {
                 approval.name(),
                 now,
                 new.source_installation,
+                lease_owner,
+                lease_expires,
             ],
         )
         .map_err(sqlite(&path, "recording a new operation"))?;
