@@ -185,7 +185,7 @@ async fn a_new_row_is_committed_with_its_dispatch_lease() {
             .is_some_and(|o| o.starts_with(&format!("{pid}:"))),
         "the row's first commit holds the lease of the process that wrote it: {owner:?}"
     );
-    assert!(expires.is_some_and(|e| e > callid::router::registry::now_ms()));
+    assert!(expires.is_some_and(|e| e > callid::clock::now_ms()));
     assert_eq!(charges(&registry), 0);
 
     // The crashed owner is gone, so the redelivery takes the lease over at once and charges once.
