@@ -9,6 +9,8 @@
 //! # Layout
 //! - [`record`]: the log record ([`Record`], [`record_for_request`]) and its JSON-lines writer
 //!   ([`ShapeLog`]); shared with the router's `--diagnose-meta` and the matrix tools.
+//! - [`read`]: the logs read back into records ([`read::read_logs`]), for `classify`, `demo` and
+//!   the matrix tools.
 //! - [`tap`]: raw client message in, record out, per connection; decides what the server sees
 //!   ([`head`]: the members it decides on, parsed without the rest).
 //! - [`writer`]: the bounded queue and thread that build and write records off the reply path.
@@ -31,6 +33,7 @@ pub mod error;
 pub mod head;
 pub mod http;
 pub mod pipes;
+pub mod read;
 pub mod record;
 pub mod server;
 pub mod stdio;
