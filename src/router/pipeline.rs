@@ -40,6 +40,10 @@ use super::registry::{
     process_owner, retire_owner,
 };
 use super::replay::{self, Cached, ReplayCache};
+pub use super::reply::{
+    HANDLE_META, REPLAYED_META, Reply, ToolError, chain, identity_error, overcharge_json,
+    overcharge_text,
+};
 use super::scrub::Scrubber;
 use crate::canonical::{self, RequestHash};
 use crate::crashpoint::{self, Boundary};
@@ -52,169 +56,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// `_meta` key of a result that says whether it was replayed.
-pub const REPLAYED_META: &str = "callid/replayed";
 /// How long a dispatch lease holds off other processes (longer than any backend call).
 pub const LEASE_TTL: Duration = Duration::from_secs(120);
-
-/// A tool error: a stable code, a message that says what to do, and the operation if one exists.
-#[derive(Debug, Clone)]
-pub struct ToolError {
-    /// Stable machine code (one of the spender's [`Spender::ERROR_CODES`]).
-    pub code: &'static str,
-    /// What happened and what to do.
-    pub message: String,
-    /// The operation's public handle, if one exists.
-    pub handle: Option<PublicHandle>,
-    /// The operation's state, if one exists.
-    pub status: Option<Status>,
-    /// The underlying failure alone, without the advice of `message` (when it differs).
-    pub cause: Option<String>,
-}
-
-impl ToolError {
-    /// An error with no operation.
-    pub fn new(code: &'static str, message: impl Into<String>) -> Self {
-        ToolError {
-            code,
-            message: message.into(),
-            handle: None,
-            status: None,
-            cause: None,
-        }
-    }
-
-    /// This error, about operation `op`.
-    pub fn of(mut self, op: &Operation) -> Self {
-        self.handle = Some(op.handle.clone());
-        self.status = Some(op.status);
-        self
-    }
-
-    fn registry(err: RegistryError) -> Self {
-        let mut e = ToolError::new(
-            "registry_unavailable",
-            format!(
-                "{err}; nothing was dispatched for this delivery, and retrying with the same call is safe once the registry is fixed"
-            ),
-        );
-        e.cause = Some(err.to_string());
-        e
-    }
-
-    /// The spender was called for `op` and answered (`answer`, saying whether money moved),
-    /// but its answer could not be recorded.
-    fn unrecorded(op: &Operation, answer: &str, cause: &ToolError) -> Self {
-        ToolError::new(
-            "outcome_unknown",
-            format!(
-                "operation `{}` was dispatched and the backend answered ({answer}), but the answer \
-                 could not be recorded: {}; redeliver this same call (same call id, same \
-                 arguments) to get the recorded outcome without a second charge, and do not make \
-                 a new call for it",
-                op.handle,
-                cause.cause.as_deref().unwrap_or(&cause.message)
-            ),
-        )
-        .of(op)
-    }
-
-    /// The `structuredContent` of this error.
-    pub fn structured(&self) -> Value {
-        let mut v = json!({"error": self.code, "message": self.message});
-        if let Some(h) = &self.handle {
-            v["handle"] = json!(h.as_str());
-        }
-        if let Some(s) = self.status {
-            v["status"] = json!(s.name());
-        }
-        v
-    }
-}
-
-/// A tool's answer before it is scrubbed and put on the wire.
-#[derive(Debug)]
-pub enum Reply {
-    /// A result.
-    Ok {
-        /// `structuredContent`.
-        structured: Value,
-        /// The human summary.
-        text: String,
-        /// `Some` for spend results (`_meta["callid/replayed"]`).
-        replayed: Option<bool>,
-    },
-    /// A whole `CallToolResult` someone else wrote (an upstream's), sent as it is but for
-    /// `_meta`, which gets `callid/replayed` and, when given, `callid/handle`.
-    Raw {
-        /// The `CallToolResult` JSON.
-        result: Value,
-        /// `_meta["callid/replayed"]`.
-        replayed: bool,
-        /// `_meta["callid/handle"]`.
-        handle: Option<PublicHandle>,
-    },
-    /// A tool error.
-    Err(ToolError),
-    /// A reply already rendered and scrubbed (a completed operation's replay from the
-    /// [`ReplayCache`]): sent as it is.
-    Ready(Arc<Cached>),
-}
-
-impl From<ToolError> for Reply {
-    fn from(e: ToolError) -> Self {
-        Reply::Err(e)
-    }
-}
-
-/// `_meta` key of a gateway result that names its operation's public handle.
-pub const HANDLE_META: &str = "callid/handle";
-
-impl Reply {
-    /// The `CallToolResult` JSON of this reply.
-    pub fn to_value(&self) -> Value {
-        match self {
-            Reply::Ok {
-                structured,
-                text,
-                replayed,
-            } => {
-                let mut v = json!({
-                    "content": [{"type": "text", "text": text}],
-                    "structuredContent": structured,
-                });
-                if let Some(r) = replayed {
-                    v["_meta"] = json!({ REPLAYED_META: r });
-                }
-                v
-            }
-            Reply::Raw {
-                result,
-                replayed,
-                handle,
-            } => {
-                let mut v = match result {
-                    Value::Object(_) => result.clone(),
-                    other => json!({"content": [], "structuredContent": other}),
-                };
-                if !v["_meta"].is_object() {
-                    v["_meta"] = json!({});
-                }
-                v["_meta"][REPLAYED_META] = json!(replayed);
-                if let Some(h) = handle {
-                    v["_meta"][HANDLE_META] = json!(h.as_str());
-                }
-                v
-            }
-            Reply::Ready(cached) => cached.reply.clone(),
-            Reply::Err(e) => json!({
-                "isError": true,
-                "content": [{"type": "text", "text": e.message}],
-                "structuredContent": e.structured(),
-            }),
-        }
-    }
-}
 
 /// What a new operation costs, and whether a person must approve it first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -849,11 +692,6 @@ impl Core {
     }
 }
 
-/// An identity refusal: nothing was dispatched.
-pub fn identity_error(e: identity::IdentityError) -> ToolError {
-    ToolError::new(e.code(), format!("{e}; nothing was dispatched"))
-}
-
 fn unknown_operation(handle: &str) -> ToolError {
     ToolError::new(
         "unknown_operation",
@@ -913,32 +751,4 @@ fn recorded_failure<S: Spender>(op: &Operation) -> ToolError {
         format!("{message}; this operation is final, redelivering it returns this error again"),
     )
     .of(op)
-}
-
-/// The `overcharge` member: what was authorized and what was charged.
-pub fn overcharge_json(authorized: u64, charged: u64) -> Value {
-    json!({"authorized_cents": authorized, "charged_cents": charged})
-}
-
-/// The warning appended to a reply whose charge exceeded its authorization.
-pub fn overcharge_text(authorized: u64, charged: u64) -> String {
-    format!(
-        "; WARNING: the provider charged {charged} cents although {authorized} were authorized; \
-         the budget was debited by the full charge"
-    )
-}
-
-/// The error and its causes, as one line.
-pub fn chain(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(s) = source {
-        let s_text = s.to_string();
-        if !text.contains(&s_text) {
-            text.push_str(": ");
-            text.push_str(&s_text);
-        }
-        source = s.source();
-    }
-    text
 }
