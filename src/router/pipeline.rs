@@ -41,7 +41,7 @@ use super::registry::{
 };
 use super::replay::{self, Cached, ReplayCache};
 pub use super::reply::{
-    HANDLE_META, REPLAYED_META, Reply, ToolError, chain, identity_error, overcharge_json,
+    HANDLE_META, REPLAYED_META, Reply, ToolCode, ToolError, chain, identity_error, overcharge_json,
     overcharge_text,
 };
 use super::scrub::Scrubber;
@@ -88,7 +88,7 @@ pub enum Outcome {
     /// A final refusal: recorded, answered again on every redelivery.
     Refused {
         /// Stable code (one of [`Spender::ERROR_CODES`]).
-        code: &'static str,
+        code: ToolCode,
         /// What happened.
         message: String,
     },
@@ -106,7 +106,7 @@ pub enum Outcome {
 /// same private key.
 pub trait Spender: Sync {
     /// Every error code a tool call can answer (recorded codes are mapped onto these).
-    const ERROR_CODES: &'static [&'static str];
+    const ERROR_CODES: &'static [ToolCode];
     /// The command an operator runs to approve (e.g. `callid router`).
     const OPERATOR: &'static str;
 
@@ -222,7 +222,7 @@ impl Core {
     /// private keys the call touched.
     pub fn finish(&self, tool: &str, reply: Reply, keys: &[OperationKey]) -> Value {
         if let Reply::Err(e) = &reply {
-            tracing::info!(tool, code = e.code, handle = ?e.handle.as_ref().map(|h| h.as_str()), "tool error");
+            tracing::info!(tool, code = e.code.code(), handle = ?e.handle.as_ref().map(|h| h.as_str()), "tool error");
         }
         if let Reply::Ready(cached) = reply {
             // Scrubbed when it was cached.
@@ -270,8 +270,12 @@ impl Core {
         let sources = &self.opts.identity_sources;
         sources.check_arguments(&args).map_err(identity_error)?;
         let id = sources.from_meta_map(meta).map_err(identity_error)?;
-        let hash = canonical::request_hash(tool, &args)
-            .map_err(|e| ToolError::new(e.code(), format!("{e}; nothing was dispatched")))?;
+        let hash = canonical::request_hash(tool, &args).map_err(|e| {
+            ToolError::new(
+                ToolCode::NonCanonicalArguments,
+                format!("{e}; nothing was dispatched"),
+            )
+        })?;
         let cache_key = replay::key(&id.platform, id.key_installation(), &id.harness_call_id);
         if let Some(hit) = self.replies.get(&cache_key) {
             // A completed operation: identity, arguments and hash are checked above; the
@@ -325,7 +329,7 @@ impl Core {
             None => OperationKey::generate(&self.opts.key_prefix, &id.platform),
             Some(_) if id.source != Source::CodexCallId => {
                 return Err(ToolError::new(
-                    "invalid_identity",
+                    ToolCode::InvalidIdentity,
                     format!(
                         "this router runs with preallocated operation keys, and in that mode only \
                          Codex `callId` identities may start new operations; `{}` identities may \
@@ -361,7 +365,7 @@ impl Core {
             Insert::OverBudget { committed_cents } => {
                 let budget = budget.unwrap_or_default();
                 return Err(ToolError::new(
-                    "budget_exceeded",
+                    ToolCode::BudgetExceeded,
                     format!(
                         "this spend costs {amount} cents but only {} of the {budget}-cent budget                          remain; nothing was recorded or dispatched: ask the operator to raise                          the budget",
                         budget.saturating_sub(committed_cents)
@@ -393,7 +397,7 @@ impl Core {
     ) -> Result<Reply, ToolError> {
         if &op.request_hash != hash {
             return Err(ToolError::new(
-                "request_mismatch",
+                ToolCode::RequestMismatch,
                 format!(
                     "this call id was already used for a different request (operation `{}`); one \
                      call cannot be reused for different work: make a new tool call for the new \
@@ -432,7 +436,7 @@ impl Core {
             Lease::Granted => {}
             Lease::HeldElsewhere => {
                 return Err(ToolError::new(
-                    "operation_in_progress",
+                    ToolCode::OperationInProgress,
                     format!(
                         "operation `{}` is being dispatched by another router process sharing \
                          this registry; retry the same call shortly: it is safe and will return \
@@ -608,7 +612,7 @@ impl Core {
         let map = args.as_object().expect("arguments are an object");
         if let Some(extra) = map.keys().find(|k| *k != "handle") {
             return Err(ToolError::new(
-                "invalid_arguments",
+                ToolCode::InvalidArguments,
                 format!("unknown argument `{extra}`; this tool takes only `handle`"),
             ));
         }
@@ -616,7 +620,7 @@ impl Core {
             Some(Value::String(h)) if !h.is_empty() => h.clone(),
             _ => {
                 return Err(ToolError::new(
-                    "invalid_arguments",
+                    ToolCode::InvalidArguments,
                     "`handle` is required: the public operation handle (`hubu:public-operation:v1:...`) a spend returned",
                 ));
             }
@@ -667,7 +671,12 @@ impl Core {
             f(guard.as_mut().expect("opened above"))
         })
         .await
-        .map_err(|e| ToolError::new("registry_unavailable", format!("registry task failed: {e}")))?
+        .map_err(|e| {
+            ToolError::new(
+                ToolCode::RegistryUnavailable,
+                format!("registry task failed: {e}"),
+            )
+        })?
         .map_err(ToolError::registry)
     }
 
@@ -687,14 +696,19 @@ impl Core {
             guard.as_mut().expect("opened above").claim(&handle)
         })
         .await
-        .map_err(|e| ToolError::new("registry_unavailable", format!("key pool task failed: {e}")))?
-        .map_err(|e: KeyPoolError| ToolError::new("registry_unavailable", e.to_string()))
+        .map_err(|e| {
+            ToolError::new(
+                ToolCode::RegistryUnavailable,
+                format!("key pool task failed: {e}"),
+            )
+        })?
+        .map_err(|e: KeyPoolError| ToolError::new(ToolCode::RegistryUnavailable, e.to_string()))
     }
 }
 
 fn unknown_operation(handle: &str) -> ToolError {
     ToolError::new(
-        "unknown_operation",
+        ToolCode::UnknownOperation,
         format!(
             "no operation has handle `{handle}` in this router's registry; use the handle a spend \
              result or error returned"
@@ -704,7 +718,7 @@ fn unknown_operation(handle: &str) -> ToolError {
 
 fn awaiting_approval<S: Spender>(op: &Operation, registry: &RegistryLocation) -> ToolError {
     ToolError::new(
-        "awaiting_approval",
+        ToolCode::AwaitingApproval,
         format!(
             "operation `{}` ({} cents) needs a person's approval and nothing was spent; ask the \
              operator to run `{} approve {} --registry {}`, then call `resume_operation` with \
@@ -726,7 +740,7 @@ fn denied(op: &Operation) -> ToolError {
         .map(|(_, m)| m.clone())
         .unwrap_or_else(|| "a person denied this operation".into());
     ToolError::new(
-        "operation_denied",
+        ToolCode::OperationDenied,
         format!(
             "operation `{}` was denied ({reason}); nothing was spent, and redelivering it will not \
              run it",
@@ -737,15 +751,17 @@ fn denied(op: &Operation) -> ToolError {
 }
 
 fn recorded_failure<S: Spender>(op: &Operation) -> ToolError {
-    let (code, message) = op
-        .error
-        .clone()
-        .unwrap_or_else(|| ("provider_error".into(), "the operation failed".into()));
+    let (code, message) = op.error.clone().unwrap_or_else(|| {
+        (
+            ToolCode::ProviderError.code().into(),
+            "the operation failed".into(),
+        )
+    });
     let code = S::ERROR_CODES
         .iter()
         .copied()
-        .find(|c| *c == code)
-        .unwrap_or("provider_error");
+        .find(|c| c.code() == code)
+        .unwrap_or(ToolCode::ProviderError);
     ToolError::new(
         code,
         format!("{message}; this operation is final, redelivering it returns this error again"),

@@ -27,34 +27,159 @@ use std::sync::Arc;
 /// `_meta` key of a result that says whether it was replayed.
 pub const REPLAYED_META: &str = "callid/replayed";
 
+/// A tool error's stable code: every code a tool call of the router or the gateway can answer.
+/// The wire string ([`ToolCode::code`]) never changes; which codes a spender answers is its
+/// catalogue ([`ERROR_CODES`], [`crate::gateway::spend::ERROR_CODES`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ToolCode {
+    /// `missing_identity`.
+    MissingIdentity,
+    /// `ambiguous_identity`.
+    AmbiguousIdentity,
+    /// `invalid_identity`.
+    InvalidIdentity,
+    /// `identity_in_arguments`.
+    IdentityInArguments,
+    /// `non_canonical_arguments`.
+    NonCanonicalArguments,
+    /// `invalid_arguments`.
+    InvalidArguments,
+    /// `request_mismatch`.
+    RequestMismatch,
+    /// `operation_in_progress`.
+    OperationInProgress,
+    /// `awaiting_approval`.
+    AwaitingApproval,
+    /// `operation_denied`.
+    OperationDenied,
+    /// `unknown_operation`.
+    UnknownOperation,
+    /// `registry_unavailable`.
+    RegistryUnavailable,
+    /// `outcome_unknown`.
+    OutcomeUnknown,
+    /// `backend_state_corrupt`.
+    BackendStateCorrupt,
+    /// `budget_exceeded`.
+    BudgetExceeded,
+    /// `create_new_operation`.
+    CreateNewOperation,
+    /// `unknown_model`.
+    UnknownModel,
+    /// `provider_unavailable`.
+    ProviderUnavailable,
+    /// `provider_error`.
+    ProviderError,
+    /// `upstream_unavailable`.
+    UpstreamUnavailable,
+    /// `upstream_error`.
+    UpstreamError,
+}
+
+impl ToolCode {
+    /// Every code, in catalogue order.
+    pub const ALL: [ToolCode; 21] = [
+        ToolCode::MissingIdentity,
+        ToolCode::AmbiguousIdentity,
+        ToolCode::InvalidIdentity,
+        ToolCode::IdentityInArguments,
+        ToolCode::NonCanonicalArguments,
+        ToolCode::InvalidArguments,
+        ToolCode::RequestMismatch,
+        ToolCode::OperationInProgress,
+        ToolCode::AwaitingApproval,
+        ToolCode::OperationDenied,
+        ToolCode::UnknownOperation,
+        ToolCode::RegistryUnavailable,
+        ToolCode::OutcomeUnknown,
+        ToolCode::BackendStateCorrupt,
+        ToolCode::BudgetExceeded,
+        ToolCode::CreateNewOperation,
+        ToolCode::UnknownModel,
+        ToolCode::ProviderUnavailable,
+        ToolCode::ProviderError,
+        ToolCode::UpstreamUnavailable,
+        ToolCode::UpstreamError,
+    ];
+
+    /// The stable wire string (`structuredContent.error`, the registry's recorded code).
+    pub fn code(self) -> &'static str {
+        match self {
+            ToolCode::MissingIdentity => "missing_identity",
+            ToolCode::AmbiguousIdentity => "ambiguous_identity",
+            ToolCode::InvalidIdentity => "invalid_identity",
+            ToolCode::IdentityInArguments => "identity_in_arguments",
+            ToolCode::NonCanonicalArguments => "non_canonical_arguments",
+            ToolCode::InvalidArguments => "invalid_arguments",
+            ToolCode::RequestMismatch => "request_mismatch",
+            ToolCode::OperationInProgress => "operation_in_progress",
+            ToolCode::AwaitingApproval => "awaiting_approval",
+            ToolCode::OperationDenied => "operation_denied",
+            ToolCode::UnknownOperation => "unknown_operation",
+            ToolCode::RegistryUnavailable => "registry_unavailable",
+            ToolCode::OutcomeUnknown => "outcome_unknown",
+            ToolCode::BackendStateCorrupt => "backend_state_corrupt",
+            ToolCode::BudgetExceeded => "budget_exceeded",
+            ToolCode::CreateNewOperation => "create_new_operation",
+            ToolCode::UnknownModel => "unknown_model",
+            ToolCode::ProviderUnavailable => "provider_unavailable",
+            ToolCode::ProviderError => "provider_error",
+            ToolCode::UpstreamUnavailable => "upstream_unavailable",
+            ToolCode::UpstreamError => "upstream_error",
+        }
+    }
+
+    /// The code whose wire string is `code`, if any.
+    pub fn from_code(code: &str) -> Option<ToolCode> {
+        ToolCode::ALL.into_iter().find(|c| c.code() == code)
+    }
+
+    /// The code of an identity refusal (the same wire string as [`identity::IdentityError::code`]).
+    pub fn of_identity(e: &identity::IdentityError) -> ToolCode {
+        use identity::IdentityError as E;
+        match e {
+            E::Missing | E::MissingExtended { .. } => ToolCode::MissingIdentity,
+            E::Ambiguous { .. } => ToolCode::AmbiguousIdentity,
+            E::Invalid { .. } => ToolCode::InvalidIdentity,
+            E::InArguments { .. } => ToolCode::IdentityInArguments,
+        }
+    }
+}
+
+impl std::fmt::Display for ToolCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.code())
+    }
+}
+
 /// Every error code a tool call of this router can answer.
-pub const ERROR_CODES: &[&str] = &[
-    "missing_identity",
-    "ambiguous_identity",
-    "invalid_identity",
-    "identity_in_arguments",
-    "non_canonical_arguments",
-    "invalid_arguments",
-    "request_mismatch",
-    "operation_in_progress",
-    "awaiting_approval",
-    "operation_denied",
-    "unknown_operation",
-    "registry_unavailable",
-    "outcome_unknown",
-    "backend_state_corrupt",
-    "budget_exceeded",
-    "create_new_operation",
-    "unknown_model",
-    "provider_unavailable",
-    "provider_error",
+pub const ERROR_CODES: &[ToolCode] = &[
+    ToolCode::MissingIdentity,
+    ToolCode::AmbiguousIdentity,
+    ToolCode::InvalidIdentity,
+    ToolCode::IdentityInArguments,
+    ToolCode::NonCanonicalArguments,
+    ToolCode::InvalidArguments,
+    ToolCode::RequestMismatch,
+    ToolCode::OperationInProgress,
+    ToolCode::AwaitingApproval,
+    ToolCode::OperationDenied,
+    ToolCode::UnknownOperation,
+    ToolCode::RegistryUnavailable,
+    ToolCode::OutcomeUnknown,
+    ToolCode::BackendStateCorrupt,
+    ToolCode::BudgetExceeded,
+    ToolCode::CreateNewOperation,
+    ToolCode::UnknownModel,
+    ToolCode::ProviderUnavailable,
+    ToolCode::ProviderError,
 ];
 
 /// A tool error: a stable code, a message that says what to do, and the operation if one exists.
 #[derive(Debug, Clone)]
 pub struct ToolError {
     /// Stable machine code (one of the spender's [`super::pipeline::Spender::ERROR_CODES`]).
-    pub code: &'static str,
+    pub code: ToolCode,
     /// What happened and what to do.
     pub message: String,
     /// The operation's public handle, if one exists.
@@ -67,7 +192,7 @@ pub struct ToolError {
 
 impl ToolError {
     /// An error with no operation.
-    pub fn new(code: &'static str, message: impl Into<String>) -> Self {
+    pub fn new(code: ToolCode, message: impl Into<String>) -> Self {
         ToolError {
             code,
             message: message.into(),
@@ -86,7 +211,7 @@ impl ToolError {
 
     pub(crate) fn registry(err: RegistryError) -> Self {
         let mut e = ToolError::new(
-            "registry_unavailable",
+            ToolCode::RegistryUnavailable,
             format!(
                 "{err}; nothing was dispatched for this delivery, and retrying with the same call is safe once the registry is fixed"
             ),
@@ -99,7 +224,7 @@ impl ToolError {
     /// but its answer could not be recorded.
     pub(crate) fn unrecorded(op: &Operation, answer: &str, cause: &ToolError) -> Self {
         ToolError::new(
-            "outcome_unknown",
+            ToolCode::OutcomeUnknown,
             format!(
                 "operation `{}` was dispatched and the backend answered ({answer}), but the answer \
                  could not be recorded: {}; redeliver this same call (same call id, same \
@@ -114,7 +239,7 @@ impl ToolError {
 
     /// The `structuredContent` of this error.
     pub fn structured(&self) -> Value {
-        let mut v = json!({"error": self.code, "message": self.message});
+        let mut v = json!({"error": self.code.code(), "message": self.message});
         if let Some(h) = &self.handle {
             v["handle"] = json!(h.as_str());
         }
@@ -211,7 +336,10 @@ impl Reply {
 
 /// An identity refusal: nothing was dispatched.
 pub fn identity_error(e: identity::IdentityError) -> ToolError {
-    ToolError::new(e.code(), format!("{e}; nothing was dispatched"))
+    ToolError::new(
+        ToolCode::of_identity(&e),
+        format!("{e}; nothing was dispatched"),
+    )
 }
 
 /// The `overcharge` member: what was authorized and what was charged.
@@ -273,18 +401,16 @@ pub(super) fn completed(op: &Operation, replayed: bool) -> Reply {
 /// The router's code for a backend error: the contract's codes, with the backend's own
 /// `invalid_request` and `backend_state_unavailable` mapped onto `invalid_arguments` and
 /// `registry_unavailable` (the backend's state files live beside the registry).
-pub(super) fn backend_code(err: &BackendError) -> &'static str {
+pub(super) fn backend_code(err: &BackendError) -> ToolCode {
     if err.is_state_corrupt() {
-        return "backend_state_corrupt";
+        return ToolCode::BackendStateCorrupt;
     }
     match err.code() {
-        "invalid_request" => "invalid_arguments",
-        "backend_state_unavailable" => "registry_unavailable",
-        code => ERROR_CODES
-            .iter()
-            .copied()
-            .find(|c| *c == code)
-            .unwrap_or("provider_error"),
+        "invalid_request" => ToolCode::InvalidArguments,
+        "backend_state_unavailable" => ToolCode::RegistryUnavailable,
+        code => ToolCode::from_code(code)
+            .filter(|c| ERROR_CODES.contains(c))
+            .unwrap_or(ToolCode::ProviderError),
     }
 }
 
@@ -329,10 +455,10 @@ mod tests {
             text: "Generated image".into(),
             replayed: Some(true),
         };
-        let mut err = ToolError::new("awaiting_approval", "needs a person");
+        let mut err = ToolError::new(ToolCode::AwaitingApproval, "needs a person");
         err.handle = Some(handle);
         err.status = Some(Status::AwaitingApproval);
-        let bare = ToolError::new("missing_identity", "no identity");
+        let bare = ToolError::new(ToolCode::MissingIdentity, "no identity");
         insta::assert_json_snapshot!(
             "reply_shapes",
             json!({
@@ -381,9 +507,49 @@ mod tests {
             ),
         ];
         for (err, code, last) in cases {
-            assert_eq!(backend_code(&err), code, "{err}");
+            assert_eq!(backend_code(&err).code(), code, "{err}");
             assert_eq!(is_final(&err), last, "{err}");
             assert!(ERROR_CODES.contains(&backend_code(&err)));
         }
+    }
+
+    /// The wire strings, written out by hand: a renamed variant or string fails here.
+    #[test]
+    fn every_code_keeps_its_wire_string() {
+        let table = [
+            (ToolCode::MissingIdentity, "missing_identity"),
+            (ToolCode::AmbiguousIdentity, "ambiguous_identity"),
+            (ToolCode::InvalidIdentity, "invalid_identity"),
+            (ToolCode::IdentityInArguments, "identity_in_arguments"),
+            (ToolCode::NonCanonicalArguments, "non_canonical_arguments"),
+            (ToolCode::InvalidArguments, "invalid_arguments"),
+            (ToolCode::RequestMismatch, "request_mismatch"),
+            (ToolCode::OperationInProgress, "operation_in_progress"),
+            (ToolCode::AwaitingApproval, "awaiting_approval"),
+            (ToolCode::OperationDenied, "operation_denied"),
+            (ToolCode::UnknownOperation, "unknown_operation"),
+            (ToolCode::RegistryUnavailable, "registry_unavailable"),
+            (ToolCode::OutcomeUnknown, "outcome_unknown"),
+            (ToolCode::BackendStateCorrupt, "backend_state_corrupt"),
+            (ToolCode::BudgetExceeded, "budget_exceeded"),
+            (ToolCode::CreateNewOperation, "create_new_operation"),
+            (ToolCode::UnknownModel, "unknown_model"),
+            (ToolCode::ProviderUnavailable, "provider_unavailable"),
+            (ToolCode::ProviderError, "provider_error"),
+            (ToolCode::UpstreamUnavailable, "upstream_unavailable"),
+            (ToolCode::UpstreamError, "upstream_error"),
+        ];
+        assert_eq!(table.len(), ToolCode::ALL.len());
+        for (i, (code, wire)) in table.into_iter().enumerate() {
+            assert_eq!(ToolCode::ALL[i], code, "catalogue order");
+            assert_eq!(code.code(), wire);
+            assert_eq!(code.to_string(), wire);
+            assert_eq!(ToolCode::from_code(wire), Some(code));
+        }
+        assert_eq!(ToolCode::from_code("no_such_code"), None);
+        for wire in identity::IdentityError::CODES {
+            assert!(ToolCode::from_code(wire).is_some(), "{wire}");
+        }
+        assert!(ERROR_CODES.iter().all(|c| ToolCode::ALL.contains(c)));
     }
 }

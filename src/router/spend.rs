@@ -17,7 +17,7 @@ pub use super::pipeline::LEASE_TTL;
 use super::pipeline::{Core, CoreOptions, Outcome, Quote, Spender};
 use super::policy::Policy;
 use super::registry::{Operation, RegistryLocation, Status};
-pub use super::reply::{ERROR_CODES, REPLAYED_META, Reply, ToolError};
+pub use super::reply::{ERROR_CODES, REPLAYED_META, Reply, ToolCode, ToolError};
 use super::reply::{
     backend_code, backend_error, chain, completed, identity_error, is_final, receipt_json,
 };
@@ -153,7 +153,7 @@ impl Router {
         }
         if let Some(extra) = args.as_object().and_then(|m| m.keys().next()) {
             return ToolError::new(
-                "invalid_arguments",
+                ToolCode::InvalidArguments,
                 format!("unknown argument `{extra}`; `capabilities` takes no arguments"),
             )
             .into();
@@ -225,7 +225,7 @@ impl Router {
                      repairs or restores it: {cause}"
                 );
                 ToolError::new(
-                    "backend_state_corrupt",
+                    ToolCode::BackendStateCorrupt,
                     format!(
                         "{cause}; nothing was dispatched for this delivery, and none will be \
                          until an operator repairs or restores that file: do not retry, and do \
@@ -250,7 +250,7 @@ impl Router {
 }
 
 impl Spender for Router {
-    const ERROR_CODES: &'static [&'static str] = ERROR_CODES;
+    const ERROR_CODES: &'static [ToolCode] = ERROR_CODES;
     const OPERATOR: &'static str = "callid router";
 
     fn check(&self, _tool: &str, args: &Value) -> Result<(), ToolError> {
@@ -316,8 +316,12 @@ impl Spender for Router {
 
 /// Checks `generate_image` arguments against its schema and builds the provider request.
 fn image_request(args: &Value) -> Result<ImageRequest, ToolError> {
-    let invalid =
-        |m: String| ToolError::new("invalid_arguments", format!("{m}; nothing was dispatched"));
+    let invalid = |m: String| {
+        ToolError::new(
+            ToolCode::InvalidArguments,
+            format!("{m}; nothing was dispatched"),
+        )
+    };
     let map = args
         .as_object()
         .ok_or_else(|| invalid("arguments must be an object".into()))?;
@@ -401,7 +405,7 @@ mod tests {
         ] {
             assert_eq!(
                 image_request(&bad).unwrap_err().code,
-                "invalid_arguments",
+                ToolCode::InvalidArguments,
                 "{bad}"
             );
         }
