@@ -32,11 +32,13 @@
 //! same `--digest-salt` (or none).
 
 use super::kinds::RunKind;
-use crate::probe::record::{IdentityVerdict, Kind, RECORD_VERSION, Record};
+use crate::probe::read::shown_path;
+pub use crate::probe::read::{BadLine, ReadError as ClassifyError, read_logs};
+use crate::probe::record::{IdentityVerdict, Kind, Record};
 use crate::shape::JsonType;
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 /// A client, as it names itself (`None` when it never did).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
@@ -668,148 +670,6 @@ pub(crate) fn pointer_key(path: &str) -> String {
         .replace("~0", "~")
 }
 
-/// A line of a log that is not a record.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BadLine {
-    /// The file.
-    pub path: PathBuf,
-    /// 1-based line number.
-    pub line: usize,
-    /// Why it was skipped.
-    pub reason: String,
-}
-
-impl std::fmt::Display for BadLine {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}:{}: {}", self.path.display(), self.line, self.reason)
-    }
-}
-
-/// Why logs could not be classified.
-#[derive(Debug, thiserror::Error)]
-pub enum ClassifyError {
-    /// A log could not be read.
-    #[error("failed to read the probe log `{path}`")]
-    Read {
-        /// The file.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: std::io::Error,
-    },
-    /// Not one record in any log.
-    #[error(
-        "no probe records in {}; pass the file written by `callid probe --log FILE`",
-        .paths.iter().map(|p| format!("`{}`", p.display())).collect::<Vec<_>>().join(", ")
-    )]
-    NoRecords {
-        /// The files.
-        paths: Vec<PathBuf>,
-    },
-}
-
-impl ClassifyError {
-    /// Stable machine code.
-    pub fn code(&self) -> &'static str {
-        match self {
-            ClassifyError::Read { .. } => "unreadable_log",
-            ClassifyError::NoRecords { .. } => "no_records",
-        }
-    }
-}
-
-/// The path argument that means standard input (`callid classify -`).
-pub const STDIN_PATH: &str = "-";
-/// How standard input is named in warnings and errors (`<stdin>:3: not JSON`).
-pub const STDIN_NAME: &str = "<stdin>";
-
-/// `path` as warnings and errors name it: [`STDIN_NAME`] for [`STDIN_PATH`].
-fn shown_path(path: &Path) -> PathBuf {
-    match path.as_os_str() == STDIN_PATH {
-        true => PathBuf::from(STDIN_NAME),
-        false => path.to_path_buf(),
-    }
-}
-
-/// Reads probe logs: every record, and every line that is not one (skipped, with its place).
-/// A path of [`STDIN_PATH`] reads standard input.
-pub fn read_logs(paths: &[PathBuf]) -> Result<(Vec<Record>, Vec<BadLine>), ClassifyError> {
-    let mut records = Vec::new();
-    let mut bad = Vec::new();
-    for path in paths {
-        if path.as_os_str() == STDIN_PATH {
-            let mut text = Vec::new();
-            std::io::Read::read_to_end(&mut std::io::stdin().lock(), &mut text).map_err(
-                |source| ClassifyError::Read {
-                    path: PathBuf::from(STDIN_NAME),
-                    source,
-                },
-            )?;
-            parse_log(Path::new(STDIN_NAME), &text, &mut records, &mut bad);
-            continue;
-        }
-        let text = std::fs::read(path).map_err(|source| ClassifyError::Read {
-            path: path.clone(),
-            source,
-        })?;
-        parse_log(path, &text, &mut records, &mut bad);
-    }
-    if records.is_empty() {
-        return Err(ClassifyError::NoRecords {
-            paths: paths.iter().map(|p| shown_path(p)).collect(),
-        });
-    }
-    Ok((records, bad))
-}
-
-/// Parses one log's bytes.
-pub fn parse_log(path: &Path, text: &[u8], records: &mut Vec<Record>, bad: &mut Vec<BadLine>) {
-    for (i, line) in text.split(|b| *b == b'\n').enumerate() {
-        if line.iter().all(u8::is_ascii_whitespace) {
-            continue;
-        }
-        let mut skip = |reason: String| {
-            bad.push(BadLine {
-                path: path.to_path_buf(),
-                line: i + 1,
-                reason,
-            })
-        };
-        match serde_json::from_slice::<Record>(line) {
-            Ok(r) if r.version > RECORD_VERSION => skip(format!(
-                "record format version {} is newer than this callid reads ({RECORD_VERSION}); \
-                 upgrade callid",
-                r.version
-            )),
-            Ok(r) => records.push(r),
-            Err(e) => skip(describe_parse_error(&e)),
-        }
-    }
-}
-
-/// Why a line is not a record, without quoting the line (it may hold anything).
-fn describe_parse_error(e: &serde_json::Error) -> String {
-    use serde_json::error::Category;
-    match e.classify() {
-        Category::Syntax | Category::Eof | Category::Io => {
-            format!("not JSON (column {})", e.column())
-        }
-        Category::Data => {
-            let text = e.to_string();
-            match text.strip_prefix("missing field ") {
-                Some(rest) => format!(
-                    "not a probe record: missing field {}",
-                    rest.split(" at line").next().unwrap_or(rest)
-                ),
-                None => format!(
-                    "not a probe record: a field has the wrong type or value (column {})",
-                    e.column()
-                ),
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -977,25 +837,5 @@ mod tests {
         let v = c.verdict();
         assert_eq!(v.client.name.as_deref(), Some("named"));
         assert_eq!(v.bad_messages, 1);
-    }
-
-    #[test]
-    fn bad_lines_are_reported_with_their_place() {
-        let mut records = Vec::new();
-        let mut bad = Vec::new();
-        let good = serde_json::to_string(&Client::new("x").records[0]).unwrap();
-        let newer = good.replacen("\"version\":1", "\"version\":99", 1);
-        let text = format!("{good}\n\nnot json secret-value\n{{\"a\":1}}\n{newer}\n");
-        parse_log(Path::new("x.log"), text.as_bytes(), &mut records, &mut bad);
-        assert_eq!(records.len(), 1);
-        let shown: Vec<String> = bad.iter().map(ToString::to_string).collect();
-        assert_eq!(
-            shown,
-            [
-                "x.log:3: not JSON (column 2)",
-                "x.log:4: not a probe record: missing field `version`",
-                "x.log:5: record format version 99 is newer than this callid reads (1); upgrade callid",
-            ]
-        );
     }
 }

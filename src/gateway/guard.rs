@@ -15,7 +15,9 @@
 
 use super::policy::GatewayPolicy;
 use crate::keys::PublicHandle;
-use crate::router::pipeline::{Core, CoreOptions, Outcome, Quote, Reply, Spender, ToolError};
+use crate::router::pipeline::{
+    Core, CoreOptions, Outcome, Quote, Reply, Spender, ToolCode, ToolError,
+};
 use crate::router::registry::{Operation, Status};
 use serde_json::{Map, Value, json};
 use std::path::PathBuf;
@@ -141,7 +143,7 @@ impl Ticket {
 
 fn lost() -> ToolError {
     ToolError::new(
-        "outcome_unknown",
+        ToolCode::OutcomeUnknown,
         "the guard stopped before the outcome was recorded; redeliver this same call",
     )
 }
@@ -156,7 +158,7 @@ struct Handoff<'a> {
 }
 
 impl Spender for Handoff<'_> {
-    const ERROR_CODES: &'static [&'static str] = super::spend::ERROR_CODES;
+    const ERROR_CODES: &'static [ToolCode] = super::spend::ERROR_CODES;
     const OPERATOR: &'static str = "callid router";
 
     fn check(&self, tool: &str, args: &Value) -> Result<(), ToolError> {
@@ -194,7 +196,7 @@ impl Spender for Handoff<'_> {
         }
         orx.await.unwrap_or_else(|_| {
             Outcome::Open(ToolError::new(
-                "outcome_unknown",
+                ToolCode::OutcomeUnknown,
                 format!(
                     "operation `{}` was handed out to run and its outcome never came back; it \
                      stays open: redeliver this same call to run it again under the same \

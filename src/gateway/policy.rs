@@ -19,7 +19,7 @@
 //! [`crate::router::registry::Registry::insert_within_budget`]): completed operations count by
 //! what they charged (0 for an upstream tool error), open and waiting ones by their price.
 
-use crate::router::pipeline::ToolError;
+use crate::router::pipeline::{ToolCode, ToolError};
 use crate::router::policy::PolicyError;
 use serde::Deserialize;
 use serde_json::Value;
@@ -118,7 +118,7 @@ impl GatewayPolicy {
             };
             return args.pointer(p).and_then(cents).ok_or_else(|| {
                 ToolError::new(
-                    "invalid_arguments",
+                    ToolCode::InvalidArguments,
                     format!(
                         "`{tool}` is priced by the argument at `{p}`, which must be a \
                          non-negative integer number of cents; nothing was dispatched"
@@ -169,7 +169,7 @@ mod tests {
         ] {
             assert_eq!(
                 p.price("pay", &bad).unwrap_err().code,
-                "invalid_arguments",
+                ToolCode::InvalidArguments,
                 "{bad}"
             );
         }

@@ -15,7 +15,7 @@
 use super::policy::GatewayPolicy;
 use super::upstream::{Upstream, UpstreamError};
 use crate::identity;
-use crate::router::pipeline::{Core, Outcome, Quote, Reply, Spender, ToolError};
+use crate::router::pipeline::{Core, Outcome, Quote, Reply, Spender, ToolCode, ToolError};
 use crate::router::registry::{Operation, Status};
 use rmcp::model::{CallToolRequestParams, CallToolResponse, Tool};
 use serde_json::{Map, Value, json};
@@ -32,24 +32,24 @@ pub const OPERATION_STATUS: &str = "operation_status";
 pub const RESUME_OPERATION: &str = "resume_operation";
 
 /// Every error code a gateway tool call can answer.
-pub const ERROR_CODES: &[&str] = &[
-    "missing_identity",
-    "ambiguous_identity",
-    "invalid_identity",
-    "identity_in_arguments",
-    "non_canonical_arguments",
-    "invalid_arguments",
-    "request_mismatch",
-    "operation_in_progress",
-    "awaiting_approval",
-    "operation_denied",
-    "unknown_operation",
-    "registry_unavailable",
-    "outcome_unknown",
-    "budget_exceeded",
-    "upstream_unavailable",
-    "upstream_error",
-    "provider_error",
+pub const ERROR_CODES: &[ToolCode] = &[
+    ToolCode::MissingIdentity,
+    ToolCode::AmbiguousIdentity,
+    ToolCode::InvalidIdentity,
+    ToolCode::IdentityInArguments,
+    ToolCode::NonCanonicalArguments,
+    ToolCode::InvalidArguments,
+    ToolCode::RequestMismatch,
+    ToolCode::OperationInProgress,
+    ToolCode::AwaitingApproval,
+    ToolCode::OperationDenied,
+    ToolCode::UnknownOperation,
+    ToolCode::RegistryUnavailable,
+    ToolCode::OutcomeUnknown,
+    ToolCode::BudgetExceeded,
+    ToolCode::UpstreamUnavailable,
+    ToolCode::UpstreamError,
+    ToolCode::ProviderError,
 ];
 
 /// Why the gateway refuses to start.
@@ -307,7 +307,7 @@ fn name_operation(value: &mut Value) {
 
 fn unknown_outcome(op: &Operation, e: &UpstreamError) -> ToolError {
     ToolError::new(
-        "outcome_unknown",
+        ToolCode::OutcomeUnknown,
         format!(
             "{e}; operation `{}` was sent upstream and may have run: the gateway keeps it open. \
              Redeliver this same call (same call id, same arguments): it re-sends the request \
@@ -319,7 +319,7 @@ fn unknown_outcome(op: &Operation, e: &UpstreamError) -> ToolError {
 }
 
 impl Spender for Gateway {
-    const ERROR_CODES: &'static [&'static str] = ERROR_CODES;
+    const ERROR_CODES: &'static [ToolCode] = ERROR_CODES;
     const OPERATOR: &'static str = "callid router";
 
     fn check(&self, tool: &str, args: &Value) -> Result<(), ToolError> {
@@ -365,7 +365,7 @@ impl Spender for Gateway {
                 }
             }
             Ok(_) => Outcome::Open(ToolError::new(
-                "upstream_error",
+                ToolCode::UpstreamError,
                 format!(
                     "the upstream answered `{}` with something other than a tool result (input \
                      request or task), which the gateway does not relay for spend tools; the \
@@ -375,14 +375,14 @@ impl Spender for Gateway {
                 ),
             )),
             Err(UpstreamError::Refused(e)) => Outcome::Refused {
-                code: "upstream_error",
+                code: ToolCode::UpstreamError,
                 message: format!(
                     "the upstream refused `{}` with JSON-RPC error {}: {}",
                     op.tool, e.code.0, e.message
                 ),
             },
             Err(e @ UpstreamError::Connect { .. }) => Outcome::Open(ToolError::new(
-                "upstream_unavailable",
+                ToolCode::UpstreamUnavailable,
                 format!(
                     "{e}; nothing was sent upstream for this delivery: redeliver this same call \
                      once the upstream is back"
@@ -477,5 +477,19 @@ mod tests {
         ];
         let text: Vec<String> = all.iter().map(|e| format!("{}: {e}", e.code())).collect();
         insta::assert_snapshot!("start_up_refusals", text.join("\n"));
+    }
+
+    /// Every [`ToolCode`] is answered by the router or the gateway: the enum and the two
+    /// documented catalogues are the same set.
+    #[test]
+    fn the_codes_are_the_router_and_gateway_catalogues() {
+        let documented: BTreeSet<&str> = crate::router::spend::ERROR_CODES
+            .iter()
+            .chain(ERROR_CODES)
+            .map(|c| c.code())
+            .collect();
+        let all: BTreeSet<&str> = ToolCode::ALL.iter().map(|c| c.code()).collect();
+        assert_eq!(documented, all);
+        assert_eq!(all.len(), ToolCode::ALL.len(), "wire strings are distinct");
     }
 }

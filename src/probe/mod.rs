@@ -9,8 +9,12 @@
 //! # Layout
 //! - [`record`]: the log record ([`Record`], [`record_for_request`]) and its JSON-lines writer
 //!   ([`ShapeLog`]); shared with the router's `--diagnose-meta` and the matrix tools.
+//! - [`read`]: the logs read back into records ([`read::read_logs`]), for `classify`, `demo` and
+//!   the matrix tools.
 //! - [`tap`]: raw client message in, record out, per connection; decides what the server sees
 //!   ([`head`]: the members it decides on, parsed without the rest).
+//! - [`frame`]: byte framing: whole, bounded messages out of a byte stream ([`frame::Skimmer`]
+//!   finds the `id` of one too long to keep).
 //! - [`writer`]: the bounded queue and thread that build and write records off the reply path.
 //! - [`server`]: the rmcp server with the read-only `capabilities` tool.
 //! - [`stdio`], [`http`], [`wrap`]: the three transports, each feeding raw messages to the tap;
@@ -28,9 +32,11 @@
 //! is queued before exiting on SIGINT or SIGTERM.
 
 pub mod error;
+pub mod frame;
 pub mod head;
 pub mod http;
 pub mod pipes;
+pub mod read;
 pub mod record;
 pub mod server;
 pub mod stdio;

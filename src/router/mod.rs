@@ -10,7 +10,9 @@
 //! private operation key that never leaves the router ([`scrub`]).
 //!
 //! # Layout
-//! - [`spend`]: [`Router`], the per-call pipeline and the tool replies.
+//! - [`spend`]: [`Router`], the image spender behind the [`pipeline`].
+//! - [`pipeline`]: the tool-agnostic spend pipeline, in the article's order.
+//! - [`reply`]: the reply and tool error catalogue (codes, wire shapes, error mapping).
 //! - [`registry`]: the registry (a SQLite file, or PostgreSQL shared by replicas), with its
 //!   Durability, Concurrency, Compatibility and Retention contract.
 //! - [`replay`]: recent completed replies, ready to send again on redelivery.
@@ -49,6 +51,7 @@ pub mod policy;
 pub mod preallocated;
 pub mod registry;
 pub mod replay;
+pub mod reply;
 pub mod scrub;
 pub mod server;
 pub mod spend;

@@ -40,6 +40,10 @@ use super::registry::{
     process_owner, retire_owner,
 };
 use super::replay::{self, Cached, ReplayCache};
+pub use super::reply::{
+    HANDLE_META, REPLAYED_META, Reply, ToolCode, ToolError, chain, identity_error, overcharge_json,
+    overcharge_text,
+};
 use super::scrub::Scrubber;
 use crate::canonical::{self, RequestHash};
 use crate::crashpoint::{self, Boundary};
@@ -52,169 +56,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// `_meta` key of a result that says whether it was replayed.
-pub const REPLAYED_META: &str = "callid/replayed";
 /// How long a dispatch lease holds off other processes (longer than any backend call).
 pub const LEASE_TTL: Duration = Duration::from_secs(120);
-
-/// A tool error: a stable code, a message that says what to do, and the operation if one exists.
-#[derive(Debug, Clone)]
-pub struct ToolError {
-    /// Stable machine code (one of the spender's [`Spender::ERROR_CODES`]).
-    pub code: &'static str,
-    /// What happened and what to do.
-    pub message: String,
-    /// The operation's public handle, if one exists.
-    pub handle: Option<PublicHandle>,
-    /// The operation's state, if one exists.
-    pub status: Option<Status>,
-    /// The underlying failure alone, without the advice of `message` (when it differs).
-    pub cause: Option<String>,
-}
-
-impl ToolError {
-    /// An error with no operation.
-    pub fn new(code: &'static str, message: impl Into<String>) -> Self {
-        ToolError {
-            code,
-            message: message.into(),
-            handle: None,
-            status: None,
-            cause: None,
-        }
-    }
-
-    /// This error, about operation `op`.
-    pub fn of(mut self, op: &Operation) -> Self {
-        self.handle = Some(op.handle.clone());
-        self.status = Some(op.status);
-        self
-    }
-
-    fn registry(err: RegistryError) -> Self {
-        let mut e = ToolError::new(
-            "registry_unavailable",
-            format!(
-                "{err}; nothing was dispatched for this delivery, and retrying with the same call is safe once the registry is fixed"
-            ),
-        );
-        e.cause = Some(err.to_string());
-        e
-    }
-
-    /// The spender was called for `op` and answered (`answer`, saying whether money moved),
-    /// but its answer could not be recorded.
-    fn unrecorded(op: &Operation, answer: &str, cause: &ToolError) -> Self {
-        ToolError::new(
-            "outcome_unknown",
-            format!(
-                "operation `{}` was dispatched and the backend answered ({answer}), but the answer \
-                 could not be recorded: {}; redeliver this same call (same call id, same \
-                 arguments) to get the recorded outcome without a second charge, and do not make \
-                 a new call for it",
-                op.handle,
-                cause.cause.as_deref().unwrap_or(&cause.message)
-            ),
-        )
-        .of(op)
-    }
-
-    /// The `structuredContent` of this error.
-    pub fn structured(&self) -> Value {
-        let mut v = json!({"error": self.code, "message": self.message});
-        if let Some(h) = &self.handle {
-            v["handle"] = json!(h.as_str());
-        }
-        if let Some(s) = self.status {
-            v["status"] = json!(s.name());
-        }
-        v
-    }
-}
-
-/// A tool's answer before it is scrubbed and put on the wire.
-#[derive(Debug)]
-pub enum Reply {
-    /// A result.
-    Ok {
-        /// `structuredContent`.
-        structured: Value,
-        /// The human summary.
-        text: String,
-        /// `Some` for spend results (`_meta["callid/replayed"]`).
-        replayed: Option<bool>,
-    },
-    /// A whole `CallToolResult` someone else wrote (an upstream's), sent as it is but for
-    /// `_meta`, which gets `callid/replayed` and, when given, `callid/handle`.
-    Raw {
-        /// The `CallToolResult` JSON.
-        result: Value,
-        /// `_meta["callid/replayed"]`.
-        replayed: bool,
-        /// `_meta["callid/handle"]`.
-        handle: Option<PublicHandle>,
-    },
-    /// A tool error.
-    Err(ToolError),
-    /// A reply already rendered and scrubbed (a completed operation's replay from the
-    /// [`ReplayCache`]): sent as it is.
-    Ready(Arc<Cached>),
-}
-
-impl From<ToolError> for Reply {
-    fn from(e: ToolError) -> Self {
-        Reply::Err(e)
-    }
-}
-
-/// `_meta` key of a gateway result that names its operation's public handle.
-pub const HANDLE_META: &str = "callid/handle";
-
-impl Reply {
-    /// The `CallToolResult` JSON of this reply.
-    pub fn to_value(&self) -> Value {
-        match self {
-            Reply::Ok {
-                structured,
-                text,
-                replayed,
-            } => {
-                let mut v = json!({
-                    "content": [{"type": "text", "text": text}],
-                    "structuredContent": structured,
-                });
-                if let Some(r) = replayed {
-                    v["_meta"] = json!({ REPLAYED_META: r });
-                }
-                v
-            }
-            Reply::Raw {
-                result,
-                replayed,
-                handle,
-            } => {
-                let mut v = match result {
-                    Value::Object(_) => result.clone(),
-                    other => json!({"content": [], "structuredContent": other}),
-                };
-                if !v["_meta"].is_object() {
-                    v["_meta"] = json!({});
-                }
-                v["_meta"][REPLAYED_META] = json!(replayed);
-                if let Some(h) = handle {
-                    v["_meta"][HANDLE_META] = json!(h.as_str());
-                }
-                v
-            }
-            Reply::Ready(cached) => cached.reply.clone(),
-            Reply::Err(e) => json!({
-                "isError": true,
-                "content": [{"type": "text", "text": e.message}],
-                "structuredContent": e.structured(),
-            }),
-        }
-    }
-}
 
 /// What a new operation costs, and whether a person must approve it first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -245,7 +88,7 @@ pub enum Outcome {
     /// A final refusal: recorded, answered again on every redelivery.
     Refused {
         /// Stable code (one of [`Spender::ERROR_CODES`]).
-        code: &'static str,
+        code: ToolCode,
         /// What happened.
         message: String,
     },
@@ -263,7 +106,7 @@ pub enum Outcome {
 /// same private key.
 pub trait Spender: Sync {
     /// Every error code a tool call can answer (recorded codes are mapped onto these).
-    const ERROR_CODES: &'static [&'static str];
+    const ERROR_CODES: &'static [ToolCode];
     /// The command an operator runs to approve (e.g. `callid router`).
     const OPERATOR: &'static str;
 
@@ -379,7 +222,7 @@ impl Core {
     /// private keys the call touched.
     pub fn finish(&self, tool: &str, reply: Reply, keys: &[OperationKey]) -> Value {
         if let Reply::Err(e) = &reply {
-            tracing::info!(tool, code = e.code, handle = ?e.handle.as_ref().map(|h| h.as_str()), "tool error");
+            tracing::info!(tool, code = e.code.code(), handle = ?e.handle.as_ref().map(|h| h.as_str()), "tool error");
         }
         if let Reply::Ready(cached) = reply {
             // Scrubbed when it was cached.
@@ -427,8 +270,12 @@ impl Core {
         let sources = &self.opts.identity_sources;
         sources.check_arguments(&args).map_err(identity_error)?;
         let id = sources.from_meta_map(meta).map_err(identity_error)?;
-        let hash = canonical::request_hash(tool, &args)
-            .map_err(|e| ToolError::new(e.code(), format!("{e}; nothing was dispatched")))?;
+        let hash = canonical::request_hash(tool, &args).map_err(|e| {
+            ToolError::new(
+                ToolCode::NonCanonicalArguments,
+                format!("{e}; nothing was dispatched"),
+            )
+        })?;
         let cache_key = replay::key(&id.platform, id.key_installation(), &id.harness_call_id);
         if let Some(hit) = self.replies.get(&cache_key) {
             // A completed operation: identity, arguments and hash are checked above; the
@@ -482,7 +329,7 @@ impl Core {
             None => OperationKey::generate(&self.opts.key_prefix, &id.platform),
             Some(_) if id.source != Source::CodexCallId => {
                 return Err(ToolError::new(
-                    "invalid_identity",
+                    ToolCode::InvalidIdentity,
                     format!(
                         "this router runs with preallocated operation keys, and in that mode only \
                          Codex `callId` identities may start new operations; `{}` identities may \
@@ -518,7 +365,7 @@ impl Core {
             Insert::OverBudget { committed_cents } => {
                 let budget = budget.unwrap_or_default();
                 return Err(ToolError::new(
-                    "budget_exceeded",
+                    ToolCode::BudgetExceeded,
                     format!(
                         "this spend costs {amount} cents but only {} of the {budget}-cent budget                          remain; nothing was recorded or dispatched: ask the operator to raise                          the budget",
                         budget.saturating_sub(committed_cents)
@@ -550,7 +397,7 @@ impl Core {
     ) -> Result<Reply, ToolError> {
         if &op.request_hash != hash {
             return Err(ToolError::new(
-                "request_mismatch",
+                ToolCode::RequestMismatch,
                 format!(
                     "this call id was already used for a different request (operation `{}`); one \
                      call cannot be reused for different work: make a new tool call for the new \
@@ -589,7 +436,7 @@ impl Core {
             Lease::Granted => {}
             Lease::HeldElsewhere => {
                 return Err(ToolError::new(
-                    "operation_in_progress",
+                    ToolCode::OperationInProgress,
                     format!(
                         "operation `{}` is being dispatched by another router process sharing \
                          this registry; retry the same call shortly: it is safe and will return \
@@ -765,7 +612,7 @@ impl Core {
         let map = args.as_object().expect("arguments are an object");
         if let Some(extra) = map.keys().find(|k| *k != "handle") {
             return Err(ToolError::new(
-                "invalid_arguments",
+                ToolCode::InvalidArguments,
                 format!("unknown argument `{extra}`; this tool takes only `handle`"),
             ));
         }
@@ -773,7 +620,7 @@ impl Core {
             Some(Value::String(h)) if !h.is_empty() => h.clone(),
             _ => {
                 return Err(ToolError::new(
-                    "invalid_arguments",
+                    ToolCode::InvalidArguments,
                     "`handle` is required: the public operation handle (`hubu:public-operation:v1:...`) a spend returned",
                 ));
             }
@@ -824,7 +671,12 @@ impl Core {
             f(guard.as_mut().expect("opened above"))
         })
         .await
-        .map_err(|e| ToolError::new("registry_unavailable", format!("registry task failed: {e}")))?
+        .map_err(|e| {
+            ToolError::new(
+                ToolCode::RegistryUnavailable,
+                format!("registry task failed: {e}"),
+            )
+        })?
         .map_err(ToolError::registry)
     }
 
@@ -844,19 +696,19 @@ impl Core {
             guard.as_mut().expect("opened above").claim(&handle)
         })
         .await
-        .map_err(|e| ToolError::new("registry_unavailable", format!("key pool task failed: {e}")))?
-        .map_err(|e: KeyPoolError| ToolError::new("registry_unavailable", e.to_string()))
+        .map_err(|e| {
+            ToolError::new(
+                ToolCode::RegistryUnavailable,
+                format!("key pool task failed: {e}"),
+            )
+        })?
+        .map_err(|e: KeyPoolError| ToolError::new(ToolCode::RegistryUnavailable, e.to_string()))
     }
-}
-
-/// An identity refusal: nothing was dispatched.
-pub fn identity_error(e: identity::IdentityError) -> ToolError {
-    ToolError::new(e.code(), format!("{e}; nothing was dispatched"))
 }
 
 fn unknown_operation(handle: &str) -> ToolError {
     ToolError::new(
-        "unknown_operation",
+        ToolCode::UnknownOperation,
         format!(
             "no operation has handle `{handle}` in this router's registry; use the handle a spend \
              result or error returned"
@@ -866,7 +718,7 @@ fn unknown_operation(handle: &str) -> ToolError {
 
 fn awaiting_approval<S: Spender>(op: &Operation, registry: &RegistryLocation) -> ToolError {
     ToolError::new(
-        "awaiting_approval",
+        ToolCode::AwaitingApproval,
         format!(
             "operation `{}` ({} cents) needs a person's approval and nothing was spent; ask the \
              operator to run `{} approve {} --registry {}`, then call `resume_operation` with \
@@ -888,7 +740,7 @@ fn denied(op: &Operation) -> ToolError {
         .map(|(_, m)| m.clone())
         .unwrap_or_else(|| "a person denied this operation".into());
     ToolError::new(
-        "operation_denied",
+        ToolCode::OperationDenied,
         format!(
             "operation `{}` was denied ({reason}); nothing was spent, and redelivering it will not \
              run it",
@@ -899,46 +751,20 @@ fn denied(op: &Operation) -> ToolError {
 }
 
 fn recorded_failure<S: Spender>(op: &Operation) -> ToolError {
-    let (code, message) = op
-        .error
-        .clone()
-        .unwrap_or_else(|| ("provider_error".into(), "the operation failed".into()));
+    let (code, message) = op.error.clone().unwrap_or_else(|| {
+        (
+            ToolCode::ProviderError.code().into(),
+            "the operation failed".into(),
+        )
+    });
     let code = S::ERROR_CODES
         .iter()
         .copied()
-        .find(|c| *c == code)
-        .unwrap_or("provider_error");
+        .find(|c| c.code() == code)
+        .unwrap_or(ToolCode::ProviderError);
     ToolError::new(
         code,
         format!("{message}; this operation is final, redelivering it returns this error again"),
     )
     .of(op)
-}
-
-/// The `overcharge` member: what was authorized and what was charged.
-pub fn overcharge_json(authorized: u64, charged: u64) -> Value {
-    json!({"authorized_cents": authorized, "charged_cents": charged})
-}
-
-/// The warning appended to a reply whose charge exceeded its authorization.
-pub fn overcharge_text(authorized: u64, charged: u64) -> String {
-    format!(
-        "; WARNING: the provider charged {charged} cents although {authorized} were authorized; \
-         the budget was debited by the full charge"
-    )
-}
-
-/// The error and its causes, as one line.
-pub fn chain(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(s) = source {
-        let s_text = s.to_string();
-        if !text.contains(&s_text) {
-            text.push_str(": ");
-            text.push_str(&s_text);
-        }
-        source = s.source();
-    }
-    text
 }

@@ -13,14 +13,15 @@
 //! same key, which every layer behind the router answers with the original charge.
 
 use super::diagnose::{CallInfo, Diagnostics};
-use super::pipeline::{
-    Core, CoreOptions, Outcome, Quote, Spender, chain, identity_error, overcharge_json,
-    overcharge_text,
-};
-pub use super::pipeline::{LEASE_TTL, REPLAYED_META, Reply, ToolError};
+pub use super::pipeline::LEASE_TTL;
+use super::pipeline::{Core, CoreOptions, Outcome, Quote, Spender};
 use super::policy::Policy;
 use super::registry::{Operation, RegistryLocation, Status};
-use crate::backend::{Backend, BackendConfig, BackendError, ProviderTarget, SpendReceipt};
+pub use super::reply::{ERROR_CODES, REPLAYED_META, Reply, ToolCode, ToolError};
+use super::reply::{
+    backend_code, backend_error, chain, completed, identity_error, is_final, receipt_json,
+};
+use crate::backend::{Backend, BackendConfig, ProviderTarget};
 use crate::identity;
 use crate::provider::ImageRequest;
 use serde_json::{Map, Value, json};
@@ -35,29 +36,6 @@ pub const OPERATION_STATUS: &str = "operation_status";
 pub const RESUME_OPERATION: &str = "resume_operation";
 /// What this router accepts (read-only).
 pub const CAPABILITIES: &str = "capabilities";
-
-/// Every error code a tool call of this router can answer.
-pub const ERROR_CODES: &[&str] = &[
-    "missing_identity",
-    "ambiguous_identity",
-    "invalid_identity",
-    "identity_in_arguments",
-    "non_canonical_arguments",
-    "invalid_arguments",
-    "request_mismatch",
-    "operation_in_progress",
-    "awaiting_approval",
-    "operation_denied",
-    "unknown_operation",
-    "registry_unavailable",
-    "outcome_unknown",
-    "backend_state_corrupt",
-    "budget_exceeded",
-    "create_new_operation",
-    "unknown_model",
-    "provider_unavailable",
-    "provider_error",
-];
 
 /// How the router runs.
 #[derive(Debug, Clone)]
@@ -175,7 +153,7 @@ impl Router {
         }
         if let Some(extra) = args.as_object().and_then(|m| m.keys().next()) {
             return ToolError::new(
-                "invalid_arguments",
+                ToolCode::InvalidArguments,
                 format!("unknown argument `{extra}`; `capabilities` takes no arguments"),
             )
             .into();
@@ -247,7 +225,7 @@ impl Router {
                      repairs or restores it: {cause}"
                 );
                 ToolError::new(
-                    "backend_state_corrupt",
+                    ToolCode::BackendStateCorrupt,
                     format!(
                         "{cause}; nothing was dispatched for this delivery, and none will be \
                          until an operator repairs or restores that file: do not retry, and do \
@@ -272,7 +250,7 @@ impl Router {
 }
 
 impl Spender for Router {
-    const ERROR_CODES: &'static [&'static str] = ERROR_CODES;
+    const ERROR_CODES: &'static [ToolCode] = ERROR_CODES;
     const OPERATOR: &'static str = "callid router";
 
     fn check(&self, _tool: &str, args: &Value) -> Result<(), ToolError> {
@@ -336,38 +314,14 @@ impl Spender for Router {
     }
 }
 
-fn completed(op: &Operation, replayed: bool) -> Reply {
-    let structured = op.result.clone().unwrap_or(Value::Null);
-    let r = &structured["result"];
-    let mut text = format!(
-        "Generated image `{}` ({}x{}, {}) for {} cents. Operation `{}` is completed{}",
-        r["image"]["id"].as_str().unwrap_or("?"),
-        r["image"]["width"],
-        r["image"]["height"],
-        r["model"].as_str().unwrap_or("?"),
-        r["amount_cents"],
-        op.handle,
-        if replayed {
-            "; this call was already completed, so this is the recorded result and nothing new was charged"
-        } else {
-            ""
-        }
-    );
-    if let Some((authorized, charged)) = op.overcharge() {
-        text.push_str(&overcharge_text(authorized, charged));
-    }
-    text.push('.');
-    Reply::Ok {
-        structured,
-        text,
-        replayed: Some(replayed),
-    }
-}
-
 /// Checks `generate_image` arguments against its schema and builds the provider request.
 fn image_request(args: &Value) -> Result<ImageRequest, ToolError> {
-    let invalid =
-        |m: String| ToolError::new("invalid_arguments", format!("{m}; nothing was dispatched"));
+    let invalid = |m: String| {
+        ToolError::new(
+            ToolCode::InvalidArguments,
+            format!("{m}; nothing was dispatched"),
+        )
+    };
     let map = args
         .as_object()
         .ok_or_else(|| invalid("arguments must be an object".into()))?;
@@ -417,55 +371,9 @@ fn image_request(args: &Value) -> Result<ImageRequest, ToolError> {
     })
 }
 
-/// The router's code for a backend error: the contract's codes, with the backend's own
-/// `invalid_request` and `backend_state_unavailable` mapped onto `invalid_arguments` and
-/// `registry_unavailable` (the backend's state files live beside the registry).
-fn backend_code(err: &BackendError) -> &'static str {
-    if err.is_state_corrupt() {
-        return "backend_state_corrupt";
-    }
-    match err.code() {
-        "invalid_request" => "invalid_arguments",
-        "backend_state_unavailable" => "registry_unavailable",
-        code => ERROR_CODES
-            .iter()
-            .copied()
-            .find(|c| *c == code)
-            .unwrap_or("provider_error"),
-    }
-}
-
-/// A backend refusal is recorded and answered again on redelivery; a retryable failure leaves
-/// the operation pending so that redelivery continues it under the same key.
-fn is_final(err: &BackendError) -> bool {
-    !err.is_retryable()
-}
-
-fn backend_error(err: BackendError) -> ToolError {
-    ToolError::new(
-        backend_code(&err),
-        format!("{}; nothing was dispatched", chain(&err)),
-    )
-}
-
-/// The `result` member of a completed spend; a charge above the authorization is marked.
-fn receipt_json(receipt: &SpendReceipt) -> Value {
-    let mut v = json!({
-        "charge_id": receipt.charge_id,
-        "amount_cents": receipt.amount_cents,
-        "model": receipt.model,
-        "image": receipt.image,
-    });
-    if receipt.amount_cents > receipt.authorized_cents {
-        v["overcharge"] = overcharge_json(receipt.authorized_cents, receipt.amount_cents);
-    }
-    v
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::keys::PublicHandle;
 
     #[test]
     fn image_request_table() {
@@ -497,77 +405,9 @@ mod tests {
         ] {
             assert_eq!(
                 image_request(&bad).unwrap_err().code,
-                "invalid_arguments",
+                ToolCode::InvalidArguments,
                 "{bad}"
             );
-        }
-    }
-
-    #[test]
-    fn replies_render_the_contract_shapes() {
-        let handle = PublicHandle::from_stored(
-            "hubu:public-operation:v1:00000000-0000-4000-8000-000000000000".into(),
-        );
-        let ok = Reply::Ok {
-            structured: json!({"handle": handle.as_str(), "status": "completed", "result": {"charge_id": "ch_1", "amount_cents": 3}}),
-            text: "Generated image".into(),
-            replayed: Some(true),
-        };
-        let mut err = ToolError::new("awaiting_approval", "needs a person");
-        err.handle = Some(handle);
-        err.status = Some(Status::AwaitingApproval);
-        let bare = ToolError::new("missing_identity", "no identity");
-        insta::assert_json_snapshot!(
-            "reply_shapes",
-            json!({
-                "success": ok.to_value(),
-                "error_with_operation": Reply::Err(err).to_value(),
-                "error_without_operation": Reply::Err(bare).to_value(),
-            })
-        );
-    }
-
-    #[test]
-    fn backend_errors_map_onto_contract_codes_and_finality() {
-        use crate::provider::ProviderError;
-        let cases: Vec<(BackendError, &str, bool)> = vec![
-            (
-                BackendError::CreateNewOperation {
-                    differs: "amount".into(),
-                },
-                "create_new_operation",
-                true,
-            ),
-            (
-                BackendError::BudgetExceeded {
-                    account: "default".into(),
-                    amount_cents: 3,
-                    budget_cents: 4,
-                    remaining_cents: 1,
-                },
-                "budget_exceeded",
-                true,
-            ),
-            (
-                BackendError::UnknownModel(ProviderError::UnknownModel { model: "x".into() }),
-                "unknown_model",
-                true,
-            ),
-            (
-                BackendError::InvalidRequest(ProviderError::InvalidRequest { reason: "r".into() }),
-                "invalid_arguments",
-                true,
-            ),
-            (
-                BackendError::ProviderError(ProviderError::KeyReused),
-                "provider_error",
-                true,
-            ),
-        ];
-        for (err, code, last) in cases {
-            assert_eq!(backend_code(&err), code, "{err}");
-            assert_eq!(is_final(&err), last, "{err}");
-            assert!(ERROR_CODES.contains(&backend_code(&err)));
         }
     }
 }
