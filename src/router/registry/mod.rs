@@ -386,6 +386,38 @@ pub struct NewOperation {
     pub needs_approval: bool,
 }
 
+impl NewOperation {
+    /// The status and approval a new row starts with: waiting for a person, or pending.
+    pub fn initial_state(&self) -> (Status, Approval) {
+        if self.needs_approval {
+            (Status::AwaitingApproval, Approval::Required)
+        } else {
+            (Status::Pending, Approval::NotRequired)
+        }
+    }
+
+    /// The operation this row is once stored with `status` and `approval` (no result yet): what
+    /// every backend answers for the row it just created.
+    pub fn into_operation(self, status: Status, approval: Approval) -> Operation {
+        Operation {
+            platform: self.platform,
+            source_installation: self.source_installation,
+            harness_call_id: self.harness_call_id,
+            handle: self.handle,
+            key: self.key,
+            tool: self.tool,
+            request_hash: self.request_hash,
+            arguments: self.arguments,
+            amount_cents: self.amount_cents,
+            status,
+            approval,
+            result: None,
+            error: None,
+            charged_cents: None,
+        }
+    }
+}
+
 /// What [`Registry::insert_within_budget`] did.
 #[derive(Debug)]
 pub enum Insert {

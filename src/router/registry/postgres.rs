@@ -9,9 +9,7 @@
 //! again on the next call, so the router fails closed while the database is down and recovers
 //! when it returns.
 
-use super::{
-    Approval, Insert, Lease, NewOperation, Operation, RawRow, RegistryError, Status, now_ms,
-};
+use super::{Insert, Lease, NewOperation, Operation, RawRow, RegistryError, Status, now_ms};
 use crate::keys::PublicHandle;
 use crate::pg::PgUrl;
 use postgres::{Client, NoTls, Statement};
@@ -516,11 +514,7 @@ impl PgRegistry {
         budget_cents: Option<u64>,
     ) -> Result<Insert, RegistryError> {
         let installation = self.installation_id.clone();
-        let (status, approval) = if new.needs_approval {
-            (Status::AwaitingApproval, Approval::Required)
-        } else {
-            (Status::Pending, Approval::NotRequired)
-        };
+        let (status, approval) = new.initial_state();
         let now = now_ms();
         let arguments = new.arguments.to_string();
         let amount = new.amount_cents as i64;
@@ -597,22 +591,7 @@ impl PgRegistry {
             };
         }
         Ok(Insert::Stored(
-            Box::new(Operation {
-                platform: new.platform,
-                source_installation: new.source_installation,
-                harness_call_id: new.harness_call_id,
-                handle: new.handle,
-                key: new.key,
-                tool: new.tool,
-                request_hash: new.request_hash,
-                arguments: new.arguments,
-                amount_cents: new.amount_cents,
-                status,
-                approval,
-                result: None,
-                error: None,
-                charged_cents: None,
-            }),
+            Box::new(new.into_operation(status, approval)),
             true,
         ))
     }

@@ -2,7 +2,7 @@
 //! [`super`] for its Durability, Concurrency, Compatibility and Retention).
 
 use super::{
-    Approval, Insert, Lease, NewOperation, Operation, RawRow, RegistryError, SPEC, Status, now_ms,
+    Insert, Lease, NewOperation, Operation, RawRow, RegistryError, SPEC, Status, now_ms,
     owner_alive,
 };
 use crate::keys::PublicHandle;
@@ -236,11 +236,7 @@ impl SqliteRegistry {
             }
         }
         let now = now_ms();
-        let (status, approval) = if new.needs_approval {
-            (Status::AwaitingApproval, Approval::Required)
-        } else {
-            (Status::Pending, Approval::NotRequired)
-        };
+        let (status, approval) = new.initial_state();
         // Only a pending row is dispatched; one waiting for a person gets no lease.
         let lease = lease.filter(|_| status == Status::Pending);
         let (lease_owner, lease_expires) = match lease {
@@ -274,22 +270,7 @@ impl SqliteRegistry {
         tx.commit()
             .map_err(sqlite(&path, "committing a new operation"))?;
         Ok(Insert::Stored(
-            Box::new(Operation {
-                platform: new.platform,
-                source_installation: new.source_installation,
-                harness_call_id: new.harness_call_id,
-                handle: new.handle,
-                key: new.key,
-                tool: new.tool,
-                request_hash: new.request_hash,
-                arguments: new.arguments,
-                amount_cents: new.amount_cents,
-                status,
-                approval,
-                result: None,
-                error: None,
-                charged_cents: None,
-            }),
+            Box::new(new.into_operation(status, approval)),
             true,
         ))
     }
@@ -517,7 +498,9 @@ fn sqlite<'a>(
 
 #[cfg(test)]
 mod tests {
-    use super::super::{APPLICATION_ID, MIGRATIONS, process_owner, process_start, retire_owner};
+    use super::super::{
+        APPLICATION_ID, Approval, MIGRATIONS, process_owner, process_start, retire_owner,
+    };
     use super::*;
     use crate::keys::OperationKey;
     use crate::keys::{DEFAULT_HANDLE_PREFIX, DEFAULT_KEY_PREFIX};
