@@ -45,7 +45,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-static SPEC: StoreSpec = StoreSpec {
+pub(super) static SPEC: StoreSpec = StoreSpec {
     kind: "authorization store",
     application_id: 0x434c_4155,
     migrations: &[
@@ -154,6 +154,17 @@ impl Authorization {
         })
     }
 
+    /// The layer with its `decisions` table in another file's `store` (the router's SQLite
+    /// registry, whose migrations create the table: see [`super::LAYER_TABLES`]), so that its
+    /// steps can share that file's transactions.
+    pub fn in_store(store: Arc<Store>) -> Authorization {
+        Authorization {
+            store,
+            expiry_ms: DEFAULT_RESERVATION_EXPIRY.as_millis() as i64,
+            shared: None,
+        }
+    }
+
     /// This store with its decisions in the registry's PostgreSQL database at `url`, shared by
     /// every router replica (see [`super::shared`]).
     pub fn shared_in(mut self, shared: Arc<super::shared::SharedState>) -> Authorization {
@@ -214,15 +225,24 @@ impl Authorization {
         if let Some(shared) = &self.shared {
             return shared.record_charge(decision_id, charged_cents);
         }
-        let sql = |e| BackendError::from(self.store.error(e));
-        self.store.write(|tx| {
-            tx.execute(
-                "UPDATE decisions SET state = 'charged', charged_cents = ?2 WHERE decision_id = ?1",
-                params![decision_id, charged_cents as i64],
-            )
-            .map(|_| ())
-            .map_err(sql)
-        })
+        self.store
+            .write(|tx| self.record_charge_in(tx, decision_id, charged_cents))
+    }
+
+    /// [`Authorization::record_charge`] inside the caller's transaction `conn` (on the file this
+    /// layer's table lives in), committed with it.
+    pub(super) fn record_charge_in(
+        &self,
+        conn: &rusqlite::Connection,
+        decision_id: &str,
+        charged_cents: u64,
+    ) -> Result<(), BackendError> {
+        conn.execute(
+            "UPDATE decisions SET state = 'charged', charged_cents = ?2 WHERE decision_id = ?1",
+            params![decision_id, charged_cents as i64],
+        )
+        .map(|_| ())
+        .map_err(|e| BackendError::from(self.store.error(e)))
     }
 
     fn set_state(&self, decision_id: &str, to: &str, from: &[&str]) -> Result<usize, BackendError> {
@@ -283,24 +303,31 @@ impl Authorization {
             let first = shared.set_state(&decision.decision_id, "dispatched", &["reserved"])? == 1;
             return Ok((decision, first));
         }
-        let sql = |e| BackendError::from(self.store.error(e));
-        self.store.write(|tx| {
-            let decision = self.authorize_in(tx, req)?;
-            let first = tx
-                .execute(
-                    "UPDATE decisions SET state = 'dispatched' \
-                     WHERE decision_id = ?1 AND state = 'reserved'",
-                    [&decision.decision_id],
-                )
-                .map_err(sql)?
-                == 1;
-            Ok((decision, first))
-        })
+        self.store.write(|tx| self.dispatch_in(tx, req))
+    }
+
+    /// [`Authorization::authorize_for_dispatch`] inside the caller's transaction `conn` (on the
+    /// file this layer's table lives in), committed with it.
+    pub(super) fn dispatch_in(
+        &self,
+        conn: &rusqlite::Connection,
+        req: &AuthorizationRequest<'_>,
+    ) -> Result<(Decision, bool), BackendError> {
+        let decision = self.authorize_in(conn, req)?;
+        let first = conn
+            .execute(
+                "UPDATE decisions SET state = 'dispatched' \
+                 WHERE decision_id = ?1 AND state = 'reserved'",
+                [&decision.decision_id],
+            )
+            .map_err(|e| BackendError::from(self.store.error(e)))?
+            == 1;
+        Ok((decision, first))
     }
 
     fn authorize_in(
         &self,
-        tx: &rusqlite::Transaction<'_>,
+        tx: &rusqlite::Connection,
         req: &AuthorizationRequest<'_>,
     ) -> Result<Decision, BackendError> {
         let sql = |e| BackendError::from(self.store.error(e));

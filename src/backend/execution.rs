@@ -26,7 +26,7 @@
 
 use super::error::BackendError;
 use crate::crashpoint::{self, Boundary};
-use crate::provider::{ImageRequest, ProviderApi, Receipt};
+use crate::provider::{ChargeOutcome, ImageRequest, ProviderApi, Receipt};
 use crate::store::{Store, StoreError, StoreSpec};
 use rusqlite::{OptionalExtension as _, params};
 use sha2::{Digest as _, Sha256};
@@ -34,7 +34,7 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-static SPEC: StoreSpec = StoreSpec {
+pub(super) static SPEC: StoreSpec = StoreSpec {
     kind: "execution store",
     application_id: 0x434c_4558,
     migrations: &["CREATE TABLE executions (
@@ -80,6 +80,7 @@ struct Row {
     provider_replayed: Option<i64>,
 }
 
+#[derive(Debug)]
 pub(super) enum Begin {
     Done(Executed),
     Dispatch { key: String },
@@ -110,6 +111,17 @@ impl Execution {
             in_flight: Arc::default(),
             shared: None,
         })
+    }
+
+    /// The layer with its `executions` table in another file's `store` (the router's SQLite
+    /// registry, whose migrations create the table: see [`super::LAYER_TABLES`]), so that its
+    /// steps can share that file's transactions.
+    pub fn in_store(store: Arc<Store>) -> Execution {
+        Execution {
+            store,
+            in_flight: Arc::default(),
+            shared: None,
+        }
     }
 
     /// This store with its executions in the registry's PostgreSQL database, shared by every
@@ -168,11 +180,7 @@ impl Execution {
             Begin::Done(executed) => return Ok(executed),
             Begin::Dispatch { key } => key,
         };
-        let outcome = provider
-            .create_image(&key, req)
-            .await
-            .map_err(BackendError::from_provider)?;
-        crashpoint::hit(Boundary::AfterProviderCharge);
+        let outcome = call_provider(&key, req, provider).await?;
         let id = decision_id.to_owned();
         self.blocking(move |this| this.complete(&id, &outcome.receipt, outcome.replayed))
             .await
@@ -193,18 +201,35 @@ impl Execution {
     }
 
     fn begin(&self, decision_id: &str, req: &ImageRequest) -> Result<Begin, BackendError> {
-        let sql = |e| BackendError::from(self.store.error(e));
-        // The maximum is a condition on the charge, fixed by the decision: what is recorded is
-        // what was asked for (as version 1 recorded it).
+        let request = Self::recorded_request(req);
+        if let Some(shared) = &self.shared {
+            return shared.begin_execution(decision_id, &request);
+        }
+        self.store
+            .write(|tx| self.begin_in(tx, decision_id, &request))
+    }
+
+    /// The recorded request of `req`: what was asked for, without the maximum (a condition on
+    /// the charge, fixed by the decision; as version 1 recorded it).
+    pub(super) fn recorded_request(req: &ImageRequest) -> String {
         let asked = ImageRequest {
             max_amount_cents: None,
             ..req.clone()
         };
-        let request = serde_json::to_string(&asked).expect("an ImageRequest always serializes");
-        if let Some(shared) = &self.shared {
-            return shared.begin_execution(decision_id, &request);
-        }
-        self.store.write(|tx| {
+        serde_json::to_string(&asked).expect("an ImageRequest always serializes")
+    }
+
+    /// [`Execution`]'s begin step inside the caller's transaction `tx` (on the file this
+    /// layer's table lives in), committed with it: `dispatched` is recorded (or its attempt
+    /// counted) before the caller calls the provider.
+    pub(super) fn begin_in(
+        &self,
+        tx: &rusqlite::Connection,
+        decision_id: &str,
+        request: &str,
+    ) -> Result<Begin, BackendError> {
+        let sql = |e| BackendError::from(self.store.error(e));
+        {
             let row: Option<Row> = tx
                 .query_row(
                     "SELECT request, state, attempts, receipt, provider_replayed \
@@ -265,7 +290,7 @@ impl Execution {
                     Ok(Begin::Dispatch { key })
                 }
             }
-        })
+        }
     }
 
     fn complete(
@@ -274,12 +299,25 @@ impl Execution {
         receipt: &Receipt,
         replayed: bool,
     ) -> Result<Executed, BackendError> {
-        let sql = |e| BackendError::from(self.store.error(e));
         if let Some(shared) = &self.shared {
             return shared.complete_execution(decision_id, receipt, replayed);
         }
+        self.store
+            .write(|tx| self.complete_in(tx, decision_id, receipt, replayed))
+    }
+
+    /// The `completed` step inside the caller's transaction `tx` (on the file this layer's table
+    /// lives in), committed with it.
+    pub(super) fn complete_in(
+        &self,
+        tx: &rusqlite::Connection,
+        decision_id: &str,
+        receipt: &Receipt,
+        replayed: bool,
+    ) -> Result<Executed, BackendError> {
+        let sql = |e| BackendError::from(self.store.error(e));
         let text = serde_json::to_string(receipt).expect("a receipt always serializes");
-        self.store.write(|tx| {
+        {
             // Another process may have completed the same decision meanwhile: the first record
             // wins (the provider gave both the same receipt anyway).
             tx.execute(
@@ -308,6 +346,22 @@ impl Execution {
                 from_record: false,
                 attempts: attempts as u64,
             })
-        })
+        }
     }
+}
+
+/// The provider call of a begun execution (`dispatched` committed) under its provider key: what
+/// the provider answered, not yet recorded. The crash point between the charge and its record
+/// sits here, for every caller.
+pub(super) async fn call_provider(
+    key: &str,
+    req: &ImageRequest,
+    provider: &dyn ProviderApi,
+) -> Result<ChargeOutcome, BackendError> {
+    let outcome = provider
+        .create_image(key, req)
+        .await
+        .map_err(BackendError::from_provider)?;
+    crashpoint::hit(Boundary::AfterProviderCharge);
+    Ok(outcome)
 }

@@ -35,10 +35,13 @@ pub use authorization::{Authorization, AuthorizationRequest, Decision};
 pub use error::BackendError;
 pub use execution::{Executed, Execution, provider_key};
 
+use execution::Begin;
+
 use crate::canonical::RequestHash;
 use crate::crashpoint::{self, Boundary};
 use crate::keys::OperationKey;
-use crate::provider::{self, Image, ImageRequest, Ledger, ProviderApi};
+use crate::provider::{self, Image, ImageRequest, Ledger, ProviderApi, Receipt};
+use crate::store::{Store, StoreSpec};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -49,6 +52,42 @@ pub const AUTHORIZATION_FILE: &str = "authorization.sqlite3";
 pub const EXECUTION_FILE: &str = "execution.sqlite3";
 /// File name of the in-process provider's ledger in the state directory.
 pub const PROVIDER_LEDGER_FILE: &str = "provider-ledger.sqlite3";
+
+/// The layers' tables, for a file that hosts them beside its own (the router's SQLite registry
+/// appends this to its migrations): the same columns, in the same order, as the latest schema
+/// of `authorization.sqlite3` and `execution.sqlite3`, so that rows copy across as they are.
+pub const LAYER_TABLES: &str = "CREATE TABLE decisions (
+        agent_id TEXT NOT NULL,
+        operation_key TEXT NOT NULL,
+        decision_id TEXT NOT NULL UNIQUE,
+        account TEXT NOT NULL,
+        amount_cents INTEGER NOT NULL CHECK (amount_cents >= 0),
+        scope TEXT NOT NULL,
+        request_hash TEXT NOT NULL,
+        created_at TEXT NOT NULL,
+        state TEXT NOT NULL DEFAULT 'dispatched'
+            CHECK (state IN ('reserved', 'dispatched', 'charged', 'released')),
+        reserved_ms INTEGER NOT NULL DEFAULT 0,
+        charged_cents INTEGER,
+        PRIMARY KEY (agent_id, operation_key)
+    ) STRICT;
+    CREATE INDEX decisions_by_account ON decisions (account);
+    CREATE TABLE executions (
+        decision_id TEXT PRIMARY KEY,
+        provider_key TEXT NOT NULL UNIQUE,
+        request TEXT NOT NULL,
+        state TEXT NOT NULL CHECK (state IN ('dispatched', 'completed')),
+        attempts INTEGER NOT NULL,
+        receipt TEXT,
+        provider_replayed INTEGER,
+        dispatched_at TEXT NOT NULL,
+        completed_at TEXT,
+        CHECK ((state = 'completed') = (receipt IS NOT NULL))
+    ) STRICT;";
+
+/// Suffix given to a layer's own file once its rows were copied into the file that hosts the
+/// layers now (kept as a backup, never read again).
+pub const IMPORTED_SUFFIX: &str = ".imported";
 
 /// Where the provider is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -132,6 +171,8 @@ pub struct Backend {
 
 struct Inner {
     state_dir: PathBuf,
+    /// The file hosting both layers' tables, when it is shared ([`Backend::open_in`]).
+    host: Option<Arc<Store>>,
     config: BackendConfig,
     authorization: Authorization,
     execution: Execution,
@@ -157,26 +198,8 @@ impl Backend {
         provider: ProviderTarget,
         config: BackendConfig,
     ) -> Result<Backend, BackendError> {
-        match provider {
-            ProviderTarget::InProcess => {
-                let ledger = Ledger::open(&state_dir.join(PROVIDER_LEDGER_FILE))
-                    .map_err(BackendError::from_provider)?;
-                let description = format!("in-process ledger `{}`", ledger.path().display());
-                Self::assemble(
-                    state_dir,
-                    Arc::new(ledger.clone()),
-                    Some(ledger),
-                    description,
-                    config,
-                )
-            }
-            ProviderTarget::Http { endpoint } => {
-                let client =
-                    provider::Client::connect(endpoint).map_err(BackendError::from_provider)?;
-                let description = format!("`{}`", client.base_url());
-                Self::assemble(state_dir, Arc::new(client), None, description, config)
-            }
-        }
+        let (provider, ledger, description) = Self::provider(state_dir, provider)?;
+        Self::assemble(state_dir, provider, ledger, description, config)
     }
 
     /// Opens the backend state in `state_dir` in front of any provider implementation.
@@ -195,9 +218,81 @@ impl Backend {
         provider_description: String,
         config: BackendConfig,
     ) -> Result<Backend, BackendError> {
-        let mut authorization = Authorization::open(&state_dir.join(AUTHORIZATION_FILE))?
-            .with_reservation_expiry(config.reservation_expiry);
-        let mut execution = Execution::open(&state_dir.join(EXECUTION_FILE))?;
+        let (authorization, execution) = (
+            Authorization::open(&state_dir.join(AUTHORIZATION_FILE))?,
+            Execution::open(&state_dir.join(EXECUTION_FILE))?,
+        );
+        Self::assemble_layers(
+            state_dir,
+            (authorization, execution, None),
+            provider,
+            ledger,
+            provider_description,
+            config,
+        )
+    }
+
+    /// Opens the backend with the authorization and execution tables in the SQLite file at
+    /// `host` (of kind `spec`, whose migrations include [`LAYER_TABLES`]): the router's registry,
+    /// so that a new operation's row, its decision and its `dispatched` execution are one commit
+    /// ([`Backend::prepare_in`]) and its result, receipt and charge another
+    /// ([`Backend::settle_in`]). The layers stay separate steps, each idempotent on its own key;
+    /// only their file is shared. The ledger of an in-process provider keeps its own file in
+    /// `state_dir`.
+    ///
+    /// A state directory that still holds the layers' own files (`authorization.sqlite3`,
+    /// `execution.sqlite3`, from an earlier callid) has their rows copied into `host` first,
+    /// in one transaction (rows already there win), then each file is renamed with
+    /// [`IMPORTED_SUFFIX`]: nothing a decision reserved is forgotten. A corrupt, foreign or newer
+    /// file there is refused like any backend state file.
+    pub fn open_in(
+        host: &Path,
+        spec: &'static StoreSpec,
+        state_dir: &Path,
+        provider: ProviderTarget,
+        config: BackendConfig,
+    ) -> Result<Backend, BackendError> {
+        let store = Arc::new(Store::open(host, spec)?);
+        import_own_files(&store, state_dir)?;
+        let layers = (
+            Authorization::in_store(store.clone()),
+            Execution::in_store(store.clone()),
+            Some(store),
+        );
+        let (provider, ledger, description) = Self::provider(state_dir, provider)?;
+        Self::assemble_layers(state_dir, layers, provider, ledger, description, config)
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn provider(
+        state_dir: &Path,
+        target: ProviderTarget,
+    ) -> Result<(Arc<dyn ProviderApi>, Option<Ledger>, String), BackendError> {
+        Ok(match target {
+            ProviderTarget::InProcess => {
+                let ledger = Ledger::open(&state_dir.join(PROVIDER_LEDGER_FILE))
+                    .map_err(BackendError::from_provider)?;
+                let description = format!("in-process ledger `{}`", ledger.path().display());
+                (Arc::new(ledger.clone()), Some(ledger), description)
+            }
+            ProviderTarget::Http { endpoint } => {
+                let client =
+                    provider::Client::connect(endpoint).map_err(BackendError::from_provider)?;
+                let description = format!("`{}`", client.base_url());
+                (Arc::new(client), None, description)
+            }
+        })
+    }
+
+    fn assemble_layers(
+        state_dir: &Path,
+        (authorization, mut execution, host): (Authorization, Execution, Option<Arc<Store>>),
+        provider: Arc<dyn ProviderApi>,
+        ledger: Option<Ledger>,
+        provider_description: String,
+        config: BackendConfig,
+    ) -> Result<Backend, BackendError> {
+        let mut authorization = authorization.with_reservation_expiry(config.reservation_expiry);
         if let Some(url) = &config.shared_state {
             let shared = Arc::new(shared::SharedState::new(url.clone()));
             authorization = authorization.shared_in(shared.clone());
@@ -206,6 +301,7 @@ impl Backend {
         Ok(Backend {
             inner: Arc::new(Inner {
                 state_dir: state_dir.to_path_buf(),
+                host,
                 authorization,
                 execution,
                 config,
@@ -357,6 +453,292 @@ impl Backend {
             provider_replayed: executed.provider_replayed,
         })
     }
+}
+
+/// What the layers committed before a dispatch: the decision (with its `dispatched` mark) and
+/// the execution's `dispatched` record. From [`Backend::prepare_in`] or [`Backend::prepare`];
+/// [`Backend::dispatch`] takes it to the provider.
+#[derive(Debug)]
+pub struct Prepared {
+    decision: Decision,
+    first_call: bool,
+    begin: Begin,
+    sent: ImageRequest,
+}
+
+impl Prepared {
+    /// The decision this dispatch spends under.
+    pub fn decision(&self) -> &Decision {
+        &self.decision
+    }
+}
+
+/// What the layers record once the provider answered: the execution's receipt and the charge
+/// the budget counts. [`Backend::settle_in`] writes it in the caller's transaction.
+#[derive(Debug, Clone)]
+pub struct Settlement {
+    decision_id: String,
+    receipt: Receipt,
+    replayed: bool,
+}
+
+impl Backend {
+    /// Whether both layers' tables live in one host file shared with the caller
+    /// ([`Backend::open_in`]), so that their steps can join the caller's transactions.
+    pub fn hosted(&self) -> bool {
+        self.inner.host.is_some()
+    }
+
+    /// The layers' steps before a dispatch of `req` under `key`, inside the caller's
+    /// transaction `conn` on the host file ([`Backend::open_in`]), committed with it: the
+    /// decision (budget checked, or the existing one for this key) marked `dispatched`, and the
+    /// execution's `dispatched` record under its provider key. Nothing is sent anywhere.
+    ///
+    /// # Panics
+    /// Never; on a backend that is not hosted it answers a store error, and the caller falls
+    /// back to [`Backend::prepare`].
+    pub fn prepare_in(
+        &self,
+        conn: &rusqlite::Connection,
+        key: &OperationKey,
+        req: &ImageRequest,
+        hash: &RequestHash,
+    ) -> Result<Prepared, BackendError> {
+        let amount = self.quote(req)?;
+        let config = &self.inner.config;
+        let scope = Self::scope(req);
+        let (decision, first_call) = self.inner.authorization.dispatch_in(
+            conn,
+            &AuthorizationRequest {
+                agent_id: &config.agent_id,
+                operation_key: key.expose(),
+                account: &config.account,
+                amount_cents: amount,
+                scope: &scope,
+                request_hash: hash.as_str(),
+                budget_cents: config.budget_cents,
+            },
+        )?;
+        let begin = self.inner.execution.begin_in(
+            conn,
+            &decision.decision_id,
+            &Execution::recorded_request(req),
+        )?;
+        let mut sent = req.clone();
+        sent.max_amount_cents = Some(decision.amount_cents);
+        Ok(Prepared {
+            decision,
+            first_call,
+            begin,
+            sent,
+        })
+    }
+
+    /// [`Backend::prepare_in`] in a transaction of its own on the host file (a redelivery that
+    /// continues a recorded operation: there is no registry write to join).
+    pub async fn prepare(
+        &self,
+        key: &OperationKey,
+        req: &ImageRequest,
+        hash: &RequestHash,
+    ) -> Result<Prepared, BackendError> {
+        let this = self.clone();
+        let (key, req, hash) = (key.clone(), req.clone(), hash.clone());
+        tokio::task::spawn_blocking(move || {
+            let host = this.host()?;
+            host.write(|tx| this.prepare_in(tx, &key, &req, &hash))
+        })
+        .await
+        .map_err(join_error)?
+    }
+
+    /// Sends a prepared spend to the provider (or answers the execution's recorded receipt):
+    /// the receipt, and the [`Settlement`] to commit with the caller's record of the result.
+    /// A refusal releases the decision's reservation, and a call that surely never reached the
+    /// provider makes it `reserved` again (each its own commit, as in [`Backend::spend`]).
+    pub async fn dispatch(
+        &self,
+        prepared: Prepared,
+    ) -> Result<(SpendReceipt, Settlement), BackendError> {
+        let Prepared {
+            decision,
+            first_call,
+            begin,
+            sent,
+        } = prepared;
+        if decision.newly_recorded {
+            crashpoint::hit(Boundary::AfterAuthorization);
+        }
+        let (receipt, replayed) = match begin {
+            Begin::Done(executed) => (executed.receipt, executed.provider_replayed),
+            Begin::Dispatch { key } => {
+                match execution::call_provider(&key, &sent, self.inner.provider.as_ref()).await {
+                    Ok(outcome) => (outcome.receipt, outcome.replayed),
+                    Err(err) => {
+                        self.settle_failure(&decision.decision_id, first_call, &err)
+                            .await;
+                        return Err(err);
+                    }
+                }
+            }
+        };
+        let settlement = Settlement {
+            decision_id: decision.decision_id.clone(),
+            receipt: receipt.clone(),
+            replayed,
+        };
+        Ok((self.receipt(decision, receipt, replayed), settlement))
+    }
+
+    /// Records a settlement inside the caller's transaction `conn` on the host file, committed
+    /// with it: the execution `completed` with its receipt (the first record wins) and the
+    /// decision `charged` with what the receipt says. Idempotent.
+    pub fn settle_in(
+        &self,
+        conn: &rusqlite::Connection,
+        settlement: &Settlement,
+    ) -> Result<(), BackendError> {
+        let id = &settlement.decision_id;
+        let executed =
+            self.inner
+                .execution
+                .complete_in(conn, id, &settlement.receipt, settlement.replayed)?;
+        self.inner
+            .authorization
+            .record_charge_in(conn, id, executed.receipt.amount_cents)
+    }
+
+    fn host(&self) -> Result<&Arc<Store>, BackendError> {
+        self.inner.host.as_ref().ok_or_else(|| {
+            BackendError::StateUnavailable(crate::store::StoreError::Sqlite {
+                kind: "backend state",
+                path: self.inner.state_dir.clone(),
+                cause: crate::store::other_error(
+                    "the layers have no host file (opened with `Backend::open`)".into(),
+                ),
+            })
+        })
+    }
+
+    /// Settles the reservation of a decision whose provider call failed: released on a
+    /// refusal, `reserved` again when the first call surely never reached the provider.
+    async fn settle_failure(&self, decision_id: &str, first_call: bool, err: &BackendError) {
+        let id = decision_id.to_owned();
+        let settled = if err.is_provider_refusal() {
+            self.authorization(move |a| a.release(&id)).await
+        } else if first_call && err.never_reached_provider() {
+            self.authorization(move |a| a.mark_not_sent(&id)).await
+        } else {
+            Ok(())
+        };
+        if let Err(e) = settled {
+            tracing::warn!(
+                "cannot settle the budget reservation of a failed spend: {}",
+                e
+            );
+        }
+    }
+
+    /// The receipt a spend answers, logging a charge above the authorization.
+    fn receipt(
+        &self,
+        decision: Decision,
+        receipt: Receipt,
+        provider_replayed: bool,
+    ) -> SpendReceipt {
+        if receipt.amount_cents > decision.amount_cents {
+            tracing::error!(
+                authorized = decision.amount_cents,
+                charged = receipt.amount_cents,
+                provider = %self.inner.provider_description,
+                "the provider charged more than was authorized; the budget is debited by the charge"
+            );
+        }
+        SpendReceipt {
+            decision_id: decision.decision_id,
+            charge_id: receipt.charge_id,
+            amount_cents: receipt.amount_cents,
+            authorized_cents: decision.amount_cents,
+            model: receipt.model,
+            image: receipt.image,
+            charged_at: receipt.created_at,
+            provider_replayed,
+        }
+    }
+}
+
+/// Copies the rows of the layers' own files in `state_dir` (an earlier callid's
+/// `authorization.sqlite3` and `execution.sqlite3`) into `host`, rows already there winning,
+/// then renames each file with [`IMPORTED_SUFFIX`]. Each file is opened through its own kind's
+/// checks first (a corrupt, foreign or newer file is refused, untouched).
+fn import_own_files(host: &Store, state_dir: &Path) -> Result<(), BackendError> {
+    for (name, spec, table) in [
+        (AUTHORIZATION_FILE, &authorization::SPEC, "decisions"),
+        (EXECUTION_FILE, &execution::SPEC, "executions"),
+    ] {
+        let path = state_dir.join(name);
+        if !path.exists() {
+            continue;
+        }
+        import_file(host, &path, spec, table)?;
+    }
+    Ok(())
+}
+
+fn import_file(
+    host: &Store,
+    path: &Path,
+    spec: &'static StoreSpec,
+    table: &str,
+) -> Result<(), BackendError> {
+    // Its own checks, and its own migrations: its columns then match the host's table.
+    let own = crate::store::open_connection(path, spec, crate::store::Create::Never)?;
+    drop(own);
+    let copied = host.with(|conn| {
+        conn.execute(
+            "ATTACH DATABASE ?1 AS imported",
+            [path.to_string_lossy().as_ref()],
+        )
+        .map_err(|e| BackendError::from(host.error(e)))?;
+        let result = conn
+            .execute_batch(&format!(
+                "BEGIN IMMEDIATE; INSERT OR IGNORE INTO main.{table} SELECT * FROM imported.{table}; COMMIT;"
+            ))
+            .map_err(|e| BackendError::from(host.error(e)));
+        if result.is_err() {
+            let _ = conn.execute_batch("ROLLBACK");
+        }
+        let detached = conn.execute("DETACH DATABASE imported", []);
+        result?;
+        detached.map_err(|e| BackendError::from(host.error(e)))?;
+        Ok::<_, BackendError>(conn.changes())
+    })?;
+    // Kept as a backup under a name no earlier import took (`.imported`, `.imported.1`, ...).
+    let backup = (0..)
+        .map(|n| {
+            let mut name = path.as_os_str().to_owned();
+            name.push(IMPORTED_SUFFIX);
+            if n > 0 {
+                name.push(format!(".{n}"));
+            }
+            PathBuf::from(name)
+        })
+        .find(|p| !p.exists())
+        .expect("an unused name");
+    // Its journal files go with it (closed cleanly, there are none).
+    for suffix in ["-wal", "-shm", ""] {
+        let mut from = path.as_os_str().to_owned();
+        from.push(suffix);
+        let mut to = backup.clone().into_os_string();
+        to.push(suffix);
+        if let Err(e) = std::fs::rename(&from, &to)
+            && (suffix.is_empty() || e.kind() != std::io::ErrorKind::NotFound)
+        {
+            tracing::warn!(file = %path.display(), "imported, but cannot rename it: {e}");
+        }
+    }
+    tracing::info!(file = %path.display(), table, copied, "imported a layer's own file into the registry");
+    Ok(())
 }
 
 impl Backend {

@@ -36,8 +36,8 @@
 
 use super::preallocated::{KeyPool, KeyPoolError};
 use super::registry::{
-    Insert, Lease, NewOperation, Operation, Registry, RegistryError, RegistryLocation, Status,
-    process_owner, retire_owner,
+    InTransaction, Insert, Lease, NewOperation, Operation, Registry, RegistryError,
+    RegistryLocation, Status, process_owner, retire_owner,
 };
 use super::replay::{self, Cached, ReplayCache};
 pub use super::reply::{
@@ -92,10 +92,39 @@ pub enum Outcome {
         /// What happened.
         message: String,
     },
+    /// [`Outcome::Done`], with the spender's own layers' record of it, which the core commits in
+    /// the same registry transaction as the result (one commit for every layer's record).
+    Settling {
+        /// The value to record.
+        result: Value,
+        /// What was charged, in cents.
+        charged_cents: u64,
+        /// What the spender answered, for a message when it cannot be recorded.
+        answer: String,
+        /// The layers' record of the outcome.
+        settle: Settle,
+    },
     /// Not settled (retryable failure, unknown outcome): the operation stays pending and a
     /// redelivery continues it under the same key. The error is answered as it is.
     Open(ToolError),
 }
+
+/// A spender's own layers' record of an outcome, run inside the registry's transaction that
+/// records the result ([`Outcome::Settling`]); its error message rolls the whole record back.
+pub struct Settle(pub InTransaction<(), String>);
+
+impl std::fmt::Debug for Settle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Settle(..)")
+    }
+}
+
+/// What a spender's [`Spender::stage`] committed with a new row, handed to
+/// [`Spender::execute_staged`] (the spender knows its type).
+pub struct Staged(pub Box<dyn std::any::Any + Send>);
+
+/// A spender's own steps for a new operation, committed with its row and lease.
+pub type Stage = InTransaction<Staged, String>;
 
 /// What is spent for a spend call: the part of the pipeline that differs between the built-in
 /// router and the gateway.
@@ -122,6 +151,24 @@ pub trait Spender: Sync {
 
     /// Runs a recorded, pending operation under its private key.
     fn execute(&self, op: &Operation) -> impl Future<Output = Outcome> + Send;
+
+    /// The spender's own steps before dispatching the new operation `new`, to run inside the
+    /// registry's transaction that records its row and lease (one commit for both; SQLite
+    /// registries only). When they fail they are rolled back alone, the row and lease are
+    /// committed, and [`Spender::execute`] runs instead. Default: none.
+    fn stage(&self, _new: &NewOperation) -> impl Future<Output = Option<Stage>> + Send {
+        std::future::ready(None)
+    }
+
+    /// Runs a new operation whose [`Spender::stage`] committed with its row. Default:
+    /// [`Spender::execute`].
+    fn execute_staged(
+        &self,
+        op: &Operation,
+        _staged: Staged,
+    ) -> impl Future<Output = Outcome> + Send {
+        self.execute(op)
+    }
 
     /// The reply of a completed operation (`replayed`: answered from the record).
     fn completed(&self, op: &Operation, replayed: bool) -> Reply;
@@ -356,9 +403,10 @@ impl Core {
         let amount = quote.amount_cents;
         let budget = quote.budget_cents;
         let owner = self.owner.clone();
-        // The row and its dispatch lease: one commit.
-        let (insert, leased) = self
-            .registry(move |r| r.insert_leased(new, budget, &owner, LEASE_TTL))
+        let stage = spender.stage(&new).await;
+        // The row, its dispatch lease and the spender's own steps: one commit.
+        let (insert, leased, staged) = self
+            .registry(move |r| r.insert_staged(new, budget, &owner, LEASE_TTL, stage))
             .await?;
         let (op, created) = match insert {
             Insert::Stored(op, created) => (*op, created),
@@ -384,7 +432,16 @@ impl Core {
             return Err(awaiting_approval::<S>(&op, &self.opts.registry));
         }
         if leased {
-            return self.run(spender, op).await;
+            let staged = match staged {
+                Some(Ok(staged)) => Some(staged),
+                Some(Err(e)) => {
+                    // Rolled back alone: `execute` runs those steps again and answers for them.
+                    tracing::debug!(handle = %op.handle, "staged steps did not commit: {e}");
+                    None
+                }
+                None => None,
+            };
+            return self.run(spender, op, staged).await;
         }
         self.dispatch(spender, op).await
     }
@@ -457,59 +514,76 @@ impl Core {
                 return Box::pin(self.continue_operation(spender, now)).await;
             }
         }
-        self.run(spender, op).await
+        self.run(spender, op, None).await
     }
 
     /// Executes a pending operation whose dispatch lease this process holds, records the
     /// outcome, and answers it.
-    async fn run<S: Spender>(&self, spender: &S, op: Operation) -> Result<Reply, ToolError> {
-        match spender.execute(&op).await {
+    async fn run<S: Spender>(
+        &self,
+        spender: &S,
+        op: Operation,
+        staged: Option<Staged>,
+    ) -> Result<Reply, ToolError> {
+        let outcome = match staged {
+            Some(staged) => spender.execute_staged(&op, staged).await,
+            None => spender.execute(&op).await,
+        };
+        let (result, charged_cents, answer, settle) = match outcome {
             Outcome::Done {
                 result,
                 charged_cents,
                 answer,
-            } => {
-                let mut done = op.clone();
-                done.status = Status::Completed;
-                done.charged_cents = Some(charged_cents);
-                done.result = Some(result.clone());
-                crashpoint::hit(Boundary::BeforeResultRecorded);
-                let handle = op.handle.clone();
-                self.registry(move |r| r.record_result(&handle, &result, charged_cents))
-                    .await
-                    .map_err(|e| ToolError::unrecorded(&op, &answer, &e))?;
-                self.remember(spender, &done);
-                crashpoint::hit(Boundary::BeforeReply);
-                tracing::info!(handle = %op.handle, "operation completed");
-                Ok(spender.completed(&done, false))
-            }
-            Outcome::Refused { code, message } => {
-                let handle = op.handle.clone();
-                let (c, m) = (code.to_string(), message.clone());
-                self.registry(move |r| r.record_failure(&handle, &c, &m))
-                    .await
-                    .map_err(|e| {
-                        ToolError::unrecorded(
-                            &op,
-                            &format!("refused with `{code}`, nothing charged"),
-                            &e,
-                        )
-                    })?;
-                let mut failed = op.clone();
-                failed.status = Status::Failed;
-                Err(ToolError::new(
-                    code,
-                    format!(
-                        "{message}; this operation is final, redelivering it returns this error again"
-                    ),
-                )
-                .of(&failed))
-            }
+            } => (result, charged_cents, answer, None),
+            Outcome::Settling {
+                result,
+                charged_cents,
+                answer,
+                settle,
+            } => (result, charged_cents, answer, Some(settle.0)),
+            Outcome::Refused { code, message } => return self.refused(op, code, message).await,
             Outcome::Open(err) => {
                 self.give_up_lease(&op).await;
-                Err(err.of(&op))
+                return Err(err.of(&op));
             }
-        }
+        };
+        let mut done = op.clone();
+        done.status = Status::Completed;
+        done.charged_cents = Some(charged_cents);
+        done.result = Some(result.clone());
+        crashpoint::hit(Boundary::BeforeResultRecorded);
+        let handle = op.handle.clone();
+        // The result and the spender's layers' record of it: one commit.
+        self.registry(move |r| r.record_settled(&handle, &result, charged_cents, settle))
+            .await
+            .map_err(|e| ToolError::unrecorded(&op, &answer, &e))?;
+        self.remember(spender, &done);
+        crashpoint::hit(Boundary::BeforeReply);
+        tracing::info!(handle = %op.handle, "operation completed");
+        Ok(spender.completed(&done, false))
+    }
+
+    /// Records a final refusal and answers it.
+    async fn refused(
+        &self,
+        op: Operation,
+        code: ToolCode,
+        message: String,
+    ) -> Result<Reply, ToolError> {
+        let handle = op.handle.clone();
+        let (c, m) = (code.to_string(), message.clone());
+        self.registry(move |r| r.record_failure(&handle, &c, &m))
+            .await
+            .map_err(|e| {
+                ToolError::unrecorded(&op, &format!("refused with `{code}`, nothing charged"), &e)
+            })?;
+        let mut failed = op.clone();
+        failed.status = Status::Failed;
+        Err(ToolError::new(
+            code,
+            format!("{message}; this operation is final, redelivering it returns this error again"),
+        )
+        .of(&failed))
     }
 
     /// Renders the replay of a completed, durably recorded operation once (marked replayed,

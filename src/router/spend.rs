@@ -14,14 +14,16 @@
 
 use super::diagnose::{CallInfo, Diagnostics};
 pub use super::pipeline::LEASE_TTL;
-use super::pipeline::{Core, CoreOptions, Outcome, Quote, Spender};
+use super::pipeline::{Core, CoreOptions, Outcome, Quote, Settle, Spender, Stage, Staged};
 use super::policy::Policy;
-use super::registry::{Operation, RegistryLocation, Status};
+use super::registry::{NewOperation, Operation, RegistryLocation, Status};
 pub use super::reply::{ERROR_CODES, REPLAYED_META, Reply, ToolCode, ToolError};
 use super::reply::{
     backend_code, backend_error, chain, completed, identity_error, is_final, receipt_json,
 };
-use crate::backend::{Backend, BackendConfig, ProviderTarget};
+use crate::backend::{
+    Backend, BackendConfig, BackendError, Prepared, ProviderTarget, SpendReceipt,
+};
 use crate::identity;
 use crate::provider::ImageRequest;
 use serde_json::{Map, Value, json};
@@ -216,7 +218,15 @@ impl Router {
                 RegistryLocation::File(_) => None,
             },
         };
-        let backend = Backend::open(&state_dir, target, config).map_err(|e| {
+        // On a SQLite registry the layers keep their tables in its file, so that their steps
+        // commit with the registry's (see `Backend::open_in`).
+        let opened = match &self.opts.registry {
+            RegistryLocation::File(path) => {
+                Backend::open_in(path, &super::registry::SPEC, &state_dir, target, config)
+            }
+            RegistryLocation::Postgres(_) => Backend::open(&state_dir, target, config),
+        };
+        let backend = opened.map_err(|e| {
             let cause = chain(&e);
             if e.is_state_corrupt() {
                 tracing::error!(
@@ -269,6 +279,26 @@ impl Spender for Router {
         })
     }
 
+    async fn stage(&self, new: &NewOperation) -> Option<Stage> {
+        let backend = self.backend().await.ok().filter(|b| b.hosted())?;
+        let request = image_request(&new.arguments).ok()?;
+        let (key, hash) = (new.key.clone(), new.request_hash.clone());
+        Some(Box::new(move |conn| {
+            backend
+                .prepare_in(conn, &key, &request, &hash)
+                .map(|prepared| Staged(Box::new(prepared)))
+                .map_err(|e| chain(&e))
+        }))
+    }
+
+    async fn execute_staged(&self, op: &Operation, staged: Staged) -> Outcome {
+        let (backend, prepared) = match (self.backend().await, staged.0.downcast::<Prepared>()) {
+            (Ok(backend), Ok(prepared)) => (backend, *prepared),
+            _ => return self.execute(op).await,
+        };
+        dispatch(op, &backend, prepared).await
+    }
+
     async fn execute(&self, op: &Operation) -> Outcome {
         let request = match image_request(&op.arguments) {
             Ok(r) => r,
@@ -278,40 +308,82 @@ impl Spender for Router {
             Ok(b) => b,
             Err(e) => return Outcome::Open(e),
         };
+        if backend.hosted() {
+            // A continuation: the layers' steps in a transaction of their own, the record of
+            // the outcome with the result.
+            return match backend.prepare(&op.key, &request, &op.request_hash).await {
+                Ok(prepared) => dispatch(op, &backend, prepared).await,
+                Err(err) => failed(op, err),
+            };
+        }
         match backend.spend(&op.key, &request, &op.request_hash).await {
-            Ok(receipt) => Outcome::Done {
-                result: json!({
-                    "handle": op.handle.as_str(),
-                    "status": Status::Completed.name(),
-                    "result": receipt_json(&receipt),
-                }),
-                charged_cents: receipt.amount_cents,
-                answer: format!("the provider charged {} cents", receipt.amount_cents),
-            },
-            Err(err) => {
-                let code = backend_code(&err);
-                let message = chain(&err);
-                if is_final(&err) {
-                    return Outcome::Refused { code, message };
-                }
-                let advice = if err.is_state_corrupt() {
-                    "an operator must repair or restore that file; until then every spend \
-                     fails closed: do not retry, and do not make a new call"
-                } else {
-                    "nothing more was charged than once: retry the same call, it continues \
-                     this operation under the same key"
-                };
-                if err.is_state_corrupt() {
-                    tracing::error!(handle = %op.handle, "backend state is corrupt: {message}");
-                }
-                Outcome::Open(ToolError::new(code, format!("{message}; {advice}")))
-            }
+            Ok(receipt) => done(op, &receipt, None),
+            Err(err) => failed(op, err),
         }
     }
 
     fn completed(&self, op: &Operation, replayed: bool) -> Reply {
         completed(op, replayed)
     }
+}
+
+/// Sends a prepared spend and answers its outcome, with the layers' record of it to commit
+/// with the result.
+async fn dispatch(op: &Operation, backend: &Arc<Backend>, prepared: Prepared) -> Outcome {
+    match backend.dispatch(prepared).await {
+        Ok((receipt, settlement)) => {
+            let backend = backend.clone();
+            let settle = Settle(Box::new(move |conn| {
+                backend.settle_in(conn, &settlement).map_err(|e| chain(&e))
+            }));
+            done(op, &receipt, Some(settle))
+        }
+        Err(err) => failed(op, err),
+    }
+}
+
+/// A completed spend's outcome.
+fn done(op: &Operation, receipt: &SpendReceipt, settle: Option<Settle>) -> Outcome {
+    let result = json!({
+        "handle": op.handle.as_str(),
+        "status": Status::Completed.name(),
+        "result": receipt_json(receipt),
+    });
+    let charged_cents = receipt.amount_cents;
+    let answer = format!("the provider charged {} cents", receipt.amount_cents);
+    match settle {
+        None => Outcome::Done {
+            result,
+            charged_cents,
+            answer,
+        },
+        Some(settle) => Outcome::Settling {
+            result,
+            charged_cents,
+            answer,
+            settle,
+        },
+    }
+}
+
+/// A failed spend's outcome: final refusals are recorded, the rest leaves the operation open.
+fn failed(op: &Operation, err: BackendError) -> Outcome {
+    let code = backend_code(&err);
+    let message = chain(&err);
+    if is_final(&err) {
+        return Outcome::Refused { code, message };
+    }
+    let advice = if err.is_state_corrupt() {
+        "an operator must repair or restore that file; until then every spend fails closed: do \
+         not retry, and do not make a new call"
+    } else {
+        "nothing more was charged than once: retry the same call, it continues this operation \
+         under the same key"
+    };
+    if err.is_state_corrupt() {
+        tracing::error!(handle = %op.handle, "backend state is corrupt: {message}");
+    }
+    Outcome::Open(ToolError::new(code, format!("{message}; {advice}")))
 }
 
 /// Checks `generate_image` arguments against its schema and builds the provider request.

@@ -24,11 +24,20 @@ struct Router {
 }
 
 async fn router(registry: &Path, envs: &[(&str, &str)]) -> Router {
-    let args = vec![
+    spawn(registry, &[], envs).await
+}
+
+async fn router_with(registry: &Path, flags: &[&str]) -> Router {
+    spawn(registry, flags, &[]).await
+}
+
+async fn spawn(registry: &Path, flags: &[&str], envs: &[(&str, &str)]) -> Router {
+    let mut args = vec![
         "router".to_string(),
         "--registry".into(),
         registry.display().to_string(),
     ];
+    args.extend(flags.iter().map(|f| f.to_string()));
     let env: Vec<(String, String)> = envs
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -194,4 +203,143 @@ async fn a_new_row_is_committed_with_its_dispatch_lease() {
     assert_eq!(result(&done)["_meta"]["callid/replayed"], json!(false));
     assert_eq!(charges(&registry), 1);
     r.stop().await;
+}
+
+/// The state of one call's operation row, its decision and its execution, read from the
+/// registry file: (operation status, decision state, execution state, execution attempts).
+fn layers_of(registry: &Path, call: &str) -> Option<(String, String, String, i64)> {
+    use rusqlite::OptionalExtension as _;
+    rusqlite::Connection::open(registry)
+        .unwrap()
+        .query_row(
+            "SELECT o.status, d.state, e.state, e.attempts FROM operations o \
+             JOIN decisions d ON d.operation_key = o.operation_key \
+             JOIN executions e ON e.decision_id = d.decision_id \
+             WHERE o.harness_call_id = ?1",
+            [call],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+        )
+        .optional()
+        .unwrap()
+}
+
+fn layer_state(op: &str, decision: &str, execution: &str) -> Option<(String, String, String, i64)> {
+    Some((op.into(), decision.into(), execution.into(), 1))
+}
+
+/// The three-commit path: a new operation's row, lease, decision and `dispatched` execution are
+/// one commit (a crash right after it finds all four), the provider's charge is its ledger's,
+/// and the result, the execution's receipt and the decision's charge are one commit (a crash
+/// before it finds none of them; the redelivery records all three, charging nothing more).
+#[tokio::test]
+async fn a_new_operation_commits_its_layers_with_its_row_and_its_result() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = registry_in(&dir);
+
+    let mut crashing = router(&registry, &[(callid::crashpoint::ENV, "after_row_commit")]).await;
+    let died = crashing
+        .conn
+        .call_tool(next_id(), "generate_image", fox(), Some(codex("row")))
+        .await;
+    assert!(matches!(died, Err(RpcError::Closed { .. })), "{died:?}");
+    crashing.child.wait().await.unwrap();
+    assert_eq!(
+        layers_of(&registry, "row"),
+        layer_state("pending", "dispatched", "dispatched"),
+        "the row's commit holds the decision and the dispatch"
+    );
+    assert_eq!(charges(&registry), 0);
+    for own_file in [
+        callid::backend::AUTHORIZATION_FILE,
+        callid::backend::EXECUTION_FILE,
+    ] {
+        assert!(!registry.with_file_name(own_file).exists(), "{own_file}");
+    }
+
+    let mut crashing = router(
+        &registry,
+        &[(callid::crashpoint::ENV, "before_result_recorded")],
+    )
+    .await;
+    let died = crashing
+        .conn
+        .call_tool(next_id(), "generate_image", fox(), Some(codex("charged")))
+        .await;
+    assert!(matches!(died, Err(RpcError::Closed { .. })), "{died:?}");
+    crashing.child.wait().await.unwrap();
+    assert_eq!(charges(&registry), 1, "the provider charged");
+    assert_eq!(
+        layers_of(&registry, "charged"),
+        layer_state("pending", "dispatched", "dispatched"),
+        "nothing of the outcome is recorded before the result's commit"
+    );
+
+    let r = router(&registry, &[]).await;
+    for call in ["row", "charged"] {
+        let done = r.spend(fox(), codex(call)).await;
+        assert_eq!(result(&done)["_meta"]["callid/replayed"], json!(false));
+    }
+    r.stop().await;
+    assert_eq!(charges(&registry), 2, "one charge per operation");
+    for call in ["row", "charged"] {
+        let (op, decision, execution, _) = layers_of(&registry, call).unwrap();
+        assert_eq!(
+            (op.as_str(), decision.as_str(), execution.as_str()),
+            ("completed", "charged", "completed"),
+            "{call}"
+        );
+    }
+}
+
+/// A state directory from before the layers moved into the registry: their own files' rows are
+/// copied in (a dispatched decision keeps holding its budget), and the files are kept, renamed.
+#[tokio::test]
+async fn the_layers_own_files_of_an_earlier_callid_are_imported_with_their_reservations() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = registry_in(&dir);
+    let own = registry.with_file_name(callid::backend::AUTHORIZATION_FILE);
+    {
+        let auth = callid::backend::Authorization::open(&own).unwrap();
+        let decision = auth
+            .authorize(&callid::backend::AuthorizationRequest {
+                agent_id: "callid-router:earlier",
+                operation_key: "hubu:operation:v1:codex:earlier",
+                account: "default",
+                amount_cents: 25,
+                scope: "generate_image:flux-pro:1024x1024",
+                request_hash: "sha256:earlier",
+                budget_cents: Some(30),
+            })
+            .unwrap();
+        assert!(auth.mark_dispatched(&decision.decision_id).unwrap());
+        callid::backend::Execution::open(&registry.with_file_name(callid::backend::EXECUTION_FILE))
+            .unwrap();
+    }
+    // 25 of 30 cents are held by the earlier dispatch: a 3-cent image fits, a second does not.
+    let r = router_with(&registry, &["--budget-cents", "30"]).await;
+    let cheap = json!({"prompt": "an origami fox", "width": 512, "model": "flux-schnell"});
+    result(&r.spend(cheap.clone(), codex("fits")).await);
+    let refused = r.spend(cheap, codex("over")).await;
+    assert_eq!(code(&refused), "budget_exceeded", "{}", refused.raw);
+    r.stop().await;
+    for name in [
+        callid::backend::AUTHORIZATION_FILE,
+        callid::backend::EXECUTION_FILE,
+    ] {
+        let file = registry.with_file_name(name);
+        assert!(!file.exists(), "{name} was renamed");
+        let mut kept = file.into_os_string();
+        kept.push(callid::backend::IMPORTED_SUFFIX);
+        assert!(std::path::PathBuf::from(kept).exists(), "{name} is kept");
+    }
+    let held: i64 = rusqlite::Connection::open(&registry)
+        .unwrap()
+        .query_row(
+            "SELECT amount_cents FROM decisions WHERE agent_id = 'callid-router:earlier' \
+             AND state = 'dispatched'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(held, 25);
 }

@@ -160,7 +160,17 @@ pub const MIGRATIONS: &[&str] = &[
          error_message, lease_owner, lease_expires_ms, created_ms, updated_ms FROM operations;
      DROP TABLE operations;
      ALTER TABLE operations_v2 RENAME TO operations;",
+    // 3: the built-in router's authorization and execution layers keep their tables here, so
+    // that a new operation's row, decision and dispatch are one commit, and its result, receipt
+    // and charge another (see `crate::backend::Backend::open_in`).
+    crate::backend::LAYER_TABLES,
 ];
+
+/// A step of another layer that commits in the same SQLite transaction as a registry write:
+/// the built-in router's authorization and execution layers, whose tables live in the
+/// registry's file ([`crate::backend::Backend::open_in`]). It runs after the registry's own
+/// statements and before the commit.
+pub type InTransaction<T, E> = Box<dyn FnOnce(&rusqlite::Connection) -> Result<T, E> + Send>;
 
 /// Why the registry cannot be used. Every spend fails closed with `registry_unavailable` on any
 /// of these, naming the file and the cause.
@@ -232,6 +242,17 @@ pub enum RegistryError {
         /// The registry file.
         path: PathBuf,
         /// What was wrong.
+        detail: String,
+    },
+    /// A layer's step that commits with a registry write failed ([`InTransaction`]); the
+    /// whole write was rolled back.
+    #[error("registry `{path}` did not record {doing}: {detail}")]
+    Layer {
+        /// The registry file.
+        path: PathBuf,
+        /// What the router was doing, as a fragment.
+        doing: &'static str,
+        /// The layer's error.
         detail: String,
     },
     /// A feature this backend does not offer (refused, never ignored).
@@ -610,12 +631,32 @@ impl Registry {
         owner: &str,
         ttl: Duration,
     ) -> Result<(Insert, bool), RegistryError> {
+        self.insert_staged::<(), ()>(new, budget_cents, owner, ttl, None)
+            .map(|(insert, leased, _)| (insert, leased))
+    }
+
+    /// [`Registry::insert_leased`] with `stage`, another layer's steps for the new row, in the
+    /// same transaction (SQLite only: one commit for all). The stage runs only for a created,
+    /// pending, leased row, inside a savepoint: when it fails, its writes are rolled back and the
+    /// row and its lease are committed without them, and its error is returned beside the row
+    /// (the caller then runs those steps on their own). Returns the stage's outcome, `None`
+    /// when it did not run (an existing row, a row waiting for approval, or PostgreSQL).
+    #[allow(clippy::type_complexity)]
+    pub fn insert_staged<T, E>(
+        &mut self,
+        new: NewOperation,
+        budget_cents: Option<u64>,
+        owner: &str,
+        ttl: Duration,
+        stage: Option<InTransaction<T, E>>,
+    ) -> Result<(Insert, bool, Option<Result<T, E>>), RegistryError> {
         match self {
             Registry::Sqlite(r) => {
-                let insert = r.insert_leased(new, budget_cents, Some((owner, ttl)))?;
+                let (insert, staged) =
+                    r.insert_leased(new, budget_cents, Some((owner, ttl)), stage)?;
                 let leased =
                     matches!(&insert, Insert::Stored(op, true) if op.status == Status::Pending);
-                Ok((insert, leased))
+                Ok((insert, leased, staged))
             }
             Registry::Postgres(_) => {
                 let insert = self.insert_within_budget(new, budget_cents)?;
@@ -625,7 +666,7 @@ impl Registry {
                     }
                     _ => false,
                 };
-                Ok((insert, leased))
+                Ok((insert, leased, None))
             }
         }
     }
@@ -656,7 +697,26 @@ impl Registry {
         result: &Value,
         charged_cents: u64,
     ) -> Result<(), RegistryError> {
-        each!(self, r => r.record_result(handle, result, charged_cents))
+        self.record_settled::<String>(handle, result, charged_cents, None)
+    }
+
+    /// [`Registry::record_result`] with `settle`, another layer's record of the same outcome,
+    /// in the same transaction (SQLite only: one commit for all; on PostgreSQL `settle` must be
+    /// `None`). When `settle` fails nothing is recorded ([`RegistryError::Layer`]).
+    pub fn record_settled<E: std::fmt::Display>(
+        &mut self,
+        handle: &PublicHandle,
+        result: &Value,
+        charged_cents: u64,
+        settle: Option<InTransaction<(), E>>,
+    ) -> Result<(), RegistryError> {
+        match self {
+            Registry::Sqlite(r) => r.record_settled(handle, result, charged_cents, settle),
+            Registry::Postgres(_) if settle.is_some() => Err(RegistryError::Unsupported {
+                what: "a layer's step in a PostgreSQL registry's transaction is not supported; nothing was recorded",
+            }),
+            Registry::Postgres(r) => r.record_result(handle, result, charged_cents),
+        }
     }
 
     /// Records a final error of an operation (answered again on redelivery).

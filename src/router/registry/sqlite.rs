@@ -2,8 +2,8 @@
 //! [`super`] for its Durability, Concurrency, Compatibility and Retention).
 
 use super::{
-    Insert, Lease, NewOperation, Operation, RawRow, RegistryError, SPEC, Status, now_ms,
-    owner_alive,
+    InTransaction, Insert, Lease, NewOperation, Operation, RawRow, RegistryError, SPEC, Status,
+    now_ms, owner_alive,
 };
 use crate::keys::PublicHandle;
 use crate::store::{self, Create};
@@ -178,20 +178,27 @@ impl SqliteRegistry {
         new: NewOperation,
         budget_cents: Option<u64>,
     ) -> Result<Insert, RegistryError> {
-        self.insert_leased(new, budget_cents, None)
+        self.insert_leased::<(), ()>(new, budget_cents, None, None)
+            .map(|(insert, _)| insert)
     }
 
     /// [`SqliteRegistry::insert_within_budget`] that also gives a new, pending row its dispatch
     /// lease for `lease` (owner, time to live) in the same transaction: the row and the lease are
     /// one commit. An existing row is returned untouched (its lease is claimed separately).
-    pub fn insert_leased(
+    ///
+    /// `stage` (another layer's steps, see [`super::Registry::insert_staged`]) runs for a
+    /// created, leased row inside a savepoint of the same transaction; its outcome is returned
+    /// beside the row (`None`: it did not run).
+    #[allow(clippy::type_complexity)]
+    pub fn insert_leased<T, E>(
         &mut self,
         new: NewOperation,
         budget_cents: Option<u64>,
         lease: Option<(&str, Duration)>,
-    ) -> Result<Insert, RegistryError> {
+        stage: Option<InTransaction<T, E>>,
+    ) -> Result<(Insert, Option<Result<T, E>>), RegistryError> {
         let path = self.path.clone();
-        let tx = self
+        let mut tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(sqlite(&path, "recording a new operation"))?;
@@ -213,7 +220,10 @@ impl SqliteRegistry {
             .map_err(sqlite(&path, "looking up a call"))?;
         if let Some(raw) = existing {
             drop(tx);
-            return Ok(Insert::Stored(Box::new(raw.into_operation(&path)?), false));
+            return Ok((
+                Insert::Stored(Box::new(raw.into_operation(&path)?), false),
+                None,
+            ));
         }
         if let Some(budget) = budget_cents {
             let committed: i64 = tx
@@ -230,9 +240,12 @@ impl SqliteRegistry {
             let committed = committed.max(0) as u64;
             if committed.saturating_add(new.amount_cents) > budget {
                 drop(tx);
-                return Ok(Insert::OverBudget {
-                    committed_cents: committed,
-                });
+                return Ok((
+                    Insert::OverBudget {
+                        committed_cents: committed,
+                    },
+                    None,
+                ));
             }
         }
         let now = now_ms();
@@ -267,11 +280,29 @@ impl SqliteRegistry {
             ],
         )
         .map_err(sqlite(&path, "recording a new operation"))?;
+        let staged = match stage.filter(|_| lease.is_some()) {
+            None => None,
+            Some(stage) => {
+                let sp = tx
+                    .savepoint()
+                    .map_err(sqlite(&path, "recording a new operation"))?;
+                let outcome = stage(&sp);
+                if outcome.is_ok() {
+                    sp.commit()
+                } else {
+                    // Dropping a savepoint rolls it back: the row and lease stay.
+                    drop(sp);
+                    Ok(())
+                }
+                .map_err(sqlite(&path, "recording a new operation"))?;
+                Some(outcome)
+            }
+        };
         tx.commit()
             .map_err(sqlite(&path, "committing a new operation"))?;
-        Ok(Insert::Stored(
-            Box::new(new.into_operation(status, approval)),
-            true,
+        Ok((
+            Insert::Stored(Box::new(new.into_operation(status, approval)), true),
+            staged,
         ))
     }
 
@@ -342,8 +373,26 @@ impl SqliteRegistry {
         result: &Value,
         charged_cents: u64,
     ) -> Result<(), RegistryError> {
-        self.write(
-            "recording a result",
+        self.record_settled::<String>(handle, result, charged_cents, None)
+    }
+
+    /// [`SqliteRegistry::record_result`] with `settle`, another layer's record of the same
+    /// outcome (see [`super::Registry::record_settled`]), in the same transaction; when it fails
+    /// nothing is recorded.
+    pub fn record_settled<E: std::fmt::Display>(
+        &mut self,
+        handle: &PublicHandle,
+        result: &Value,
+        charged_cents: u64,
+        settle: Option<InTransaction<(), E>>,
+    ) -> Result<(), RegistryError> {
+        const DOING: &str = "recording a result";
+        let path = self.path.clone();
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(sqlite(&path, DOING))?;
+        tx.execute(
             "UPDATE operations SET status = 'completed', result = ?2, lease_owner = NULL,
                  lease_expires_ms = NULL, updated_ms = ?3, charged_cents = ?4
              WHERE handle = ?1 AND status = 'pending'",
@@ -354,7 +403,15 @@ impl SqliteRegistry {
                 charged_cents as i64
             ],
         )
-        .map(|_| ())
+        .map_err(sqlite(&path, DOING))?;
+        if let Some(settle) = settle {
+            settle(&tx).map_err(|e| RegistryError::Layer {
+                path: path.clone(),
+                doing: "the result",
+                detail: e.to_string(),
+            })?;
+        }
+        tx.commit().map_err(sqlite(&path, DOING))
     }
 
     /// Records a final error of an operation (it will be answered again on redelivery).
