@@ -178,6 +178,11 @@ impl Authorization {
         self
     }
 
+    /// How long a reservation whose provider call never started holds budget, in ms.
+    pub(super) fn expiry_ms(&self) -> i64 {
+        self.expiry_ms
+    }
+
     fn check_budget(
         &self,
         tx: &rusqlite::Connection,

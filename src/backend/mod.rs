@@ -85,6 +85,16 @@ pub const LAYER_TABLES: &str = "CREATE TABLE decisions (
         CHECK ((state = 'completed') = (receipt IS NOT NULL))
     ) STRICT;";
 
+/// The caller's open transaction that a layer's steps join ([`Backend::prepare_in`],
+/// [`Backend::settle_in`]): on the SQLite file hosting the layers' tables, or on the PostgreSQL
+/// database that router replicas share (where the layers' tables live beside the registry's).
+pub enum LayerTx<'a, 'b> {
+    /// A transaction (or savepoint) on the host SQLite file.
+    Sqlite(&'a rusqlite::Connection),
+    /// A transaction (or savepoint) on the shared PostgreSQL database.
+    Postgres(&'a mut postgres::Transaction<'b>),
+}
+
 /// Suffix given to a layer's own file once its rows were copied into the file that hosts the
 /// layers now (kept as a backup, never read again).
 pub const IMPORTED_SUFFIX: &str = ".imported";
@@ -173,6 +183,8 @@ struct Inner {
     state_dir: PathBuf,
     /// The file hosting both layers' tables, when it is shared ([`Backend::open_in`]).
     host: Option<Arc<Store>>,
+    /// The PostgreSQL database of router replicas, where both layers' tables live.
+    shared: Option<Arc<shared::SharedState>>,
     config: BackendConfig,
     authorization: Authorization,
     execution: Execution,
@@ -293,15 +305,19 @@ impl Backend {
         config: BackendConfig,
     ) -> Result<Backend, BackendError> {
         let mut authorization = authorization.with_reservation_expiry(config.reservation_expiry);
-        if let Some(url) = &config.shared_state {
-            let shared = Arc::new(shared::SharedState::new(url.clone()));
+        let shared = config
+            .shared_state
+            .as_ref()
+            .map(|url| Arc::new(shared::SharedState::new(url.clone())));
+        if let Some(shared) = &shared {
             authorization = authorization.shared_in(shared.clone());
-            execution = execution.shared_in(shared);
+            execution = execution.shared_in(shared.clone());
         }
         Ok(Backend {
             inner: Arc::new(Inner {
                 state_dir: state_dir.to_path_buf(),
                 host,
+                shared,
                 authorization,
                 execution,
                 config,
@@ -483,10 +499,11 @@ pub struct Settlement {
 }
 
 impl Backend {
-    /// Whether both layers' tables live in one host file shared with the caller
-    /// ([`Backend::open_in`]), so that their steps can join the caller's transactions.
+    /// Whether both layers' tables live in the caller's database (a host SQLite file,
+    /// [`Backend::open_in`], or the replicas' PostgreSQL database), so that their steps can
+    /// join the caller's transactions ([`LayerTx`]).
     pub fn hosted(&self) -> bool {
-        self.inner.host.is_some()
+        self.inner.host.is_some() || self.inner.shared.is_some()
     }
 
     /// The layers' steps before a dispatch of `req` under `key`, inside the caller's
@@ -499,7 +516,7 @@ impl Backend {
     /// back to [`Backend::prepare`].
     pub fn prepare_in(
         &self,
-        conn: &rusqlite::Connection,
+        tx: LayerTx<'_, '_>,
         key: &OperationKey,
         req: &ImageRequest,
         hash: &RequestHash,
@@ -507,23 +524,31 @@ impl Backend {
         let amount = self.quote(req)?;
         let config = &self.inner.config;
         let scope = Self::scope(req);
-        let (decision, first_call) = self.inner.authorization.dispatch_in(
-            conn,
-            &AuthorizationRequest {
-                agent_id: &config.agent_id,
-                operation_key: key.expose(),
-                account: &config.account,
-                amount_cents: amount,
-                scope: &scope,
-                request_hash: hash.as_str(),
-                budget_cents: config.budget_cents,
-            },
-        )?;
-        let begin = self.inner.execution.begin_in(
-            conn,
-            &decision.decision_id,
-            &Execution::recorded_request(req),
-        )?;
+        let ask = AuthorizationRequest {
+            agent_id: &config.agent_id,
+            operation_key: key.expose(),
+            account: &config.account,
+            amount_cents: amount,
+            scope: &scope,
+            request_hash: hash.as_str(),
+            budget_cents: config.budget_cents,
+        };
+        let request = Execution::recorded_request(req);
+        let (decision, first_call, begin) = match (tx, &self.inner.shared) {
+            (LayerTx::Postgres(tx), Some(shared)) => {
+                let expiry = self.inner.authorization.expiry_ms();
+                shared.prepare_in(tx, &ask, &request, crate::clock::now_ms(), expiry)?
+            }
+            (LayerTx::Sqlite(conn), None) => {
+                let (decision, first) = self.inner.authorization.dispatch_in(conn, &ask)?;
+                let begin = self
+                    .inner
+                    .execution
+                    .begin_in(conn, &decision.decision_id, &request)?;
+                (decision, first, begin)
+            }
+            _ => return Err(self.no_host()),
+        };
         let mut sent = req.clone();
         sent.max_amount_cents = Some(decision.amount_cents);
         Ok(Prepared {
@@ -544,9 +569,14 @@ impl Backend {
     ) -> Result<Prepared, BackendError> {
         let this = self.clone();
         let (key, req, hash) = (key.clone(), req.clone(), hash.clone());
-        tokio::task::spawn_blocking(move || {
-            let host = this.host()?;
-            host.write(|tx| this.prepare_in(tx, &key, &req, &hash))
+        tokio::task::spawn_blocking(move || match (&this.inner.host, &this.inner.shared) {
+            (Some(host), _) => {
+                host.write(|tx| this.prepare_in(LayerTx::Sqlite(tx), &key, &req, &hash))
+            }
+            (None, Some(shared)) => shared.in_transaction("recording an authorization", |tx| {
+                this.prepare_in(LayerTx::Postgres(tx), &key, &req, &hash)
+            }),
+            (None, None) => Err(this.no_host()),
         })
         .await
         .map_err(join_error)?
@@ -595,28 +625,41 @@ impl Backend {
     /// decision `charged` with what the receipt says. Idempotent.
     pub fn settle_in(
         &self,
-        conn: &rusqlite::Connection,
+        tx: LayerTx<'_, '_>,
         settlement: &Settlement,
     ) -> Result<(), BackendError> {
-        let id = &settlement.decision_id;
-        let executed =
-            self.inner
-                .execution
-                .complete_in(conn, id, &settlement.receipt, settlement.replayed)?;
-        self.inner
-            .authorization
-            .record_charge_in(conn, id, executed.receipt.amount_cents)
+        let Settlement {
+            decision_id,
+            receipt,
+            replayed,
+        } = settlement;
+        match (tx, &self.inner.shared) {
+            (LayerTx::Postgres(tx), Some(shared)) => {
+                shared.settle_in(tx, decision_id, receipt, *replayed)
+            }
+            (LayerTx::Sqlite(conn), None) => {
+                let executed =
+                    self.inner
+                        .execution
+                        .complete_in(conn, decision_id, receipt, *replayed)?;
+                self.inner.authorization.record_charge_in(
+                    conn,
+                    decision_id,
+                    executed.receipt.amount_cents,
+                )
+            }
+            _ => Err(self.no_host()),
+        }
     }
 
-    fn host(&self) -> Result<&Arc<Store>, BackendError> {
-        self.inner.host.as_ref().ok_or_else(|| {
-            BackendError::StateUnavailable(crate::store::StoreError::Sqlite {
-                kind: "backend state",
-                path: self.inner.state_dir.clone(),
-                cause: crate::store::other_error(
-                    "the layers have no host file (opened with `Backend::open`)".into(),
-                ),
-            })
+    /// The error of a layer step offered a transaction on a database the layers do not live in.
+    fn no_host(&self) -> BackendError {
+        BackendError::StateUnavailable(crate::store::StoreError::Sqlite {
+            kind: "backend state",
+            path: self.inner.state_dir.clone(),
+            cause: crate::store::other_error(
+                "the layers' tables are not in the database of this transaction".into(),
+            ),
         })
     }
 

@@ -17,7 +17,7 @@ use super::error::BackendError;
 use super::execution::{Begin, Executed, provider_key};
 use crate::pg::PgUrl;
 use crate::provider::Receipt;
-use postgres::Client;
+use postgres::{Client, GenericClient};
 use std::sync::{Condvar, Mutex};
 
 /// The advisory-lock namespace of budget checks (`"cLAB"`), apart from the registry's.
@@ -235,108 +235,7 @@ impl SharedState {
         expiry_ms: i64,
     ) -> Result<Decision, BackendError> {
         self.with("recording an authorization", |c| {
-            let mut tx = c.transaction()?;
-            tx.execute(
-                "SELECT pg_advisory_xact_lock($1, hashtext($2))",
-                &[&BUDGET_LOCK, &req.account],
-            )?;
-            let existing = tx.query_opt(
-                "SELECT decision_id, account, amount_cents, scope, request_hash, created_at,
-                     state, reserved_ms
-                 FROM callid_decisions WHERE agent_id = $1 AND operation_key = $2 FOR UPDATE",
-                &[&req.agent_id, &req.operation_key],
-            )?;
-            let check_budget = |tx: &mut postgres::Transaction<'_>| -> Result<(), Failure> {
-                let Some(budget) = req.budget_cents else {
-                    return Ok(());
-                };
-                let spent: i64 = tx
-                    .query_one(SPENT, &[&req.account, &now_ms, &expiry_ms])?
-                    .try_get(0)?;
-                let remaining = budget.saturating_sub(spent.max(0) as u64);
-                if req.amount_cents > remaining {
-                    return Err(Failure::Backend(BackendError::BudgetExceeded {
-                        account: req.account.to_owned(),
-                        amount_cents: req.amount_cents,
-                        budget_cents: budget,
-                        remaining_cents: remaining,
-                    }));
-                }
-                Ok(())
-            };
-            if let Some(row) = existing {
-                let decision = Decision {
-                    decision_id: row.try_get(0)?,
-                    account: row.try_get(1)?,
-                    amount_cents: row.try_get::<_, i64>(2)?.max(0) as u64,
-                    scope: row.try_get(3)?,
-                    request_hash: row.try_get(4)?,
-                    created_at: row.try_get(5)?,
-                    newly_recorded: false,
-                };
-                let state: String = row.try_get(6)?;
-                let reserved_ms: i64 = row.try_get(7)?;
-                let differs: Vec<&str> = [
-                    ("account", decision.account == req.account),
-                    ("amount", decision.amount_cents == req.amount_cents),
-                    ("scope", decision.scope == req.scope),
-                    ("request", decision.request_hash == req.request_hash),
-                ]
-                .into_iter()
-                .filter(|(_, same)| !same)
-                .map(|(name, _)| name)
-                .collect();
-                if !differs.is_empty() {
-                    return Err(Failure::Backend(BackendError::CreateNewOperation {
-                        differs: differs.join(", "),
-                    }));
-                }
-                let lapsed = state == "released"
-                    || (state == "reserved" && reserved_ms.saturating_add(expiry_ms) <= now_ms);
-                if lapsed {
-                    check_budget(&mut tx)?;
-                    tx.execute(
-                        "UPDATE callid_decisions SET state = 'reserved', reserved_ms = $2
-                         WHERE decision_id = $1",
-                        &[&decision.decision_id, &now_ms],
-                    )?;
-                    tx.commit()?;
-                }
-                return Ok(decision);
-            }
-            check_budget(&mut tx)?;
-            let id = decision_id(req.agent_id, req.operation_key);
-            let created_at: String = tx
-                .query_one(
-                    "INSERT INTO callid_decisions (agent_id, operation_key, decision_id, account,
-                         amount_cents, scope, request_hash, created_at, state, reserved_ms)
-                     VALUES ($1, $2, $3, $4, $5, $6, $7,
-                         to_char(clock_timestamp() AT TIME ZONE 'UTC',
-                                 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"'),
-                         'reserved', $8)
-                     RETURNING created_at",
-                    &[
-                        &req.agent_id,
-                        &req.operation_key,
-                        &id,
-                        &req.account,
-                        &(req.amount_cents as i64),
-                        &req.scope,
-                        &req.request_hash,
-                        &now_ms,
-                    ],
-                )?
-                .try_get(0)?;
-            tx.commit()?;
-            Ok(Decision {
-                decision_id: id,
-                account: req.account.to_owned(),
-                amount_cents: req.amount_cents,
-                scope: req.scope.to_owned(),
-                request_hash: req.request_hash.to_owned(),
-                created_at,
-                newly_recorded: true,
-            })
+            authorize_on(c, req, now_ms, expiry_ms)
         })
     }
 
@@ -349,22 +248,14 @@ impl SharedState {
     ) -> Result<u64, BackendError> {
         let from: Vec<String> = from.iter().map(|s| s.to_string()).collect();
         self.with("recording a decision's state", |c| {
-            Ok(c.execute(
-                "UPDATE callid_decisions SET state = $2 WHERE decision_id = $1 AND state = ANY($3)",
-                &[&decision_id, &to, &from],
-            )?)
+            set_state_on(c, decision_id, to, &from)
         })
     }
 
     /// See [`super::Authorization::record_charge`].
     pub fn record_charge(&self, decision_id: &str, charged_cents: u64) -> Result<(), BackendError> {
         self.with("recording a charge", |c| {
-            c.execute(
-                "UPDATE callid_decisions SET state = 'charged', charged_cents = $2
-                 WHERE decision_id = $1",
-                &[&decision_id, &(charged_cents as i64)],
-            )?;
-            Ok(())
+            record_charge_on(c, decision_id, charged_cents)
         })
     }
 
@@ -404,6 +295,73 @@ impl SharedState {
             Ok(n.max(0) as u64)
         })
     }
+    /// The layers' steps before a dispatch inside the caller's transaction `tx` on the shared
+    /// database (the registry's, joined by the new row's insert): the decision marked
+    /// `dispatched` and the execution's `dispatched` record, committed with it.
+    pub(super) fn prepare_in(
+        &self,
+        tx: &mut postgres::Transaction<'_>,
+        req: &AuthorizationRequest<'_>,
+        request: &str,
+        now_ms: i64,
+        expiry_ms: i64,
+    ) -> Result<(Decision, bool, Begin), BackendError> {
+        let doing = "recording an authorization";
+        let decision =
+            authorize_on(tx, req, now_ms, expiry_ms).map_err(|f| self.failed(doing, f))?;
+        let first = set_state_on(
+            tx,
+            &decision.decision_id,
+            "dispatched",
+            &["reserved".to_string()],
+        )
+        .map_err(|f| self.failed(doing, f))?
+            == 1;
+        let begin = begin_execution_on(tx, &decision.decision_id, request)
+            .map_err(|f| self.failed("recording an execution", f))?;
+        Ok((decision, first, begin))
+    }
+
+    /// The record of a provider's answer inside the caller's transaction `tx` on the shared
+    /// database (the registry's, joined by the result's record): the execution `completed`
+    /// (the first receipt wins) and the decision `charged` with the receipt's amount.
+    pub(super) fn settle_in(
+        &self,
+        tx: &mut postgres::Transaction<'_>,
+        decision_id: &str,
+        receipt: &Receipt,
+        replayed: bool,
+    ) -> Result<(), BackendError> {
+        let doing = "recording an execution's receipt";
+        let text = serde_json::to_string(receipt).expect("a receipt always serializes");
+        let executed = complete_execution_on(tx, decision_id, &text, replayed)
+            .map_err(|f| self.failed(doing, f))?;
+        record_charge_on(tx, decision_id, executed.receipt.amount_cents)
+            .map_err(|f| self.failed("recording a charge", f))
+    }
+
+    /// Runs `f` in a transaction of its own on a pooled connection, committed when it returns
+    /// `Ok`.
+    pub(super) fn in_transaction<T>(
+        &self,
+        doing: &'static str,
+        f: impl FnOnce(&mut postgres::Transaction<'_>) -> Result<T, BackendError>,
+    ) -> Result<T, BackendError> {
+        self.with(doing, |c| {
+            let mut tx = c.transaction()?;
+            let value = f(&mut tx).map_err(Failure::Backend)?;
+            tx.commit()?;
+            Ok(value)
+        })
+    }
+
+    fn failed(&self, doing: &'static str, failure: Failure) -> BackendError {
+        match failure {
+            Failure::Backend(e) => e,
+            Failure::Db(e) => self.unavailable(doing, &e),
+        }
+    }
+
     /// See the execution layer's `begin`: the execution of `decision_id` for `request` (the
     /// serialized request as asked), recorded `dispatched` before the provider is called, or
     /// its recorded receipt.
@@ -413,51 +371,7 @@ impl SharedState {
         request: &str,
     ) -> Result<Begin, BackendError> {
         self.with("recording an execution", |c| {
-            let mut tx = c.transaction()?;
-            tx.execute(
-                "SELECT pg_advisory_xact_lock($1, hashtext($2))",
-                &[&EXECUTION_LOCK, &decision_id],
-            )?;
-            let row = tx.query_opt(
-                "SELECT request, state, attempts, receipt, provider_replayed
-                 FROM callid_executions WHERE decision_id = $1",
-                &[&decision_id],
-            )?;
-            let key = provider_key(decision_id);
-            let Some(row) = row else {
-                tx.execute(
-                    "INSERT INTO callid_executions (decision_id, provider_key, request, state,
-                         attempts, dispatched_at)
-                     VALUES ($1, $2, $3, 'dispatched', 1, clock_timestamp())",
-                    &[&decision_id, &key, &request],
-                )?;
-                tx.commit()?;
-                return Ok(Begin::Dispatch { key });
-            };
-            let stored: String = row.try_get(0)?;
-            if stored != request {
-                return Err(Failure::Backend(BackendError::CreateNewOperation {
-                    differs: "request".into(),
-                }));
-            }
-            let state: String = row.try_get(1)?;
-            let attempts: i64 = row.try_get(2)?;
-            let receipt: Option<String> = row.try_get(3)?;
-            let replayed: Option<bool> = row.try_get(4)?;
-            if let (true, Some(receipt)) = (state == "completed", receipt) {
-                return Ok(Begin::Done(Executed {
-                    receipt: parse_receipt(&receipt)?,
-                    provider_replayed: replayed == Some(true),
-                    from_record: true,
-                    attempts: attempts.max(0) as u64,
-                }));
-            }
-            tx.execute(
-                "UPDATE callid_executions SET attempts = attempts + 1 WHERE decision_id = $1",
-                &[&decision_id],
-            )?;
-            tx.commit()?;
-            Ok(Begin::Dispatch { key })
+            begin_execution_on(c, decision_id, request)
         })
     }
     /// See the execution layer's `complete`: the first recorded receipt wins.
@@ -469,28 +383,224 @@ impl SharedState {
     ) -> Result<Executed, BackendError> {
         let text = serde_json::to_string(receipt).expect("a receipt always serializes");
         self.with("recording an execution's receipt", |c| {
-            c.execute(
-                "UPDATE callid_executions SET state = 'completed', receipt = $2,
-                     provider_replayed = $3, completed_at = clock_timestamp()
-                 WHERE decision_id = $1 AND state = 'dispatched'",
-                &[&decision_id, &text, &replayed],
-            )?;
-            let row = c.query_one(
-                "SELECT receipt, provider_replayed, attempts FROM callid_executions
-                 WHERE decision_id = $1",
-                &[&decision_id],
-            )?;
-            let stored: String = row.try_get(0)?;
-            let stored_replayed: Option<bool> = row.try_get(1)?;
-            let attempts: i64 = row.try_get(2)?;
-            Ok(Executed {
-                receipt: parse_receipt(&stored)?,
-                provider_replayed: stored_replayed == Some(true),
-                from_record: false,
-                attempts: attempts.max(0) as u64,
-            })
+            complete_execution_on(c, decision_id, &text, replayed)
         })
     }
+}
+
+fn authorize_on(
+    c: &mut impl GenericClient,
+    req: &AuthorizationRequest<'_>,
+    now_ms: i64,
+    expiry_ms: i64,
+) -> Result<Decision, Failure> {
+    let mut tx = c.transaction()?;
+    tx.execute(
+        "SELECT pg_advisory_xact_lock($1, hashtext($2))",
+        &[&BUDGET_LOCK, &req.account],
+    )?;
+    let existing = tx.query_opt(
+        "SELECT decision_id, account, amount_cents, scope, request_hash, created_at,
+                 state, reserved_ms
+             FROM callid_decisions WHERE agent_id = $1 AND operation_key = $2 FOR UPDATE",
+        &[&req.agent_id, &req.operation_key],
+    )?;
+    let check_budget = |tx: &mut postgres::Transaction<'_>| -> Result<(), Failure> {
+        let Some(budget) = req.budget_cents else {
+            return Ok(());
+        };
+        let spent: i64 = tx
+            .query_one(SPENT, &[&req.account, &now_ms, &expiry_ms])?
+            .try_get(0)?;
+        let remaining = budget.saturating_sub(spent.max(0) as u64);
+        if req.amount_cents > remaining {
+            return Err(Failure::Backend(BackendError::BudgetExceeded {
+                account: req.account.to_owned(),
+                amount_cents: req.amount_cents,
+                budget_cents: budget,
+                remaining_cents: remaining,
+            }));
+        }
+        Ok(())
+    };
+    if let Some(row) = existing {
+        let decision = Decision {
+            decision_id: row.try_get(0)?,
+            account: row.try_get(1)?,
+            amount_cents: row.try_get::<_, i64>(2)?.max(0) as u64,
+            scope: row.try_get(3)?,
+            request_hash: row.try_get(4)?,
+            created_at: row.try_get(5)?,
+            newly_recorded: false,
+        };
+        let state: String = row.try_get(6)?;
+        let reserved_ms: i64 = row.try_get(7)?;
+        let differs: Vec<&str> = [
+            ("account", decision.account == req.account),
+            ("amount", decision.amount_cents == req.amount_cents),
+            ("scope", decision.scope == req.scope),
+            ("request", decision.request_hash == req.request_hash),
+        ]
+        .into_iter()
+        .filter(|(_, same)| !same)
+        .map(|(name, _)| name)
+        .collect();
+        if !differs.is_empty() {
+            return Err(Failure::Backend(BackendError::CreateNewOperation {
+                differs: differs.join(", "),
+            }));
+        }
+        let lapsed = state == "released"
+            || (state == "reserved" && reserved_ms.saturating_add(expiry_ms) <= now_ms);
+        if lapsed {
+            check_budget(&mut tx)?;
+            tx.execute(
+                "UPDATE callid_decisions SET state = 'reserved', reserved_ms = $2
+                     WHERE decision_id = $1",
+                &[&decision.decision_id, &now_ms],
+            )?;
+            tx.commit()?;
+        }
+        return Ok(decision);
+    }
+    check_budget(&mut tx)?;
+    let id = decision_id(req.agent_id, req.operation_key);
+    let created_at: String = tx
+        .query_one(
+            "INSERT INTO callid_decisions (agent_id, operation_key, decision_id, account,
+                     amount_cents, scope, request_hash, created_at, state, reserved_ms)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7,
+                     to_char(clock_timestamp() AT TIME ZONE 'UTC',
+                             'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"'),
+                     'reserved', $8)
+                 RETURNING created_at",
+            &[
+                &req.agent_id,
+                &req.operation_key,
+                &id,
+                &req.account,
+                &(req.amount_cents as i64),
+                &req.scope,
+                &req.request_hash,
+                &now_ms,
+            ],
+        )?
+        .try_get(0)?;
+    tx.commit()?;
+    Ok(Decision {
+        decision_id: id,
+        account: req.account.to_owned(),
+        amount_cents: req.amount_cents,
+        scope: req.scope.to_owned(),
+        request_hash: req.request_hash.to_owned(),
+        created_at,
+        newly_recorded: true,
+    })
+}
+
+fn set_state_on(
+    c: &mut impl GenericClient,
+    decision_id: &str,
+    to: &str,
+    from: &[String],
+) -> Result<u64, Failure> {
+    Ok(c.execute(
+        "UPDATE callid_decisions SET state = $2 WHERE decision_id = $1 AND state = ANY($3)",
+        &[&decision_id, &to, &from],
+    )?)
+}
+
+fn record_charge_on(
+    c: &mut impl GenericClient,
+    decision_id: &str,
+    charged_cents: u64,
+) -> Result<(), Failure> {
+    c.execute(
+        "UPDATE callid_decisions SET state = 'charged', charged_cents = $2
+             WHERE decision_id = $1",
+        &[&decision_id, &(charged_cents as i64)],
+    )?;
+    Ok(())
+}
+
+fn begin_execution_on(
+    c: &mut impl GenericClient,
+    decision_id: &str,
+    request: &str,
+) -> Result<Begin, Failure> {
+    let mut tx = c.transaction()?;
+    tx.execute(
+        "SELECT pg_advisory_xact_lock($1, hashtext($2))",
+        &[&EXECUTION_LOCK, &decision_id],
+    )?;
+    let row = tx.query_opt(
+        "SELECT request, state, attempts, receipt, provider_replayed
+             FROM callid_executions WHERE decision_id = $1",
+        &[&decision_id],
+    )?;
+    let key = provider_key(decision_id);
+    let Some(row) = row else {
+        tx.execute(
+            "INSERT INTO callid_executions (decision_id, provider_key, request, state,
+                     attempts, dispatched_at)
+                 VALUES ($1, $2, $3, 'dispatched', 1, clock_timestamp())",
+            &[&decision_id, &key, &request],
+        )?;
+        tx.commit()?;
+        return Ok(Begin::Dispatch { key });
+    };
+    let stored: String = row.try_get(0)?;
+    if stored != request {
+        return Err(Failure::Backend(BackendError::CreateNewOperation {
+            differs: "request".into(),
+        }));
+    }
+    let state: String = row.try_get(1)?;
+    let attempts: i64 = row.try_get(2)?;
+    let receipt: Option<String> = row.try_get(3)?;
+    let replayed: Option<bool> = row.try_get(4)?;
+    if let (true, Some(receipt)) = (state == "completed", receipt) {
+        return Ok(Begin::Done(Executed {
+            receipt: parse_receipt(&receipt)?,
+            provider_replayed: replayed == Some(true),
+            from_record: true,
+            attempts: attempts.max(0) as u64,
+        }));
+    }
+    tx.execute(
+        "UPDATE callid_executions SET attempts = attempts + 1 WHERE decision_id = $1",
+        &[&decision_id],
+    )?;
+    tx.commit()?;
+    Ok(Begin::Dispatch { key })
+}
+
+fn complete_execution_on(
+    c: &mut impl GenericClient,
+    decision_id: &str,
+    text: &str,
+    replayed: bool,
+) -> Result<Executed, Failure> {
+    c.execute(
+        "UPDATE callid_executions SET state = 'completed', receipt = $2,
+                 provider_replayed = $3, completed_at = clock_timestamp()
+             WHERE decision_id = $1 AND state = 'dispatched'",
+        &[&decision_id, &text, &replayed],
+    )?;
+    let row = c.query_one(
+        "SELECT receipt, provider_replayed, attempts FROM callid_executions
+             WHERE decision_id = $1",
+        &[&decision_id],
+    )?;
+    let stored: String = row.try_get(0)?;
+    let stored_replayed: Option<bool> = row.try_get(1)?;
+    let attempts: i64 = row.try_get(2)?;
+    Ok(Executed {
+        receipt: parse_receipt(&stored)?,
+        provider_replayed: stored_replayed == Some(true),
+        from_record: false,
+        attempts: attempts.max(0) as u64,
+    })
 }
 
 fn parse_receipt(text: &str) -> Result<Receipt, Failure> {

@@ -170,7 +170,8 @@ pub const MIGRATIONS: &[&str] = &[
 /// the built-in router's authorization and execution layers, whose tables live in the
 /// registry's file ([`crate::backend::Backend::open_in`]). It runs after the registry's own
 /// statements and before the commit.
-pub type InTransaction<T, E> = Box<dyn FnOnce(&rusqlite::Connection) -> Result<T, E> + Send>;
+pub type InTransaction<T, E> =
+    Box<dyn for<'a, 'b> FnOnce(crate::backend::LayerTx<'a, 'b>) -> Result<T, E> + Send>;
 
 /// Why the registry cannot be used. Every spend fails closed with `registry_unavailable` on any
 /// of these, naming the file and the cause.
@@ -636,11 +637,12 @@ impl Registry {
     }
 
     /// [`Registry::insert_leased`] with `stage`, another layer's steps for the new row, in the
-    /// same transaction (SQLite only: one commit for all). The stage runs only for a created,
-    /// pending, leased row, inside a savepoint: when it fails, its writes are rolled back and the
-    /// row and its lease are committed without them, and its error is returned beside the row
-    /// (the caller then runs those steps on their own). Returns the stage's outcome, `None`
-    /// when it did not run (an existing row, a row waiting for approval, or PostgreSQL).
+    /// same transaction: one commit for the row, its lease and the stage. The stage runs only
+    /// for a created, pending, leased row, inside a savepoint: when it fails, its writes are
+    /// rolled back and the row and its lease are committed without them, and its error is
+    /// returned beside the row (the caller then runs those steps on their own). Returns the
+    /// stage's outcome, `None` when it did not run (an existing row, a row waiting for
+    /// approval).
     #[allow(clippy::type_complexity)]
     pub fn insert_staged<T, E>(
         &mut self,
@@ -658,16 +660,7 @@ impl Registry {
                     matches!(&insert, Insert::Stored(op, true) if op.status == Status::Pending);
                 Ok((insert, leased, staged))
             }
-            Registry::Postgres(_) => {
-                let insert = self.insert_within_budget(new, budget_cents)?;
-                let leased = match &insert {
-                    Insert::Stored(op, true) if op.status == Status::Pending => {
-                        self.claim_lease(&op.handle, owner, ttl)? == Lease::Granted
-                    }
-                    _ => false,
-                };
-                Ok((insert, leased, None))
-            }
+            Registry::Postgres(r) => r.insert_staged(new, budget_cents, owner, ttl, stage),
         }
     }
 
@@ -701,8 +694,8 @@ impl Registry {
     }
 
     /// [`Registry::record_result`] with `settle`, another layer's record of the same outcome,
-    /// in the same transaction (SQLite only: one commit for all; on PostgreSQL `settle` must be
-    /// `None`). When `settle` fails nothing is recorded ([`RegistryError::Layer`]).
+    /// in the same transaction: one commit for all. When `settle` fails nothing is recorded
+    /// ([`RegistryError::Layer`]).
     pub fn record_settled<E: std::fmt::Display>(
         &mut self,
         handle: &PublicHandle,
@@ -710,13 +703,7 @@ impl Registry {
         charged_cents: u64,
         settle: Option<InTransaction<(), E>>,
     ) -> Result<(), RegistryError> {
-        match self {
-            Registry::Sqlite(r) => r.record_settled(handle, result, charged_cents, settle),
-            Registry::Postgres(_) if settle.is_some() => Err(RegistryError::Unsupported {
-                what: "a layer's step in a PostgreSQL registry's transaction is not supported; nothing was recorded",
-            }),
-            Registry::Postgres(r) => r.record_result(handle, result, charged_cents),
-        }
+        each!(self, r => r.record_settled(handle, result, charged_cents, settle))
     }
 
     /// Records a final error of an operation (answered again on redelivery).

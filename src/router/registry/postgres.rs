@@ -9,7 +9,9 @@
 //! again on the next call, so the router fails closed while the database is down and recovers
 //! when it returns.
 
+use super::InTransaction;
 use super::{Insert, Lease, NewOperation, Operation, RawRow, RegistryError, Status, now_ms};
+use crate::backend::LayerTx;
 use crate::keys::PublicHandle;
 use crate::pg::PgUrl;
 use postgres::{Client, NoTls, Statement};
@@ -596,6 +598,128 @@ impl PgRegistry {
         ))
     }
 
+    /// [`PgRegistry::insert_within_budget`] that also takes the new row's dispatch lease for
+    /// `owner` and runs `stage` (another layer's steps, in a savepoint) in the same transaction:
+    /// one commit for the row, its lease and the layers' records. An existing row is returned
+    /// untouched, with no stage run; a failed stage is rolled back alone (see
+    /// [`super::Registry::insert_staged`]).
+    #[allow(clippy::type_complexity)]
+    pub fn insert_staged<T, E>(
+        &mut self,
+        new: NewOperation,
+        budget_cents: Option<u64>,
+        owner: &str,
+        ttl: Duration,
+        stage: Option<InTransaction<T, E>>,
+    ) -> Result<(Insert, bool, Option<Result<T, E>>), RegistryError> {
+        let installation = self.installation_id.clone();
+        let (status, approval) = new.initial_state();
+        let now = now_ms();
+        let arguments = new.arguments.to_string();
+        let amount = new.amount_cents as i64;
+        let budget = budget_cents.map(|b| b.min(i64::MAX as u64) as i64);
+        let key = self.lock_key;
+        let ttl_ms = ttl.as_millis() as i64;
+        let pending = status == Status::Pending;
+        let done = self.run("recording a new operation", |c, p| {
+            let insert = p.get(c, INSERT)?;
+            let claim = p.get(c, CLAIM)?;
+            let find = p.get(c, FIND)?;
+            let committed = p.get(c, COMMITTED)?;
+            let params: [&(dyn postgres::types::ToSql + Sync); 13] = [
+                &new.platform,
+                &installation,
+                &new.harness_call_id,
+                &new.handle.as_str(),
+                &new.key.expose(),
+                &new.tool,
+                &new.request_hash.as_str(),
+                &arguments,
+                &amount,
+                &status.name(),
+                &approval.name(),
+                &now,
+                &new.source_installation,
+            ];
+            let mut tx = c.transaction()?;
+            if let Some(budget) = budget {
+                tx.execute(
+                    "SELECT pg_advisory_xact_lock($1, hashtext($2))",
+                    &[&BUDGET_NAMESPACE, &installation],
+                )?;
+                let existing = tx.query_opt(
+                    &find,
+                    &[
+                        &new.platform,
+                        &installation,
+                        &new.harness_call_id,
+                        &new.source_installation,
+                    ],
+                )?;
+                if let Some(row) = existing {
+                    return Ok((Inserted::Existing(Box::new(row_to_raw(&row)?)), false, None));
+                }
+                let spent: i64 = tx.query_one(&committed, &[&installation])?.try_get(0)?;
+                if spent.max(0).saturating_add(amount) > budget {
+                    return Ok((Inserted::OverBudget(spent.max(0) as u64), false, None));
+                }
+            }
+            let created = tx.query_opt(&insert, &params)?.is_some();
+            let leased = created
+                && pending
+                && tx
+                    .query_opt(
+                        &claim,
+                        &[&new.handle.as_str(), &owner, &key, &ttl_ms, &NAMESPACE],
+                    )?
+                    .is_some();
+            let staged = match stage.filter(|_| leased) {
+                None => None,
+                Some(stage) => {
+                    let mut sp = tx.transaction()?;
+                    let outcome = stage(LayerTx::Postgres(&mut sp));
+                    if outcome.is_ok() {
+                        sp.commit()?;
+                    } else {
+                        sp.rollback()?;
+                    }
+                    Some(outcome)
+                }
+            };
+            tx.commit()?;
+            Ok((Inserted::Row(created), leased, staged))
+        })?;
+        let (inserted, leased, staged) = done;
+        match inserted {
+            Inserted::Row(true) => Ok((
+                Insert::Stored(Box::new(new.into_operation(status, approval)), true),
+                leased,
+                staged,
+            )),
+            Inserted::Row(false) => {
+                let existing = self.find(
+                    &new.platform,
+                    &new.source_installation,
+                    &new.harness_call_id,
+                )?;
+                match existing {
+                    Some(op) => Ok((Insert::Stored(Box::new(op), false), false, None)),
+                    None => Err(self.corrupt(format!(
+                        "the row of call `{}` conflicted on insert and then could not be found",
+                        new.harness_call_id
+                    ))),
+                }
+            }
+            Inserted::Existing(raw) => {
+                let op = raw.into_operation(&self.location())?;
+                Ok((Insert::Stored(Box::new(op), false), false, None))
+            }
+            Inserted::OverBudget(committed_cents) => {
+                Ok((Insert::OverBudget { committed_cents }, false, None))
+            }
+        }
+    }
+
     /// Takes the dispatch lease of a pending operation for `owner` until the server's
     /// `clock_timestamp() + ttl`. A lease held by another owner is taken over only if it
     /// expired or its replica's liveness lock is gone.
@@ -649,14 +773,42 @@ impl PgRegistry {
         result: &Value,
         charged_cents: u64,
     ) -> Result<(), RegistryError> {
+        self.record_settled::<String>(handle, result, charged_cents, None)
+    }
+
+    /// [`PgRegistry::record_result`] with `settle`, another layer's record of the same outcome,
+    /// in the same transaction (see [`super::Registry::record_settled`]); when it fails nothing
+    /// is recorded.
+    pub fn record_settled<E: std::fmt::Display>(
+        &mut self,
+        handle: &PublicHandle,
+        result: &Value,
+        charged_cents: u64,
+        settle: Option<InTransaction<(), E>>,
+    ) -> Result<(), RegistryError> {
         let key = self.lock_key;
         let text = result.to_string();
         let charged = charged_cents as i64;
-        self.run("recording a result", |c, p| {
+        let settled = self.run("recording a result", |c, p| {
             let s = p.get(c, RECORD_RESULT)?;
-            c.execute(&s, &[&handle.as_str(), &text, &now_ms(), &charged, &key])
+            let Some(settle) = settle else {
+                c.execute(&s, &[&handle.as_str(), &text, &now_ms(), &charged, &key])?;
+                return Ok(Ok(()));
+            };
+            let mut tx = c.transaction()?;
+            tx.execute(&s, &[&handle.as_str(), &text, &now_ms(), &charged, &key])?;
+            if let Err(e) = settle(LayerTx::Postgres(&mut tx)) {
+                // Dropped: rolled back, nothing recorded.
+                return Ok(Err(e.to_string()));
+            }
+            tx.commit()?;
+            Ok(Ok(()))
+        })?;
+        settled.map_err(|detail| RegistryError::Layer {
+            path: self.location(),
+            doing: "the result",
+            detail,
         })
-        .map(|_| ())
     }
 
     /// Records a final error of an operation (fenced by this replica's lease).

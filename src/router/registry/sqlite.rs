@@ -5,6 +5,7 @@ use super::{
     InTransaction, Insert, Lease, NewOperation, Operation, RawRow, RegistryError, SPEC, Status,
     now_ms, owner_alive,
 };
+use crate::backend::LayerTx;
 use crate::keys::PublicHandle;
 use crate::store::{self, Create};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
@@ -286,7 +287,7 @@ impl SqliteRegistry {
                 let sp = tx
                     .savepoint()
                     .map_err(sqlite(&path, "recording a new operation"))?;
-                let outcome = stage(&sp);
+                let outcome = stage(LayerTx::Sqlite(&sp));
                 if outcome.is_ok() {
                     sp.commit()
                 } else {
@@ -405,7 +406,7 @@ impl SqliteRegistry {
         )
         .map_err(sqlite(&path, DOING))?;
         if let Some(settle) = settle {
-            settle(&tx).map_err(|e| RegistryError::Layer {
+            settle(LayerTx::Sqlite(&tx)).map_err(|e| RegistryError::Layer {
                 path: path.clone(),
                 doing: "the result",
                 detail: e.to_string(),
