@@ -8,15 +8,29 @@
 //!    idempotency key derived from it, so one decision leads to at most one charge.
 //! 3. The [`provider`](crate::provider) charges once per idempotency key.
 //!
-//! One bug in one layer does not become a double charge: each layer dedupes on its own key, in its
-//! own durable file in the state directory the router gives [`Backend::open`]:
-//! `authorization.sqlite3`, `execution.sqlite3` and, for the in-process provider,
-//! `provider-ledger.sqlite3`.
+//! One bug in one layer does not become a double charge: each layer dedupes on its own key, in
+//! durable tables of its own. Where they live:
+//! - [`Backend::open`]: each layer in its own file in the state directory,
+//!   `authorization.sqlite3` and `execution.sqlite3` (the library default, used by
+//!   [`Backend::spend`]).
+//! - [`Backend::open_in`]: both layers' tables in a host SQLite file (the router's registry,
+//!   whose migrations include [`LAYER_TABLES`]); with [`BackendConfig::shared_state`], in the
+//!   replicas' PostgreSQL database. Their steps then join the caller's transactions
+//!   ([`LayerTx`]): [`Backend::prepare_in`] commits the decision and the `dispatched`
+//!   execution with the registry's new row, [`Backend::dispatch`] calls the provider, and
+//!   [`Backend::settle_in`] commits the receipt and the charge with the registry's result.
+//!   The layers stay separate steps, each on its own key; only the commit is shared.
+//!
+//! The in-process provider's ledger is always its own file, `provider-ledger.sqlite3`.
 //!
 //! # Guarantee
-//! [`Backend::spend`] under one operation key charges at most once, whatever the number of
-//! retries, concurrent calls, crashes and restarts, and every successful answer for that key
-//! carries the same receipt. Nothing it returns (receipts, errors, messages) contains the
+//! [`Backend::spend`], and [`Backend::prepare_in`] (or [`Backend::prepare`]) then
+//! [`Backend::dispatch`] then [`Backend::settle_in`], under one operation key charge at most
+//! once, whatever the number of retries, concurrent calls, crashes and restarts, and every
+//! successful answer for that key carries the same receipt: nothing is sent to the provider
+//! before the decision and the `dispatched` execution are committed, and a crash before the
+//! settlement's commit leaves a `dispatched` execution that the next attempt sends again under
+//! the same provider key. Nothing it returns (receipts, errors, messages) contains the
 //! operation key.
 //!
 //! # Money

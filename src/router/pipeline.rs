@@ -37,7 +37,7 @@
 use super::preallocated::{KeyPool, KeyPoolError};
 use super::registry::{
     InTransaction, Insert, Lease, NewOperation, Operation, Registry, RegistryError,
-    RegistryLocation, Status, process_owner, retire_owner,
+    RegistryLocation, Status, Write, process_owner, retire_owner,
 };
 use super::replay::{self, Cached, ReplayCache};
 pub use super::reply::{
@@ -55,6 +55,7 @@ use std::future::Future;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tokio::sync::oneshot;
 
 /// How long a dispatch lease holds off other processes (longer than any backend call).
 pub const LEASE_TTL: Duration = Duration::from_secs(120);
@@ -196,6 +197,8 @@ pub struct CoreOptions {
 pub struct Core {
     opts: CoreOptions,
     registry: Arc<Mutex<Option<Registry>>>,
+    /// The registry's writer thread ([`write_batches`]): new rows and results.
+    writes: std::sync::mpsc::Sender<Write<Staged>>,
     pool: Option<Arc<Mutex<Option<KeyPool>>>>,
     flights: Mutex<HashMap<(String, String, String), Flight>>,
     owner: String,
@@ -241,13 +244,23 @@ impl Core {
                 None
             }
         };
+        let registry = Arc::new(Mutex::new(registry));
+        let (writes, queue) = std::sync::mpsc::channel();
+        {
+            let (registry, location) = (registry.clone(), opts.registry.clone());
+            std::thread::Builder::new()
+                .name("callid-registry-writer".into())
+                .spawn(move || write_batches(&registry, &location, &queue))
+                .expect("a thread starts");
+        }
         Core {
+            writes,
             pool: opts
                 .preallocated_keys
                 .as_ref()
                 .map(|_| Arc::new(Mutex::new(None))),
             scrubber: Scrubber::new(&opts.key_prefix),
-            registry: Arc::new(Mutex::new(registry)),
+            registry,
             flights: Mutex::new(HashMap::new()),
             owner: process_owner(),
             replies: ReplayCache::default(),
@@ -402,11 +415,18 @@ impl Core {
         };
         let amount = quote.amount_cents;
         let budget = quote.budget_cents;
-        let owner = self.owner.clone();
         let stage = spender.stage(&new).await;
-        // The row, its dispatch lease and the spender's own steps: one commit.
+        // The row, its dispatch lease and the spender's own steps: one commit, shared with the
+        // other writes waiting at that moment (group commit).
         let (insert, leased, staged) = self
-            .registry(move |r| r.insert_staged(new, budget, &owner, LEASE_TTL, stage))
+            .write(|reply| Write::Insert {
+                new: Box::new(new),
+                budget_cents: budget,
+                owner: self.owner.clone(),
+                ttl: LEASE_TTL,
+                stage,
+                reply,
+            })
             .await?;
         let (op, created) = match insert {
             Insert::Stored(op, created) => (*op, created),
@@ -553,10 +573,16 @@ impl Core {
         done.result = Some(result.clone());
         crashpoint::hit(Boundary::BeforeResultRecorded);
         let handle = op.handle.clone();
-        // The result and the spender's layers' record of it: one commit.
-        self.registry(move |r| r.record_settled(&handle, &result, charged_cents, settle))
-            .await
-            .map_err(|e| ToolError::unrecorded(&op, &answer, &e))?;
+        // The result and the spender's layers' record of it: one commit (group commit).
+        self.write(|reply| Write::Result {
+            handle,
+            result,
+            charged_cents,
+            settle,
+            reply,
+        })
+        .await
+        .map_err(|e| ToolError::unrecorded(&op, &answer, &e))?;
         self.remember(spender, &done);
         crashpoint::hit(Boundary::BeforeReply);
         tracing::info!(handle = %op.handle, "operation completed");
@@ -730,6 +756,27 @@ impl Core {
         }
     }
 
+    /// Hands a write to the registry's writer thread and waits for its answer, which comes
+    /// only once its commit returned.
+    async fn write<R>(
+        &self,
+        write: impl FnOnce(oneshot::Sender<Result<R, RegistryError>>) -> Write<Staged>,
+    ) -> Result<R, ToolError> {
+        let stopped = || {
+            ToolError::new(
+                ToolCode::RegistryUnavailable,
+                "the registry's writer stopped; nothing more can be recorded until the router \
+                 restarts",
+            )
+        };
+        let (reply, answer) = oneshot::channel();
+        self.writes.send(write(reply)).map_err(|_| stopped())?;
+        answer
+            .await
+            .map_err(|_| stopped())?
+            .map_err(ToolError::registry)
+    }
+
     /// Runs `f` on the registry (opening it first if it is not open yet) off the async threads.
     pub async fn registry<R: Send + 'static>(
         &self,
@@ -777,6 +824,43 @@ impl Core {
             )
         })?
         .map_err(|e: KeyPoolError| ToolError::new(ToolCode::RegistryUnavailable, e.to_string()))
+    }
+}
+
+/// The most writes one group commit takes.
+const MAX_BATCH: usize = 64;
+
+/// The registry's writer thread: takes the writes queued while the previous commit ran (up to
+/// [`MAX_BATCH`]) and gives them one commit ([`Registry::write_batch`]), until every [`Core`]
+/// sender is gone. A write is answered only once its commit returned, so nothing is dispatched
+/// before its row is durable and nothing replies before its result is. A panic inside a batch
+/// answers its writes with an error (their channels close) and the thread goes on.
+fn write_batches(
+    registry: &Mutex<Option<Registry>>,
+    location: &RegistryLocation,
+    queue: &std::sync::mpsc::Receiver<Write<Staged>>,
+) {
+    while let Ok(first) = queue.recv() {
+        let mut batch = vec![first];
+        batch.extend(queue.try_iter().take(MAX_BATCH - 1));
+        let mut guard = registry.lock().unwrap_or_else(|p| p.into_inner());
+        if guard.is_none() {
+            match Registry::open(location) {
+                Ok(r) => *guard = Some(r),
+                Err(e) => {
+                    for write in batch {
+                        write.fail(&e);
+                    }
+                    continue;
+                }
+            }
+        }
+        let open = guard.as_mut().expect("opened above");
+        let done =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| open.write_batch(batch)));
+        if done.is_err() {
+            tracing::error!("a group commit panicked; its writes were answered with an error");
+        }
     }
 }
 

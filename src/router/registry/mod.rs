@@ -256,12 +256,75 @@ pub enum RegistryError {
         /// The layer's error.
         detail: String,
     },
+    /// The error of a group commit ([`Registry::write_batch`]), as told to each of its writes.
+    #[error("{message}")]
+    Batch {
+        /// The error, as its `Display` showed it.
+        message: String,
+    },
     /// A feature this backend does not offer (refused, never ignored).
     #[error("{what}")]
     Unsupported {
         /// What, and what was not done.
         what: &'static str,
     },
+}
+
+impl RegistryError {
+    /// This error, for another caller of the same failed group commit.
+    pub fn again(&self) -> RegistryError {
+        RegistryError::Batch {
+            message: self.to_string(),
+        }
+    }
+}
+
+/// What a new operation's write answers: the row now stored, whether this process holds its
+/// lease, and the outcome of its stage (`None`: it did not run).
+pub type InsertDone<T> = (Insert, bool, Option<Result<T, String>>);
+
+/// One write of a group commit ([`Registry::write_batch`]), with the channel its answer goes to
+/// once the commit returned.
+pub enum Write<T> {
+    /// [`Registry::insert_staged`].
+    Insert {
+        /// The new operation.
+        new: Box<NewOperation>,
+        /// The installation's budget, when the registry enforces one.
+        budget_cents: Option<u64>,
+        /// The lease owner (this process).
+        owner: String,
+        /// The lease's time to live.
+        ttl: Duration,
+        /// Another layer's steps for the new row.
+        stage: Option<InTransaction<T, String>>,
+        /// Where the answer goes.
+        reply: tokio::sync::oneshot::Sender<Result<InsertDone<T>, RegistryError>>,
+    },
+    /// [`Registry::record_settled`].
+    Result {
+        /// The operation.
+        handle: PublicHandle,
+        /// Its result.
+        result: Value,
+        /// What was charged.
+        charged_cents: u64,
+        /// Another layer's record of the outcome.
+        settle: Option<InTransaction<(), String>>,
+        /// Where the answer goes.
+        reply: tokio::sync::oneshot::Sender<Result<(), RegistryError>>,
+    },
+}
+
+impl<T> Write<T> {
+    /// Answers this write `e` (its batch failed before it ran).
+    pub fn fail(self, e: &RegistryError) {
+        // A caller that went away has nothing to be told.
+        match self {
+            Write::Insert { reply, .. } => drop(reply.send(Err(e.again()))),
+            Write::Result { reply, .. } => drop(reply.send(Err(e.again()))),
+        }
+    }
 }
 
 /// The state of an operation, as shown to the agent.
@@ -661,6 +724,43 @@ impl Registry {
                 Ok((insert, leased, staged))
             }
             Registry::Postgres(r) => r.insert_staged(new, budget_cents, owner, ttl, stage),
+        }
+    }
+
+    /// Runs `writes` with one commit for all on a SQLite file (group commit: see
+    /// [`SqliteRegistry::write_batch`]); on PostgreSQL one after the other, each its own
+    /// transaction (the server shares WAL flushes between concurrent commits itself). Every
+    /// write is answered on its channel only after its commit returned.
+    pub fn write_batch<T>(&mut self, writes: Vec<Write<T>>) {
+        match self {
+            Registry::Sqlite(r) => r.write_batch(writes),
+            Registry::Postgres(r) => {
+                for write in writes {
+                    match write {
+                        Write::Insert {
+                            new,
+                            budget_cents,
+                            owner,
+                            ttl,
+                            stage,
+                            reply,
+                        } => {
+                            let done = r.insert_staged(*new, budget_cents, &owner, ttl, stage);
+                            drop(reply.send(done));
+                        }
+                        Write::Result {
+                            handle,
+                            result,
+                            charged_cents,
+                            settle,
+                            reply,
+                        } => {
+                            let done = r.record_settled(&handle, &result, charged_cents, settle);
+                            drop(reply.send(done));
+                        }
+                    }
+                }
+            }
         }
     }
 

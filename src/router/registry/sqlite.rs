@@ -2,8 +2,8 @@
 //! [`super`] for its Durability, Concurrency, Compatibility and Retention).
 
 use super::{
-    InTransaction, Insert, Lease, NewOperation, Operation, RawRow, RegistryError, SPEC, Status,
-    now_ms, owner_alive,
+    InTransaction, Insert, InsertDone, Lease, NewOperation, Operation, RawRow, RegistryError, SPEC,
+    Status, Write, now_ms, owner_alive,
 };
 use crate::backend::LayerTx;
 use crate::keys::PublicHandle;
@@ -12,6 +12,7 @@ use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+use tokio::sync::oneshot;
 
 /// An open registry.
 pub struct SqliteRegistry {
@@ -199,112 +200,22 @@ impl SqliteRegistry {
         stage: Option<InTransaction<T, E>>,
     ) -> Result<(Insert, Option<Result<T, E>>), RegistryError> {
         let path = self.path.clone();
-        let mut tx = self
+        let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(sqlite(&path, "recording a new operation"))?;
-        let existing = tx
-            .query_row(
-                &format!(
-                    "{SELECT} WHERE platform = ?1 AND installation_id = ?2 AND harness_call_id = ?3 \
-                     AND source_installation = ?4"
-                ),
-                params![
-                    new.platform,
-                    self.installation_id,
-                    new.harness_call_id,
-                    new.source_installation
-                ],
-                row_to_raw,
-            )
-            .optional()
-            .map_err(sqlite(&path, "looking up a call"))?;
-        if let Some(raw) = existing {
-            drop(tx);
-            return Ok((
-                Insert::Stored(Box::new(raw.into_operation(&path)?), false),
-                None,
-            ));
-        }
-        if let Some(budget) = budget_cents {
-            let committed: i64 = tx
-                .query_row(
-                    "SELECT COALESCE(SUM(CASE
-                         WHEN status = 'completed' THEN COALESCE(charged_cents, amount_cents)
-                         WHEN status IN ('pending', 'awaiting_approval') THEN amount_cents
-                         ELSE 0 END), 0)
-                     FROM operations WHERE installation_id = ?1",
-                    [&self.installation_id],
-                    |r| r.get(0),
-                )
-                .map_err(sqlite(&path, "summing the budget"))?;
-            let committed = committed.max(0) as u64;
-            if committed.saturating_add(new.amount_cents) > budget {
-                drop(tx);
-                return Ok((
-                    Insert::OverBudget {
-                        committed_cents: committed,
-                    },
-                    None,
-                ));
-            }
-        }
-        let now = now_ms();
-        let (status, approval) = new.initial_state();
-        // Only a pending row is dispatched; one waiting for a person gets no lease.
-        let lease = lease.filter(|_| status == Status::Pending);
-        let (lease_owner, lease_expires) = match lease {
-            Some((owner, ttl)) => (Some(owner), Some(now + ttl.as_millis() as i64)),
-            None => (None, None),
-        };
-        tx.execute(
-            "INSERT INTO operations (platform, installation_id, harness_call_id, handle,
-                 operation_key, tool, request_hash, arguments, amount_cents, status, approval,
-                 created_ms, updated_ms, source_installation, lease_owner, lease_expires_ms)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?12, ?13, ?14, ?15)",
-            params![
-                new.platform,
-                self.installation_id,
-                new.harness_call_id,
-                new.handle.as_str(),
-                new.key.expose(),
-                new.tool,
-                new.request_hash.as_str(),
-                new.arguments.to_string(),
-                new.amount_cents as i64,
-                status.name(),
-                approval.name(),
-                now,
-                new.source_installation,
-                lease_owner,
-                lease_expires,
-            ],
-        )
-        .map_err(sqlite(&path, "recording a new operation"))?;
-        let staged = match stage.filter(|_| lease.is_some()) {
-            None => None,
-            Some(stage) => {
-                let sp = tx
-                    .savepoint()
-                    .map_err(sqlite(&path, "recording a new operation"))?;
-                let outcome = stage(LayerTx::Sqlite(&sp));
-                if outcome.is_ok() {
-                    sp.commit()
-                } else {
-                    // Dropping a savepoint rolls it back: the row and lease stay.
-                    drop(sp);
-                    Ok(())
-                }
-                .map_err(sqlite(&path, "recording a new operation"))?;
-                Some(outcome)
-            }
-        };
+        let done = insert_in(
+            &tx,
+            &self.installation_id,
+            &path,
+            new,
+            budget_cents,
+            lease,
+            stage,
+        )?;
         tx.commit()
             .map_err(sqlite(&path, "committing a new operation"))?;
-        Ok((
-            Insert::Stored(Box::new(new.into_operation(status, approval)), true),
-            staged,
-        ))
+        Ok(done)
     }
 
     /// Takes the dispatch lease of a pending operation for `owner` until `now + ttl`. A lease
@@ -387,32 +298,99 @@ impl SqliteRegistry {
         charged_cents: u64,
         settle: Option<InTransaction<(), E>>,
     ) -> Result<(), RegistryError> {
-        const DOING: &str = "recording a result";
         let path = self.path.clone();
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(sqlite(&path, DOING))?;
-        tx.execute(
-            "UPDATE operations SET status = 'completed', result = ?2, lease_owner = NULL,
-                 lease_expires_ms = NULL, updated_ms = ?3, charged_cents = ?4
-             WHERE handle = ?1 AND status = 'pending'",
-            params![
-                handle.as_str(),
-                result.to_string(),
-                now_ms(),
-                charged_cents as i64
-            ],
-        )
-        .map_err(sqlite(&path, DOING))?;
-        if let Some(settle) = settle {
-            settle(LayerTx::Sqlite(&tx)).map_err(|e| RegistryError::Layer {
-                path: path.clone(),
-                doing: "the result",
-                detail: e.to_string(),
-            })?;
+            .map_err(sqlite(&path, RECORDING_RESULT))?;
+        record_in(&tx, &path, handle, result, charged_cents, settle)?;
+        tx.commit().map_err(sqlite(&path, RECORDING_RESULT))
+    }
+
+    /// Runs `writes` in one transaction, one commit for all (group commit), each in a savepoint
+    /// of its own: a write that fails is rolled back alone and answered its error; the others
+    /// are answered once the commit returned (if it fails, every write is answered that error
+    /// and nothing of them is recorded). Nothing is answered before the commit, so no caller
+    /// acts on a row that is not durable.
+    pub fn write_batch<T>(&mut self, writes: Vec<Write<T>>) {
+        let path = self.path.clone();
+        let tx = match self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+        {
+            Ok(tx) => tx,
+            Err(e) => {
+                let e = sqlite(&path, "starting a group commit")(e);
+                for w in writes {
+                    w.fail(&e);
+                }
+                return;
+            }
+        };
+        let mut answers = Vec::with_capacity(writes.len());
+        for (n, write) in writes.into_iter().enumerate() {
+            let mark = match Savepoint::begin(&tx, &format!("write{n}")) {
+                Ok(mark) => mark,
+                Err(e) => {
+                    write.fail(&sqlite(&path, "starting a group commit")(e));
+                    continue;
+                }
+            };
+            let answer = match write {
+                Write::Insert {
+                    new,
+                    budget_cents,
+                    owner,
+                    ttl,
+                    stage,
+                    reply,
+                } => {
+                    let done = insert_in(
+                        &tx,
+                        &self.installation_id,
+                        &path,
+                        *new,
+                        budget_cents,
+                        Some((&owner, ttl)),
+                        stage,
+                    )
+                    .map(|(insert, staged)| {
+                        let leased = matches!(&insert, Insert::Stored(op, true) if op.status == Status::Pending);
+                        (insert, leased, staged)
+                    });
+                    Answer::Insert(done, reply)
+                }
+                Write::Result {
+                    handle,
+                    result,
+                    charged_cents,
+                    settle,
+                    reply,
+                } => Answer::Result(
+                    record_in(&tx, &path, &handle, &result, charged_cents, settle),
+                    reply,
+                ),
+            };
+            if let Err(e) = mark.end(answer.is_ok()) {
+                // A savepoint that cannot be closed leaves the transaction unusable.
+                let e = sqlite(&path, "closing a group commit's write")(e);
+                answer.fail(&e);
+                for a in answers {
+                    Answer::fail(a, &e);
+                }
+                return;
+            }
+            answers.push(answer);
         }
-        tx.commit().map_err(sqlite(&path, DOING))
+        match tx.commit() {
+            Ok(()) => answers.into_iter().for_each(Answer::send),
+            Err(e) => {
+                let e = sqlite(&path, "committing a group of writes")(e);
+                for a in answers {
+                    a.fail(&e);
+                }
+            }
+        }
     }
 
     /// Records a final error of an operation (it will be answered again on redelivery).
@@ -516,6 +494,209 @@ impl SqliteRegistry {
         let n = tx.execute(sql, params).map_err(sqlite(&path, doing))?;
         tx.commit().map_err(sqlite(&path, doing))?;
         Ok(n)
+    }
+}
+
+/// Records `new` (with its lease and `stage`) inside the open transaction `tx`; see
+/// [`SqliteRegistry::insert_leased`]. The caller commits.
+#[allow(clippy::type_complexity)]
+fn insert_in<T, E>(
+    tx: &Connection,
+    installation_id: &str,
+    path: &Path,
+    new: NewOperation,
+    budget_cents: Option<u64>,
+    lease: Option<(&str, Duration)>,
+    stage: Option<InTransaction<T, E>>,
+) -> Result<(Insert, Option<Result<T, E>>), RegistryError> {
+    let existing = tx
+        .query_row(
+            &format!(
+                "{SELECT} WHERE platform = ?1 AND installation_id = ?2 AND harness_call_id = ?3 \
+                 AND source_installation = ?4"
+            ),
+            params![
+                new.platform,
+                installation_id,
+                new.harness_call_id,
+                new.source_installation
+            ],
+            row_to_raw,
+        )
+        .optional()
+        .map_err(sqlite(path, "looking up a call"))?;
+    if let Some(raw) = existing {
+        return Ok((
+            Insert::Stored(Box::new(raw.into_operation(path)?), false),
+            None,
+        ));
+    }
+    if let Some(budget) = budget_cents {
+        let committed: i64 = tx
+            .query_row(
+                "SELECT COALESCE(SUM(CASE
+                     WHEN status = 'completed' THEN COALESCE(charged_cents, amount_cents)
+                     WHEN status IN ('pending', 'awaiting_approval') THEN amount_cents
+                     ELSE 0 END), 0)
+                 FROM operations WHERE installation_id = ?1",
+                [installation_id],
+                |r| r.get(0),
+            )
+            .map_err(sqlite(path, "summing the budget"))?;
+        let committed = committed.max(0) as u64;
+        if committed.saturating_add(new.amount_cents) > budget {
+            return Ok((
+                Insert::OverBudget {
+                    committed_cents: committed,
+                },
+                None,
+            ));
+        }
+    }
+    let now = now_ms();
+    let (status, approval) = new.initial_state();
+    // Only a pending row is dispatched; one waiting for a person gets no lease.
+    let lease = lease.filter(|_| status == Status::Pending);
+    let (lease_owner, lease_expires) = match lease {
+        Some((owner, ttl)) => (Some(owner), Some(now + ttl.as_millis() as i64)),
+        None => (None, None),
+    };
+    tx.execute(
+        "INSERT INTO operations (platform, installation_id, harness_call_id, handle,
+             operation_key, tool, request_hash, arguments, amount_cents, status, approval,
+             created_ms, updated_ms, source_installation, lease_owner, lease_expires_ms)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?12, ?13, ?14, ?15)",
+        params![
+            new.platform,
+            installation_id,
+            new.harness_call_id,
+            new.handle.as_str(),
+            new.key.expose(),
+            new.tool,
+            new.request_hash.as_str(),
+            new.arguments.to_string(),
+            new.amount_cents as i64,
+            status.name(),
+            approval.name(),
+            now,
+            new.source_installation,
+            lease_owner,
+            lease_expires,
+        ],
+    )
+    .map_err(sqlite(path, "recording a new operation"))?;
+    let staged = match stage.filter(|_| lease.is_some()) {
+        None => None,
+        Some(stage) => {
+            let mark =
+                Savepoint::begin(tx, "stage").map_err(sqlite(path, "recording a new operation"))?;
+            let outcome = stage(LayerTx::Sqlite(tx));
+            // Rolled back alone when it failed: the row and lease stay.
+            mark.end(outcome.is_ok())
+                .map_err(sqlite(path, "recording a new operation"))?;
+            Some(outcome)
+        }
+    };
+    Ok((
+        Insert::Stored(Box::new(new.into_operation(status, approval)), true),
+        staged,
+    ))
+}
+
+const RECORDING_RESULT: &str = "recording a result";
+
+/// Records a completed operation's result (and `settle`) inside the open transaction `tx`; see
+/// [`SqliteRegistry::record_settled`]. The caller commits.
+fn record_in<E: std::fmt::Display>(
+    tx: &Connection,
+    path: &Path,
+    handle: &PublicHandle,
+    result: &Value,
+    charged_cents: u64,
+    settle: Option<InTransaction<(), E>>,
+) -> Result<(), RegistryError> {
+    tx.execute(
+        "UPDATE operations SET status = 'completed', result = ?2, lease_owner = NULL,
+             lease_expires_ms = NULL, updated_ms = ?3, charged_cents = ?4
+         WHERE handle = ?1 AND status = 'pending'",
+        params![
+            handle.as_str(),
+            result.to_string(),
+            now_ms(),
+            charged_cents as i64
+        ],
+    )
+    .map_err(sqlite(path, RECORDING_RESULT))?;
+    if let Some(settle) = settle {
+        settle(LayerTx::Sqlite(tx)).map_err(|e| RegistryError::Layer {
+            path: path.to_path_buf(),
+            doing: "the result",
+            detail: e.to_string(),
+        })?;
+    }
+    Ok(())
+}
+
+/// A named SQL savepoint on any connection (inside a transaction): released when `end(true)`,
+/// rolled back then released when `end(false)`.
+struct Savepoint<'c> {
+    conn: &'c Connection,
+    name: String,
+}
+
+impl<'c> Savepoint<'c> {
+    fn begin(conn: &'c Connection, name: &str) -> rusqlite::Result<Savepoint<'c>> {
+        conn.execute_batch(&format!("SAVEPOINT {name}"))?;
+        Ok(Savepoint {
+            conn,
+            name: name.to_string(),
+        })
+    }
+
+    fn end(self, keep: bool) -> rusqlite::Result<()> {
+        let name = &self.name;
+        if keep {
+            self.conn.execute_batch(&format!("RELEASE {name}"))
+        } else {
+            self.conn
+                .execute_batch(&format!("ROLLBACK TO {name}; RELEASE {name}"))
+        }
+    }
+}
+
+/// A write of a batch, done, waiting for the commit to be answered.
+enum Answer<T> {
+    Insert(
+        Result<InsertDone<T>, RegistryError>,
+        oneshot::Sender<Result<InsertDone<T>, RegistryError>>,
+    ),
+    Result(
+        Result<(), RegistryError>,
+        oneshot::Sender<Result<(), RegistryError>>,
+    ),
+}
+
+impl<T> Answer<T> {
+    fn is_ok(&self) -> bool {
+        match self {
+            Answer::Insert(done, _) => done.is_ok(),
+            Answer::Result(done, _) => done.is_ok(),
+        }
+    }
+
+    fn send(self) {
+        // A caller that went away has nothing to be told.
+        match self {
+            Answer::Insert(done, reply) => drop(reply.send(done)),
+            Answer::Result(done, reply) => drop(reply.send(done)),
+        }
+    }
+
+    fn fail(self, e: &RegistryError) {
+        match self {
+            Answer::Insert(_, reply) => drop(reply.send(Err(e.again()))),
+            Answer::Result(_, reply) => drop(reply.send(Err(e.again()))),
+        }
     }
 }
 
@@ -629,6 +810,80 @@ mod tests {
         let (b2, created) = reg.insert_or_get(other_tenant).unwrap();
         assert!(created);
         assert_ne!(b2.handle, a.handle);
+    }
+
+    /// A group commit answers every write after its one commit; a write whose layer step fails
+    /// is rolled back alone, and a failed stage leaves its row and lease in place.
+    #[test]
+    fn a_batch_answers_each_write_and_rolls_back_only_the_failed_one() {
+        use super::super::{InsertDone, Write};
+        use tokio::sync::oneshot::{self, error::TryRecvError};
+        let mut reg = SqliteRegistry::open_in_memory().unwrap();
+        let (done, _) = reg.insert_or_get(new_op("done")).unwrap();
+        let me = process_owner();
+        let insert = |call: &str, stage: Option<InTransaction<u8, String>>| {
+            let (reply, answer) = oneshot::channel::<Result<InsertDone<u8>, RegistryError>>();
+            let write = Write::Insert {
+                new: Box::new(new_op(call)),
+                budget_cents: None,
+                owner: me.clone(),
+                ttl: Duration::from_secs(60),
+                stage,
+                reply,
+            };
+            (write, answer)
+        };
+        let (w1, mut a1) = insert(
+            "staged",
+            Some(Box::new(|tx| match tx {
+                LayerTx::Sqlite(c) => c
+                    .execute_batch("CREATE TABLE layer (x); INSERT INTO layer VALUES (1);")
+                    .map(|_| 7)
+                    .map_err(|e| e.to_string()),
+                LayerTx::Postgres(_) => Err("not here".into()),
+            })),
+        );
+        let (w2, mut a2) = insert(
+            "stage-fails",
+            Some(Box::new(|tx| match tx {
+                LayerTx::Sqlite(c) => {
+                    c.execute_batch("INSERT INTO layer VALUES (2);").unwrap();
+                    Err("the layer refused".to_string())
+                }
+                LayerTx::Postgres(_) => Err("not here".into()),
+            })),
+        );
+        let (reply, mut a3) = oneshot::channel();
+        let w3 = Write::Result {
+            handle: done.handle.clone(),
+            result: json!({"ok": 1}),
+            charged_cents: 3,
+            settle: Some(Box::new(|_| Err("the settlement failed".to_string()))),
+            reply,
+        };
+        assert!(matches!(a1.try_recv(), Err(TryRecvError::Empty)));
+        reg.write_batch(vec![w1, w2, w3]);
+        let (insert1, leased1, staged1) = a1.try_recv().unwrap().unwrap();
+        assert!(matches!(insert1, Insert::Stored(_, true)) && leased1);
+        assert_eq!(staged1.unwrap().unwrap(), 7);
+        let (insert2, leased2, staged2) = a2.try_recv().unwrap().unwrap();
+        assert!(matches!(insert2, Insert::Stored(_, true)) && leased2);
+        assert_eq!(staged2.unwrap().unwrap_err(), "the layer refused");
+        let failed = a3.try_recv().unwrap().unwrap_err().to_string();
+        assert!(failed.contains("the settlement failed"), "{failed}");
+        // Both rows are there; only the first stage's write is; the result was not recorded.
+        assert!(reg.find("codex", "", "staged").unwrap().is_some());
+        let second = reg.find("codex", "", "stage-fails").unwrap().unwrap();
+        assert_eq!(second.status, Status::Pending);
+        let rows: i64 = reg
+            .conn
+            .query_row("SELECT count(*) FROM layer", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(rows, 1);
+        assert_eq!(
+            reg.find("codex", "", "done").unwrap().unwrap().status,
+            Status::Pending
+        );
     }
 
     #[test]
