@@ -2,8 +2,9 @@
 //! stdio and streamable HTTP, the `--wrap` proxy against a direct connection, bad input, and the
 //! no-leak property of the log.
 
+use crate::common::probe::{close_expecting_exit_0, logged_probe, read_records};
 use crate::common::{bin, repo};
-use callid::jsonrpc::{Child, Connection};
+use callid::jsonrpc::Connection;
 use callid::probe::record::{Record, ShapeLog, Transport};
 use callid::probe::tap::{Frame, LineFramer, Mode, Tap};
 use callid::shape::Digester;
@@ -43,14 +44,6 @@ fn classify_fixtures(format: &str) -> Output {
     );
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     callid(&args)
-}
-
-fn read_records(path: &Path) -> Vec<Record> {
-    std::fs::read_to_string(path)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
-        .collect()
 }
 
 fn methods(records: &[Record]) -> Vec<String> {
@@ -213,24 +206,9 @@ fn demo_prints_the_three_verdicts() {
 // ---------------------------------------------------------------------------------------------
 // the probe over stdio and HTTP
 
-async fn spawn_probe(args: &[&str]) -> (Connection, Child) {
-    let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-    let (mut conn, child) = Connection::spawn_stdio(&bin(), &args, &[]).await.unwrap();
-    conn.set_timeout(Duration::from_secs(20));
-    (conn, child)
-}
-
 #[tokio::test]
 async fn stdio_probe_records_every_request() {
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("probe.log");
-    let (conn, mut child) = spawn_probe(&[
-        "probe",
-        "--legacy-handshake",
-        "--log",
-        log.to_str().unwrap(),
-    ])
-    .await;
+    let (_dir, log, conn, mut child) = logged_probe("probe.log", &["--legacy-handshake"]).await;
     let discover = conn
         .request(
             json!("discover-1"),
@@ -306,13 +284,7 @@ async fn stdio_probe_records_every_request() {
         "{}",
         smuggled.raw
     );
-    conn.close().await;
-    assert_eq!(
-        child.wait().await.unwrap().code(),
-        Some(0),
-        "{}",
-        child.stderr_text()
-    );
+    close_expecting_exit_0(&conn, &mut child).await;
 
     #[cfg(unix)]
     {
@@ -361,18 +333,16 @@ async fn stdio_probe_records_every_request() {
 
 #[tokio::test]
 async fn http_probe_records_sessions_and_answers_discover() {
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("http.log");
-    let (_stdin, mut child) = spawn_probe(&[
-        "probe",
-        "--legacy-handshake",
-        "--http",
-        "127.0.0.1:0",
-        "--log",
-        log.to_str().unwrap(),
-        "--digest-salt",
-        "pepper",
-    ])
+    let (_dir, log, _stdin, mut child) = logged_probe(
+        "http.log",
+        &[
+            "--legacy-handshake",
+            "--http",
+            "127.0.0.1:0",
+            "--digest-salt",
+            "pepper",
+        ],
+    )
     .await;
     let url = callid::demo::http_url(&child).await.unwrap();
     assert!(
@@ -472,9 +442,7 @@ async fn http_probe_records_sessions_and_answers_discover() {
 
 #[tokio::test]
 async fn bad_input_gets_an_error_and_a_record_never_a_crash() {
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("bad.log");
-    let (conn, mut child) = spawn_probe(&["probe", "--log", log.to_str().unwrap()]).await;
+    let (_dir, log, conn, mut child) = logged_probe("bad.log", &[]).await;
     conn.initialize(json!(0), "2025-11-25", "bad-input-client", "1")
         .await
         .unwrap();
@@ -553,13 +521,7 @@ async fn bad_input_gets_an_error_and_a_record_never_a_crash() {
         unmatched.iter().any(|m| m.contains("-32700")),
         "{unmatched:?}"
     );
-    conn.close().await;
-    assert_eq!(
-        child.wait().await.unwrap().code(),
-        Some(0),
-        "{}",
-        child.stderr_text()
-    );
+    close_expecting_exit_0(&conn, &mut child).await;
 
     let text = std::fs::read_to_string(&log).unwrap();
     assert!(!text.contains("CANARY"), "no raw value in the log");

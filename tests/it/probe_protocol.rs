@@ -3,11 +3,11 @@
 //! streamable HTTP; `--legacy-handshake` forces the `initialize` fallback; every record carries
 //! the protocol version the message was sent under.
 
-use crate::common::bin;
-use callid::jsonrpc::{Child, Connection};
+use crate::common::probe::{
+    close_expecting_exit_0, logged_probe, read_records, spawn_probe, wait_for_records,
+};
 use callid::probe::record::{ClientInfoFrom, Record, Transport};
 use serde_json::{Value, json};
-use std::path::Path;
 use std::time::Duration;
 
 const V2026: &str = "2026-07-28";
@@ -25,34 +25,8 @@ fn inline_meta(extra: Value) -> Value {
     meta
 }
 
-fn read_records(path: &Path) -> Vec<Record> {
-    std::fs::read_to_string(path)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
-        .collect()
-}
-
-/// Waits until the log holds `n` records (the probe writes them off the reply path).
-async fn wait_for_records(path: &Path, n: usize) -> Vec<Record> {
-    for _ in 0..400 {
-        if std::fs::read_to_string(path).is_ok_and(|t| t.lines().count() >= n) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    read_records(path)
-}
-
 fn methods(records: &[Record]) -> Vec<&str> {
     records.iter().filter_map(|r| r.method.as_deref()).collect()
-}
-
-async fn spawn_probe(args: &[&str]) -> (Connection, Child) {
-    let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-    let (mut conn, child) = Connection::spawn_stdio(&bin(), &args, &[]).await.unwrap();
-    conn.set_timeout(Duration::from_secs(20));
-    (conn, child)
 }
 
 /// A `server/discover` result per 2026-07-28 naming the probe.
@@ -79,9 +53,7 @@ fn assert_discover_result(result: &Value) {
 
 #[tokio::test]
 async fn stdio_stateless_client_discovers_then_calls_without_initialize() {
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("probe.log");
-    let (conn, mut child) = spawn_probe(&["probe", "--log", log.to_str().unwrap()]).await;
+    let (_dir, log, conn, mut child) = logged_probe("probe.log", &[]).await;
     let discover = conn
         .request(
             json!("discover-1"),
@@ -129,13 +101,7 @@ async fn stdio_stateless_client_discovers_then_calls_without_initialize() {
             call.raw
         );
     }
-    conn.close().await;
-    assert_eq!(
-        child.wait().await.unwrap().code(),
-        Some(0),
-        "{}",
-        child.stderr_text()
-    );
+    close_expecting_exit_0(&conn, &mut child).await;
 
     let records = read_records(&log);
     assert_eq!(
@@ -176,15 +142,7 @@ async fn stdio_stateless_client_discovers_then_calls_without_initialize() {
 
 #[tokio::test]
 async fn stdio_legacy_handshake_forces_the_initialize_fallback() {
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("probe.log");
-    let (conn, mut child) = spawn_probe(&[
-        "probe",
-        "--legacy-handshake",
-        "--log",
-        log.to_str().unwrap(),
-    ])
-    .await;
+    let (_dir, log, conn, mut child) = logged_probe("probe.log", &["--legacy-handshake"]).await;
     let discover = conn
         .request(
             json!("d"),
@@ -232,13 +190,7 @@ async fn stdio_legacy_handshake_forces_the_initialize_fallback() {
         call.structured().unwrap()["identity"]["verdict"],
         json!("accepted")
     );
-    conn.close().await;
-    assert_eq!(
-        child.wait().await.unwrap().code(),
-        Some(0),
-        "{}",
-        child.stderr_text()
-    );
+    close_expecting_exit_0(&conn, &mut child).await;
 
     let records = read_records(&log);
     assert_eq!(
@@ -303,16 +255,7 @@ async fn post_stateless(url: &str, method: &str, id: Value, params: Value) -> (u
 
 #[tokio::test]
 async fn http_stateless_client_discovers_then_calls_and_legacy_refuses_discover() {
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("http.log");
-    let (_stdin, mut child) = spawn_probe(&[
-        "probe",
-        "--http",
-        "127.0.0.1:0",
-        "--log",
-        log.to_str().unwrap(),
-    ])
-    .await;
+    let (_dir, log, _stdin, mut child) = logged_probe("http.log", &["--http", "127.0.0.1:0"]).await;
     let url = callid::demo::http_url(&child).await.unwrap();
     let (status, discover) = post_stateless(
         &url,
@@ -364,9 +307,7 @@ async fn http_stateless_client_discovers_then_calls_and_legacy_refuses_discover(
 /// dropped.
 #[tokio::test]
 async fn ten_thousand_calls_make_ten_thousand_records() {
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("probe.log");
-    let (conn, mut child) = spawn_probe(&["probe", "--log", log.to_str().unwrap()]).await;
+    let (_dir, log, conn, mut child) = logged_probe("probe.log", &[]).await;
     conn.initialize(json!(0), "2025-11-25", "bulk-client", "1.0.0")
         .await
         .unwrap();
@@ -416,16 +357,7 @@ async fn ten_thousand_calls_make_ten_thousand_records() {
 #[cfg(unix)]
 #[tokio::test]
 async fn http_probe_writes_every_record_before_exiting_on_sigterm() {
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("http.log");
-    let (_stdin, mut child) = spawn_probe(&[
-        "probe",
-        "--http",
-        "127.0.0.1:0",
-        "--log",
-        log.to_str().unwrap(),
-    ])
-    .await;
+    let (_dir, log, _stdin, mut child) = logged_probe("http.log", &["--http", "127.0.0.1:0"]).await;
     let url = callid::demo::http_url(&child).await.unwrap();
     for id in 1..=50 {
         let (_, call) = post_stateless(
