@@ -764,7 +764,7 @@ async fn an_http_upstream_gets_the_key_as_idempotency_key_header() {
 async fn concurrent_deliveries_of_one_call_reach_the_upstream_once() {
     let w = World::new();
     let g = w.gateway(&[], &[]).await;
-    let replies = concurrent_spends(&[g.conn.clone()], 8, |_| codex("burst")).await;
+    let replies = concurrent_spends(std::slice::from_ref(&g.conn), 8, |_| codex("burst")).await;
     let first = receipt(&replies[0]);
     for r in &replies {
         assert_clean(r);

@@ -58,10 +58,21 @@ fn matrix_add(source: &Path, dir: &Path, code: i32, tmp: &Path) -> Output {
     callid_exits(&["matrix", "add", s, "--dir", d], code, tmp)
 }
 
-/// `callid matrix render --check --dir DIR`, which must pass.
+/// `callid matrix render --check --dir DIR`.
+fn render_check(dir: &Path) -> Output {
+    callid(&[
+        "matrix",
+        "render",
+        "--check",
+        "--dir",
+        dir.to_str().unwrap(),
+    ])
+}
+
+/// [`render_check`], which must pass.
 fn render_check_passes(dir: &Path, tmp: &Path) {
-    let d = dir.to_str().unwrap();
-    callid_exits(&["matrix", "render", "--check", "--dir", d], 0, tmp);
+    let out = render_check(dir);
+    assert_eq!(out.status.code(), Some(0), "{}", transcript(&out, tmp));
 }
 
 /// A temporary matrix directory `m` with no client rows.
@@ -120,13 +131,7 @@ fn check_detects_a_one_byte_difference() {
 #[test]
 fn the_committed_matrix_matches_its_data_and_evidence() {
     let dir = repo().join("matrices");
-    let out = callid(&[
-        "matrix",
-        "render",
-        "--check",
-        "--dir",
-        dir.to_str().unwrap(),
-    ]);
+    let out = render_check(&dir);
     assert_eq!(
         out.status.code(),
         Some(0),
@@ -160,13 +165,7 @@ fn strict_yaml_errors_name_the_path() {
         let text = std::fs::read_to_string(&path).unwrap();
         assert!(text.contains(from), "fixture lacks {from:?}");
         std::fs::write(&path, text.replacen(from, to, 1)).unwrap();
-        let out = callid(&[
-            "matrix",
-            "render",
-            "--check",
-            "--dir",
-            dir.to_str().unwrap(),
-        ]);
+        let out = render_check(&dir);
         let stderr = String::from_utf8_lossy(&out.stderr)
             .replace(&tmp.path().display().to_string(), "[TMP]");
         assert_eq!(out.status.code(), Some(2), "{stderr}");

@@ -2,7 +2,7 @@
 //! stdio and streamable HTTP, the `--wrap` proxy against a direct connection, bad input, and the
 //! no-leak property of the log.
 
-use crate::common::probe::{close_expecting_exit_0, logged_probe, read_records};
+use crate::common::probe::{capabilities, close_expecting_exit_0, logged_probe, read_records};
 use crate::common::{bin, repo};
 use callid::jsonrpc::Connection;
 use callid::probe::record::{Record, ShapeLog, Transport};
@@ -243,15 +243,12 @@ async fn stdio_probe_records_every_request() {
         tools.result.unwrap()["tools"][0]["annotations"]["readOnlyHint"],
         json!(true)
     );
-    let call = conn
-        .call_tool(
-            json!(2),
-            "capabilities",
-            json!({}),
-            Some(json!({"claudecode/toolUseId": "toolu_01SECRETSECRETSECRETSEC", "progressToken": 2})),
-        )
-        .await
-        .unwrap();
+    let call = capabilities(
+        &conn,
+        json!(2),
+        json!({"claudecode/toolUseId": "toolu_01SECRETSECRETSECRETSEC", "progressToken": 2}),
+    )
+    .await;
     let answer = call.structured().unwrap();
     assert_eq!(
         answer["identity"],
@@ -366,15 +363,12 @@ async fn http_probe_records_sessions_and_answers_discover() {
         conn.initialize(json!(0), "2025-06-18", "codex-mcp-client", "0.171.0")
             .await
             .unwrap();
-        let r = conn
-            .call_tool(
-                json!(n + 1),
-                "capabilities",
-                json!({}),
-                Some(json!({"callId": call_id, "threadId": "t"})),
-            )
-            .await
-            .unwrap();
+        let r = capabilities(
+            &conn,
+            json!(n + 1),
+            json!({"callId": call_id, "threadId": "t"}),
+        )
+        .await;
         assert_eq!(
             r.structured().unwrap()["identity"]["verdict"],
             json!("accepted"),
@@ -472,29 +466,13 @@ async fn bad_input_gets_an_error_and_a_record_never_a_crash() {
     for _ in 0..1000 {
         deep = json!([deep]);
     }
-    let r = conn
-        .call_tool(
-            json!(3),
-            "capabilities",
-            json!({}),
-            Some(json!({"d": deep})),
-        )
-        .await
-        .unwrap();
+    let r = capabilities(&conn, json!(3), json!({"d": deep})).await;
     assert_eq!(
         (r.id, r.error.unwrap()["code"].clone()),
         (json!(3), json!(-32600))
     );
 
-    let r = conn
-        .call_tool(
-            json!(4),
-            "capabilities",
-            json!({}),
-            Some(json!("CANARY-string-meta")),
-        )
-        .await
-        .unwrap();
+    let r = capabilities(&conn, json!(4), json!("CANARY-string-meta")).await;
     let e = r.error.unwrap();
     assert_eq!((r.id, e["code"].clone()), (json!(4), json!(-32602)));
     assert_eq!(
@@ -502,15 +480,7 @@ async fn bad_input_gets_an_error_and_a_record_never_a_crash() {
         json!("invalid params: `_meta` must be a JSON object; got string")
     );
 
-    let r = conn
-        .call_tool(
-            json!(5),
-            "capabilities",
-            json!({}),
-            Some(json!({"callId": "call_ok"})),
-        )
-        .await
-        .unwrap();
+    let r = capabilities(&conn, json!(5), json!({"callId": "call_ok"})).await;
     assert_eq!(
         r.structured().unwrap()["identity"]["verdict"],
         json!("accepted"),

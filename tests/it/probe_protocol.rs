@@ -4,7 +4,7 @@
 //! the protocol version the message was sent under.
 
 use crate::common::probe::{
-    close_expecting_exit_0, logged_probe, read_records, spawn_probe, wait_for_records,
+    capabilities, close_expecting_exit_0, logged_probe, read_records, spawn_probe, wait_for_records,
 };
 use callid::probe::record::{ClientInfoFrom, Record, Transport};
 use serde_json::{Value, json};
@@ -85,15 +85,7 @@ async fn stdio_stateless_client_discovers_then_calls_without_initialize() {
     // The same call sent twice, the retry with a new JSON-RPC id as 2026-07-28 requires.
     let tool_use = json!({"claudecode/toolUseId": "toolu_01STATELESSSTATELESSSTAT"});
     for id in [2, 3] {
-        let call = conn
-            .call_tool(
-                json!(id),
-                "capabilities",
-                json!({}),
-                Some(inline_meta(tool_use.clone())),
-            )
-            .await
-            .unwrap();
+        let call = capabilities(&conn, json!(id), inline_meta(tool_use.clone())).await;
         assert_eq!(
             call.structured().unwrap()["identity"]["source"],
             json!("claudecode/toolUseId"),
@@ -158,15 +150,7 @@ async fn stdio_legacy_handshake_forces_the_initialize_fallback() {
         discover.raw
     );
     // A request that declares 2026-07-28 is refused: the legacy probe does not speak it.
-    let stateless = conn
-        .call_tool(
-            json!(1),
-            "capabilities",
-            json!({}),
-            Some(inline_meta(json!({}))),
-        )
-        .await
-        .unwrap();
+    let stateless = capabilities(&conn, json!(1), inline_meta(json!({}))).await;
     assert!(stateless.error.is_some(), "{}", stateless.raw);
     assert!(stateless.raw.contains(V2026), "{}", stateless.raw);
     let init = conn
@@ -177,15 +161,7 @@ async fn stdio_legacy_handshake_forces_the_initialize_fallback() {
         init.result.as_ref().unwrap()["protocolVersion"],
         json!("2025-11-25")
     );
-    let call = conn
-        .call_tool(
-            json!(3),
-            "capabilities",
-            json!({}),
-            Some(json!({"callId": "call_legacy"})),
-        )
-        .await
-        .unwrap();
+    let call = capabilities(&conn, json!(3), json!({"callId": "call_legacy"})).await;
     assert_eq!(
         call.structured().unwrap()["identity"]["verdict"],
         json!("accepted")

@@ -113,7 +113,7 @@ async fn three_replicas_32_deliveries_of_one_call_charge_once() {
         assert_eq!(d, &first);
     }
     for r in &replicas {
-        let (again, _) = spend_until_settled(&r, "burst").await;
+        let (again, _) = spend_until_settled(r, "burst").await;
         assert_eq!(completed(&again), &first);
         assert!(replayed(&again));
     }
@@ -197,7 +197,7 @@ async fn a_database_restart_fails_spends_closed_then_recovers() {
 
     w.pg.stop_server();
     for r in [&a, &b] {
-        let down = spend(&r, "while-down").await;
+        let down = spend(r, "while-down").await;
         assert!(down.is_tool_error(), "{}", down.raw);
         assert_eq!(error_code(&down), "registry_unavailable", "{}", down.raw);
         let message = down.structured().unwrap()["message"]

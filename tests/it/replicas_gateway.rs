@@ -113,7 +113,7 @@ async fn three_gateway_replicas_32_deliveries_of_one_call_charge_once() {
     assert!(done.iter().all(|d| d == &done[0]));
     assert_eq!(done[0]["charge_id"], json!(charges[0].charge_id));
     for r in &replicas {
-        let (again, _) = spend_until_settled(&r, "burst").await;
+        let (again, _) = spend_until_settled(r, "burst").await;
         assert_eq!(receipt(&again), done[0]);
         assert!(replayed(&again));
     }
@@ -234,7 +234,7 @@ async fn a_budget_race_across_gateway_replicas_never_overspends() {
         "SELECT harness_call_id FROM callid_operations ORDER BY harness_call_id LIMIT 1",
     );
     for r in &replicas {
-        let again = spend(&r, &recorded).await;
+        let again = spend(r, &recorded).await;
         receipt(&again);
         assert!(replayed(&again));
     }
@@ -299,7 +299,7 @@ async fn approvals_on_a_gateway_database_hold_on_every_replica() {
         String::from_utf8_lossy(&out.stderr)
     );
     for g in [&a, &b] {
-        let after = spend(&g, "not-ok").await;
+        let after = spend(g, "not-ok").await;
         assert_eq!(code(&after), "operation_denied", "{}", after.raw);
         assert!(after.raw.contains("too dear"), "{}", after.raw);
     }
@@ -335,7 +335,7 @@ async fn a_database_restart_fails_gateway_spends_closed_then_recovers() {
         (&b, &["while-down", "before"][..]),
     ] {
         for &call in calls {
-            let down = spend(&g, call).await;
+            let down = spend(g, call).await;
             assert_eq!(code(&down), "registry_unavailable", "{}", down.raw);
             let message = down.structured().unwrap()["message"].as_str().unwrap();
             assert!(message.contains(&w.pg.url()), "names the URL: {message}");

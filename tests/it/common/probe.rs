@@ -2,7 +2,7 @@
 //! client ends it (stdin closed, exit 0 expected), and its log read back as records.
 
 use super::bin;
-use callid::jsonrpc::{Child, Connection};
+use callid::jsonrpc::{Child, Connection, Response};
 use callid::probe::record::Record;
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
@@ -31,6 +31,13 @@ pub async fn logged_probe(
     (dir, log, conn, child)
 }
 
+/// Calls the probe's `capabilities` tool with JSON-RPC id `id` and `_meta` `meta`: its answer.
+pub async fn capabilities(conn: &Connection, id: Value, meta: Value) -> Response {
+    conn.call_tool(id, "capabilities", json!({}), Some(meta))
+        .await
+        .unwrap()
+}
+
 /// Closes the client's side (stdin) and expects the server to exit 0; its stderr otherwise.
 pub async fn close_expecting_exit_0(conn: &Connection, child: &mut Child) {
     conn.close().await;
@@ -52,10 +59,7 @@ pub async fn record_calls(log: &Path, extra: &[&str], client: (&str, &str), meta
         .await
         .unwrap();
     for (i, meta) in metas.iter().enumerate() {
-        let r = conn
-            .call_tool(json!(i + 1), "capabilities", json!({}), Some(meta.clone()))
-            .await
-            .unwrap();
+        let r = capabilities(&conn, json!(i + 1), meta.clone()).await;
         assert!(r.result.is_some(), "{}", r.raw);
     }
     close_expecting_exit_0(&conn, &mut child).await;
