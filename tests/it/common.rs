@@ -1,4 +1,9 @@
-//! Helpers shared by the integration tests.
+//! Helpers shared by the integration tests: one home for each piece of set-up, so that what a
+//! test relies on is written once. [`mcp`]: a `callid` server process on stdio (router, gateway,
+//! replica) seen from the agent's side, every reply and its log scanned for the private key
+//! prefix; [`provider`]: the in-process provider and its ledger; [`probe`]: probe sessions and
+//! their logs; [`conform`]: `callid conform` runs and their verdicts; [`measure`]: measuring a
+//! real client against its committed row.
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};

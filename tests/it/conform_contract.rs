@@ -315,22 +315,29 @@ fn a_stdio_router_that_fails_to_start_shows_the_stderr_lines_that_name_the_probl
     );
 }
 
+/// Writes the shell script `name` in `dir` that starts the Python router as
+/// `{launch}python3 router.py "$@"`: the `--stdio` command that runs it.
+fn python_wrapper(dir: &Path, name: &str, launch: &str) -> String {
+    let wrapper = dir.join(name);
+    std::fs::write(
+        &wrapper,
+        format!("#!/bin/sh\n{launch}python3 '{}' \"$@\"\n", router_py()),
+    )
+    .unwrap();
+    format!("sh {}", wrapper.display())
+}
+
 /// A wrapper that runs the Python router without `exec`: the runner kills the whole process
 /// group, so the crash checks judge the router, not the wrapper.
 #[test]
 fn a_wrapper_script_without_exec_is_killed_with_its_router() {
     let dir = empty_dir();
-    let wrapper = dir.path().join("wrapper.sh");
-    std::fs::write(
-        &wrapper,
-        format!("#!/bin/sh\npython3 '{}' \"$@\"\n", router_py()),
-    )
-    .unwrap();
+    let wrapper = python_wrapper(dir.path(), "wrapper.sh", "");
     let output = conform_in(
         dir.path(),
         &[
             "--stdio",
-            &format!("sh {}", wrapper.display()),
+            &wrapper,
             "--format",
             "json",
             "--only",
@@ -349,17 +356,12 @@ fn a_wrapper_script_without_exec_is_killed_with_its_router() {
 #[test]
 fn a_router_that_survives_sigkill_is_a_setup_error() {
     let dir = empty_dir();
-    let wrapper = dir.path().join("escapes.sh");
-    std::fs::write(
-        &wrapper,
-        format!("#!/bin/sh\nsetsid python3 '{}' \"$@\"\n", router_py()),
-    )
-    .unwrap();
+    let wrapper = python_wrapper(dir.path(), "escapes.sh", "setsid ");
     let output = conform_in(
         dir.path(),
         &[
             "--stdio",
-            &format!("sh {}", wrapper.display()),
+            &wrapper,
             "--only",
             "crash.after-charge-before-reply",
         ],
