@@ -27,20 +27,23 @@ fn rows(stdout: &str) -> Vec<Value> {
     report["rows"].as_array().expect("rows").clone()
 }
 
-#[test]
-fn bench_in_process_rows_measure_paired_ratios() {
-    let (code, stdout, stderr) = bench(&[
-        "--quick",
-        "--only",
-        "shape_extraction",
-        "request_hash",
-        "--format",
-        "json",
-    ]);
-    assert_eq!(code, 0, "stderr: {stderr}");
+/// The JSON rows of `callid bench --quick --only ROWS`, which must succeed with one row each, in
+/// that order.
+fn quick_rows(only: &[&str]) -> Vec<Value> {
+    let mut args = vec!["--quick", "--only"];
+    args.extend(only);
+    args.extend(["--format", "json"]);
+    let (code, stdout, stderr) = bench(&args);
+    assert_eq!(code, 0, "stdout: {stdout}\nstderr: {stderr}");
     let rows = rows(&stdout);
     let ids: Vec<&str> = rows.iter().map(|r| r["id"].as_str().unwrap()).collect();
-    assert_eq!(ids, ["shape_extraction", "request_hash"]);
+    assert_eq!(ids, only);
+    rows
+}
+
+#[test]
+fn bench_in_process_rows_measure_paired_ratios() {
+    let rows = quick_rows(&["shape_extraction", "request_hash"]);
     for row in &rows {
         assert_eq!(row["outcome"], "measured", "{row}");
         assert!(
@@ -147,28 +150,12 @@ async fn bench_baseline_is_a_bare_mcp_server_with_the_probe_tool_and_echo() {
 
 #[test]
 fn bench_end_to_end_rows_measure_the_real_probe_and_router() {
-    let (code, stdout, stderr) = bench(&[
-        "--quick",
-        "--only",
+    let rows = quick_rows(&[
         "probe_round_trip",
         "router_new_operation",
         "router_replay",
         "probe_rss",
-        "--format",
-        "json",
     ]);
-    assert_eq!(code, 0, "stdout: {stdout}\nstderr: {stderr}");
-    let rows = rows(&stdout);
-    let ids: Vec<&str> = rows.iter().map(|r| r["id"].as_str().unwrap()).collect();
-    assert_eq!(
-        ids,
-        [
-            "probe_round_trip",
-            "router_new_operation",
-            "router_replay",
-            "probe_rss"
-        ]
-    );
     for row in &rows {
         assert_eq!(row["outcome"], "measured", "{row}");
         assert!(row["value"].as_f64().unwrap() > 0.0, "{row}");

@@ -1,7 +1,13 @@
-//! Helpers shared by the integration tests.
+//! Helpers shared by the integration tests: one home for each piece of set-up, so that what a
+//! test relies on is written once. [`mcp`]: a `callid` server process on stdio (router, gateway,
+//! replica) seen from the agent's side, every reply and its log scanned for the private key
+//! prefix; [`provider`]: the in-process provider and its ledger; [`probe`]: probe sessions and
+//! their logs; [`conform`]: `callid conform` runs and their verdicts; [`measure`]: measuring a
+//! real client against its committed row.
 #![allow(dead_code)]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
 
 /// The `callid` binary under test.
 pub fn bin() -> PathBuf {
@@ -12,3 +18,38 @@ pub fn bin() -> PathBuf {
 pub fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
+
+/// `callid ARGS` with `envs` added, which must succeed (its stderr says why not): its output.
+pub fn callid_ok(args: &[&str], envs: &[(&str, &str)]) -> Output {
+    let out = Command::new(bin())
+        .args(args)
+        .envs(envs.iter().copied())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// The handle of the operation of `call_id` in the SQLite registry at `registry`, if any.
+pub fn registry_handle(registry: &Path, call_id: &str) -> Option<String> {
+    use rusqlite::OptionalExtension as _;
+    rusqlite::Connection::open(registry)
+        .unwrap()
+        .query_row(
+            "SELECT handle FROM operations WHERE harness_call_id = ?1",
+            [call_id],
+            |r| r.get(0),
+        )
+        .optional()
+        .unwrap()
+}
+
+pub mod conform;
+pub mod mcp;
+pub mod measure;
+pub mod probe;
+pub mod provider;

@@ -2,56 +2,18 @@
 //! independent Python router and each of its deliberate flaws (the suite has teeth), every report
 //! format, the expected-failures baseline, and every setup error.
 
+use crate::common::conform::{code, conform, stderr, stdout};
 use crate::common::{bin, repo};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-fn conform(args: &[&str]) -> Output {
-    Command::new(bin())
-        .arg("conform")
-        .args(args)
-        .current_dir(repo())
-        .env_remove("CALLID_CONFORM_JOBS")
-        .output()
-        .expect("run callid conform")
-}
-
-fn code(output: &Output) -> i32 {
-    output.status.code().expect("exited")
-}
-
-fn stdout(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
-
-fn stderr(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stderr).into_owned()
-}
-
 /// `{check id: (verdict, reason)}` of a `--format json` run.
 fn verdicts(output: &Output) -> BTreeMap<String, (String, String)> {
-    let doc: Value = serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
-        panic!(
-            "not JSON ({e}):\n{}\nstderr:\n{}",
-            stdout(output),
-            stderr(output)
-        )
-    });
-    doc["checks"]
-        .as_array()
-        .expect("checks")
-        .iter()
-        .map(|c| {
-            (
-                c["id"].as_str().unwrap().to_string(),
-                (
-                    c["verdict"].as_str().unwrap().to_string(),
-                    c["reason"].as_str().unwrap().to_string(),
-                ),
-            )
-        })
+    crate::common::conform::verdicts(output)
+        .into_iter()
+        .map(|(id, (verdict, reason, _))| (id, (verdict, reason)))
         .collect()
 }
 

@@ -4,53 +4,15 @@
 //! unknown placeholders, wrapper scripts and SIGKILL, a router with other names, the new checks
 //! against their broken routers, money-first reasons, and `--write-expected-failures`.
 
+use crate::common::conform::{code, flaws_that_did_not_fail, router_py, stderr, stdout, verdicts};
 use crate::common::{bin, repo};
 use serde_json::Value;
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::{Command, Output};
 
 /// `callid conform ARGS` run from `dir`.
 fn conform_in(dir: &Path, args: &[&str]) -> Output {
-    Command::new(bin())
-        .arg("conform")
-        .args(args)
-        .current_dir(dir)
-        .env_remove("CALLID_CONFORM_JOBS")
-        .output()
-        .expect("run callid conform")
-}
-
-fn code(output: &Output) -> i32 {
-    output.status.code().expect("exited")
-}
-
-fn stdout(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
-
-fn stderr(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stderr).into_owned()
-}
-
-/// `{check id: (verdict, reason, level)}` of a `--format json` run.
-fn verdicts(output: &Output) -> BTreeMap<String, (String, String, String)> {
-    let doc: Value = serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
-        panic!(
-            "not JSON ({e}):\n{}\nstderr:\n{}",
-            stdout(output),
-            stderr(output)
-        )
-    });
-    doc["checks"]
-        .as_array()
-        .expect("checks")
-        .iter()
-        .map(|c| {
-            let s = |k: &str| c[k].as_str().unwrap().to_string();
-            (s("id"), (s("verdict"), s("reason"), s("level")))
-        })
-        .collect()
+    crate::common::conform::conform_in(dir, args, &[])
 }
 
 /// `(id, rule, level)` of every scenario file of the repository.
@@ -73,13 +35,6 @@ fn scenario_files() -> Vec<(String, String, String)> {
         .collect();
     out.sort();
     out
-}
-
-fn router_py() -> String {
-    repo()
-        .join("tests/fixtures/broken_routers/router.py")
-        .display()
-        .to_string()
 }
 
 fn empty_dir() -> tempfile::TempDir {
@@ -360,22 +315,29 @@ fn a_stdio_router_that_fails_to_start_shows_the_stderr_lines_that_name_the_probl
     );
 }
 
+/// Writes the shell script `name` in `dir` that starts the Python router as
+/// `{launch}python3 router.py "$@"`: the `--stdio` command that runs it.
+fn python_wrapper(dir: &Path, name: &str, launch: &str) -> String {
+    let wrapper = dir.join(name);
+    std::fs::write(
+        &wrapper,
+        format!("#!/bin/sh\n{launch}python3 '{}' \"$@\"\n", router_py()),
+    )
+    .unwrap();
+    format!("sh {}", wrapper.display())
+}
+
 /// A wrapper that runs the Python router without `exec`: the runner kills the whole process
 /// group, so the crash checks judge the router, not the wrapper.
 #[test]
 fn a_wrapper_script_without_exec_is_killed_with_its_router() {
     let dir = empty_dir();
-    let wrapper = dir.path().join("wrapper.sh");
-    std::fs::write(
-        &wrapper,
-        format!("#!/bin/sh\npython3 '{}' \"$@\"\n", router_py()),
-    )
-    .unwrap();
+    let wrapper = python_wrapper(dir.path(), "wrapper.sh", "");
     let output = conform_in(
         dir.path(),
         &[
             "--stdio",
-            &format!("sh {}", wrapper.display()),
+            &wrapper,
             "--format",
             "json",
             "--only",
@@ -394,17 +356,12 @@ fn a_wrapper_script_without_exec_is_killed_with_its_router() {
 #[test]
 fn a_router_that_survives_sigkill_is_a_setup_error() {
     let dir = empty_dir();
-    let wrapper = dir.path().join("escapes.sh");
-    std::fs::write(
-        &wrapper,
-        format!("#!/bin/sh\nsetsid python3 '{}' \"$@\"\n", router_py()),
-    )
-    .unwrap();
+    let wrapper = python_wrapper(dir.path(), "escapes.sh", "setsid ");
     let output = conform_in(
         dir.path(),
         &[
             "--stdio",
-            &format!("sh {}", wrapper.display()),
+            &wrapper,
             "--only",
             "crash.after-charge-before-reply",
         ],
@@ -464,33 +421,7 @@ const NEW_CHECK_FLAWS: &[(&str, &str, &str)] = &[
 #[test]
 fn each_new_check_fails_on_its_broken_router() {
     let dir = empty_dir();
-    let problems: Vec<String> = std::thread::scope(|scope| {
-        let handles: Vec<_> = NEW_CHECK_FLAWS
-            .iter()
-            .map(|(flaw, id, reason)| {
-                let dir = dir.path();
-                scope.spawn(move || {
-                    let command = format!("python3 '{}' --flaw {flaw}", router_py());
-                    let output = conform_in(
-                        dir,
-                        &["--stdio", &command, "--format", "json", "--only", id],
-                    );
-                    let verdicts = verdicts(&output);
-                    match verdicts.get(*id) {
-                        Some((v, r, _)) if v == "fail" && r.starts_with(reason) && code(&output) == 1 => None,
-                        other => Some(format!(
-                            "--flaw {flaw}: `{id}` should fail with {reason:?}, got {other:?} (exit {})",
-                            code(&output)
-                        )),
-                    }
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .filter_map(|h| h.join().unwrap())
-            .collect()
-    });
+    let problems = flaws_that_did_not_fail(dir.path(), NEW_CHECK_FLAWS);
     assert!(problems.is_empty(), "{problems:#?}");
 }
 

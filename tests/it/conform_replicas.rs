@@ -7,60 +7,10 @@
 //! The replicated run needs PostgreSQL: without its binaries it prints a SKIP outside CI and
 //! fails in CI (`CI=true`), like `replicas.rs`.
 
-use crate::common::{bin, repo};
+use crate::common::conform::{code, conform_in, flaws_that_did_not_fail, stderr, verdicts};
+use crate::common::repo;
 use crate::pg::PgCluster;
-use serde_json::Value;
-use std::collections::BTreeMap;
-use std::path::Path;
-use std::process::{Command, Output};
 use std::time::Instant;
-
-/// `callid conform ARGS` run from `dir` with `env` added.
-fn conform_in(dir: &Path, args: &[&str], env: &[(&str, String)]) -> Output {
-    Command::new(bin())
-        .arg("conform")
-        .args(args)
-        .current_dir(dir)
-        .env_remove("CALLID_CONFORM_JOBS")
-        .envs(env.iter().map(|(k, v)| (k, v)))
-        .output()
-        .expect("run callid conform")
-}
-
-fn code(output: &Output) -> i32 {
-    output.status.code().expect("exited")
-}
-
-fn stderr(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stderr).into_owned()
-}
-
-/// `{check id: (verdict, reason, level)}` of a `--format json` run.
-fn verdicts(output: &Output) -> BTreeMap<String, (String, String, String)> {
-    let doc: Value = serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
-        panic!(
-            "not JSON ({e}):\n{}\nstderr:\n{}",
-            String::from_utf8_lossy(&output.stdout),
-            stderr(output)
-        )
-    });
-    doc["checks"]
-        .as_array()
-        .expect("checks")
-        .iter()
-        .map(|c| {
-            let s = |k: &str| c[k].as_str().unwrap().to_string();
-            (s("id"), (s("verdict"), s("reason"), s("level")))
-        })
-        .collect()
-}
-
-fn router_py() -> String {
-    repo()
-        .join("tests/fixtures/broken_routers/router.py")
-        .display()
-        .to_string()
-}
 
 /// The checks this file is about.
 const NEW_CHECKS: [&str; 3] = [
@@ -150,37 +100,7 @@ fn each_cross_process_and_installation_check_fails_on_its_broken_router() {
             "steps[1] (call `other`): the provider recorded 1 charge(s) in this scenario, expected 2",
         ),
     ];
-    let problems: Vec<String> = std::thread::scope(|scope| {
-        let handles: Vec<_> = cases
-            .iter()
-            .map(|(flaw, id, reason)| {
-                let dir = dir.path();
-                scope.spawn(move || {
-                    let command = format!("python3 '{}' --flaw {flaw}", router_py());
-                    let output = conform_in(
-                        dir,
-                        &["--stdio", &command, "--format", "json", "--only", id],
-                        &[],
-                    );
-                    match verdicts(&output).get(*id) {
-                        Some((v, r, _))
-                            if v == "fail" && r.starts_with(reason) && code(&output) == 1 =>
-                        {
-                            None
-                        }
-                        other => Some(format!(
-                            "--flaw {flaw}: `{id}` should fail with {reason:?}, got {other:?} (exit {})",
-                            code(&output)
-                        )),
-                    }
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .filter_map(|h| h.join().unwrap())
-            .collect()
-    });
+    let problems = flaws_that_did_not_fail(dir.path(), cases);
     assert!(problems.is_empty(), "{problems:#?}");
 
     let profile = repo().join("tests/fixtures/broken_routers/profile.yaml");

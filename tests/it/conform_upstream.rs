@@ -3,42 +3,13 @@
 //! (`{upstream_url}`), crash checks included; a gateway-like proxy whose flaws double-charge,
 //! caught and blamed on the upstream's count; `{upstream_command}`; and the stdio relay itself.
 
+use crate::common::conform::{conform, verdicts};
 use crate::common::{bin, repo};
 use callid::conform::provider::RunnerProvider;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
-
-fn conform(args: &[&str]) -> Output {
-    Command::new(bin())
-        .arg("conform")
-        .args(args)
-        .current_dir(repo())
-        .env_remove("CALLID_CONFORM_JOBS")
-        .output()
-        .expect("run callid conform")
-}
-
-/// `{check id: (verdict, reason, level)}` of a `--format json` run.
-fn verdicts(output: &Output) -> BTreeMap<String, (String, String, String)> {
-    let doc: Value = serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
-        panic!(
-            "not JSON ({e}):\n{}\nstderr:\n{}",
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        )
-    });
-    doc["checks"]
-        .as_array()
-        .expect("checks")
-        .iter()
-        .map(|c| {
-            let s = |k: &str| c[k].as_str().unwrap().to_string();
-            (s("id"), (s("verdict"), s("reason"), s("level")))
-        })
-        .collect()
-}
+use std::process::{Command, Stdio};
 
 /// Runs the whole suite against a gateway profile: every required check passes (the crash
 /// checks included: they fail unless the upstream's kill trigger fired), and the one

@@ -2,22 +2,19 @@
 //! both processes, real SQLite files, the hand-written JSON-RPC client on the agent side. Every
 //! response is scanned for the private key prefix.
 
-use crate::common::bin;
+use crate::common::mcp::{
+    Gate, HANDLE_PREFIX, KEY_PREFIX, Served, assert_clean, code, codex, concurrent_spends, env_of,
+    fox, gateway_args, meta, next_id, paid_within_budget, receipt, replayed, spawn_http,
+    spend_in_background,
+};
+use crate::common::provider;
+use crate::common::{bin, callid_ok, registry_handle};
 use callid::crashpoint::Boundary;
-use callid::jsonrpc::{Child, Connection, Response, RpcError};
-use callid::provider::Ledger;
+use callid::jsonrpc::{Connection, Response};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-
-const KEY_PREFIX: &str = "hubu:operation:v1:";
-const HANDLE_PREFIX: &str = "hubu:public-operation:v1:";
-
-static RPC_ID: AtomicU64 = AtomicU64::new(1);
-
-fn next_id() -> Value {
-    json!(RPC_ID.fetch_add(1, Ordering::Relaxed))
-}
+use std::time::Duration;
 
 struct World {
     dir: tempfile::TempDir,
@@ -43,139 +40,32 @@ impl World {
     }
 
     fn charges(&self) -> Vec<callid::provider::ChargeRecord> {
-        if !self.ledger().exists() {
-            return vec![];
-        }
-        Ledger::open(&self.ledger()).unwrap().charges().unwrap()
+        provider::charges(&self.ledger())
     }
 
     fn args(&self, extra: &[&str]) -> Vec<String> {
-        let mut args: Vec<String> = vec![
-            "gateway".into(),
-            "--registry".into(),
-            self.registry().display().to_string(),
-            "--spend".into(),
-            "generate_image".into(),
-        ];
-        args.extend(extra.iter().map(|s| s.to_string()));
-        args.extend([
-            "--".into(),
-            bin().display().to_string(),
-            "provider".into(),
-            "--mcp".into(),
-            "--ledger".into(),
-            self.ledger().display().to_string(),
-        ]);
-        args
+        gateway_args(Some(&self.registry()), extra, &self.ledger())
+    }
+
+    /// A policy file at `policy.yaml`: `text` as YAML.
+    fn policy(&self, text: &str) -> PathBuf {
+        let policy = self.path("policy.yaml");
+        std::fs::write(&policy, text).unwrap();
+        policy
     }
 
     /// Starts a gateway in front of `callid provider --mcp` and initializes it.
-    async fn gateway(&self, extra: &[&str], envs: &[(&str, &str)]) -> Gw {
-        let mut env: Vec<(String, String)> = vec![("CALLID_LOG".into(), "debug".into())];
-        env.extend(envs.iter().map(|(k, v)| (k.to_string(), v.to_string())));
-        let (conn, child) = Connection::spawn_stdio(&bin(), &self.args(extra), &env)
-            .await
-            .unwrap();
-        let init = conn
-            .initialize(json!(0), "2025-06-18", "callid-tests", "1")
-            .await
-            .unwrap_or_else(|e| panic!("initialize: {e}\n{}", child.stderr_text()));
-        assert!(init.result.is_some(), "initialize failed: {}", init.raw);
-        Gw { conn, child }
+    async fn gateway(&self, extra: &[&str], envs: &[(&str, &str)]) -> Served {
+        let env = env_of(&[("CALLID_LOG", "debug")], envs);
+        Served::start("the gateway", &bin(), &self.args(extra), &env, None).await
     }
 }
 
-struct Gw {
-    conn: Connection,
-    child: Child,
-}
-
-impl Gw {
-    async fn call(&self, tool: &str, args: Value, meta: Option<Value>) -> Response {
-        let r = self
-            .conn
-            .call_tool(next_id(), tool, args, meta)
-            .await
-            .unwrap_or_else(|e| panic!("{tool} failed: {e}\n{}", self.child.stderr_text()));
-        assert_clean(&r);
-        r
-    }
-
-    async fn spend(&self, args: Value, meta: Value) -> Response {
-        self.call("generate_image", args, Some(meta)).await
-    }
-
-    async fn stop(mut self) -> String {
-        let _ = self.child.kill9().await;
-        let stderr = self.child.stderr_text();
-        assert!(
-            !stderr.contains(KEY_PREFIX),
-            "the gateway's log shows a private key:\n{stderr}"
-        );
-        stderr
-    }
-}
-
-fn assert_clean(r: &Response) {
-    assert!(
-        !r.raw.contains(KEY_PREFIX),
-        "a response leaked a private key: {}",
-        r.raw
-    );
-}
-
-fn codex(id: &str) -> Value {
-    json!({"callId": id, "progressToken": 7})
-}
-
-fn fox() -> Value {
-    json!({"prompt": "an origami fox"})
-}
-
-fn meta(r: &Response) -> &Value {
-    &r.tool_result().unwrap()["_meta"]
-}
-
-fn replayed(r: &Response) -> bool {
-    meta(r)["callid/replayed"]
-        .as_bool()
-        .unwrap_or_else(|| panic!("no callid/replayed in {}", r.raw))
-}
-
+/// The handle `r` names, a public one.
 fn handle(r: &Response) -> String {
-    let h = meta(r)["callid/handle"]
-        .as_str()
-        .or_else(|| r.structured().and_then(|s| s["handle"].as_str()))
-        .unwrap_or_else(|| panic!("no handle in {}", r.raw))
-        .to_string();
+    let h = crate::common::mcp::handle(r);
     assert!(h.starts_with(HANDLE_PREFIX), "{h}");
     h
-}
-
-fn code(r: &Response) -> &str {
-    assert!(r.is_tool_error(), "expected a tool error, got {}", r.raw);
-    r.structured().unwrap()["error"].as_str().unwrap()
-}
-
-/// The upstream's receipt in a successful spend reply.
-fn receipt(r: &Response) -> Value {
-    assert!(!r.is_tool_error(), "expected success, got {}", r.raw);
-    let s = r.structured().unwrap().clone();
-    assert!(s["charge_id"].as_str().is_some(), "{}", r.raw);
-    s
-}
-
-fn registry_handle(registry: &Path, call_id: &str) -> Option<String> {
-    use rusqlite::OptionalExtension as _;
-    rusqlite::Connection::open(registry)
-        .unwrap()
-        .query_row(
-            "SELECT handle FROM operations WHERE harness_call_id = ?1",
-            [call_id],
-            |r| r.get(0),
-        )
-        .optional()
-        .unwrap()
 }
 
 #[tokio::test]
@@ -450,22 +340,12 @@ async fn an_upstream_that_dies_mid_call_leaves_the_operation_open() {
 #[tokio::test]
 async fn an_upstream_timeout_leaves_the_operation_open() {
     let w = World::new();
-    let gate = w.path("gate");
-    let pause = format!(
-        "{}:{}",
-        Boundary::AfterProviderCharge.name(),
-        gate.display()
-    );
-    let g = w
-        .gateway(
-            &["--upstream-timeout", "1"],
-            &[(callid::crashpoint::PAUSE_ENV, &pause)],
-        )
-        .await;
+    let gate = Gate::new(w.path("gate"), Boundary::AfterProviderCharge.name());
+    let g = w.gateway(&["--upstream-timeout", "1"], &[gate.env()]).await;
     let first = g.spend(fox(), codex("call_t")).await;
     assert_eq!(code(&first), "outcome_unknown", "{}", first.raw);
     assert!(first.raw.contains("within 1 seconds"), "{}", first.raw);
-    std::fs::write(&gate, b"").unwrap();
+    gate.open();
     let again = g.spend(fox(), codex("call_t")).await;
     assert_eq!(
         receipt(&again)["charge_id"],
@@ -488,16 +368,7 @@ async fn a_crash_at_any_boundary_never_charges_twice() {
         let mut g = w
             .gateway(&[], &[(callid::crashpoint::ENV, boundary.name())])
             .await;
-        let err = g
-            .conn
-            .call_tool(next_id(), "generate_image", fox(), Some(codex("crash")))
-            .await;
-        assert!(
-            matches!(err, Err(RpcError::Closed { .. })),
-            "{label}: the gateway should have died, got {err:?}"
-        );
-        let status = g.child.wait().await.unwrap();
-        assert!(!status.success(), "{label}: {status:?}");
+        g.spend_and_die(codex("crash"), label).await;
         let before = registry_handle(&w.registry(), "crash");
         assert!(before.is_some(), "{label}: the row is committed first");
         assert!(w.charges().len() <= 1, "{label}");
@@ -523,29 +394,14 @@ async fn a_crash_at_any_boundary_never_charges_twice() {
 #[tokio::test]
 async fn a_gateway_killed_while_the_upstream_works_charges_once() {
     let w = World::new();
-    let gate = w.path("gate");
-    let mut reached = gate.clone().into_os_string();
-    reached.push(".reached");
-    let pause = format!(
-        "{}:{}",
-        Boundary::AfterProviderCharge.name(),
-        gate.display()
-    );
-    let mut g = w
-        .gateway(&[], &[(callid::crashpoint::PAUSE_ENV, &pause)])
-        .await;
-    let conn = g.conn.clone();
-    let call = tokio::spawn(async move {
-        conn.call_tool(next_id(), "generate_image", fox(), Some(codex("busy")))
-            .await
-    });
-    while !Path::new(&reached).exists() {
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
+    let gate = Gate::new(w.path("gate"), Boundary::AfterProviderCharge.name());
+    let mut g = w.gateway(&[], &[gate.env()]).await;
+    let call = spend_in_background(&g.conn, codex("busy"));
+    gate.reached().await;
     g.child.kill9().await.unwrap();
     g.child.wait().await.unwrap();
     assert!(call.await.unwrap().is_err());
-    std::fs::write(&gate, b"").unwrap();
+    gate.open();
     let before = registry_handle(&w.registry(), "busy");
     assert!(before.is_some());
     assert_eq!(w.charges().len(), 1);
@@ -579,13 +435,7 @@ async fn an_http_upstream_gets_the_derived_key_and_not_the_identity() {
         "--upstream-url".into(),
         url,
     ];
-    let (conn, child) = Connection::spawn_stdio(&bin(), &gw_args, &[])
-        .await
-        .unwrap();
-    conn.initialize(json!(0), "2025-06-18", "callid-tests", "1")
-        .await
-        .unwrap_or_else(|e| panic!("initialize: {e}\n{}", child.stderr_text()));
-    let g = Gw { conn, child };
+    let g = Served::start("the gateway", &bin(), &gw_args, &[], None).await;
     let first = g
         .call("capabilities", json!({}), Some(codex("call_h")))
         .await;
@@ -617,12 +467,7 @@ async fn an_http_upstream_gets_the_derived_key_and_not_the_identity() {
 #[tokio::test]
 async fn a_policy_prices_calls_and_enforces_its_budget() {
     let w = World::new();
-    let policy = w.path("policy.yaml");
-    std::fs::write(
-        &policy,
-        "budget_cents: 8\ntools:\n  generate_image:\n    price_cents: 3\n",
-    )
-    .unwrap();
+    let policy = w.policy("budget_cents: 8\ntools:\n  generate_image:\n    price_cents: 3\n");
     let g = w
         .gateway(&["--policy", policy.to_str().unwrap()], &[])
         .await;
@@ -652,12 +497,9 @@ async fn a_policy_prices_calls_and_enforces_its_budget() {
 #[tokio::test]
 async fn a_policy_price_from_the_arguments_and_approvals() {
     let w = World::new();
-    let policy = w.path("policy.yaml");
-    std::fs::write(
-        &policy,
+    let policy = w.policy(
         "approval_above_cents: 1000\ntools:\n  generate_image:\n    price_pointer: /width\n",
-    )
-    .unwrap();
+    );
     let g = w
         .gateway(&["--policy", policy.to_str().unwrap()], &[])
         .await;
@@ -690,16 +532,10 @@ async fn a_policy_price_from_the_arguments_and_approvals() {
         code(&g.spend(big.clone(), codex("a3")).await),
         "awaiting_approval"
     );
-    let out = std::process::Command::new(bin())
-        .args(["router", "approve", "--registry"])
-        .arg(w.registry())
-        .arg(&h)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let reg = w.registry();
+    callid_ok(
+        &["router", "approve", "--registry", reg.to_str().unwrap(), &h],
+        &[],
     );
     let resumed = g.call("resume_operation", json!({"handle": h}), None).await;
     let r = receipt(&resumed);
@@ -715,16 +551,9 @@ async fn a_policy_price_from_the_arguments_and_approvals() {
         .as_str()
         .unwrap()
         .to_string();
-    let out = std::process::Command::new(bin())
-        .args(["router", "deny", "--registry"])
-        .arg(w.registry())
-        .arg(&h4)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    callid_ok(
+        &["router", "deny", "--registry", reg.to_str().unwrap(), &h4],
+        &[],
     );
     let after = g
         .spend(json!({"prompt": "wolf", "width": 4096}), codex("a4"))
@@ -736,28 +565,9 @@ async fn a_policy_price_from_the_arguments_and_approvals() {
 
 #[tokio::test]
 async fn the_agent_side_over_streamable_http_keeps_the_rules() {
-    use tokio::io::AsyncBufReadExt;
     let w = World::new();
     let args = w.args(&["--http", "127.0.0.1:0"]);
-    let mut child = tokio::process::Command::new(bin())
-        .args(&args)
-        .stderr(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
-    let url = tokio::time::timeout(std::time::Duration::from_secs(30), async {
-        while let Some(line) = lines.next_line().await.unwrap() {
-            if let Some(rest) = line.strip_prefix("callid gateway: listening on ") {
-                return rest.trim().to_string();
-            }
-        }
-        panic!("the gateway exited before listening");
-    })
-    .await
-    .unwrap();
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    let (url, mut child) = spawn_http(&args, "callid gateway", Duration::from_secs(30)).await;
     let connect = || async {
         let c = Connection::http(&url).await.unwrap();
         c.initialize(json!(0), "2025-06-18", "callid-tests", "1")
@@ -833,11 +643,7 @@ async fn the_guarded_server_example_charges_once_per_call() {
         w.registry().display().to_string(),
         w.ledger().display().to_string(),
     ];
-    let (conn, child) = Connection::spawn_stdio(&exe, &args, &[]).await.unwrap();
-    conn.initialize(json!(0), "2025-06-18", "callid-tests", "1")
-        .await
-        .unwrap_or_else(|e| panic!("initialize: {e}\n{}", child.stderr_text()));
-    let g = Gw { conn, child };
+    let g = Served::start("the guarded server", &exe, &args, &[], None).await;
     let first = g.spend(fox(), codex("ex1")).await;
     let r1 = receipt(&first);
     assert!(!replayed(&first));
@@ -934,11 +740,7 @@ async fn an_http_upstream_gets_the_key_as_idempotency_key_header() {
         "--upstream-url".into(),
         format!("http://localhost:{}/mcp", addr.port()),
     ];
-    let (conn, child) = Connection::spawn_stdio(&bin(), &args, &[]).await.unwrap();
-    conn.initialize(json!(0), "2025-06-18", "callid-tests", "1")
-        .await
-        .unwrap_or_else(|e| panic!("initialize: {e}\n{}", child.stderr_text()));
-    let g = Gw { conn, child };
+    let g = Served::start("the gateway", &bin(), &args, &[], None).await;
     let first = g.call("pay", json!({"amount": 5}), Some(codex("p1"))).await;
     let s = first
         .structured()
@@ -962,19 +764,7 @@ async fn an_http_upstream_gets_the_key_as_idempotency_key_header() {
 async fn concurrent_deliveries_of_one_call_reach_the_upstream_once() {
     let w = World::new();
     let g = w.gateway(&[], &[]).await;
-    let mut tasks = vec![];
-    for _ in 0..8 {
-        let conn = g.conn.clone();
-        tasks.push(tokio::spawn(async move {
-            conn.call_tool(next_id(), "generate_image", fox(), Some(codex("burst")))
-                .await
-                .unwrap()
-        }));
-    }
-    let mut replies = vec![];
-    for t in tasks {
-        replies.push(t.await.unwrap());
-    }
+    let replies = concurrent_spends(std::slice::from_ref(&g.conn), 8, |_| codex("burst")).await;
     let first = receipt(&replies[0]);
     for r in &replies {
         assert_clean(r);
@@ -989,16 +779,10 @@ async fn concurrent_deliveries_of_one_call_reach_the_upstream_once() {
     assert_eq!(w.charges().len(), 1);
     // The operator's view of a gateway registry.
     let h = handle(&replies[0]);
-    let out = std::process::Command::new(bin())
-        .args(["router", "status", "--registry"])
-        .arg(w.registry())
-        .arg(&h)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let reg = w.registry();
+    let out = callid_ok(
+        &["router", "status", "--registry", reg.to_str().unwrap(), &h],
+        &[],
     );
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("completed") && text.contains(&h), "{text}");
@@ -1009,42 +793,13 @@ async fn concurrent_deliveries_of_one_call_reach_the_upstream_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_gateways_on_one_registry_never_overspend_the_budget() {
     let w = World::new();
-    let policy = w.path("policy.yaml");
-    std::fs::write(
-        &policy,
-        "budget_cents: 9\ntools:\n  generate_image:\n    price_cents: 3\n",
-    )
-    .unwrap();
+    let policy = w.policy("budget_cents: 9\ntools:\n  generate_image:\n    price_cents: 3\n");
     let flags = ["--policy", policy.to_str().unwrap()];
     let a = w.gateway(&flags, &[]).await;
     let b = w.gateway(&flags, &[]).await;
-    let mut tasks = vec![];
-    for i in 0..8 {
-        let conn = if i % 2 == 0 {
-            a.conn.clone()
-        } else {
-            b.conn.clone()
-        };
-        tasks.push(tokio::spawn(async move {
-            conn.call_tool(
-                next_id(),
-                "generate_image",
-                fox(),
-                Some(codex(&format!("budget-{i}"))),
-            )
-            .await
-            .unwrap()
-        }));
-    }
-    let mut ok = 0;
-    for t in tasks {
-        let r = t.await.unwrap();
-        if r.is_tool_error() {
-            assert_eq!(code(&r), "budget_exceeded", "{}", r.raw);
-        } else {
-            ok += 1;
-        }
-    }
+    let conns = [a.conn.clone(), b.conn.clone()];
+    let replies = concurrent_spends(&conns, 8, |i| codex(&format!("budget-{i}"))).await;
+    let ok = paid_within_budget(&replies);
     assert_eq!(ok, 3, "a 9-cent budget pays for three 3-cent calls");
     assert_eq!(w.charges().len(), 3);
     a.stop().await;

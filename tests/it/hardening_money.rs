@@ -3,22 +3,19 @@
 //! built-in platforms, and dispatch leases of a predecessor with the same PID. Every test runs the
 //! real `callid router` binary on real SQLite files, with a provider on 127.0.0.1.
 
-use crate::common::bin;
-use callid::jsonrpc::{Child, Connection, Response};
-use callid::provider::{HookAction, Ledger, ProviderHandle, ProviderHooks};
+use crate::common::mcp::{
+    Gate, KEY_PREFIX, Served, code, completed, env_of, fox, next_id, replayed, spend_in_background,
+    structured_handle as handle,
+};
+use crate::common::provider;
+use crate::common::{bin, callid_ok};
+use callid::jsonrpc::Response;
+use callid::provider::{HookAction, ProviderHandle, ProviderHooks};
 use serde_json::{Value, json};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
-
-const KEY_PREFIX: &str = "hubu:operation:v1:";
-
-static RPC_ID: AtomicU64 = AtomicU64::new(1);
-
-fn next_id() -> Value {
-    json!(RPC_ID.fetch_add(1, Ordering::Relaxed))
-}
 
 /// A temp directory with a registry directory and a provider (callid's, or a test double).
 struct World {
@@ -32,13 +29,10 @@ impl World {
     async fn new(hooks: Option<Arc<dyn ProviderHooks>>) -> World {
         let dir = tempfile::tempdir().unwrap();
         let ledger = dir.path().join("provider-ledger.sqlite3");
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let provider_url = format!("http://{}", listener.local_addr().unwrap());
-        let provider =
-            callid::provider::spawn(listener, Ledger::open(&ledger).unwrap(), hooks).unwrap();
+        let provider = provider::spawn(&ledger, hooks).await;
         World {
             dir,
-            provider_url,
+            provider_url: provider.base_url(),
             ledger,
             _provider: Some(provider),
         }
@@ -55,14 +49,14 @@ impl World {
     }
 
     fn charges(&self) -> u64 {
-        Ledger::open(&self.ledger).unwrap().charge_count().unwrap()
+        provider::charge_count(&self.ledger)
     }
 
-    async fn router(&self, extra: &[&str], envs: &[(&str, &str)]) -> Router {
+    async fn router(&self, extra: &[&str], envs: &[(&str, &str)]) -> Served {
         self.router_with(&self.provider_url, extra, envs).await
     }
 
-    async fn router_with(&self, provider: &str, extra: &[&str], envs: &[(&str, &str)]) -> Router {
+    async fn router_with(&self, provider: &str, extra: &[&str], envs: &[(&str, &str)]) -> Served {
         let mut args = vec![
             "router".to_string(),
             "--registry".into(),
@@ -71,51 +65,9 @@ impl World {
             provider.to_string(),
         ];
         args.extend(extra.iter().map(|s| s.to_string()));
-        let mut env: Vec<(String, String)> = vec![("CALLID_LOG".into(), "debug".into())];
-        env.extend(envs.iter().map(|(k, v)| (k.to_string(), v.to_string())));
-        let (mut conn, child) = Connection::spawn_stdio(&bin(), &args, &env).await.unwrap();
-        conn.set_timeout(Duration::from_secs(120));
-        let init = conn
-            .initialize(json!(0), "2025-06-18", "callid-tests", "1")
-            .await
-            .unwrap();
-        assert!(init.result.is_some(), "initialize failed: {}", init.raw);
-        Router { conn, child }
-    }
-}
-
-struct Router {
-    conn: Connection,
-    child: Child,
-}
-
-impl Router {
-    async fn call(&self, tool: &str, args: Value, meta: Option<Value>) -> Response {
-        let r = self
-            .conn
-            .call_tool(next_id(), tool, args, meta)
-            .await
-            .unwrap_or_else(|e| panic!("{tool} failed: {e}\n{}", self.child.stderr_text()));
-        assert!(
-            !r.raw.contains(KEY_PREFIX),
-            "a reply leaked a key: {}",
-            r.raw
-        );
-        r
-    }
-
-    async fn spend(&self, args: Value, meta: Value) -> Response {
-        self.call("generate_image", args, Some(meta)).await
-    }
-
-    async fn stop(mut self) -> String {
-        let _ = self.child.kill9().await;
-        let stderr = self.child.stderr_text();
-        assert!(
-            !stderr.contains(KEY_PREFIX),
-            "the log shows a key:\n{stderr}"
-        );
-        stderr
+        let env = env_of(&[("CALLID_LOG", "debug")], envs);
+        let timeout = Some(Duration::from_secs(120));
+        Served::start("the router", &bin(), &args, &env, timeout).await
     }
 }
 
@@ -131,47 +83,8 @@ fn envelope(platform: &str, invocation: &str, installation: Option<&str>) -> Val
     json!({"hubu.dev/platform-invocation": e})
 }
 
-fn fox() -> Value {
-    json!({"prompt": "an origami fox"})
-}
-
-fn code(r: &Response) -> &str {
-    assert!(r.is_tool_error(), "expected a tool error, got {}", r.raw);
-    r.structured().unwrap()["error"].as_str().unwrap()
-}
-
 fn message(r: &Response) -> &str {
     r.structured().unwrap()["message"].as_str().unwrap()
-}
-
-fn handle(r: &Response) -> String {
-    r.structured().unwrap()["handle"]
-        .as_str()
-        .unwrap_or_else(|| panic!("no handle in {}", r.raw))
-        .to_string()
-}
-
-fn replayed(r: &Response) -> bool {
-    r.tool_result().unwrap()["_meta"]["callid/replayed"]
-        .as_bool()
-        .unwrap_or_else(|| panic!("no callid/replayed in {}", r.raw))
-}
-
-fn completed(r: &Response) -> &Value {
-    assert!(!r.is_tool_error(), "expected success, got {}", r.raw);
-    let s = r.structured().unwrap();
-    assert_eq!(s["status"], "completed", "{}", r.raw);
-    s
-}
-
-async fn wait_for(path: &Path) {
-    tokio::time::timeout(Duration::from_secs(60), async {
-        while !path.exists() {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await
-    .unwrap_or_else(|_| panic!("`{}` never appeared", path.display()));
 }
 
 /// Item 2: the registry's write lock is held by another connection from the moment the
@@ -180,20 +93,10 @@ async fn wait_for(path: &Path) {
 #[tokio::test]
 async fn a_result_that_cannot_be_recorded_after_the_charge_says_so_and_redelivery_settles_it() {
     let w = World::new(None).await;
-    let gate = w.path("gate");
-    let pause = format!("before_result_recorded:{}", gate.display());
-    let r = w
-        .router(&[], &[(callid::crashpoint::PAUSE_ENV, pause.as_str())])
-        .await;
-    let conn = r.conn.clone();
-    let pending = tokio::spawn(async move {
-        conn.call_tool(next_id(), "generate_image", fox(), Some(codex("locked")))
-            .await
-            .unwrap()
-    });
-    let mut reached = gate.clone().into_os_string();
-    reached.push(".reached");
-    wait_for(Path::new(&reached)).await;
+    let gate = Gate::new(w.path("gate"), "before_result_recorded");
+    let r = w.router(&[], &[gate.env()]).await;
+    let pending = spend_in_background(&r.conn, codex("locked"));
+    gate.reached().await;
     assert_eq!(
         w.charges(),
         1,
@@ -201,8 +104,8 @@ async fn a_result_that_cannot_be_recorded_after_the_charge_says_so_and_redeliver
     );
     let lock = rusqlite::Connection::open(w.registry()).unwrap();
     lock.execute_batch("BEGIN IMMEDIATE").unwrap();
-    std::fs::write(&gate, b"").unwrap();
-    let reply = pending.await.unwrap();
+    gate.open();
+    let reply = pending.await.unwrap().unwrap();
     assert!(!reply.raw.contains(KEY_PREFIX));
     lock.execute_batch("ROLLBACK").unwrap();
     drop(lock);
@@ -220,13 +123,7 @@ async fn a_result_that_cannot_be_recorded_after_the_charge_says_so_and_redeliver
     let s = completed(&again);
     assert_eq!(s["handle"], json!(h));
     assert_eq!(s["result"]["amount_cents"], 3);
-    let charge_ids: Vec<String> = Ledger::open(&w.ledger)
-        .unwrap()
-        .charges()
-        .unwrap()
-        .into_iter()
-        .map(|c| c.charge_id)
-        .collect();
+    let charge_ids = provider::charge_ids(&w.ledger);
     assert_eq!(s["result"]["charge_id"], json!(charge_ids[0]));
     assert_eq!(
         w.charges(),
@@ -342,15 +239,10 @@ async fn an_overcharge_is_recorded_marked_and_debited_and_stops_further_spends()
     assert!(replayed(&again));
     assert_eq!(completed(&again), &s);
     r.stop().await;
-    let out = std::process::Command::new(bin())
-        .args(["router", "status", &h, "--registry"])
-        .arg(w.registry())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let reg = w.registry();
+    let out = callid_ok(
+        &["router", "status", &h, "--registry", reg.to_str().unwrap()],
+        &[],
     );
     let shown: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(shown["charged_cents"], 500);

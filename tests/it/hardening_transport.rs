@@ -5,7 +5,7 @@
 
 use crate::common::bin;
 use callid::jsonrpc::{Connection, Response};
-use callid::provider::{Ledger, ProviderHandle};
+use callid::provider::ProviderHandle;
 use serde_json::{Value, json};
 use std::io::{BufRead as _, Read as _, Write as _};
 use std::path::{Path, PathBuf};
@@ -38,9 +38,7 @@ impl World {
     async fn new() -> World {
         let dir = tempfile::tempdir().unwrap();
         let ledger = dir.path().join("provider-ledger.sqlite3");
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let provider =
-            callid::provider::spawn(listener, Ledger::open(&ledger).unwrap(), None).unwrap();
+        let provider = crate::common::provider::spawn(&ledger, None).await;
         World {
             dir,
             provider,
@@ -53,7 +51,7 @@ impl World {
     }
 
     fn charges(&self) -> u64 {
-        Ledger::open(&self.ledger).unwrap().charge_count().unwrap()
+        crate::common::provider::charge_count(&self.ledger)
     }
 
     /// `callid router` on stdio with the provider, `CALLID_LOG=debug` so that every step
@@ -500,7 +498,7 @@ async fn the_provider_token_is_required_sent_as_bearer_and_never_echoed() {
             .stderr(Stdio::piped());
         command
     };
-    let charges = || Ledger::open(&ledger).unwrap().charge_count().unwrap();
+    let charges = || crate::common::provider::charge_count(&ledger);
 
     let (conn, mut child) = session(router(&[], &[])).await;
     let refused = spend(&conn, "tok-0").await;
@@ -870,6 +868,19 @@ async fn loopback_aliases_and_localhost_serve_the_router() {
     }
 }
 
+/// `callid ARGS` in `dir` with stdin closed, which must refuse to start (exit 2): its stderr.
+fn refused_at_start(dir: &Path, args: &[&str]) -> String {
+    let out = std::process::Command::new(bin())
+        .args(args)
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+    stderr
+}
+
 #[test]
 fn every_server_refuses_a_non_loopback_address_naming_the_fix() {
     let dir = tempfile::tempdir().unwrap();
@@ -884,14 +895,7 @@ fn every_server_refuses_a_non_loopback_address_naming_the_fix() {
             "--listen",
         ),
     ] {
-        let out = std::process::Command::new(bin())
-            .args(&args)
-            .current_dir(dir.path())
-            .stdin(Stdio::null())
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        let stderr = refused_at_start(dir.path(), &args);
         assert!(
             stderr.starts_with("error: refusing to serve on `0.0.0.0:0`")
                 && stderr.contains("listens on loopback only")
@@ -922,14 +926,7 @@ fn a_port_in_use_is_refused_naming_the_fix_and_leaves_no_file() {
         ),
         (vec!["probe", "--http", &addr], "--http"),
     ] {
-        let out = std::process::Command::new(bin())
-            .args(&args)
-            .current_dir(dir.path())
-            .stdin(Stdio::null())
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        let stderr = refused_at_start(dir.path(), &args);
         assert!(
             stderr.starts_with(&format!(
                 "error: failed to listen on `{addr}`: another program listens there; stop it, \

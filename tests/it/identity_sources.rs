@@ -1,9 +1,9 @@
 //! Integration tests of identity sources as data (`--identity-sources FILE`): the real binary,
 //! the shipped presets, a router with its in-process provider, the probe and `classify`.
 
+use crate::common::probe::record_calls;
 use crate::common::{bin, repo};
 use callid::jsonrpc::{Connection, Response};
-use callid::provider::Ledger;
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::process::Output;
@@ -60,10 +60,7 @@ async fn spend(conn: &Connection, id: u64, meta: Value) -> Response {
 
 fn charges(registry: &Path) -> u64 {
     let ledger = registry.with_file_name(callid::backend::PROVIDER_LEDGER_FILE);
-    if !ledger.exists() {
-        return 0;
-    }
-    Ledger::open(&ledger).unwrap().charge_count().unwrap()
+    crate::common::provider::charge_count_or_zero(&ledger)
 }
 
 fn registry(dir: &Path, sub: &str) -> PathBuf {
@@ -160,31 +157,8 @@ async fn router_with_the_goose_preset_accepts_its_key_and_dedupes_a_redelivery()
 /// A probe log of a goose-like client: two distinct calls, then one redelivered.
 async fn goose_log(dir: &Path, extra: &[&str]) -> PathBuf {
     let log = dir.join(format!("probe-{}.log", extra.len()));
-    let mut args = vec![
-        "probe".to_string(),
-        "--log".into(),
-        log.display().to_string(),
-    ];
-    args.extend(extra.iter().map(|s| s.to_string()));
-    let (mut conn, mut child) = Connection::spawn_stdio(&bin(), &args, &[]).await.unwrap();
-    conn.set_timeout(Duration::from_secs(20));
-    conn.initialize(json!(0), "2025-06-18", "goose", "1.9.0")
-        .await
-        .unwrap();
-    for (rpc, id) in [(1, "toolu_a"), (2, "toolu_b"), (3, "toolu_b")] {
-        let r = conn
-            .call_tool(json!(rpc), "capabilities", json!({}), Some(goose_meta(id)))
-            .await
-            .unwrap();
-        assert!(r.result.is_some(), "{}", r.raw);
-    }
-    conn.close().await;
-    assert_eq!(
-        child.wait().await.unwrap().code(),
-        Some(0),
-        "{}",
-        child.stderr_text()
-    );
+    let metas = ["toolu_a", "toolu_b", "toolu_b"].map(goose_meta);
+    record_calls(&log, extra, ("goose", "1.9.0"), &metas).await;
     log
 }
 
@@ -345,30 +319,7 @@ fn identity_sources_prints_the_table_in_force() {
 
 /// A probe log at `log` of client `gem 1.0`: one `capabilities {}` call per `_meta`.
 async fn probe_log(log: &Path, metas: &[Value]) {
-    let args = vec![
-        "probe".to_string(),
-        "--log".into(),
-        log.display().to_string(),
-    ];
-    let (mut conn, mut child) = Connection::spawn_stdio(&bin(), &args, &[]).await.unwrap();
-    conn.set_timeout(Duration::from_secs(20));
-    conn.initialize(json!(0), "2025-06-18", "gem", "1.0")
-        .await
-        .unwrap();
-    for (i, meta) in metas.iter().enumerate() {
-        let r = conn
-            .call_tool(json!(i + 1), "capabilities", json!({}), Some(meta.clone()))
-            .await
-            .unwrap();
-        assert!(r.result.is_some(), "{}", r.raw);
-    }
-    conn.close().await;
-    assert_eq!(
-        child.wait().await.unwrap().code(),
-        Some(0),
-        "{}",
-        child.stderr_text()
-    );
+    record_calls(log, &[], ("gem", "1.0"), metas).await;
 }
 
 /// A two-calls run and a timeout run in which the client redelivered its one call: the same

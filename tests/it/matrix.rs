@@ -45,6 +45,45 @@ fn transcript(out: &Output, tmp: &Path) -> String {
     )
 }
 
+/// `callid ARGS`, which must exit with `code`; the transcript (`tmp` redacted) says why not.
+fn callid_exits(args: &[&str], code: i32, tmp: &Path) -> Output {
+    let out = callid(args);
+    assert_eq!(out.status.code(), Some(code), "{}", transcript(&out, tmp));
+    out
+}
+
+/// `callid matrix add SOURCE --dir DIR`, which must exit with `code`.
+fn matrix_add(source: &Path, dir: &Path, code: i32, tmp: &Path) -> Output {
+    let (s, d) = (source.to_str().unwrap(), dir.to_str().unwrap());
+    callid_exits(&["matrix", "add", s, "--dir", d], code, tmp)
+}
+
+/// `callid matrix render --check --dir DIR`.
+fn render_check(dir: &Path) -> Output {
+    callid(&[
+        "matrix",
+        "render",
+        "--check",
+        "--dir",
+        dir.to_str().unwrap(),
+    ])
+}
+
+/// [`render_check`], which must pass.
+fn render_check_passes(dir: &Path, tmp: &Path) {
+    let out = render_check(dir);
+    assert_eq!(out.status.code(), Some(0), "{}", transcript(&out, tmp));
+}
+
+/// A temporary matrix directory `m` with no client rows.
+fn empty_matrix() -> (tempfile::TempDir, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("m");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("clients.yaml"), "version: 1\nclients: []\n").unwrap();
+    (tmp, dir)
+}
+
 #[test]
 fn render_is_deterministic_and_snapshotted() {
     let (tmp, dir) = fixture();
@@ -67,21 +106,14 @@ fn check_detects_a_one_byte_difference() {
     let (tmp, dir) = fixture();
     let d = dir.to_str().unwrap();
     assert!(callid(&["matrix", "render", "--dir", d]).status.success());
-    let ok = callid(&["matrix", "render", "--check", "--dir", d]);
-    assert_eq!(ok.status.code(), Some(0), "{}", transcript(&ok, tmp.path()));
+    render_check_passes(&dir, tmp.path());
     let path = dir.join("SUPPORT.md");
     let mut bytes = std::fs::read(&path).unwrap();
     let at = bytes.iter().position(|b| *b == b'|').unwrap();
     bytes[at + 2] ^= 0x20; // flip the case of one letter in the first table row
     std::fs::write(&path, &bytes).unwrap();
     let before = std::fs::read(&path).unwrap();
-    let out = callid(&["matrix", "render", "--check", "--dir", d]);
-    assert_eq!(
-        out.status.code(),
-        Some(1),
-        "{}",
-        transcript(&out, tmp.path())
-    );
+    let out = callid_exits(&["matrix", "render", "--check", "--dir", d], 1, tmp.path());
     assert_eq!(
         before,
         std::fs::read(&path).unwrap(),
@@ -93,25 +125,13 @@ fn check_detects_a_one_byte_difference() {
     bytes[at + 2] ^= 0x20;
     bytes.pop();
     std::fs::write(&path, &bytes).unwrap();
-    let out = callid(&["matrix", "render", "--check", "--dir", d]);
-    assert_eq!(
-        out.status.code(),
-        Some(1),
-        "{}",
-        transcript(&out, tmp.path())
-    );
+    callid_exits(&["matrix", "render", "--check", "--dir", d], 1, tmp.path());
 }
 
 #[test]
 fn the_committed_matrix_matches_its_data_and_evidence() {
     let dir = repo().join("matrices");
-    let out = callid(&[
-        "matrix",
-        "render",
-        "--check",
-        "--dir",
-        dir.to_str().unwrap(),
-    ]);
+    let out = render_check(&dir);
     assert_eq!(
         out.status.code(),
         Some(0),
@@ -145,13 +165,7 @@ fn strict_yaml_errors_name_the_path() {
         let text = std::fs::read_to_string(&path).unwrap();
         assert!(text.contains(from), "fixture lacks {from:?}");
         std::fs::write(&path, text.replacen(from, to, 1)).unwrap();
-        let out = callid(&[
-            "matrix",
-            "render",
-            "--check",
-            "--dir",
-            dir.to_str().unwrap(),
-        ]);
+        let out = render_check(&dir);
         let stderr = String::from_utf8_lossy(&out.stderr)
             .replace(&tmp.path().display().to_string(), "[TMP]");
         assert_eq!(out.status.code(), Some(2), "{stderr}");
@@ -218,24 +232,9 @@ fn a_row_that_disagrees_with_its_evidence_fails_the_check() {
 
 #[test]
 fn add_turns_a_probe_log_into_a_row() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("m");
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("clients.yaml"), "version: 1\nclients: []\n").unwrap();
+    let (tmp, dir) = empty_matrix();
     let log = repo().join("tests/fixtures/matrix/evidence/codex-0.171.0.jsonl");
-    let out = callid(&[
-        "matrix",
-        "add",
-        log.to_str().unwrap(),
-        "--dir",
-        dir.to_str().unwrap(),
-    ]);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        transcript(&out, tmp.path())
-    );
+    let out = matrix_add(&log, &dir, 0, tmp.path());
     let today = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(
         today.contains("added `codex-mcp-client-0.171.0`"),
@@ -253,27 +252,12 @@ fn add_turns_a_probe_log_into_a_row() {
         std::fs::read(&log).unwrap(),
         "one client's log is its evidence, unchanged"
     );
-    let check = callid(&[
-        "matrix",
-        "render",
-        "--check",
-        "--dir",
-        dir.to_str().unwrap(),
-    ]);
-    assert_eq!(
-        check.status.code(),
-        Some(0),
-        "{}",
-        transcript(&check, tmp.path())
-    );
+    render_check_passes(&dir, tmp.path());
 }
 
 #[test]
 fn add_refuses_a_log_without_tool_calls() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("m");
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("clients.yaml"), "version: 1\nclients: []\n").unwrap();
+    let (tmp, dir) = empty_matrix();
     let src =
         std::fs::read_to_string(repo().join("tests/fixtures/matrix/evidence/codex-0.171.0.jsonl"))
             .unwrap();
@@ -284,19 +268,7 @@ fn add_refuses_a_log_without_tool_calls() {
         .map(|l| format!("{l}\n"))
         .collect();
     std::fs::write(&log, kept).unwrap();
-    let out = callid(&[
-        "matrix",
-        "add",
-        log.to_str().unwrap(),
-        "--dir",
-        dir.to_str().unwrap(),
-    ]);
-    assert_eq!(
-        out.status.code(),
-        Some(2),
-        "{}",
-        transcript(&out, tmp.path())
-    );
+    let out = matrix_add(&log, &dir, 2, tmp.path());
     assert!(String::from_utf8_lossy(&out.stderr).contains("made a `tools/call`"));
 }
 
@@ -304,35 +276,15 @@ fn add_refuses_a_log_without_tool_calls() {
 /// --no-save --prefix matrices/clients`), and says why not otherwise. With
 /// `CALLID_REQUIRE_CLIENTS` set (CI sets it once the install succeeded), a missing client fails.
 fn measure_real(client: &str, program: &str) {
-    let installed = repo()
-        .join("matrices/clients/node_modules/.bin")
-        .join(program);
-    if !installed.exists() {
-        assert!(
-            std::env::var_os("CALLID_REQUIRE_CLIENTS").is_none(),
-            "{client} is required (CALLID_REQUIRE_CLIENTS is set) but not installed at {}",
-            installed.display()
-        );
-        eprintln!(
-            "SKIP: {client} is not installed at {}; run `npm install --no-save --prefix matrices/clients`",
-            installed.display()
-        );
-        return;
-    }
-    let out = Command::new(bin())
-        .args(["measure", "--client", client, "--check", "--dir"])
-        .arg(repo().join("matrices"))
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "stdout:\n{stdout}\nstderr:\n{stderr}"
+    crate::common::measure::measure_check(
+        client,
+        &repo()
+            .join("matrices/clients/node_modules/.bin")
+            .join(program),
+        "run `npm install --no-save --prefix matrices/clients`",
+        "CALLID_REQUIRE_CLIENTS",
+        "verdict: accepted",
     );
-    assert!(stdout.contains("verdict: accepted"), "{stdout}");
-    assert!(stderr.contains("matches the committed row"), "{stderr}");
 }
 
 #[test]
@@ -349,19 +301,7 @@ fn measure_claude_code_matches_the_committed_row() {
 fn add_turns_a_conformance_report_into_a_router_row() {
     let (tmp, dir) = fixture();
     let report = repo().join("tests/fixtures/matrix-conform-report.json");
-    let out = callid(&[
-        "matrix",
-        "add",
-        report.to_str().unwrap(),
-        "--dir",
-        dir.to_str().unwrap(),
-    ]);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        transcript(&out, tmp.path())
-    );
+    let out = matrix_add(&report, &dir, 0, tmp.path());
     assert!(
         String::from_utf8_lossy(&out.stderr)
             .contains("added router `callid-reference-router` (29 checks)")
@@ -383,19 +323,7 @@ fn add_turns_a_conformance_report_into_a_router_row() {
     assert_eq!(reference.iter().filter(|v| *v == "absent").count(), 2);
     let fixture = column("fixture router \\| with a pipe 0.1.0 (2026-11-29)");
     assert_eq!(fixture.iter().filter(|v| *v == "absent").count(), 26);
-    let check = callid(&[
-        "matrix",
-        "render",
-        "--check",
-        "--dir",
-        dir.to_str().unwrap(),
-    ]);
-    assert_eq!(
-        check.status.code(),
-        Some(0),
-        "{}",
-        transcript(&check, tmp.path())
-    );
+    render_check_passes(&dir, tmp.path());
 }
 
 /// The verdicts of the routers-table column whose header starts with `header`, one per check

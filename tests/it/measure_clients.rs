@@ -7,7 +7,6 @@
 
 use crate::common::{bin, repo};
 use std::path::PathBuf;
-use std::process::Command;
 
 /// What must be installed for `client` to be measured.
 fn installed(what: &str) -> PathBuf {
@@ -15,32 +14,7 @@ fn installed(what: &str) -> PathBuf {
 }
 
 fn measure_check(client: &str, needs: PathBuf, install_hint: &str, required_by: &str) {
-    if !needs.exists() {
-        assert!(
-            std::env::var_os(required_by).is_none(),
-            "{client} is required ({required_by} is set) but {} is not installed",
-            needs.display()
-        );
-        eprintln!(
-            "SKIP: {client} is not installed at {}; {install_hint}",
-            needs.display()
-        );
-        return;
-    }
-    let out = Command::new(bin())
-        .args(["measure", "--client", client, "--check", "--dir"])
-        .arg(repo().join("matrices"))
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "stdout:\n{stdout}\nstderr:\n{stderr}"
-    );
-    assert!(stdout.contains("- id: "), "{stdout}");
-    assert!(stderr.contains("matches the committed row"), "{stderr}");
+    crate::common::measure::measure_check(client, &needs, install_hint, required_by, "- id: ");
 }
 
 const NPM: &str = "run `npm install --no-save --prefix matrices/clients`";

@@ -2,8 +2,9 @@
 //! stdio and streamable HTTP, the `--wrap` proxy against a direct connection, bad input, and the
 //! no-leak property of the log.
 
+use crate::common::probe::{capabilities, close_expecting_exit_0, logged_probe, read_records};
 use crate::common::{bin, repo};
-use callid::jsonrpc::{Child, Connection};
+use callid::jsonrpc::Connection;
 use callid::probe::record::{Record, ShapeLog, Transport};
 use callid::probe::tap::{Frame, LineFramer, Mode, Tap};
 use callid::shape::Digester;
@@ -43,14 +44,6 @@ fn classify_fixtures(format: &str) -> Output {
     );
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     callid(&args)
-}
-
-fn read_records(path: &Path) -> Vec<Record> {
-    std::fs::read_to_string(path)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
-        .collect()
 }
 
 fn methods(records: &[Record]) -> Vec<String> {
@@ -213,24 +206,9 @@ fn demo_prints_the_three_verdicts() {
 // ---------------------------------------------------------------------------------------------
 // the probe over stdio and HTTP
 
-async fn spawn_probe(args: &[&str]) -> (Connection, Child) {
-    let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-    let (mut conn, child) = Connection::spawn_stdio(&bin(), &args, &[]).await.unwrap();
-    conn.set_timeout(Duration::from_secs(20));
-    (conn, child)
-}
-
 #[tokio::test]
 async fn stdio_probe_records_every_request() {
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("probe.log");
-    let (conn, mut child) = spawn_probe(&[
-        "probe",
-        "--legacy-handshake",
-        "--log",
-        log.to_str().unwrap(),
-    ])
-    .await;
+    let (_dir, log, conn, mut child) = logged_probe("probe.log", &["--legacy-handshake"]).await;
     let discover = conn
         .request(
             json!("discover-1"),
@@ -265,15 +243,12 @@ async fn stdio_probe_records_every_request() {
         tools.result.unwrap()["tools"][0]["annotations"]["readOnlyHint"],
         json!(true)
     );
-    let call = conn
-        .call_tool(
-            json!(2),
-            "capabilities",
-            json!({}),
-            Some(json!({"claudecode/toolUseId": "toolu_01SECRETSECRETSECRETSEC", "progressToken": 2})),
-        )
-        .await
-        .unwrap();
+    let call = capabilities(
+        &conn,
+        json!(2),
+        json!({"claudecode/toolUseId": "toolu_01SECRETSECRETSECRETSEC", "progressToken": 2}),
+    )
+    .await;
     let answer = call.structured().unwrap();
     assert_eq!(
         answer["identity"],
@@ -306,13 +281,7 @@ async fn stdio_probe_records_every_request() {
         "{}",
         smuggled.raw
     );
-    conn.close().await;
-    assert_eq!(
-        child.wait().await.unwrap().code(),
-        Some(0),
-        "{}",
-        child.stderr_text()
-    );
+    close_expecting_exit_0(&conn, &mut child).await;
 
     #[cfg(unix)]
     {
@@ -361,18 +330,16 @@ async fn stdio_probe_records_every_request() {
 
 #[tokio::test]
 async fn http_probe_records_sessions_and_answers_discover() {
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("http.log");
-    let (_stdin, mut child) = spawn_probe(&[
-        "probe",
-        "--legacy-handshake",
-        "--http",
-        "127.0.0.1:0",
-        "--log",
-        log.to_str().unwrap(),
-        "--digest-salt",
-        "pepper",
-    ])
+    let (_dir, log, _stdin, mut child) = logged_probe(
+        "http.log",
+        &[
+            "--legacy-handshake",
+            "--http",
+            "127.0.0.1:0",
+            "--digest-salt",
+            "pepper",
+        ],
+    )
     .await;
     let url = callid::demo::http_url(&child).await.unwrap();
     assert!(
@@ -396,15 +363,12 @@ async fn http_probe_records_sessions_and_answers_discover() {
         conn.initialize(json!(0), "2025-06-18", "codex-mcp-client", "0.171.0")
             .await
             .unwrap();
-        let r = conn
-            .call_tool(
-                json!(n + 1),
-                "capabilities",
-                json!({}),
-                Some(json!({"callId": call_id, "threadId": "t"})),
-            )
-            .await
-            .unwrap();
+        let r = capabilities(
+            &conn,
+            json!(n + 1),
+            json!({"callId": call_id, "threadId": "t"}),
+        )
+        .await;
         assert_eq!(
             r.structured().unwrap()["identity"]["verdict"],
             json!("accepted"),
@@ -472,9 +436,7 @@ async fn http_probe_records_sessions_and_answers_discover() {
 
 #[tokio::test]
 async fn bad_input_gets_an_error_and_a_record_never_a_crash() {
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("bad.log");
-    let (conn, mut child) = spawn_probe(&["probe", "--log", log.to_str().unwrap()]).await;
+    let (_dir, log, conn, mut child) = logged_probe("bad.log", &[]).await;
     conn.initialize(json!(0), "2025-11-25", "bad-input-client", "1")
         .await
         .unwrap();
@@ -504,29 +466,13 @@ async fn bad_input_gets_an_error_and_a_record_never_a_crash() {
     for _ in 0..1000 {
         deep = json!([deep]);
     }
-    let r = conn
-        .call_tool(
-            json!(3),
-            "capabilities",
-            json!({}),
-            Some(json!({"d": deep})),
-        )
-        .await
-        .unwrap();
+    let r = capabilities(&conn, json!(3), json!({"d": deep})).await;
     assert_eq!(
         (r.id, r.error.unwrap()["code"].clone()),
         (json!(3), json!(-32600))
     );
 
-    let r = conn
-        .call_tool(
-            json!(4),
-            "capabilities",
-            json!({}),
-            Some(json!("CANARY-string-meta")),
-        )
-        .await
-        .unwrap();
+    let r = capabilities(&conn, json!(4), json!("CANARY-string-meta")).await;
     let e = r.error.unwrap();
     assert_eq!((r.id, e["code"].clone()), (json!(4), json!(-32602)));
     assert_eq!(
@@ -534,15 +480,7 @@ async fn bad_input_gets_an_error_and_a_record_never_a_crash() {
         json!("invalid params: `_meta` must be a JSON object; got string")
     );
 
-    let r = conn
-        .call_tool(
-            json!(5),
-            "capabilities",
-            json!({}),
-            Some(json!({"callId": "call_ok"})),
-        )
-        .await
-        .unwrap();
+    let r = capabilities(&conn, json!(5), json!({"callId": "call_ok"})).await;
     assert_eq!(
         r.structured().unwrap()["identity"]["verdict"],
         json!("accepted"),
@@ -553,13 +491,7 @@ async fn bad_input_gets_an_error_and_a_record_never_a_crash() {
         unmatched.iter().any(|m| m.contains("-32700")),
         "{unmatched:?}"
     );
-    conn.close().await;
-    assert_eq!(
-        child.wait().await.unwrap().code(),
-        Some(0),
-        "{}",
-        child.stderr_text()
-    );
+    close_expecting_exit_0(&conn, &mut child).await;
 
     let text = std::fs::read_to_string(&log).unwrap();
     assert!(!text.contains("CANARY"), "no raw value in the log");

@@ -7,6 +7,7 @@ use crate::common::bin;
 use serde_json::{Value, json};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -87,6 +88,30 @@ fn calls_recorded(log: &std::path::Path) -> usize {
         .count()
 }
 
+/// `callid probe --log LOG` on the given stdin and stdout, its stderr piped.
+fn probe_on(log: &Path, stdin: impl Into<Stdio>, stdout: impl Into<Stdio>) -> std::process::Child {
+    Command::new(bin())
+        .args(["probe", "--log", log.to_str().unwrap()])
+        .stdin(stdin)
+        .stdout(stdout)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Waits for the probe to exit: its status and all it wrote to stderr.
+fn finish(child: &mut std::process::Child) -> (std::process::ExitStatus, String) {
+    let status = wait_for_exit(child);
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    (status, stderr)
+}
+
 #[test]
 fn probe_over_pipes_runs_on_the_reactor_and_restores_blocking_mode() {
     let dir = tempfile::tempdir().unwrap();
@@ -95,13 +120,7 @@ fn probe_over_pipes_runs_on_the_reactor_and_restores_blocking_mode() {
     let (from_child, child_out) = std::io::pipe().unwrap();
     // Kept here: it shares the child's stdout description, whose mode the test reads.
     let out_description: OwnedFd = child_out.as_fd().try_clone_to_owned().unwrap();
-    let mut child = Command::new(bin())
-        .args(["probe", "--log", log.to_str().unwrap()])
-        .stdin(Stdio::from(child_in))
-        .stdout(Stdio::from(child_out))
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = probe_on(&log, child_in, child_out);
     let mut from_child = BufReader::new(from_child);
     converse(&mut to_child, &mut from_child, 50);
     assert!(
@@ -109,14 +128,7 @@ fn probe_over_pipes_runs_on_the_reactor_and_restores_blocking_mode() {
         "stdout is the reactor's while the probe runs"
     );
     drop(to_child);
-    let status = wait_for_exit(&mut child);
-    let mut stderr = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut stderr)
-        .unwrap();
+    let (status, stderr) = finish(&mut child);
     assert!(status.success(), "{stderr}");
     assert!(
         !nonblocking(out_description.as_fd()),
@@ -134,13 +146,7 @@ fn probe_over_a_socket_pair_runs_on_the_reactor_and_restores_blocking_mode() {
         .unwrap();
     let child_in: OwnedFd = theirs.try_clone().unwrap().into();
     let child_out: OwnedFd = theirs.try_clone().unwrap().into();
-    let mut child = Command::new(bin())
-        .args(["probe", "--log", log.to_str().unwrap()])
-        .stdin(Stdio::from(child_in))
-        .stdout(Stdio::from(child_out))
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = probe_on(&log, child_in, child_out);
     let mut input = ours.try_clone().unwrap();
     let mut output = BufReader::new(ours.try_clone().unwrap());
     converse(&mut input, &mut output, 50);
@@ -149,14 +155,7 @@ fn probe_over_a_socket_pair_runs_on_the_reactor_and_restores_blocking_mode() {
         "the socket is the reactor's while the probe runs"
     );
     ours.shutdown(std::net::Shutdown::Write).unwrap();
-    let status = wait_for_exit(&mut child);
-    let mut stderr = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut stderr)
-        .unwrap();
+    let (status, stderr) = finish(&mut child);
     assert!(status.success(), "{stderr}");
     assert!(
         !nonblocking(theirs.as_fd()),

@@ -3,11 +3,11 @@
 //! streamable HTTP; `--legacy-handshake` forces the `initialize` fallback; every record carries
 //! the protocol version the message was sent under.
 
-use crate::common::bin;
-use callid::jsonrpc::{Child, Connection};
+use crate::common::probe::{
+    capabilities, close_expecting_exit_0, logged_probe, read_records, spawn_probe, wait_for_records,
+};
 use callid::probe::record::{ClientInfoFrom, Record, Transport};
 use serde_json::{Value, json};
-use std::path::Path;
 use std::time::Duration;
 
 const V2026: &str = "2026-07-28";
@@ -25,34 +25,8 @@ fn inline_meta(extra: Value) -> Value {
     meta
 }
 
-fn read_records(path: &Path) -> Vec<Record> {
-    std::fs::read_to_string(path)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
-        .collect()
-}
-
-/// Waits until the log holds `n` records (the probe writes them off the reply path).
-async fn wait_for_records(path: &Path, n: usize) -> Vec<Record> {
-    for _ in 0..400 {
-        if std::fs::read_to_string(path).is_ok_and(|t| t.lines().count() >= n) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    read_records(path)
-}
-
 fn methods(records: &[Record]) -> Vec<&str> {
     records.iter().filter_map(|r| r.method.as_deref()).collect()
-}
-
-async fn spawn_probe(args: &[&str]) -> (Connection, Child) {
-    let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-    let (mut conn, child) = Connection::spawn_stdio(&bin(), &args, &[]).await.unwrap();
-    conn.set_timeout(Duration::from_secs(20));
-    (conn, child)
 }
 
 /// A `server/discover` result per 2026-07-28 naming the probe.
@@ -79,9 +53,7 @@ fn assert_discover_result(result: &Value) {
 
 #[tokio::test]
 async fn stdio_stateless_client_discovers_then_calls_without_initialize() {
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("probe.log");
-    let (conn, mut child) = spawn_probe(&["probe", "--log", log.to_str().unwrap()]).await;
+    let (_dir, log, conn, mut child) = logged_probe("probe.log", &[]).await;
     let discover = conn
         .request(
             json!("discover-1"),
@@ -113,15 +85,7 @@ async fn stdio_stateless_client_discovers_then_calls_without_initialize() {
     // The same call sent twice, the retry with a new JSON-RPC id as 2026-07-28 requires.
     let tool_use = json!({"claudecode/toolUseId": "toolu_01STATELESSSTATELESSSTAT"});
     for id in [2, 3] {
-        let call = conn
-            .call_tool(
-                json!(id),
-                "capabilities",
-                json!({}),
-                Some(inline_meta(tool_use.clone())),
-            )
-            .await
-            .unwrap();
+        let call = capabilities(&conn, json!(id), inline_meta(tool_use.clone())).await;
         assert_eq!(
             call.structured().unwrap()["identity"]["source"],
             json!("claudecode/toolUseId"),
@@ -129,13 +93,7 @@ async fn stdio_stateless_client_discovers_then_calls_without_initialize() {
             call.raw
         );
     }
-    conn.close().await;
-    assert_eq!(
-        child.wait().await.unwrap().code(),
-        Some(0),
-        "{}",
-        child.stderr_text()
-    );
+    close_expecting_exit_0(&conn, &mut child).await;
 
     let records = read_records(&log);
     assert_eq!(
@@ -176,15 +134,7 @@ async fn stdio_stateless_client_discovers_then_calls_without_initialize() {
 
 #[tokio::test]
 async fn stdio_legacy_handshake_forces_the_initialize_fallback() {
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("probe.log");
-    let (conn, mut child) = spawn_probe(&[
-        "probe",
-        "--legacy-handshake",
-        "--log",
-        log.to_str().unwrap(),
-    ])
-    .await;
+    let (_dir, log, conn, mut child) = logged_probe("probe.log", &["--legacy-handshake"]).await;
     let discover = conn
         .request(
             json!("d"),
@@ -200,15 +150,7 @@ async fn stdio_legacy_handshake_forces_the_initialize_fallback() {
         discover.raw
     );
     // A request that declares 2026-07-28 is refused: the legacy probe does not speak it.
-    let stateless = conn
-        .call_tool(
-            json!(1),
-            "capabilities",
-            json!({}),
-            Some(inline_meta(json!({}))),
-        )
-        .await
-        .unwrap();
+    let stateless = capabilities(&conn, json!(1), inline_meta(json!({}))).await;
     assert!(stateless.error.is_some(), "{}", stateless.raw);
     assert!(stateless.raw.contains(V2026), "{}", stateless.raw);
     let init = conn
@@ -219,26 +161,12 @@ async fn stdio_legacy_handshake_forces_the_initialize_fallback() {
         init.result.as_ref().unwrap()["protocolVersion"],
         json!("2025-11-25")
     );
-    let call = conn
-        .call_tool(
-            json!(3),
-            "capabilities",
-            json!({}),
-            Some(json!({"callId": "call_legacy"})),
-        )
-        .await
-        .unwrap();
+    let call = capabilities(&conn, json!(3), json!({"callId": "call_legacy"})).await;
     assert_eq!(
         call.structured().unwrap()["identity"]["verdict"],
         json!("accepted")
     );
-    conn.close().await;
-    assert_eq!(
-        child.wait().await.unwrap().code(),
-        Some(0),
-        "{}",
-        child.stderr_text()
-    );
+    close_expecting_exit_0(&conn, &mut child).await;
 
     let records = read_records(&log);
     assert_eq!(
@@ -303,16 +231,7 @@ async fn post_stateless(url: &str, method: &str, id: Value, params: Value) -> (u
 
 #[tokio::test]
 async fn http_stateless_client_discovers_then_calls_and_legacy_refuses_discover() {
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("http.log");
-    let (_stdin, mut child) = spawn_probe(&[
-        "probe",
-        "--http",
-        "127.0.0.1:0",
-        "--log",
-        log.to_str().unwrap(),
-    ])
-    .await;
+    let (_dir, log, _stdin, mut child) = logged_probe("http.log", &["--http", "127.0.0.1:0"]).await;
     let url = callid::demo::http_url(&child).await.unwrap();
     let (status, discover) = post_stateless(
         &url,
@@ -364,9 +283,7 @@ async fn http_stateless_client_discovers_then_calls_and_legacy_refuses_discover(
 /// dropped.
 #[tokio::test]
 async fn ten_thousand_calls_make_ten_thousand_records() {
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("probe.log");
-    let (conn, mut child) = spawn_probe(&["probe", "--log", log.to_str().unwrap()]).await;
+    let (_dir, log, conn, mut child) = logged_probe("probe.log", &[]).await;
     conn.initialize(json!(0), "2025-11-25", "bulk-client", "1.0.0")
         .await
         .unwrap();
@@ -416,16 +333,7 @@ async fn ten_thousand_calls_make_ten_thousand_records() {
 #[cfg(unix)]
 #[tokio::test]
 async fn http_probe_writes_every_record_before_exiting_on_sigterm() {
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("http.log");
-    let (_stdin, mut child) = spawn_probe(&[
-        "probe",
-        "--http",
-        "127.0.0.1:0",
-        "--log",
-        log.to_str().unwrap(),
-    ])
-    .await;
+    let (_dir, log, _stdin, mut child) = logged_probe("http.log", &["--http", "127.0.0.1:0"]).await;
     let url = callid::demo::http_url(&child).await.unwrap();
     for id in 1..=50 {
         let (_, call) = post_stateless(

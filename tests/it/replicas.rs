@@ -6,24 +6,20 @@
 //! Without PostgreSQL binaries these tests print a SKIP outside CI and fail in CI (`CI=true`),
 //! where `.ci/run` installs them.
 
-use crate::common::bin;
+use crate::common::mcp::{
+    Served, answered_or_in_progress, code as error_code, codex_in_session as codex, completed,
+    concurrent_spends, env_of, fox, paid_within_budget, replayed_or_not as replayed,
+};
+use crate::common::provider;
+use crate::common::{bin, callid_ok};
 use crate::pg::PgCluster;
 use callid::crashpoint::Boundary;
-use callid::jsonrpc::{Child, Connection, Response, RpcError};
-use callid::provider::{Ledger, ProviderHandle};
+use callid::jsonrpc::Response;
+use callid::provider::ProviderHandle;
 use serde_json::{Value, json};
 use std::path::PathBuf;
 use std::process::Command;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
-
-const KEY_PREFIX: &str = "hubu:operation:v1:";
-
-static RPC_ID: AtomicU64 = AtomicU64::new(50_000);
-
-fn next_id() -> Value {
-    json!(RPC_ID.fetch_add(1, Ordering::Relaxed))
-}
+use std::time::Duration;
 
 /// A provider with its ledger, a PostgreSQL cluster, and replicas' data directories.
 struct World {
@@ -39,40 +35,31 @@ impl World {
         let pg = PgCluster::start(test)?;
         let dir = tempfile::tempdir().unwrap();
         let ledger = dir.path().join("provider-ledger.sqlite3");
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let provider_addr = listener.local_addr().unwrap();
-        let provider =
-            callid::provider::spawn(listener, Ledger::open(&ledger).unwrap(), None).unwrap();
+        let provider = provider::spawn(&ledger, None).await;
         Some(World {
             dir,
+            provider_addr: provider.addr(),
             _provider: provider,
-            provider_addr,
             ledger,
             pg,
         })
     }
 
     fn charges(&self) -> u64 {
-        Ledger::open(&self.ledger).unwrap().charge_count().unwrap()
+        provider::charge_count(&self.ledger)
     }
 
     fn charge_ids(&self) -> Vec<String> {
-        Ledger::open(&self.ledger)
-            .unwrap()
-            .charges()
-            .unwrap()
-            .into_iter()
-            .map(|c| c.charge_id)
-            .collect()
+        provider::charge_ids(&self.ledger)
     }
 
     /// Starts replica `name` (its own data directory) on the shared database.
-    async fn replica(&self, name: &str, envs: &[(&str, &str)]) -> Replica {
+    async fn replica(&self, name: &str, envs: &[(&str, &str)]) -> Served {
         self.replica_with(name, &[], envs).await
     }
 
     /// Replica `name` with `extra` router flags.
-    async fn replica_with(&self, name: &str, extra: &[&str], envs: &[(&str, &str)]) -> Replica {
+    async fn replica_with(&self, name: &str, extra: &[&str], envs: &[(&str, &str)]) -> Served {
         let data = self.dir.path().join(name);
         std::fs::create_dir_all(&data).unwrap();
         let mut args: Vec<String> = vec![
@@ -81,91 +68,25 @@ impl World {
             format!("http://{}", self.provider_addr),
         ];
         args.extend(extra.iter().map(|s| s.to_string()));
-        let mut env: Vec<(String, String)> = vec![
-            ("CALLID_LOG".into(), "debug".into()),
-            ("CALLID_REGISTRY".into(), self.pg.url()),
-            ("XDG_DATA_HOME".into(), data.display().to_string()),
+        let (url, data) = (self.pg.url(), data.display().to_string());
+        let base = [
+            ("CALLID_LOG", "debug"),
+            ("CALLID_REGISTRY", url.as_str()),
+            ("XDG_DATA_HOME", data.as_str()),
         ];
-        env.extend(envs.iter().map(|(k, v)| (k.to_string(), v.to_string())));
-        let (conn, child) = Connection::spawn_stdio(&bin(), &args, &env).await.unwrap();
-        let init = conn
-            .initialize(json!(0), "2025-06-18", "callid-tests", "1")
-            .await
-            .unwrap();
-        assert!(init.result.is_some(), "initialize failed: {}", init.raw);
-        Replica { conn, child }
+        Served::start("the replica", &bin(), &args, &env_of(&base, envs), None).await
     }
 }
 
-struct Replica {
-    conn: Connection,
-    child: Child,
+/// Replica `r` spends the fox as call `call_id`.
+async fn spend(r: &Served, call_id: &str) -> Response {
+    r.spend(fox(), codex(call_id)).await
 }
 
-impl Replica {
-    async fn spend(&self, call_id: &str) -> Response {
-        let r = self
-            .conn
-            .call_tool(next_id(), "generate_image", fox(), Some(codex(call_id)))
-            .await
-            .unwrap_or_else(|e| panic!("spend failed: {e}\n{}", self.child.stderr_text()));
-        assert!(!r.raw.contains(KEY_PREFIX), "leaked a key: {}", r.raw);
-        r
-    }
-
-    /// Redelivers until the answer is not `operation_in_progress` (which means: another
-    /// replica's dispatch is live, retry shortly); returns the answer and how long it took.
-    async fn spend_until_settled(&self, call_id: &str) -> (Response, Duration) {
-        let start = Instant::now();
-        loop {
-            let r = self.spend(call_id).await;
-            if r.is_tool_error() && error_code(&r) == "operation_in_progress" {
-                assert!(
-                    start.elapsed() < Duration::from_secs(120),
-                    "still in progress after 120 s: {}",
-                    r.raw
-                );
-                tokio::time::sleep(Duration::from_millis(2)).await;
-                continue;
-            }
-            return (r, start.elapsed());
-        }
-    }
-
-    async fn stop(mut self) -> String {
-        let _ = self.child.kill9().await;
-        let stderr = self.child.stderr_text();
-        assert!(!stderr.contains(KEY_PREFIX), "log shows a key:\n{stderr}");
-        stderr
-    }
-}
-
-fn codex(id: &str) -> Value {
-    json!({"callId": id, "openai/session": "sess-1", "progressToken": 7})
-}
-
-fn fox() -> Value {
-    json!({"prompt": "an origami fox"})
-}
-
-fn error_code(r: &Response) -> String {
-    r.structured().unwrap()["error"]
-        .as_str()
-        .unwrap()
-        .to_string()
-}
-
-fn completed(r: &Response) -> &Value {
-    assert!(!r.is_tool_error(), "expected success, got {}", r.raw);
-    let s = r.structured().unwrap();
-    assert_eq!(s["status"], "completed", "{}", r.raw);
-    s
-}
-
-fn replayed(r: &Response) -> bool {
-    r.tool_result().unwrap()["_meta"]["callid/replayed"]
-        .as_bool()
-        .unwrap_or(false)
+/// [`spend`] until no other replica's dispatch of the call is live.
+async fn spend_until_settled(r: &Served, call_id: &str) -> (Response, Duration) {
+    r.spend_until_settled(codex(call_id), Duration::from_secs(120))
+        .await
 }
 
 #[tokio::test]
@@ -178,26 +99,12 @@ async fn three_replicas_32_deliveries_of_one_call_charge_once() {
         w.replica("b", &[]).await,
         w.replica("c", &[]).await,
     ];
-    let mut tasks = vec![];
-    for i in 0..32 {
-        let conn = replicas[i % 3].conn.clone();
-        tasks.push(tokio::spawn(async move {
-            conn.call_tool(next_id(), "generate_image", fox(), Some(codex("burst")))
-                .await
-                .unwrap()
-        }));
-    }
-    let mut done = vec![];
-    for t in tasks {
-        let r = t.await.unwrap();
-        assert!(!r.raw.contains(KEY_PREFIX), "{}", r.raw);
-        if r.is_tool_error() {
-            // Another replica held the dispatch: safe to retry.
-            assert_eq!(error_code(&r), "operation_in_progress", "{}", r.raw);
-        } else {
-            done.push(completed(&r).clone());
-        }
-    }
+    let conns = replicas.each_ref().map(|r| r.conn.clone());
+    let replies = concurrent_spends(&conns, 32, |_| codex("burst")).await;
+    let done: Vec<Value> = answered_or_in_progress(replies)
+        .iter()
+        .map(|r| completed(r).clone())
+        .collect();
     assert!(!done.is_empty());
     assert_eq!(w.charges(), 1, "one charge across three replicas");
     // Every replica now replays the one recorded result.
@@ -206,7 +113,7 @@ async fn three_replicas_32_deliveries_of_one_call_charge_once() {
         assert_eq!(d, &first);
     }
     for r in &replicas {
-        let (again, _) = r.spend_until_settled("burst").await;
+        let (again, _) = spend_until_settled(r, "burst").await;
         assert_eq!(completed(&again), &first);
         assert!(replayed(&again));
     }
@@ -234,21 +141,13 @@ async fn a_replica_killed_at_any_boundary_is_taken_over_by_another_with_one_char
                 &[(callid::crashpoint::ENV, name)],
             )
             .await;
-        let err = doomed
-            .conn
-            .call_tool(next_id(), "generate_image", fox(), Some(codex(&call)))
-            .await;
-        assert!(
-            matches!(err, Err(RpcError::Closed { .. })),
-            "{name}: the replica should have died, got {err:?}"
-        );
-        assert!(!doomed.child.wait().await.unwrap().success(), "{name}");
+        doomed.spend_and_die(codex(&call), name).await;
         let handle = w.pg.sql(
             "callid",
             &format!("SELECT handle FROM callid_operations WHERE harness_call_id = '{call}'"),
         );
         assert!(!handle.is_empty(), "{name}: the row is committed first");
-        let (again, took) = survivor.spend_until_settled(&call).await;
+        let (again, took) = spend_until_settled(&survivor, &call).await;
         takeovers.push(took);
         let s = completed(&again).clone();
         assert_eq!(s["handle"], json!(handle), "{name}: same handle");
@@ -263,7 +162,7 @@ async fn a_replica_killed_at_any_boundary_is_taken_over_by_another_with_one_char
             boundary == Boundary::BeforeReply,
             "{name}"
         );
-        let (third, _) = survivor.spend_until_settled(&call).await;
+        let (third, _) = spend_until_settled(&survivor, &call).await;
         assert_eq!(completed(&third), &s, "{name}");
         assert_eq!(w.charges(), before_charges + 1, "{name}");
     }
@@ -292,13 +191,13 @@ async fn a_database_restart_fails_spends_closed_then_recovers() {
     };
     let a = w.replica("a", &[]).await;
     let b = w.replica("b", &[]).await;
-    let first = a.spend("before").await;
+    let first = spend(&a, "before").await;
     completed(&first);
     assert_eq!(w.charges(), 1);
 
     w.pg.stop_server();
     for r in [&a, &b] {
-        let down = r.spend("while-down").await;
+        let down = spend(r, "while-down").await;
         assert!(down.is_tool_error(), "{}", down.raw);
         assert_eq!(error_code(&down), "registry_unavailable", "{}", down.raw);
         let message = down.structured().unwrap()["message"]
@@ -318,13 +217,13 @@ async fn a_database_restart_fails_spends_closed_then_recovers() {
     );
 
     w.pg.start_server();
-    let (up, _) = b.spend_until_settled("while-down").await;
+    let (up, _) = spend_until_settled(&b, "while-down").await;
     let s = completed(&up).clone();
     assert_eq!(w.charges(), 2);
-    let (replay, _) = a.spend_until_settled("while-down").await;
+    let (replay, _) = spend_until_settled(&a, "while-down").await;
     assert_eq!(completed(&replay), &s);
     assert!(replayed(&replay));
-    let (old, _) = b.spend_until_settled("before").await;
+    let (old, _) = spend_until_settled(&b, "before").await;
     assert_eq!(completed(&old), completed(&first));
     assert_eq!(w.charges(), 2);
     a.stop().await;
@@ -436,45 +335,37 @@ async fn an_approval_or_denial_given_once_holds_on_every_replica() {
     let flags = ["--approval-above-cents", "2"];
     let a = w.replica_with("a", &flags, &[]).await;
     let b = w.replica_with("b", &flags, &[]).await;
+    let url = w.pg.url();
     let operator = |args: &[&str]| {
-        let out = Command::new(bin())
-            .args(args)
-            .env("CALLID_REGISTRY", w.pg.url())
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let out = callid_ok(args, &[("CALLID_REGISTRY", &url)]);
         String::from_utf8_lossy(&out.stdout).to_string()
     };
 
-    let first = a.spend("ap").await;
+    let first = spend(&a, "ap").await;
     assert_eq!(error_code(&first), "awaiting_approval", "{}", first.raw);
     let h = first.structured().unwrap()["handle"]
         .as_str()
         .unwrap()
         .to_string();
-    assert_eq!(error_code(&b.spend("ap").await), "awaiting_approval");
+    assert_eq!(error_code(&spend(&b, "ap").await), "awaiting_approval");
     assert!(operator(&["router", "approve", &h]).contains("approved"));
     let status: Value = serde_json::from_str(&operator(&["router", "status", &h])).unwrap();
     assert_eq!(status["status"], "pending");
-    let (done, _) = b.spend_until_settled("ap").await;
+    let (done, _) = spend_until_settled(&b, "ap").await;
     assert_eq!(completed(&done)["handle"], json!(h));
-    let (again, _) = a.spend_until_settled("ap").await;
+    let (again, _) = spend_until_settled(&a, "ap").await;
     assert_eq!(completed(&again), completed(&done));
     assert!(replayed(&again));
     assert_eq!(w.charges(), 1);
 
-    let second = b.spend("dn").await;
+    let second = spend(&b, "dn").await;
     assert_eq!(error_code(&second), "awaiting_approval");
     let h2 = second.structured().unwrap()["handle"]
         .as_str()
         .unwrap()
         .to_string();
     operator(&["router", "deny", &h2, "--reason", "too dear"]);
-    let denied = a.spend("dn").await;
+    let denied = spend(&a, "dn").await;
     assert_eq!(error_code(&denied), "operation_denied", "{}", denied.raw);
     assert_eq!(w.charges(), 1);
     a.stop().await;
@@ -493,32 +384,15 @@ async fn a_budget_holds_across_replicas_under_concurrent_spends() {
         w.replica_with("b", &flags, &[]).await,
         w.replica_with("c", &flags, &[]).await,
     ];
-    let mut tasks = vec![];
-    for i in 0..12 {
-        let conn = replicas[i % 3].conn.clone();
-        tasks.push(tokio::spawn(async move {
-            let call = format!("budget-{i}");
-            conn.call_tool(next_id(), "generate_image", fox(), Some(codex(&call)))
-                .await
-                .unwrap()
-        }));
-    }
-    let mut ok = 0;
-    for t in tasks {
-        let r = t.await.unwrap();
-        if r.is_tool_error() {
-            assert_eq!(error_code(&r), "budget_exceeded", "{}", r.raw);
-        } else {
-            completed(&r);
-            ok += 1;
-        }
+    let conns = replicas.each_ref().map(|r| r.conn.clone());
+    let replies = concurrent_spends(&conns, 12, |i| codex(&format!("budget-{i}"))).await;
+    let ok = paid_within_budget(&replies);
+    for r in replies.iter().filter(|r| !r.is_tool_error()) {
+        completed(r);
     }
     assert_eq!(ok, 3, "three spends fit the budget");
     assert_eq!(w.charges(), 3, "never more than the budget across replicas");
-    let spent: u64 = Ledger::open(&w.ledger)
-        .unwrap()
-        .charges()
-        .unwrap()
+    let spent: u64 = provider::charges(&w.ledger)
         .iter()
         .map(|c| c.amount_cents)
         .sum();

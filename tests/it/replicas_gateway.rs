@@ -6,23 +6,19 @@
 //! Without PostgreSQL binaries these tests print a SKIP outside CI and fail in CI (`CI=true`).
 
 use crate::common::bin;
+use crate::common::mcp::{
+    Gate, KEY_PREFIX, Served, answered_or_in_progress, code, codex, concurrent_spends, env_of, fox,
+    gateway_args, handle, paid_within_budget, receipt, replayed_or_not as replayed,
+    spend_in_background,
+};
+use crate::common::provider;
 use crate::pg::PgCluster;
 use callid::crashpoint::Boundary;
-use callid::jsonrpc::{Child, Connection, Response, RpcError};
-use callid::provider::Ledger;
+use callid::jsonrpc::Response;
 use serde_json::{Value, json};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
-
-const KEY_PREFIX: &str = "hubu:operation:v1:";
-
-static RPC_ID: AtomicU64 = AtomicU64::new(70_000);
-
-fn next_id() -> Value {
-    json!(RPC_ID.fetch_add(1, Ordering::Relaxed))
-}
+use std::time::Duration;
 
 /// A PostgreSQL cluster, the shared ledger, and the replicas' files.
 struct World {
@@ -47,10 +43,7 @@ impl World {
     }
 
     fn charges(&self) -> Vec<callid::provider::ChargeRecord> {
-        if !self.ledger().exists() {
-            return vec![];
-        }
-        Ledger::open(&self.ledger()).unwrap().charges().unwrap()
+        provider::charges(&self.ledger())
     }
 
     /// A policy file: `text` as YAML.
@@ -62,30 +55,11 @@ impl World {
 
     /// Starts a gateway replica on the shared database (`CALLID_REGISTRY`) in front of its own
     /// `callid provider --mcp` on the shared ledger.
-    async fn gateway(&self, extra: &[&str], envs: &[(&str, &str)]) -> Gw {
-        let mut args: Vec<String> =
-            vec!["gateway".into(), "--spend".into(), "generate_image".into()];
-        args.extend(extra.iter().map(|s| s.to_string()));
-        args.extend([
-            "--".into(),
-            bin().display().to_string(),
-            "provider".into(),
-            "--mcp".into(),
-            "--ledger".into(),
-            self.ledger().display().to_string(),
-        ]);
-        let mut env: Vec<(String, String)> = vec![
-            ("CALLID_LOG".into(), "debug".into()),
-            ("CALLID_REGISTRY".into(), self.pg.url()),
-        ];
-        env.extend(envs.iter().map(|(k, v)| (k.to_string(), v.to_string())));
-        let (conn, child) = Connection::spawn_stdio(&bin(), &args, &env).await.unwrap();
-        let init = conn
-            .initialize(json!(0), "2025-06-18", "callid-tests", "1")
-            .await
-            .unwrap_or_else(|e| panic!("initialize: {e}\n{}", child.stderr_text()));
-        assert!(init.result.is_some(), "initialize failed: {}", init.raw);
-        Gw { conn, child }
+    async fn gateway(&self, extra: &[&str], envs: &[(&str, &str)]) -> Served {
+        let args = gateway_args(None, extra, &self.ledger());
+        let url = self.pg.url();
+        let env = env_of(&[("CALLID_LOG", "debug"), ("CALLID_REGISTRY", &url)], envs);
+        Served::start("the gateway replica", &bin(), &args, &env, None).await
     }
 
     /// `callid router SUBCOMMAND ... --registry URL`.
@@ -106,92 +80,15 @@ impl World {
     }
 }
 
-struct Gw {
-    conn: Connection,
-    child: Child,
+/// Replica `g` spends the fox as call `call_id`.
+async fn spend(g: &Served, call_id: &str) -> Response {
+    g.spend(fox(), codex(call_id)).await
 }
 
-impl Gw {
-    async fn call(&self, tool: &str, args: Value, meta: Option<Value>) -> Response {
-        let r = self
-            .conn
-            .call_tool(next_id(), tool, args, meta)
-            .await
-            .unwrap_or_else(|e| panic!("{tool} failed: {e}\n{}", self.child.stderr_text()));
-        assert!(!r.raw.contains(KEY_PREFIX), "leaked a key: {}", r.raw);
-        r
-    }
-
-    async fn spend(&self, call_id: &str) -> Response {
-        self.call("generate_image", fox(), Some(codex(call_id)))
-            .await
-    }
-
-    /// Redelivers until the answer is not `operation_in_progress` (another replica's dispatch
-    /// is live: retry shortly); returns the answer and how long it took.
-    async fn spend_until_settled(&self, call_id: &str) -> (Response, Duration) {
-        let start = Instant::now();
-        loop {
-            let r = self.spend(call_id).await;
-            if r.is_tool_error() && code(&r) == "operation_in_progress" {
-                assert!(
-                    start.elapsed() < Duration::from_secs(60),
-                    "still in progress after 60 s: {}",
-                    r.raw
-                );
-                tokio::time::sleep(Duration::from_millis(2)).await;
-                continue;
-            }
-            return (r, start.elapsed());
-        }
-    }
-
-    async fn stop(mut self) -> String {
-        let _ = self.child.kill9().await;
-        let stderr = self.child.stderr_text();
-        assert!(!stderr.contains(KEY_PREFIX), "log shows a key:\n{stderr}");
-        stderr
-    }
-}
-
-fn codex(id: &str) -> Value {
-    json!({"callId": id, "progressToken": 7})
-}
-
-fn fox() -> Value {
-    json!({"prompt": "an origami fox"})
-}
-
-fn code(r: &Response) -> String {
-    assert!(r.is_tool_error(), "expected a tool error, got {}", r.raw);
-    r.structured().unwrap()["error"]
-        .as_str()
-        .unwrap()
-        .to_string()
-}
-
-fn meta(r: &Response) -> &Value {
-    &r.tool_result().unwrap()["_meta"]
-}
-
-fn replayed(r: &Response) -> bool {
-    meta(r)["callid/replayed"].as_bool().unwrap_or(false)
-}
-
-fn handle(r: &Response) -> String {
-    meta(r)["callid/handle"]
-        .as_str()
-        .or_else(|| r.structured().and_then(|s| s["handle"].as_str()))
-        .unwrap_or_else(|| panic!("no handle in {}", r.raw))
-        .to_string()
-}
-
-/// The upstream's receipt in a successful spend reply.
-fn receipt(r: &Response) -> Value {
-    assert!(!r.is_tool_error(), "expected success, got {}", r.raw);
-    let s = r.structured().unwrap().clone();
-    assert!(s["charge_id"].as_str().is_some(), "{}", r.raw);
-    s
+/// [`spend`] until no other replica's dispatch of the call is live.
+async fn spend_until_settled(g: &Served, call_id: &str) -> (Response, Duration) {
+    g.spend_until_settled(codex(call_id), Duration::from_secs(60))
+        .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -204,32 +101,19 @@ async fn three_gateway_replicas_32_deliveries_of_one_call_charge_once() {
         w.gateway(&[], &[]).await,
         w.gateway(&[], &[]).await,
     ];
-    let mut tasks = vec![];
-    for i in 0..32 {
-        let conn = replicas[i % 3].conn.clone();
-        tasks.push(tokio::spawn(async move {
-            conn.call_tool(next_id(), "generate_image", fox(), Some(codex("burst")))
-                .await
-                .unwrap()
-        }));
-    }
-    let mut done = vec![];
-    for t in tasks {
-        let r = t.await.unwrap();
-        assert!(!r.raw.contains(KEY_PREFIX), "{}", r.raw);
-        if r.is_tool_error() {
-            assert_eq!(code(&r), "operation_in_progress", "{}", r.raw);
-        } else {
-            done.push(receipt(&r));
-        }
-    }
+    let conns = replicas.each_ref().map(|r| r.conn.clone());
+    let replies = concurrent_spends(&conns, 32, |_| codex("burst")).await;
+    let done: Vec<Value> = answered_or_in_progress(replies)
+        .iter()
+        .map(receipt)
+        .collect();
     assert!(!done.is_empty());
     let charges = w.charges();
     assert_eq!(charges.len(), 1, "one charge across three gateway replicas");
     assert!(done.iter().all(|d| d == &done[0]));
     assert_eq!(done[0]["charge_id"], json!(charges[0].charge_id));
     for r in &replicas {
-        let (again, _) = r.spend_until_settled("burst").await;
+        let (again, _) = spend_until_settled(r, "burst").await;
         assert_eq!(receipt(&again), done[0]);
         assert!(replayed(&again));
     }
@@ -260,18 +144,10 @@ async fn a_gateway_replica_killed_holding_a_dispatch_is_taken_over_with_one_char
         let call = format!("crash-{name}");
         let before = w.charges().len();
         let mut doomed = w.gateway(&[], &[(callid::crashpoint::ENV, name)]).await;
-        let err = doomed
-            .conn
-            .call_tool(next_id(), "generate_image", fox(), Some(codex(&call)))
-            .await;
-        assert!(
-            matches!(err, Err(RpcError::Closed { .. })),
-            "{name}: the replica should have died, got {err:?}"
-        );
-        assert!(!doomed.child.wait().await.unwrap().success(), "{name}");
+        doomed.spend_and_die(codex(&call), name).await;
         let row = w.handle_of(&call);
         assert!(!row.is_empty(), "{name}: the row is committed first");
-        let (again, took) = survivor.spend_until_settled(&call).await;
+        let (again, took) = spend_until_settled(&survivor, &call).await;
         takeovers.push(took);
         let r = receipt(&again);
         assert_eq!(handle(&again), row, "{name}: same handle");
@@ -286,7 +162,7 @@ async fn a_gateway_replica_killed_holding_a_dispatch_is_taken_over_with_one_char
             boundary == Boundary::BeforeReply,
             "{name}"
         );
-        let (third, _) = survivor.spend_until_settled(&call).await;
+        let (third, _) = spend_until_settled(&survivor, &call).await;
         assert_eq!(receipt(&third), r, "{name}");
         assert!(replayed(&third), "{name}");
     }
@@ -294,25 +170,10 @@ async fn a_gateway_replica_killed_holding_a_dispatch_is_taken_over_with_one_char
     // kill -9 while the replica holds the dispatch lease (paused after the upstream charged,
     // before the result is recorded): another replica takes the lease over once the server
     // sees the dead replica's connection drop, and re-sends under the same key.
-    let gate = w.path("gate");
-    let mut reached = gate.clone().into_os_string();
-    reached.push(".reached");
-    let pause = format!(
-        "{}:{}",
-        Boundary::AfterProviderCharge.name(),
-        gate.display()
-    );
-    let mut holder = w
-        .gateway(&[], &[(callid::crashpoint::PAUSE_ENV, &pause)])
-        .await;
-    let conn = holder.conn.clone();
-    let call = tokio::spawn(async move {
-        conn.call_tool(next_id(), "generate_image", fox(), Some(codex("held")))
-            .await
-    });
-    while !Path::new(&reached).exists() {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let gate = Gate::new(w.path("gate"), Boundary::AfterProviderCharge.name());
+    let mut holder = w.gateway(&[], &[gate.env()]).await;
+    let call = spend_in_background(&holder.conn, codex("held"));
+    gate.reached().await;
     let before = w.charges().len();
     assert_eq!(
         w.pg.sql(
@@ -323,13 +184,13 @@ async fn a_gateway_replica_killed_holding_a_dispatch_is_taken_over_with_one_char
         "1",
         "the paused replica holds the lease"
     );
-    let busy = survivor.spend("held").await;
+    let busy = spend(&survivor, "held").await;
     assert_eq!(code(&busy), "operation_in_progress", "{}", busy.raw);
     holder.child.kill9().await.unwrap();
     holder.child.wait().await.unwrap();
     assert!(call.await.unwrap().is_err());
-    std::fs::write(&gate, b"").unwrap();
-    let (again, took) = survivor.spend_until_settled("held").await;
+    gate.open();
+    let (again, took) = spend_until_settled(&survivor, "held").await;
     takeovers.push(took);
     assert_eq!(handle(&again), w.handle_of("held"), "same handle");
     assert_eq!(
@@ -357,29 +218,9 @@ async fn a_budget_race_across_gateway_replicas_never_overspends() {
         w.gateway(&flags, &[]).await,
         w.gateway(&flags, &[]).await,
     ];
-    let mut tasks = vec![];
-    for i in 0..12 {
-        let conn = replicas[i % 3].conn.clone();
-        tasks.push(tokio::spawn(async move {
-            conn.call_tool(
-                next_id(),
-                "generate_image",
-                fox(),
-                Some(codex(&format!("budget-{i}"))),
-            )
-            .await
-            .unwrap()
-        }));
-    }
-    let mut ok = 0;
-    for t in tasks {
-        let r = t.await.unwrap();
-        if r.is_tool_error() {
-            assert_eq!(code(&r), "budget_exceeded", "{}", r.raw);
-        } else {
-            ok += 1;
-        }
-    }
+    let conns = replicas.each_ref().map(|r| r.conn.clone());
+    let replies = concurrent_spends(&conns, 12, |i| codex(&format!("budget-{i}"))).await;
+    let ok = paid_within_budget(&replies);
     assert_eq!(ok, 3, "a 9-cent budget pays for three 3-cent calls");
     assert_eq!(w.charges().len(), 3);
     assert_eq!(
@@ -393,7 +234,7 @@ async fn a_budget_race_across_gateway_replicas_never_overspends() {
         "SELECT harness_call_id FROM callid_operations ORDER BY harness_call_id LIMIT 1",
     );
     for r in &replicas {
-        let again = r.spend(&recorded).await;
+        let again = spend(r, &recorded).await;
         receipt(&again);
         assert!(replayed(&again));
     }
@@ -414,12 +255,12 @@ async fn approvals_on_a_gateway_database_hold_on_every_replica() {
     let a = w.gateway(&flags, &[]).await;
     let b = w.gateway(&flags, &[]).await;
 
-    let waiting = a.spend("needs-ok").await;
+    let waiting = spend(&a, "needs-ok").await;
     assert_eq!(code(&waiting), "awaiting_approval");
     let h = handle(&waiting);
     let hint = format!("callid router approve {h} --registry {}", w.pg.url());
     assert!(waiting.raw.contains(&hint), "{}", waiting.raw);
-    assert_eq!(code(&b.spend("needs-ok").await), "awaiting_approval");
+    assert_eq!(code(&spend(&b, "needs-ok").await), "awaiting_approval");
     let status = w.operator(&["status", &h]);
     let text = String::from_utf8_lossy(&status.stdout);
     assert!(
@@ -443,13 +284,13 @@ async fn approvals_on_a_gateway_database_hold_on_every_replica() {
     let resumed = b.call("resume_operation", json!({"handle": h}), None).await;
     let r = receipt(&resumed);
     assert_eq!(w.charges().len(), 1);
-    let again = a.spend("needs-ok").await;
+    let again = spend(&a, "needs-ok").await;
     assert_eq!(receipt(&again), r);
     assert!(replayed(&again));
     let status = w.operator(&["status", &h]);
     assert!(String::from_utf8_lossy(&status.stdout).contains("completed"));
 
-    let refused = b.spend("not-ok").await;
+    let refused = spend(&b, "not-ok").await;
     let h2 = handle(&refused);
     let out = w.operator(&["deny", &h2, "--reason", "too dear"]);
     assert!(
@@ -458,7 +299,7 @@ async fn approvals_on_a_gateway_database_hold_on_every_replica() {
         String::from_utf8_lossy(&out.stderr)
     );
     for g in [&a, &b] {
-        let after = g.spend("not-ok").await;
+        let after = spend(g, "not-ok").await;
         assert_eq!(code(&after), "operation_denied", "{}", after.raw);
         assert!(after.raw.contains("too dear"), "{}", after.raw);
     }
@@ -478,7 +319,7 @@ async fn a_database_restart_fails_gateway_spends_closed_then_recovers() {
     let flags = ["--policy", policy.as_str()];
     let a = w.gateway(&flags, &[]).await;
     let b = w.gateway(&flags, &[]).await;
-    let first = a.spend("before").await;
+    let first = spend(&a, "before").await;
     let first = receipt(&first);
     assert_eq!(w.charges().len(), 1);
 
@@ -486,7 +327,7 @@ async fn a_database_restart_fails_gateway_spends_closed_then_recovers() {
     // The replica that completed "before" answers its redelivery from its cache of completed
     // replies (results are immutable; the per-delivery checks still run): the original result,
     // no charge. Everything that needs the database fails closed.
-    let cached = a.spend("before").await;
+    let cached = spend(&a, "before").await;
     assert_eq!(receipt(&cached), first);
     assert!(replayed(&cached), "{}", cached.raw);
     for (g, calls) in [
@@ -494,7 +335,7 @@ async fn a_database_restart_fails_gateway_spends_closed_then_recovers() {
         (&b, &["while-down", "before"][..]),
     ] {
         for &call in calls {
-            let down = g.spend(call).await;
+            let down = spend(g, call).await;
             assert_eq!(code(&down), "registry_unavailable", "{}", down.raw);
             let message = down.structured().unwrap()["message"].as_str().unwrap();
             assert!(message.contains(&w.pg.url()), "names the URL: {message}");
@@ -511,13 +352,13 @@ async fn a_database_restart_fails_gateway_spends_closed_then_recovers() {
     );
 
     w.pg.start_server();
-    let (up, _) = b.spend_until_settled("while-down").await;
+    let (up, _) = spend_until_settled(&b, "while-down").await;
     let up = receipt(&up);
     assert_eq!(w.charges().len(), 2);
-    let (replay, _) = a.spend_until_settled("while-down").await;
+    let (replay, _) = spend_until_settled(&a, "while-down").await;
     assert_eq!(receipt(&replay), up);
     assert!(replayed(&replay));
-    let (old, _) = b.spend_until_settled("before").await;
+    let (old, _) = spend_until_settled(&b, "before").await;
     assert_eq!(receipt(&old), first);
     assert_eq!(w.charges().len(), 2);
     a.stop().await;

@@ -3,23 +3,19 @@
 //! hand-written JSON-RPC client. Every response any test receives is scanned for the private key
 //! prefix.
 
-use crate::common::bin;
+use crate::common::mcp::{
+    HANDLE_PREFIX, KEY_PREFIX, Served, assert_clean, code, codex_in_session as codex,
+    concurrent_spends, env_of, fox, next_id, owned, replayed, spawn_http,
+    structured_handle as handle,
+};
+use crate::common::provider;
+use crate::common::{bin, registry_handle};
 use callid::crashpoint::Boundary;
-use callid::jsonrpc::{Child, Connection, Response, RpcError};
-use callid::provider::{Ledger, ProviderHandle};
+use callid::jsonrpc::{Connection, Response};
+use callid::provider::ProviderHandle;
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
-
-const KEY_PREFIX: &str = "hubu:operation:v1:";
-const HANDLE_PREFIX: &str = "hubu:public-operation:v1:";
-
-static RPC_ID: AtomicU64 = AtomicU64::new(1000);
-
-fn next_id() -> Value {
-    json!(RPC_ID.fetch_add(1, Ordering::Relaxed))
-}
 
 /// A temp directory, a provider with its ledger, and one or more router registries.
 struct World {
@@ -36,14 +32,11 @@ impl World {
     async fn new() -> World {
         let dir = tempfile::tempdir().unwrap();
         let ledger = dir.path().join("provider-ledger.sqlite3");
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let provider_addr = listener.local_addr().unwrap();
-        let provider =
-            callid::provider::spawn(listener, Ledger::open(&ledger).unwrap(), None).unwrap();
+        let provider = provider::spawn(&ledger, None).await;
         World {
             dir,
+            provider_addr: provider.addr(),
             provider: Some(provider),
-            provider_addr,
             ledger,
             in_process: false,
         }
@@ -78,20 +71,11 @@ impl World {
     }
 
     fn charges(&self) -> u64 {
-        if !self.ledger.exists() {
-            return 0;
-        }
-        Ledger::open(&self.ledger).unwrap().charge_count().unwrap()
+        provider::charge_count_or_zero(&self.ledger)
     }
 
     fn charge_ids(&self) -> Vec<String> {
-        Ledger::open(&self.ledger)
-            .unwrap()
-            .charges()
-            .unwrap()
-            .into_iter()
-            .map(|c| c.charge_id)
-            .collect()
+        provider::charge_ids(&self.ledger)
     }
 
     async fn stop_provider(&mut self) {
@@ -101,16 +85,11 @@ impl World {
     }
 
     async fn restart_provider(&mut self) {
-        let listener = tokio::net::TcpListener::bind(self.provider_addr)
-            .await
-            .unwrap();
-        self.provider = Some(
-            callid::provider::spawn(listener, Ledger::open(&self.ledger).unwrap(), None).unwrap(),
-        );
+        self.provider = Some(provider::respawn(self.provider_addr, &self.ledger).await);
     }
 
     /// Starts a router on `registry` with `extra` flags and `envs`, and initializes it.
-    async fn router_on(&self, registry: &Path, extra: &[&str], envs: &[(&str, &str)]) -> Router {
+    async fn router_on(&self, registry: &Path, extra: &[&str], envs: &[(&str, &str)]) -> Served {
         let mut args = vec![
             "router".to_string(),
             "--registry".into(),
@@ -120,92 +99,18 @@ impl World {
             args.extend(["--provider-url".into(), self.provider_url()]);
         }
         args.extend(extra.iter().map(|s| s.to_string()));
-        let mut env: Vec<(String, String)> = vec![("CALLID_LOG".into(), "debug".into())];
-        env.extend(envs.iter().map(|(k, v)| (k.to_string(), v.to_string())));
-        let (conn, child) = Connection::spawn_stdio(&bin(), &args, &env).await.unwrap();
-        let init = conn
-            .initialize(json!(0), "2025-06-18", "callid-tests", "1")
-            .await
-            .unwrap();
-        assert!(init.result.is_some(), "initialize failed: {}", init.raw);
-        Router { conn, child }
+        let env = env_of(&[("CALLID_LOG", "debug")], envs);
+        Served::start("the router", &bin(), &args, &env, None).await
     }
 
-    async fn router(&self, extra: &[&str]) -> Router {
+    async fn router(&self, extra: &[&str]) -> Served {
         self.router_on(&self.registry(), extra, &[]).await
     }
 }
 
-struct Router {
-    conn: Connection,
-    child: Child,
-}
-
-impl Router {
-    async fn call(&self, tool: &str, args: Value, meta: Option<Value>) -> Response {
-        let r = self
-            .conn
-            .call_tool(next_id(), tool, args, meta)
-            .await
-            .unwrap_or_else(|e| panic!("{tool} failed: {e}\n{}", self.child.stderr_text()));
-        assert_clean(&r);
-        r
-    }
-
-    async fn spend(&self, args: Value, meta: Value) -> Response {
-        self.call("generate_image", args, Some(meta)).await
-    }
-
-    async fn stop(mut self) -> String {
-        let _ = self.child.kill9().await;
-        let stderr = self.child.stderr_text();
-        assert!(
-            !stderr.contains(KEY_PREFIX),
-            "the router's log shows a private key:\n{stderr}"
-        );
-        stderr
-    }
-}
-
-/// No byte of any response may contain a private key.
-fn assert_clean(r: &Response) {
-    assert!(
-        !r.raw.contains(KEY_PREFIX),
-        "a response leaked a private key: {}",
-        r.raw
-    );
-}
-
-fn codex(id: &str) -> Value {
-    json!({"callId": id, "openai/session": "sess-1", "progressToken": 7})
-}
-
-fn fox() -> Value {
-    json!({"prompt": "an origami fox"})
-}
-
-fn code(r: &Response) -> &str {
-    assert!(r.is_tool_error(), "expected a tool error, got {}", r.raw);
-    r.structured().unwrap()["error"].as_str().unwrap()
-}
-
-fn handle(r: &Response) -> String {
-    r.structured().unwrap()["handle"]
-        .as_str()
-        .unwrap()
-        .to_string()
-}
-
-fn replayed(r: &Response) -> bool {
-    r.tool_result().unwrap()["_meta"]["callid/replayed"]
-        .as_bool()
-        .unwrap_or_else(|| panic!("no callid/replayed in {}", r.raw))
-}
-
+/// A completed spend's structured reply, which names a public handle.
 fn completed(r: &Response) -> &Value {
-    assert!(!r.is_tool_error(), "expected success, got {}", r.raw);
-    let s = r.structured().unwrap();
-    assert_eq!(s["status"], "completed", "{}", r.raw);
+    let s = crate::common::mcp::completed(r);
     assert!(s["handle"].as_str().unwrap().starts_with(HANDLE_PREFIX));
     s
 }
@@ -486,19 +391,6 @@ async fn tool_schemas_expose_no_identity_field() {
     r.stop().await;
 }
 
-fn registry_handle(registry: &Path, call_id: &str) -> Option<String> {
-    use rusqlite::OptionalExtension as _;
-    rusqlite::Connection::open(registry)
-        .unwrap()
-        .query_row(
-            "SELECT handle FROM operations WHERE harness_call_id = ?1",
-            [call_id],
-            |r| r.get(0),
-        )
-        .optional()
-        .unwrap()
-}
-
 #[tokio::test]
 async fn a_crash_at_any_boundary_never_charges_twice() {
     for (boundary, in_process) in Boundary::ALL
@@ -523,16 +415,7 @@ async fn a_crash_at_any_boundary_never_charges_twice() {
         let mut r = w
             .router_on(&w.registry(), &[], &[(callid::crashpoint::ENV, name)])
             .await;
-        let err = r
-            .conn
-            .call_tool(next_id(), "generate_image", fox(), Some(codex("crash")))
-            .await;
-        assert!(
-            matches!(err, Err(RpcError::Closed { .. })),
-            "{label}: the router should have died, got {err:?}"
-        );
-        let status = r.child.wait().await.unwrap();
-        assert!(!status.success(), "{label}: {status:?}");
+        r.spend_and_die(codex("crash"), &label).await;
         let stderr = r.child.stderr_text();
         assert!(stderr.contains(name), "{label}: {stderr}");
         assert!(!stderr.contains(KEY_PREFIX), "{label}: {stderr}");
@@ -567,22 +450,11 @@ async fn a_crash_at_any_boundary_never_charges_twice() {
     }
 }
 
-async fn burst(routers: &[&Router], n: usize, call_id: &str) -> Vec<Response> {
-    let mut tasks = vec![];
-    for i in 0..n {
-        let conn = routers[i % routers.len()].conn.clone();
-        let meta = codex(call_id);
-        tasks.push(tokio::spawn(async move {
-            conn.call_tool(next_id(), "generate_image", fox(), Some(meta))
-                .await
-                .unwrap()
-        }));
-    }
-    let mut out = vec![];
-    for t in tasks {
-        let r = t.await.unwrap();
-        assert_clean(&r);
-        out.push(r);
+async fn burst(routers: &[&Served], n: usize, call_id: &str) -> Vec<Response> {
+    let conns: Vec<Connection> = routers.iter().map(|r| r.conn.clone()).collect();
+    let out = concurrent_spends(&conns, n, |_| codex(call_id)).await;
+    for r in &out {
+        assert_clean(r);
     }
     out
 }
@@ -676,29 +548,13 @@ async fn concurrent_deliveries_across_router_processes_dispatch_once() {
 }
 
 async fn http_router(w: &World, registry: &Path) -> (String, tokio::process::Child) {
-    use tokio::io::AsyncBufReadExt;
-    let mut child = tokio::process::Command::new(bin())
-        .args(["router", "--http", "127.0.0.1:0", "--registry"])
-        .arg(registry)
-        .args(["--provider-url", &w.provider_url()])
-        .stderr(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
-    let url = tokio::time::timeout(Duration::from_secs(20), async {
-        while let Some(line) = lines.next_line().await.unwrap() {
-            if let Some(rest) = line.strip_prefix("callid router: listening on ") {
-                return rest.trim().to_string();
-            }
-        }
-        panic!("the router exited before listening");
-    })
-    .await
-    .unwrap();
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    (url, child)
+    let mut args = owned(&["router", "--http", "127.0.0.1:0", "--registry"]);
+    args.extend([
+        registry.display().to_string(),
+        "--provider-url".into(),
+        w.provider_url(),
+    ]);
+    spawn_http(&args, "callid router", Duration::from_secs(20)).await
 }
 
 fn operator(args: &[&str]) -> std::process::Output {
@@ -1213,7 +1069,7 @@ async fn runs_on_its_own_with_the_provider_in_process() {
         child.kill9().await.unwrap();
     }
     let ledger = registry.with_file_name(callid::backend::PROVIDER_LEDGER_FILE);
-    assert_eq!(Ledger::open(&ledger).unwrap().charge_count().unwrap(), 1);
+    assert_eq!(provider::charge_count_or_zero(&ledger), 1);
 }
 
 #[tokio::test]

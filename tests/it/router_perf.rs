@@ -4,76 +4,31 @@
 //! SQLite files, the in-process provider.
 
 use crate::common::bin;
-use callid::jsonrpc::{Child, Connection, Response, RpcError};
-use callid::provider::Ledger;
+use crate::common::mcp::{Served, code, env_of, next_id};
+use crate::common::provider;
+use callid::jsonrpc::{Response, RpcError};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 
-const KEY_PREFIX: &str = "hubu:operation:v1:";
-
-static RPC_ID: AtomicU64 = AtomicU64::new(1);
-
-fn next_id() -> Value {
-    json!(RPC_ID.fetch_add(1, Ordering::Relaxed))
+/// A router on `registry` with the provider in-process, `envs` added.
+async fn router(registry: &Path, envs: &[(&str, &str)]) -> Served {
+    let args = vec![
+        "router".to_string(),
+        "--registry".into(),
+        registry.display().to_string(),
+    ];
+    Served::start("the router", &bin(), &args, &env_of(&[], envs), None).await
 }
 
-struct Router {
-    conn: Connection,
-    child: Child,
-}
-
-async fn router(registry: &Path, envs: &[(&str, &str)]) -> Router {
-    spawn(registry, &[], envs).await
-}
-
-async fn router_with(registry: &Path, flags: &[&str]) -> Router {
-    spawn(registry, flags, &[]).await
-}
-
-async fn spawn(registry: &Path, flags: &[&str], envs: &[(&str, &str)]) -> Router {
+/// A router on `registry` with the provider in-process and `flags` added.
+async fn router_with(registry: &Path, flags: &[&str]) -> Served {
     let mut args = vec![
         "router".to_string(),
         "--registry".into(),
         registry.display().to_string(),
     ];
     args.extend(flags.iter().map(|f| f.to_string()));
-    let env: Vec<(String, String)> = envs
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-    let (conn, child) = Connection::spawn_stdio(&bin(), &args, &env).await.unwrap();
-    let init = conn
-        .initialize(json!(0), "2025-06-18", "callid-tests", "1")
-        .await
-        .unwrap();
-    assert!(init.result.is_some(), "initialize failed: {}", init.raw);
-    Router { conn, child }
-}
-
-impl Router {
-    async fn spend(&self, args: Value, meta: Value) -> Response {
-        let r = self
-            .conn
-            .call_tool(next_id(), "generate_image", args, Some(meta))
-            .await
-            .unwrap_or_else(|e| panic!("spend failed: {e}\n{}", self.child.stderr_text()));
-        assert!(
-            !r.raw.contains(KEY_PREFIX),
-            "a reply leaked a key: {}",
-            r.raw
-        );
-        r
-    }
-
-    async fn stop(mut self) {
-        let _ = self.child.kill9().await;
-        let stderr = self.child.stderr_text();
-        assert!(
-            !stderr.contains(KEY_PREFIX),
-            "the log shows a key:\n{stderr}"
-        );
-    }
+    Served::start("the router", &bin(), &args, &env_of(&[], &[]), None).await
 }
 
 fn codex(id: &str) -> Value {
@@ -89,17 +44,9 @@ fn result(r: &Response) -> &Value {
     r.tool_result().unwrap()
 }
 
-fn code(r: &Response) -> String {
-    assert!(r.is_tool_error(), "expected a tool error, got {}", r.raw);
-    r.structured().unwrap()["error"]
-        .as_str()
-        .unwrap()
-        .to_string()
-}
-
 fn charges(registry: &Path) -> u64 {
     let ledger = registry.with_file_name(callid::backend::PROVIDER_LEDGER_FILE);
-    Ledger::open(&ledger).unwrap().charge_count().unwrap()
+    provider::charge_count(&ledger)
 }
 
 fn registry_in(dir: &tempfile::TempDir) -> PathBuf {

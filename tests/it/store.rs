@@ -4,13 +4,13 @@
 //! fresh file created by many processes at once, and the router's start-up refusals.
 
 use crate::common::bin;
-use callid::jsonrpc::{Child, Connection, Response};
+use crate::common::mcp::{Served, env_of, fox};
+use crate::common::provider;
+use callid::jsonrpc::Response;
 use serde_json::json;
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
-
-const KEY_PREFIX: &str = "hubu:operation:v1:";
 
 fn mode(path: &Path) -> u32 {
     std::fs::metadata(path)
@@ -52,58 +52,25 @@ fn stderr(out: &Output) -> String {
 
 /// A router on stdio with the provider in-process, started in `cwd` under `umask 000` (so that
 /// only callid's own modes protect its files).
-struct Router {
-    conn: Connection,
-    child: Child,
+async fn start_router(cwd: &Path, registry: &str, extra: &[&str]) -> Served {
+    let mut args: Vec<String> = vec![
+        "-c".into(),
+        r#"cd "$0" && umask 000 && exec "$@""#.into(),
+        cwd.display().to_string(),
+        bin().display().to_string(),
+        "router".into(),
+        "--registry".into(),
+        registry.into(),
+    ];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let env = env_of(&[("CALLID_LOG", "debug")], &[]);
+    Served::start("the router", Path::new("/bin/sh"), &args, &env, None).await
 }
 
-impl Router {
-    async fn start(cwd: &Path, registry: &str, extra: &[&str]) -> Router {
-        let mut args: Vec<String> = vec![
-            "-c".into(),
-            r#"cd "$0" && umask 000 && exec "$@""#.into(),
-            cwd.display().to_string(),
-            bin().display().to_string(),
-            "router".into(),
-            "--registry".into(),
-            registry.into(),
-        ];
-        args.extend(extra.iter().map(|s| s.to_string()));
-        let env = [("CALLID_LOG".to_string(), "debug".to_string())];
-        let (conn, child) = Connection::spawn_stdio(Path::new("/bin/sh"), &args, &env)
-            .await
-            .unwrap();
-        let init = conn
-            .initialize(json!(0), "2025-06-18", "callid-tests", "1")
-            .await
-            .unwrap();
-        assert!(init.result.is_some(), "initialize failed: {}", init.raw);
-        Router { conn, child }
-    }
-
-    async fn spend(&self, call_id: &str) -> Response {
-        let meta = json!({"callId": call_id, "openai/session": "sess-1"});
-        let r = self
-            .conn
-            .call_tool(
-                json!(call_id),
-                "generate_image",
-                json!({"prompt": "an origami fox"}),
-                Some(meta),
-            )
-            .await
-            .unwrap_or_else(|e| panic!("spend failed: {e}\n{}", self.child.stderr_text()));
-        assert!(
-            !r.raw.contains(KEY_PREFIX),
-            "a reply leaked a key: {}",
-            r.raw
-        );
-        r
-    }
-
-    async fn stop(mut self) {
-        let _ = self.child.kill9().await;
-    }
+/// Router `r` spends the fox as call `call_id`.
+async fn spend(r: &Served, call_id: &str) -> Response {
+    let meta = json!({"callId": call_id, "openai/session": "sess-1"});
+    r.spend(fox(), meta).await
 }
 
 fn error(r: &Response) -> (String, String) {
@@ -116,13 +83,7 @@ fn error(r: &Response) -> (String, String) {
 }
 
 fn charges(ledger: &Path) -> u64 {
-    if !ledger.exists() {
-        return 0;
-    }
-    callid::provider::Ledger::open(ledger)
-        .unwrap()
-        .charge_count()
-        .unwrap()
+    provider::charge_count_or_zero(ledger)
 }
 
 fn header(path: &Path) -> (i32, i64) {
@@ -141,8 +102,8 @@ fn header(path: &Path) -> (i32, i64) {
 async fn a_registry_named_like_a_sqlite_uri_is_a_durable_plain_file() {
     let dir = tempfile::tempdir().unwrap();
     let name = "file:x?mode=memory";
-    let r = Router::start(dir.path(), name, &[]).await;
-    let first = r.spend("uri-1").await;
+    let r = start_router(dir.path(), name, &[]).await;
+    let first = spend(&r, "uri-1").await;
     assert!(!first.is_tool_error(), "{}", first.raw);
     r.stop().await;
 
@@ -154,8 +115,8 @@ async fn a_registry_named_like_a_sqlite_uri_is_a_durable_plain_file() {
     );
     assert_eq!(mode(&file), 0o600);
 
-    let r = Router::start(dir.path(), name, &[]).await;
-    let again = r.spend("uri-1").await;
+    let r = start_router(dir.path(), name, &[]).await;
+    let again = spend(&r, "uri-1").await;
     r.stop().await;
     assert!(!again.is_tool_error(), "{}", again.raw);
     assert_eq!(
@@ -184,13 +145,13 @@ async fn every_state_file_is_private_even_under_umask_000() {
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
-    let r = Router::start(
+    let r = start_router(
         dir.path(),
         registry.to_str().unwrap(),
         &["--preallocated-keys", keys.to_str().unwrap()],
     )
     .await;
-    let done = r.spend("private-1").await;
+    let done = spend(&r, "private-1").await;
     assert!(!done.is_tool_error(), "{}", done.raw);
     // Killed, so every journal file is still there.
     r.stop().await;
@@ -226,9 +187,9 @@ async fn a_registry_open_to_other_users_is_refused_with_the_chmod_to_run() {
     std::fs::set_permissions(&registry, std::fs::Permissions::from_mode(0o644)).unwrap();
     let fix = format!("run `chmod 600 {}`", registry.display());
 
-    let r = Router::start(dir.path(), registry.to_str().unwrap(), &[]).await;
+    let r = start_router(dir.path(), registry.to_str().unwrap(), &[]).await;
     for _ in 0..2 {
-        let (code, message) = error(&r.spend("open-1").await);
+        let (code, message) = error(&spend(&r, "open-1").await);
         assert_eq!(code, "registry_unavailable");
         assert!(message.contains(&fix), "{message}");
         assert!(message.contains("has mode 0644"), "{message}");
@@ -261,8 +222,8 @@ async fn a_registry_open_to_other_users_is_refused_with_the_chmod_to_run() {
     );
 
     std::fs::set_permissions(&registry, std::fs::Permissions::from_mode(0o600)).unwrap();
-    let r = Router::start(dir.path(), registry.to_str().unwrap(), &[]).await;
-    let done = r.spend("open-1").await;
+    let r = start_router(dir.path(), registry.to_str().unwrap(), &[]).await;
+    let done = spend(&r, "open-1").await;
     r.stop().await;
     assert!(
         !done.is_tool_error(),
@@ -311,8 +272,8 @@ async fn foreign_and_newer_registries_with_a_wal_are_refused_byte_for_byte_untou
         with_live_wal(&registry, setup, mode);
         let before = bytes(&registry);
 
-        let r = Router::start(dir.path(), registry.to_str().unwrap(), &[]).await;
-        let (code, message) = error(&r.spend("c").await);
+        let r = start_router(dir.path(), registry.to_str().unwrap(), &[]).await;
+        let (code, message) = error(&spend(&r, "c").await);
         r.stop().await;
         assert_eq!(bytes(&registry), before, "{name}: file or -wal changed");
         assert_eq!(code, "registry_unavailable", "{name}");
