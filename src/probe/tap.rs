@@ -740,6 +740,47 @@ mod tests {
     }
 
     #[test]
+    fn params_meta_and_arguments_that_are_not_objects_are_refused_in_that_order() {
+        let refused = |params: Value, method: &str| {
+            let (_h, mut c) = serve_tap();
+            let o = c.client_frame(&msg(
+                json!({"jsonrpc":"2.0","id":7,"method": method,"params": params}),
+            ));
+            o.answer.map(|a| {
+                assert!(!o.forward, "a refused request is not forwarded");
+                assert_eq!(a["error"]["code"], json!(-32602));
+                a["error"]["message"].as_str().unwrap().to_string()
+            })
+        };
+        let got = |field: &str, kind: &str| {
+            Some(format!(
+                "invalid params: `{field}` must be a JSON object; got {kind}"
+            ))
+        };
+        let call = "tools/call";
+        for (params, method, want) in [
+            (json!([1]), call, got("params", "array")),
+            (json!(null), call, None),
+            (json!({"_meta": "x"}), call, got("_meta", "string")),
+            (json!({"_meta": null}), call, got("_meta", "null")),
+            (
+                json!({"_meta": 3, "arguments": 4}),
+                call,
+                got("_meta", "number"),
+            ),
+            (
+                json!({"name": "t", "arguments": [1]}),
+                call,
+                got("arguments", "array"),
+            ),
+            (json!({"name": "t", "arguments": null}), call, None),
+            (json!({"arguments": true}), "ping", None),
+        ] {
+            assert_eq!(refused(params.clone(), method), want, "{method} {params}");
+        }
+    }
+
+    #[test]
     fn bad_input_is_recorded_and_answered() {
         let (h, mut c) = serve_tap();
         let o = c.client_frame(&Frame::Message(b"{not json".to_vec()));
