@@ -490,7 +490,7 @@ impl TapConnection {
         if self.tap.mode == Mode::Observe {
             return (obs, pending);
         }
-        // `params` and a call's `arguments` may be null; `_meta`, when there, is an object.
+        // `params` and a call's `arguments` may be null; `_meta`, when there, must be an object.
         let arguments = params
             .and_then(|p| p.get("arguments"))
             .filter(|_| method == "tools/call");
@@ -501,9 +501,8 @@ impl TapConnection {
         ]
         .into_iter()
         .find_map(|(field, value, null_ok)| {
-            value
-                .filter(|v| !v.is_object() && !(null_ok && v.is_null()))
-                .map(|v| (field, v))
+            let allowed = |v: &&Value| v.is_object() || (null_ok && v.is_null());
+            value.filter(|v| !allowed(v)).map(|v| (field, v))
         });
         if let (Some(id), Some((field, value))) = (id, not_object) {
             obs.forward = false;
