@@ -125,3 +125,83 @@ pub fn failed(err: &BenchError) -> Outcome {
 pub fn every(ids: Vec<RowId>, outcome: &Outcome) -> Vec<(RowId, Outcome)> {
     ids.into_iter().map(|id| (id, outcome.clone())).collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{Arc, Mutex};
+
+    /// A blocking batch that logs `name` and the batch size, answering `rate(round)`.
+    fn logged<'a>(
+        log: &'a Arc<Mutex<Vec<(&'static str, usize)>>>,
+        name: &'static str,
+        rate: impl Fn(usize) -> BenchResult<f64> + Send + 'a,
+    ) -> Batch<'a> {
+        let mut round = 0;
+        Batch::Blocking(Box::new(move |n| {
+            log.lock().unwrap().push((name, n));
+            round += 1;
+            rate(round)
+        }))
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn rounds_alternate_figure_then_baseline_and_pair_them() {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let mut figure = logged(&log, "figure", |round| Ok(2.0 * round as f64));
+        let mut baseline = logged(&log, "baseline", |round| Ok(round as f64));
+        let pairs = rounds(3, 40, &mut figure, &mut baseline).await.unwrap();
+        drop((figure, baseline));
+        let log = log.lock().unwrap().clone();
+        assert_eq!(
+            log,
+            [
+                ("figure", 40),
+                ("baseline", 40),
+                ("figure", 40),
+                ("baseline", 40),
+                ("figure", 40),
+                ("baseline", 40)
+            ]
+        );
+        let summary = pairs.summary().expect("three rounds");
+        assert_eq!((summary.rounds, summary.ratio), (3, 2.0));
+        assert_eq!(summary.figure, Quantity::OpsPerSecond(4.0));
+        let outcome = outcome(&Ok(pairs), "note");
+        assert!(
+            matches!(&outcome, Outcome::Measured(m) if m.value == 2.0 && m.note.as_deref() == Some("note")),
+            "{outcome:?}"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn the_first_failing_batch_ends_the_measurement() {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let mut figure = logged(&log, "figure", |_| Ok(1.0));
+        let mut baseline = logged(&log, "baseline", |round| {
+            if round == 2 {
+                Err(BenchError::Unexpected {
+                    what: "the baseline".into(),
+                    detail: "round two".into(),
+                })
+            } else {
+                Ok(1.0)
+            }
+        });
+        let result = rounds(5, 1, &mut figure, &mut baseline).await;
+        drop((figure, baseline));
+        assert_eq!(log.lock().unwrap().len(), 4, "stopped at round two");
+        assert_eq!(
+            outcome(&result, "note"),
+            Outcome::Failed {
+                error: "the baseline answered unexpectedly: round two".into()
+            }
+        );
+        assert_eq!(
+            outcome(&Ok(Pairs::new()), "note"),
+            Outcome::Failed {
+                error: "no round completed".into()
+            }
+        );
+    }
+}
