@@ -31,6 +31,7 @@
 //!   [`classify`]'s verdicts.
 //! - [`store`]: how every SQLite file of callid is opened, inspected, protected and migrated.
 //! - [`pg`]: PostgreSQL connection URLs, redacted wherever shown, and their session settings.
+//! - `pg_cluster` (hidden): a throwaway PostgreSQL cluster for the integration tests and `bench`.
 //! - [`provider`]: the paid image provider with a durable ledger that charges once per key.
 //! - [`backend`]: the authorization and execution layers, each idempotent on its own.
 //! - [`router`]: the reference router: identity, request hash, registry, keys, scrubbing,
@@ -66,6 +67,8 @@ pub mod logging;
 pub mod matrix;
 pub mod measure;
 pub mod pg;
+#[doc(hidden)]
+pub mod pg_cluster;
 pub mod probe;
 pub mod provider;
 pub mod router;

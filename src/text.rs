@@ -1,6 +1,7 @@
 //! Text helpers every renderer and message shares: cutting a string to a byte budget without
-//! splitting a character ([`cut`], [`clip`]), and GitHub-flavoured Markdown table cells
-//! ([`markdown_cell`], [`markdown_code`]).
+//! splitting a character ([`cut`], [`clip`]), GitHub-flavoured Markdown table cells
+//! ([`markdown_cell`], [`markdown_code`]), and the end of a program's output on one line
+//! ([`last_lines`]).
 //!
 //! # Guarantees
 //! - [`cut`] and [`clip`] never panic and never split a UTF-8 character: they keep the longest
@@ -73,6 +74,13 @@ fn one_line(text: &str) -> String {
     text.replace("\r\n", " ").replace(['\n', '\r'], " ")
 }
 
+/// The last `n` non-empty lines of `text` (a program's standard error), joined with ` | ` so
+/// they stay on one line of a message.
+pub fn last_lines(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    lines[lines.len().saturating_sub(n)..].join(" | ")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -126,6 +134,19 @@ mod tests {
             ("<a&b>", "`<a&b>`"),
         ] {
             assert_eq!(markdown_code(text), want, "{text:?}");
+        }
+    }
+
+    #[test]
+    fn last_lines_keeps_the_end_without_blank_lines() {
+        for (text, n, want) in [
+            ("", 5, ""),
+            ("one", 5, "one"),
+            ("a\n\n  \nb\nc\n", 2, "b | c"),
+            ("a\nb\nc", 5, "a | b | c"),
+            ("a\nb\nc", 0, ""),
+        ] {
+            assert_eq!(last_lines(text, n), want, "last_lines({text:?}, {n})");
         }
     }
 }

@@ -10,23 +10,15 @@
 
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ErrorData, Implementation,
-    ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
+    ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool, object,
 };
 use rmcp::service::{RequestContext, RoleServer};
 use rmcp::{ServerHandler, ServiceExt};
 use serde_json::{Value, json};
-use std::sync::Arc;
 
 /// The bare rmcp server.
 #[derive(Debug, Clone, Default)]
 pub struct BaselineServer;
-
-fn schema(value: Value) -> Arc<serde_json::Map<String, Value>> {
-    match value {
-        Value::Object(map) => Arc::new(map),
-        _ => unreachable!("schemas are objects"),
-    }
-}
 
 impl ServerHandler for BaselineServer {
     fn get_info(&self) -> ServerConfig {
@@ -44,12 +36,12 @@ impl ServerHandler for BaselineServer {
             Tool::new(
                 "capabilities",
                 "The `_meta` keys this call carried.",
-                schema(json!({"type": "object", "properties": {}})),
+                object(json!({"type": "object", "properties": {}})),
             ),
             Tool::new(
                 "echo",
                 "Answers its arguments back.",
-                schema(json!({"type": "object"})),
+                object(json!({"type": "object"})),
             ),
         ]))
     }

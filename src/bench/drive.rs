@@ -58,6 +58,9 @@ pub enum BenchError {
         #[source]
         source: rusqlite::Error,
     },
+    /// The throwaway PostgreSQL cluster failed.
+    #[error(transparent)]
+    Cluster(#[from] crate::pg_cluster::ClusterError),
     /// A command ran but failed.
     #[error("`{command}` failed: {detail}")]
     Command {
@@ -78,6 +81,7 @@ impl BenchError {
             BenchError::Io { .. } => "io_failed",
             BenchError::Sqlite { .. } => "sqlite_failed",
             BenchError::Command { .. } => "command_failed",
+            BenchError::Cluster(e) => e.code(),
         }
     }
 }
@@ -143,16 +147,7 @@ impl Server {
         let (conn, child) = Connection::spawn_stdio(program, args, envs)
             .await
             .map_err(start)?;
-        let response = conn
-            .initialize(
-                next_id(),
-                PROTOCOL,
-                "callid-bench",
-                env!("CARGO_PKG_VERSION"),
-            )
-            .await
-            .map_err(start)?;
-        expect_no_error(name, "initialize", &response)?;
+        initialize(name, &conn).await?;
         Ok(Server {
             name: name.to_string(),
             conn,
@@ -187,24 +182,16 @@ impl Server {
                 what: format!("starting {name}"),
                 source,
             })?;
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if tokio::net::TcpStream::connect(addr).await.is_ok() {
-                break;
-            }
-            let exited = child.try_wait().ok().flatten();
-            if exited.is_some() || Instant::now() > deadline {
-                let tail = std::fs::read_to_string(stderr_file).unwrap_or_default();
-                return Err(BenchError::Unexpected {
-                    what: name.to_string(),
-                    detail: format!(
-                        "it did not listen on {addr} ({}); stderr: {}",
-                        exited.map_or("timed out".to_string(), |s| s.to_string()),
-                        tail_lines(&tail, 5)
-                    ),
-                });
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+        if let Err(exited) = wait_listening(&mut child, addr).await {
+            let tail = std::fs::read_to_string(stderr_file).unwrap_or_default();
+            return Err(BenchError::Unexpected {
+                what: name.to_string(),
+                detail: format!(
+                    "it did not listen on {addr} ({}); stderr: {}",
+                    exited.map_or("timed out".to_string(), |s| s.to_string()),
+                    crate::text::last_lines(&tail, 5)
+                ),
+            });
         }
         let conn = http_session(name, url).await?;
         Ok(Server {
@@ -252,11 +239,18 @@ impl Server {
 
 /// A new initialized streamable HTTP session at `url`.
 pub async fn http_session(name: &str, url: &str) -> BenchResult<Connection> {
-    let start = |source| BenchError::Start {
-        what: name.to_string(),
-        source,
-    };
-    let conn = Connection::http(url).await.map_err(start)?;
+    let conn = Connection::http(url)
+        .await
+        .map_err(|source| BenchError::Start {
+            what: name.to_string(),
+            source,
+        })?;
+    initialize(name, &conn).await?;
+    Ok(conn)
+}
+
+/// The MCP `initialize` handshake as the benchmark client, answered without error.
+async fn initialize(name: &str, conn: &Connection) -> BenchResult<()> {
     let response = conn
         .initialize(
             next_id(),
@@ -265,9 +259,28 @@ pub async fn http_session(name: &str, url: &str) -> BenchResult<Connection> {
             env!("CARGO_PKG_VERSION"),
         )
         .await
-        .map_err(start)?;
-    expect_no_error(name, "initialize", &response)?;
-    Ok(conn)
+        .map_err(|source| BenchError::Start {
+            what: name.to_string(),
+            source,
+        })?;
+    expect_no_error(name, "initialize", &response)
+}
+
+/// Waits (20 s at most) until `child` accepts connections on `addr`; otherwise how it exited, or
+/// `None` when it is still running.
+pub async fn wait_listening(
+    child: &mut tokio::process::Child,
+    addr: std::net::SocketAddr,
+) -> Result<(), Option<std::process::ExitStatus>> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while tokio::net::TcpStream::connect(addr).await.is_err() {
+        let exited = child.try_wait().ok().flatten();
+        if exited.is_some() || Instant::now() > deadline {
+            return Err(exited);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
 }
 
 /// A loopback address with a port that was free a moment ago.
@@ -410,7 +423,7 @@ pub async fn concurrent(
     conns: &[Connection],
     total: usize,
     in_flight: usize,
-    make: Arc<dyn Fn() -> Call + Send + Sync>,
+    make: &(dyn Fn() -> Call + Send + Sync),
     check: Check,
 ) -> BenchResult<f64> {
     let calls: Arc<Vec<Call>> = Arc::new((0..total).map(|_| make()).collect());
@@ -444,12 +457,6 @@ pub async fn concurrent(
 /// The first 300 bytes of an answer (whole characters), for errors.
 pub fn snippet(text: &str) -> String {
     crate::text::clip(text, 300)
-}
-
-/// The last `n` non-empty lines of `text`, joined with ` | `.
-pub fn tail_lines(text: &str, n: usize) -> String {
-    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
-    lines[lines.len().saturating_sub(n)..].join(" | ")
 }
 
 /// The `callid` binary to start: this very program.

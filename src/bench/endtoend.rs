@@ -6,15 +6,14 @@
 //! (figure batch, then baseline batch) from this one process through [`crate::jsonrpc`].
 
 use super::drive::{
-    self, BenchError, BenchResult, Call, Server, check_completed, check_replayed, check_success,
+    self, BenchError, BenchResult, Server, check_completed, check_replayed, check_success,
 };
-use super::fixtures;
+use super::fixtures::{capabilities_call, echo_call, new_spend_call};
+use super::paired::{self, Batch, Calls, every, failed};
 use super::report::{Measurement, Outcome, RowId};
-use super::stats::{Pairs, Quantity, median};
+use super::stats::{Pairs, median};
 use super::{Plan, python};
-use serde_json::json;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Instant;
 
 /// What the end-to-end rows need.
@@ -37,27 +36,6 @@ impl Context {
     }
 }
 
-fn failed(err: &BenchError) -> Outcome {
-    Outcome::Failed {
-        error: drive::chain(err),
-    }
-}
-
-fn ratio_outcome(pairs: &Pairs, note: &str) -> Outcome {
-    match pairs.summary() {
-        Some(s) => Outcome::Measured(Measurement {
-            value: s.ratio,
-            figure_median: Some(s.figure),
-            baseline_median: Some(s.baseline),
-            rounds: s.rounds,
-            note: Some(note.to_string()),
-        }),
-        None => Outcome::Failed {
-            error: "no round completed".into(),
-        },
-    }
-}
-
 fn absolute(value: f64, runs: usize, note: String) -> Outcome {
     Outcome::Measured(Measurement {
         value,
@@ -66,30 +44,6 @@ fn absolute(value: f64, runs: usize, note: String) -> Outcome {
         rounds: runs,
         note: Some(note),
     })
-}
-
-fn capabilities_call() -> Call {
-    Call {
-        tool: "capabilities",
-        arguments: json!({}),
-        meta: fixtures::codex_meta(drive::next_call()),
-    }
-}
-
-fn new_spend_call() -> Call {
-    Call {
-        tool: "generate_image",
-        arguments: fixtures::generate_image_arguments(),
-        meta: fixtures::codex_meta(drive::next_call()),
-    }
-}
-
-fn echo_call() -> Call {
-    Call {
-        tool: "echo",
-        arguments: fixtures::generate_image_arguments(),
-        meta: fixtures::codex_meta(drive::next_call()),
-    }
 }
 
 fn args(list: &[&str]) -> Vec<String> {
@@ -108,16 +62,6 @@ async fn baseline_server(ctx: &Context) -> BenchResult<Server> {
         &[],
     )
     .await
-}
-
-async fn warm_up(
-    server: &Server,
-    make: fn() -> Call,
-    check: drive::Check,
-    n: usize,
-) -> BenchResult<()> {
-    drive::sequential(&server.name, &server.conn, n, &make, check).await?;
-    Ok(())
 }
 
 /// The probe's rows: round trip, throughput, peak memory.
@@ -160,47 +104,41 @@ pub async fn probe_rows(ctx: &Context) -> Vec<(RowId, Outcome)> {
     {
         Ok(server) => server,
         Err(err) => {
-            rows.extend(wanted.into_iter().map(|id| (id, failed(&err))));
+            rows.extend(every(wanted, &failed(&err)));
             return rows;
         }
     };
     let plan = ctx.plan;
-    if let Err(err) = warm_up(&probe, capabilities_call, check_success, plan.warm_up).await {
+    let on_probe = Calls::on(&probe, &capabilities_call, check_success);
+    if let Err(err) = on_probe.sequential(plan.warm_up).await {
         probe.stop().await;
-        rows.extend(wanted.into_iter().map(|id| (id, failed(&err))));
+        rows.extend(every(wanted, &failed(&err)));
         return rows;
     }
 
     if ctx.wants(RowId::ProbeRoundTrip) {
-        let outcome = match probe_round_trip(ctx, &probe).await {
-            Ok(pairs) => ratio_outcome(
-                &pairs,
-                "one call in flight; Codex-sized `_meta`; the probe checks identity, extracts \
-                 the shape and appends a log line per request, the baseline only lists the keys",
-            ),
-            Err(err) => failed(&err),
-        };
+        let outcome = paired::outcome(
+            &probe_round_trip(ctx, on_probe).await,
+            "one call in flight; Codex-sized `_meta`; the probe checks identity, extracts \
+             the shape and appends a log line per request, the baseline only lists the keys",
+        );
         rows.push((RowId::ProbeRoundTrip, outcome));
     }
 
     let mut loaded = false;
     if let Some(python) = python {
-        let outcome = match probe_throughput(ctx, &probe, &python).await {
-            Ok(pairs) => {
-                loaded = true;
-                ratio_outcome(
-                    &pairs,
-                    &format!(
-                        "{} calls per round, {} in flight on one stdio connection; \
-                             baseline `benches/python_probe.py` on `{}`",
-                        plan.throughput_calls,
-                        plan.in_flight,
-                        python.display()
-                    ),
-                )
-            }
-            Err(err) => failed(&err),
-        };
+        let result = probe_throughput(ctx, on_probe, &python).await;
+        loaded = result.is_ok();
+        let outcome = paired::outcome(
+            &result,
+            &format!(
+                "{} calls per round, {} in flight on one stdio connection; \
+                     baseline `benches/python_probe.py` on `{}`",
+                plan.throughput_calls,
+                plan.in_flight,
+                python.display()
+            ),
+        );
         rows.push((RowId::ProbeThroughput, outcome));
     }
 
@@ -208,16 +146,10 @@ pub async fn probe_rows(ctx: &Context) -> Vec<(RowId, Outcome)> {
         let load = if loaded {
             Ok(())
         } else {
-            drive::concurrent(
-                &probe.name,
-                std::slice::from_ref(&probe.conn),
-                plan.throughput_calls * plan.rounds,
-                plan.in_flight,
-                Arc::new(capabilities_call),
-                check_success,
-            )
-            .await
-            .map(|_| ())
+            on_probe
+                .concurrent(plan.throughput_calls * plan.rounds, plan.in_flight)
+                .await
+                .map(|_| ())
         };
         let outcome = match load.and_then(|()| probe.peak_rss_mb()) {
             Ok(mb) => absolute(
@@ -237,40 +169,26 @@ pub async fn probe_rows(ctx: &Context) -> Vec<(RowId, Outcome)> {
     rows
 }
 
-async fn probe_round_trip(ctx: &Context, probe: &Server) -> BenchResult<Pairs> {
+async fn probe_round_trip(ctx: &Context, probe: Calls<'_>) -> BenchResult<Pairs> {
     let baseline = baseline_server(ctx).await?;
     let plan = ctx.plan;
     let result = async {
-        warm_up(&baseline, capabilities_call, check_success, plan.warm_up).await?;
-        let mut pairs = Pairs::new();
-        for _ in 0..plan.rounds {
-            let make = capabilities_call;
-            let a = drive::sequential(
-                &probe.name,
-                &probe.conn,
-                plan.sequential_calls,
-                &make,
-                check_success,
-            )
-            .await?;
-            let b = drive::sequential(
-                &baseline.name,
-                &baseline.conn,
-                plan.sequential_calls,
-                &make,
-                check_success,
-            )
-            .await?;
-            pairs.push(Quantity::SecondsPerOp(a), Quantity::SecondsPerOp(b));
-        }
-        Ok(pairs)
+        let on_baseline = Calls::on(&baseline, &capabilities_call, check_success);
+        on_baseline.sequential(plan.warm_up).await?;
+        paired::rounds(
+            plan.rounds,
+            plan.sequential_calls,
+            &mut Batch::Sequential(probe),
+            &mut Batch::Sequential(on_baseline),
+        )
+        .await
     }
     .await;
     baseline.stop().await;
     result
 }
 
-async fn probe_throughput(ctx: &Context, probe: &Server, python: &Path) -> BenchResult<Pairs> {
+async fn probe_throughput(ctx: &Context, probe: Calls<'_>, python: &Path) -> BenchResult<Pairs> {
     let script = ctx.dir.join("python_probe.py");
     std::fs::write(&script, python::SCRIPT).map_err(|source| BenchError::Io {
         what: format!("writing `{}`", script.display()),
@@ -288,30 +206,15 @@ async fn probe_throughput(ctx: &Context, probe: &Server, python: &Path) -> Bench
     .await?;
     let plan = ctx.plan;
     let result = async {
-        warm_up(&py, capabilities_call, check_success, plan.warm_up).await?;
-        let mut pairs = Pairs::new();
-        for _ in 0..plan.rounds {
-            let a = drive::concurrent(
-                &probe.name,
-                std::slice::from_ref(&probe.conn),
-                plan.throughput_calls,
-                plan.in_flight,
-                Arc::new(capabilities_call),
-                check_success,
-            )
-            .await?;
-            let b = drive::concurrent(
-                &py.name,
-                std::slice::from_ref(&py.conn),
-                plan.throughput_calls,
-                plan.in_flight,
-                Arc::new(capabilities_call),
-                check_success,
-            )
-            .await?;
-            pairs.push(Quantity::OpsPerSecond(a), Quantity::OpsPerSecond(b));
-        }
-        Ok(pairs)
+        let on_py = Calls::on(&py, &capabilities_call, check_success);
+        on_py.sequential(plan.warm_up).await?;
+        paired::rounds(
+            plan.rounds,
+            plan.throughput_calls,
+            &mut Batch::Concurrent(probe, plan.in_flight),
+            &mut Batch::Concurrent(on_py, plan.in_flight),
+        )
+        .await
     }
     .await;
     py.stop().await;
@@ -346,60 +249,49 @@ pub async fn router_rows(ctx: &Context) -> Vec<(RowId, Outcome)> {
     .await
     {
         Ok(server) => server,
-        Err(err) => return wanted.into_iter().map(|id| (id, failed(&err))).collect(),
+        Err(err) => return every(wanted, &failed(&err)),
     };
-    if let Err(err) = warm_up(
-        &router,
-        new_spend_call,
-        check_completed,
-        plan.warm_up.min(10),
-    )
-    .await
-    {
+    let on_router = Calls::on(&router, &new_spend_call, check_completed);
+    if let Err(err) = on_router.sequential(plan.warm_up.min(10)).await {
         router.stop().await;
-        return wanted.into_iter().map(|id| (id, failed(&err))).collect();
+        return every(wanted, &failed(&err));
     }
     let mut rows = Vec::new();
     let mut peak_note = format!("after {} sequential new operations", plan.warm_up.min(10));
 
     if ctx.wants(RowId::RouterNewOperation) {
-        let outcome = match router_new_operation(ctx, &router).await {
-            Ok(pairs) => {
-                peak_note = "after the new-operation rounds".into();
-                ratio_outcome(
-                    &pairs,
-                    &format!(
-                        "{} sequential `generate_image` calls with new call ids per round \
-                         (registry row, authorization, execution, provider charge, result: each \
-                         committed with synchronous=FULL) against {} single-row \
-                         insert+commit transactions (WAL, synchronous=FULL) in the same directory",
-                        plan.router_sequential_ops, plan.router_sequential_ops
-                    ),
-                )
-            }
-            Err(err) => failed(&err),
-        };
+        let result = router_new_operation(ctx, on_router).await;
+        if result.is_ok() {
+            peak_note = "after the new-operation rounds".into();
+        }
+        let outcome = paired::outcome(
+            &result,
+            &format!(
+                "{} sequential `generate_image` calls with new call ids per round \
+                 (registry row, authorization, execution, provider charge, result: each \
+                 committed with synchronous=FULL) against {} single-row \
+                 insert+commit transactions (WAL, synchronous=FULL) in the same directory",
+                plan.router_sequential_ops, plan.router_sequential_ops
+            ),
+        );
         rows.push((RowId::RouterNewOperation, outcome));
     }
 
     let mut http_peak = None;
     if ctx.wants(RowId::RouterConcurrent) || ctx.wants(RowId::RouterRss) {
-        let result = router_concurrent(ctx).await;
-        let outcome = match result {
-            Ok((pairs, peak)) => {
-                http_peak = Some(peak);
-                ratio_outcome(
-                    &pairs,
-                    &format!(
-                        "{} new operations per round over streamable HTTP: {} sessions with one \
-                         call in flight each, against one session with one call in flight; one \
-                         router process and registry",
-                        plan.concurrent_ops, plan.in_flight
-                    ),
-                )
-            }
-            Err(err) => failed(&err),
-        };
+        let result = router_concurrent(ctx).await.map(|(pairs, peak)| {
+            http_peak = Some(peak);
+            pairs
+        });
+        let outcome = paired::outcome(
+            &result,
+            &format!(
+                "{} new operations per round over streamable HTTP: {} sessions with one \
+                 call in flight each, against one session with one call in flight; one \
+                 router process and registry",
+                plan.concurrent_ops, plan.in_flight
+            ),
+        );
         if ctx.wants(RowId::RouterConcurrent) {
             rows.push((RowId::RouterConcurrent, outcome));
         } else if let Outcome::Failed { error } = outcome {
@@ -408,14 +300,11 @@ pub async fn router_rows(ctx: &Context) -> Vec<(RowId, Outcome)> {
     }
 
     if ctx.wants(RowId::RouterReplay) {
-        let outcome = match router_replay(ctx, &router).await {
-            Ok(pairs) => ratio_outcome(
-                &pairs,
-                "redeliveries of one completed `generate_image` call (same `_meta`, new JSON-RPC \
-                 id) against `echo` of the same arguments on the rmcp baseline; one call in flight",
-            ),
-            Err(err) => failed(&err),
-        };
+        let outcome = paired::outcome(
+            &router_replay(ctx, &router).await,
+            "redeliveries of one completed `generate_image` call (same `_meta`, new JSON-RPC \
+             id) against `echo` of the same arguments on the rmcp baseline; one call in flight",
+        );
         rows.push((RowId::RouterReplay, outcome));
     }
 
@@ -519,28 +408,18 @@ impl SqliteBaseline {
     }
 }
 
-async fn router_new_operation(ctx: &Context, router: &Server) -> BenchResult<Pairs> {
+async fn router_new_operation(ctx: &Context, router: Calls<'_>) -> BenchResult<Pairs> {
     let plan = ctx.plan;
     let mut sqlite = SqliteBaseline::open(&ctx.dir.join("baseline.sqlite3"))?;
-    tokio::task::block_in_place(|| sqlite.insert_batch(plan.warm_up.min(10)))?;
-    let mut pairs = Pairs::new();
-    for _ in 0..plan.rounds {
-        let make = new_spend_call;
-        let per_op = drive::sequential(
-            &router.name,
-            &router.conn,
-            plan.router_sequential_ops,
-            &make,
-            check_completed,
-        )
-        .await?;
-        let b = tokio::task::block_in_place(|| sqlite.insert_batch(plan.router_sequential_ops))?;
-        pairs.push(
-            Quantity::OpsPerSecond(1.0 / per_op),
-            Quantity::OpsPerSecond(b),
-        );
-    }
-    Ok(pairs)
+    let mut inserts = Batch::Blocking(Box::new(move |n| sqlite.insert_batch(n)));
+    inserts.run(plan.warm_up.min(10)).await?;
+    paired::rounds(
+        plan.rounds,
+        plan.router_sequential_ops,
+        &mut Batch::SequentialRate(router),
+        &mut inserts,
+    )
+    .await
 }
 
 /// Runs the 16-client rounds on an HTTP router; also returns its peak RSS afterwards.
@@ -570,47 +449,12 @@ async fn router_concurrent(ctx: &Context) -> BenchResult<(Pairs, Result<f64, Str
         for _ in 0..plan.in_flight {
             sessions.push(drive::http_session(&router.name, &url).await?);
         }
-        let single = std::slice::from_ref(&router.conn);
-        drive::concurrent(
-            &router.name,
-            &sessions,
-            plan.in_flight * 2,
-            plan.in_flight,
-            Arc::new(new_spend_call),
-            check_completed,
-        )
-        .await?;
-        drive::concurrent(
-            &router.name,
-            single,
-            plan.warm_up.min(10),
-            1,
-            Arc::new(new_spend_call),
-            check_completed,
-        )
-        .await?;
-        let mut pairs = Pairs::new();
-        for _ in 0..plan.rounds {
-            let a = drive::concurrent(
-                &router.name,
-                &sessions,
-                plan.concurrent_ops,
-                plan.in_flight,
-                Arc::new(new_spend_call),
-                check_completed,
-            )
-            .await?;
-            let b = drive::concurrent(
-                &router.name,
-                single,
-                plan.concurrent_ops,
-                1,
-                Arc::new(new_spend_call),
-                check_completed,
-            )
-            .await?;
-            pairs.push(Quantity::OpsPerSecond(a), Quantity::OpsPerSecond(b));
-        }
+        let many = Calls {
+            conns: &sessions,
+            ..Calls::on(&router, &new_spend_call, check_completed)
+        };
+        let one = Calls::on(&router, &new_spend_call, check_completed);
+        let pairs = many_against_one(plan, many, one).await?;
         let peak = router.peak_rss_mb().map_err(|e| drive::chain(&e));
         for session in &sessions {
             session.close().await;
@@ -628,42 +472,37 @@ async fn router_replay(ctx: &Context, router: &Server) -> BenchResult<Pairs> {
     drive::call(&router.name, &router.conn, &original, check_completed).await?;
     let baseline = baseline_server(ctx).await?;
     let result = async {
-        warm_up(&baseline, echo_call, check_success, plan.warm_up).await?;
+        let on_baseline = Calls::on(&baseline, &echo_call, check_success);
+        on_baseline.sequential(plan.warm_up).await?;
         let redeliver = || original.clone();
-        drive::sequential(
-            &router.name,
-            &router.conn,
-            plan.warm_up,
-            &redeliver,
-            check_replayed,
+        let replays = Calls::on(router, &redeliver, check_replayed);
+        replays.sequential(plan.warm_up).await?;
+        paired::rounds(
+            plan.rounds,
+            plan.sequential_calls,
+            &mut Batch::Sequential(replays),
+            &mut Batch::Sequential(on_baseline),
         )
-        .await?;
-        let mut pairs = Pairs::new();
-        for _ in 0..plan.rounds {
-            let a = drive::sequential(
-                &router.name,
-                &router.conn,
-                plan.sequential_calls,
-                &redeliver,
-                check_replayed,
-            )
-            .await?;
-            let make = echo_call;
-            let b = drive::sequential(
-                &baseline.name,
-                &baseline.conn,
-                plan.sequential_calls,
-                &make,
-                check_success,
-            )
-            .await?;
-            pairs.push(Quantity::SecondsPerOp(a), Quantity::SecondsPerOp(b));
-        }
-        Ok(pairs)
+        .await
     }
     .await;
     baseline.stop().await;
     result
+}
+
+/// New operations from `plan.in_flight` calls at a time over `many` sessions against one at a
+/// time over `one` (the same router or router group): both warmed up, then paired rounds of
+/// `plan.concurrent_ops`.
+pub async fn many_against_one(plan: Plan, many: Calls<'_>, one: Calls<'_>) -> BenchResult<Pairs> {
+    many.concurrent(plan.in_flight * 2, plan.in_flight).await?;
+    one.concurrent(plan.warm_up.min(10), 1).await?;
+    paired::rounds(
+        plan.rounds,
+        plan.concurrent_ops,
+        &mut Batch::Concurrent(many, plan.in_flight),
+        &mut Batch::Concurrent(one, 1),
+    )
+    .await
 }
 
 /// The conformance suite's wall time: `callid conform` against the built-in reference router.
@@ -699,7 +538,7 @@ pub async fn conform_row(ctx: &Context) -> Outcome {
                     detail: format!(
                         "{}; stderr: {}",
                         output.status,
-                        drive::tail_lines(&String::from_utf8_lossy(&output.stderr), 5)
+                        crate::text::last_lines(&String::from_utf8_lossy(&output.stderr), 5)
                     ),
                 });
             }

@@ -5,6 +5,7 @@
 //! measure the work a real call causes. The micro-benchmarks under `benches/` use the same
 //! functions.
 
+use super::drive::{Call, next_call};
 use serde_json::{Value, json};
 
 /// The `_meta` of a Codex `tools/call`, with `call` numbering the per-call values (`callId`,
@@ -51,6 +52,33 @@ pub fn generate_image_arguments() -> Value {
         "height": 768,
         "model": "flux-schnell"
     })
+}
+
+/// A `capabilities` call (no side effect), with a new call id.
+pub fn capabilities_call() -> Call {
+    Call {
+        tool: "capabilities",
+        arguments: json!({}),
+        meta: codex_meta(next_call()),
+    }
+}
+
+/// A new spend: `generate_image` with a new call id.
+pub fn new_spend_call() -> Call {
+    Call {
+        tool: "generate_image",
+        arguments: generate_image_arguments(),
+        meta: codex_meta(next_call()),
+    }
+}
+
+/// `echo` of the `generate_image` arguments, with a new call id.
+pub fn echo_call() -> Call {
+    Call {
+        tool: "echo",
+        arguments: generate_image_arguments(),
+        meta: codex_meta(next_call()),
+    }
 }
 
 #[cfg(test)]

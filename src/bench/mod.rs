@@ -23,6 +23,7 @@
 //! - [`fixtures`]: the Codex-sized `_meta` and `generate_image` arguments every row uses.
 //! - [`micro`]: shape extraction and request hash, in process.
 //! - [`drive`]: starting servers and sending checked calls, sequentially or concurrently.
+//! - [`paired`]: the one driver of every paired end-to-end row (A B A B rounds) and its outcome.
 //! - [`endtoend`]: the rows that start processes.
 //! - [`baseline`]: the bare rmcp server.
 //! - [`python`]: finding a Python with the `mcp` SDK, or making the pinned venv that has it.
@@ -34,6 +35,7 @@ pub mod drive;
 pub mod endtoend;
 pub mod fixtures;
 pub mod micro;
+pub mod paired;
 pub mod postgres;
 pub mod python;
 pub mod report;
@@ -212,13 +214,7 @@ pub async fn run(options: &Options) -> Report {
 }
 
 fn micro_outcome(summary: stats::PairSummary, note: &str) -> Outcome {
-    Outcome::Measured(Measurement {
-        value: summary.ratio,
-        figure_median: Some(summary.figure),
-        baseline_median: Some(summary.baseline),
-        rounds: summary.rounds,
-        note: Some(note.to_string()),
-    })
+    Outcome::Measured(Measurement::paired(&summary, note))
 }
 
 fn prepare_context(

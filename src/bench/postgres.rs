@@ -4,10 +4,11 @@
 //!
 //! The database is `CALLID_BENCH_POSTGRES_URL` when set (a throwaway database: the bench creates
 //! callid's tables and a `callid_bench_baseline` table in it and leaves its rows behind);
-//! otherwise the bench starts its own throwaway cluster from the newest
-//! `/usr/lib/postgresql/*/bin` (or `CALLID_PG_BINDIR`): `initdb` on a temp directory
-//! (as the `postgres` user when the bench runs as root, since the server refuses root), a
-//! free loopback port, `fsync` on, stopped with `pg_ctl -m immediate` and deleted afterwards.
+//! otherwise the bench starts its own throwaway cluster ([`crate::pg_cluster`], the one the
+//! integration tests use) from the newest `/usr/lib/postgresql/*/bin` (or `CALLID_PG_BINDIR`):
+//! `initdb` on a temp directory (as the `postgres` user when the bench runs as root, since the
+//! server refuses root), a free loopback port, `fsync` on, stopped with `pg_ctl -m immediate`
+//! and deleted afterwards.
 //! Without either, both rows are `skipped`, saying PostgreSQL is absent.
 //!
 //! What the rows guarantee: every router answer is checked (a completed new operation), the
@@ -15,15 +16,14 @@
 //! (one round trip, as the registry's own statements), and the pairs alternate batch after
 //! batch like every other row ([`super::stats`]).
 
-use super::drive::{self, BenchError, BenchResult, Call, Server, check_completed};
-use super::endtoend::Context;
-use super::fixtures;
-use super::report::{Measurement, Outcome, RowId};
-use super::stats::{Pairs, Quantity};
-use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use super::drive::{self, BenchError, BenchResult, Server, check_completed};
+use super::endtoend::{Context, many_against_one};
+use super::fixtures::new_spend_call;
+use super::paired::{self, Batch, Calls, every};
+use super::report::{Outcome, RowId};
+use super::stats::Pairs;
+use crate::pg_cluster::{self, Cluster};
+use std::time::Instant;
 
 /// A database URL given to the bench instead of a throwaway cluster.
 pub const URL_ENV: &str = "CALLID_BENCH_POSTGRES_URL";
@@ -37,107 +37,50 @@ pub async fn rows(ctx: &Context) -> Vec<(RowId, Outcome)> {
     if wanted.is_empty() {
         return Vec::new();
     }
-    let database = match Database::get(&ctx.dir) {
+    let database = match Database::get() {
         Ok(Some(db)) => db,
         Ok(None) => {
             let reason = format!(
                 "PostgreSQL is absent: no server binaries (/usr/lib/postgresql/*/bin/initdb; \
                  `apt-get install -y postgresql`) and no `{URL_ENV}`"
             );
-            return wanted
-                .into_iter()
-                .map(|id| {
-                    (
-                        id,
-                        Outcome::Skipped {
-                            reason: reason.clone(),
-                        },
-                    )
-                })
-                .collect();
+            return every(wanted, &Outcome::Skipped { reason });
         }
-        Err(error) => {
-            return wanted
-                .into_iter()
-                .map(|id| {
-                    (
-                        id,
-                        Outcome::Failed {
-                            error: error.clone(),
-                        },
-                    )
-                })
-                .collect();
-        }
+        Err(error) => return every(wanted, &Outcome::Failed { error }),
     };
     let mut rows = Vec::new();
     if wanted.contains(&RowId::PostgresNewOperation) {
-        let outcome = match new_operation(ctx, &database).await {
-            Ok(pairs) => ratio(
-                &pairs,
-                &format!(
-                    "{} sequential `generate_image` calls with new call ids per round on one stdio \
+        let outcome = paired::outcome(
+            &new_operation(ctx, &database).await,
+            &format!(
+                "{} sequential `generate_image` calls with new call ids per round on one stdio \
                      router whose registry (and authorization and execution records) is the \
                      database (each write committed with synchronous_commit=on), against {} \
                      prepared single-row INSERTs, each its own commit, on one connection to the \
                      same server; {}",
-                    ctx.plan.router_sequential_ops,
-                    ctx.plan.router_sequential_ops,
-                    database.describe()
-                ),
+                ctx.plan.router_sequential_ops,
+                ctx.plan.router_sequential_ops,
+                database.describe()
             ),
-            Err(err) => failed(&err),
-        };
+        );
         rows.push((RowId::PostgresNewOperation, outcome));
     }
     if wanted.contains(&RowId::PostgresReplicas) {
-        let outcome = match replicas(ctx, &database).await {
-            Ok(pairs) => ratio(
-                &pairs,
-                &format!(
-                    "{} new operations per round over streamable HTTP: {} sessions spread over two \
+        let outcome = paired::outcome(
+            &replicas(ctx, &database).await,
+            &format!(
+                "{} new operations per round over streamable HTTP: {} sessions spread over two \
                      `callid router --http` replicas on one database, against one session on one \
                      replica; both replicas call one `callid provider` process; {}",
-                    ctx.plan.concurrent_ops,
-                    ctx.plan.in_flight,
-                    database.describe()
-                ),
+                ctx.plan.concurrent_ops,
+                ctx.plan.in_flight,
+                database.describe()
             ),
-            Err(err) => failed(&err),
-        };
+        );
         rows.push((RowId::PostgresReplicas, outcome));
     }
     drop(database);
     rows
-}
-
-fn failed(err: &BenchError) -> Outcome {
-    Outcome::Failed {
-        error: drive::chain(err),
-    }
-}
-
-fn ratio(pairs: &Pairs, note: &str) -> Outcome {
-    match pairs.summary() {
-        Some(s) => Outcome::Measured(Measurement {
-            value: s.ratio,
-            figure_median: Some(s.figure),
-            baseline_median: Some(s.baseline),
-            rounds: s.rounds,
-            note: Some(note.to_string()),
-        }),
-        None => Outcome::Failed {
-            error: "no round completed".into(),
-        },
-    }
-}
-
-fn new_spend_call() -> Call {
-    Call {
-        tool: "generate_image",
-        arguments: fixtures::generate_image_arguments(),
-        meta: fixtures::codex_meta(drive::next_call()),
-    }
 }
 
 fn unexpected(what: &str, detail: impl std::fmt::Display) -> BenchError {
@@ -156,15 +99,17 @@ enum Database {
 }
 
 impl Database {
-    fn get(scratch: &Path) -> Result<Option<Database>, String> {
+    fn get() -> Result<Option<Database>, String> {
         if let Some(url) = std::env::var(URL_ENV).ok().filter(|u| !u.is_empty()) {
             crate::router::registry::PgUrl::parse(&url).map_err(|e| format!("`{URL_ENV}`: {e}"))?;
             return Ok(Some(Database::Given(url)));
         }
-        let Some(bindir) = bindir() else {
+        let Some(bindir) = pg_cluster::bindir() else {
             return Ok(None);
         };
-        Cluster::start(bindir, scratch).map(|c| Some(Database::Cluster(c)))
+        Cluster::start(bindir)
+            .map(|c| Some(Database::Cluster(c)))
+            .map_err(|e| drive::chain(&e))
     }
 
     /// A database for one row (created fresh on a throwaway cluster).
@@ -172,7 +117,7 @@ impl Database {
         match self {
             Database::Given(url) => Ok(url.clone()),
             Database::Cluster(c) => {
-                c.psql("postgres", &format!("CREATE DATABASE {name}"))?;
+                c.sql("postgres", &format!("CREATE DATABASE {name}"))?;
                 Ok(c.url(name))
             }
         }
@@ -183,199 +128,9 @@ impl Database {
             Database::Given(_) => format!("the database of `{URL_ENV}`"),
             Database::Cluster(c) => format!(
                 "a throwaway PostgreSQL {} cluster on loopback started by the bench (fsync on)",
-                c.version
+                c.version()
             ),
         }
-    }
-}
-
-/// The newest `/usr/lib/postgresql/*/bin` holding `initdb`, or `CALLID_PG_BINDIR`.
-fn bindir() -> Option<PathBuf> {
-    if let Some(dir) = std::env::var_os("CALLID_PG_BINDIR") {
-        let dir = PathBuf::from(dir);
-        return dir.join("initdb").exists().then_some(dir);
-    }
-    let mut found: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
-        .ok()?
-        .filter_map(|e| e.ok())
-        .filter_map(|e| {
-            let version = e.file_name().to_str()?.parse::<u32>().ok()?;
-            let bin = e.path().join("bin");
-            bin.join("initdb").exists().then_some((version, bin))
-        })
-        .collect();
-    found.sort();
-    found.pop().map(|(_, b)| b)
-}
-
-/// A throwaway cluster: stopped (`-m immediate`) and deleted when dropped.
-struct Cluster {
-    dir: tempfile::TempDir,
-    bindir: PathBuf,
-    port: u16,
-    as_postgres: bool,
-    version: String,
-}
-
-impl Cluster {
-    fn start(bindir: PathBuf, _scratch: &Path) -> Result<Cluster, String> {
-        // Not under the bench's scratch directory: the `postgres` user must reach it.
-        let dir = tempfile::Builder::new()
-            .prefix("callid-bench-pg-")
-            .tempdir()
-            .map_err(|e| format!("creating the cluster's directory: {e}"))?;
-        let as_postgres = {
-            use std::os::unix::fs::MetadataExt as _;
-            std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
-        };
-        if as_postgres {
-            use std::os::unix::fs::PermissionsExt as _;
-            std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777))
-                .map_err(|e| format!("opening the cluster's directory to `postgres`: {e}"))?;
-        }
-        let port = drive::free_loopback_addr()
-            .map_err(|e| drive::chain(&e))?
-            .port();
-        let version = bindir
-            .parent()
-            .and_then(|p| p.file_name())
-            .map(|v| v.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let cluster = Cluster {
-            dir,
-            bindir,
-            port,
-            as_postgres,
-            version,
-        };
-        let data = cluster.dir.path().join("data");
-        let sock = cluster.dir.path().join("sock");
-        let data_arg = data.display().to_string();
-        cluster
-            .tool(
-                "initdb",
-                &[
-                    "-D",
-                    &data_arg,
-                    "-U",
-                    "callid",
-                    "--auth=trust",
-                    "--no-locale",
-                    "-E",
-                    "UTF8",
-                    "--no-sync",
-                ],
-            )
-            .map_err(|e| drive::chain(&e))?;
-        std::fs::create_dir_all(&sock).map_err(|e| format!("creating the socket dir: {e}"))?;
-        if as_postgres {
-            let ok = Command::new("chown")
-                .arg("postgres")
-                .arg(&sock)
-                .status()
-                .is_ok_and(|s| s.success());
-            if !ok {
-                return Err("`chown postgres` of the cluster's socket directory failed".into());
-            }
-        }
-        let conf = format!(
-            "\nlisten_addresses = '127.0.0.1'\nport = {port}\nunix_socket_directories = '{}'\n\
-             max_connections = 100\nfsync = on\n",
-            sock.display()
-        );
-        let conf_path = data.join("postgresql.conf");
-        let mut text = std::fs::read_to_string(&conf_path)
-            .map_err(|e| format!("reading `{}`: {e}", conf_path.display()))?;
-        text.push_str(&conf);
-        std::fs::write(&conf_path, text)
-            .map_err(|e| format!("writing `{}`: {e}", conf_path.display()))?;
-        let log = cluster.dir.path().join("server.log").display().to_string();
-        cluster
-            .tool(
-                "pg_ctl",
-                &["-D", &data_arg, "-l", &log, "-w", "-t", "60", "start"],
-            )
-            .map_err(|e| drive::chain(&e))?;
-        Ok(cluster)
-    }
-
-    fn command(&self, program: &Path, args: &[&str]) -> Command {
-        let mut c = if self.as_postgres {
-            let mut c = Command::new("runuser");
-            c.args(["-u", "postgres", "--"]).arg(program);
-            c
-        } else {
-            Command::new(program)
-        };
-        c.args(args);
-        c
-    }
-
-    fn tool(&self, tool: &str, args: &[&str]) -> BenchResult<()> {
-        let out = self
-            .command(&self.bindir.join(tool), args)
-            .output()
-            .map_err(|source| BenchError::Io {
-                what: format!("starting `{tool}`"),
-                source,
-            })?;
-        if !out.status.success() {
-            return Err(BenchError::Command {
-                command: format!("{tool} {}", args.join(" ")),
-                detail: format!(
-                    "{}; {}",
-                    out.status,
-                    drive::tail_lines(&String::from_utf8_lossy(&out.stderr), 5)
-                ),
-            });
-        }
-        Ok(())
-    }
-
-    fn psql(&self, db: &str, sql: &str) -> BenchResult<()> {
-        let port = self.port.to_string();
-        let out = Command::new(self.bindir.join("psql"))
-            .args([
-                "-X",
-                "-q",
-                "-h",
-                "127.0.0.1",
-                "-p",
-                &port,
-                "-U",
-                "callid",
-                "-d",
-                db,
-            ])
-            .args(["-v", "ON_ERROR_STOP=1", "-c", sql])
-            .output()
-            .map_err(|source| BenchError::Io {
-                what: "starting `psql`".into(),
-                source,
-            })?;
-        if !out.status.success() {
-            return Err(BenchError::Command {
-                command: format!("psql -c {sql:?}"),
-                detail: drive::tail_lines(&String::from_utf8_lossy(&out.stderr), 5),
-            });
-        }
-        Ok(())
-    }
-
-    fn url(&self, db: &str) -> String {
-        format!("postgres://callid@127.0.0.1:{}/{db}", self.port)
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        let data = self.dir.path().join("data").display().to_string();
-        let _ = self
-            .command(
-                &self.bindir.join("pg_ctl"),
-                &["-D", &data, "-m", "immediate", "-w", "stop"],
-            )
-            .output();
     }
 }
 
@@ -468,32 +223,17 @@ async fn new_operation(ctx: &Context, db: &Database) -> BenchResult<Pairs> {
     let plan = ctx.plan;
     let result = async {
         let mut raw = tokio::task::block_in_place(|| RawInserts::open(&url))?;
-        drive::sequential(
-            &router.name,
-            &router.conn,
-            plan.warm_up.min(10),
-            &new_spend_call,
-            check_completed,
+        let calls = Calls::on(&router, &new_spend_call, check_completed);
+        calls.sequential(plan.warm_up.min(10)).await?;
+        let mut inserts = Batch::Blocking(Box::new(move |n| raw.batch(n)));
+        inserts.run(plan.warm_up.min(10)).await?;
+        paired::rounds(
+            plan.rounds,
+            plan.router_sequential_ops,
+            &mut Batch::SequentialRate(calls),
+            &mut inserts,
         )
-        .await?;
-        tokio::task::block_in_place(|| raw.batch(plan.warm_up.min(10)))?;
-        let mut pairs = Pairs::new();
-        for _ in 0..plan.rounds {
-            let per_op = drive::sequential(
-                &router.name,
-                &router.conn,
-                plan.router_sequential_ops,
-                &new_spend_call,
-                check_completed,
-            )
-            .await?;
-            let b = tokio::task::block_in_place(|| raw.batch(plan.router_sequential_ops))?;
-            pairs.push(
-                Quantity::OpsPerSecond(1.0 / per_op),
-                Quantity::OpsPerSecond(b),
-            );
-        }
-        Ok(pairs)
+        .await
     }
     .await;
     router.stop().await;
@@ -525,16 +265,11 @@ impl Provider {
                 what: "starting `callid provider`".into(),
                 source,
             })?;
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while tokio::net::TcpStream::connect(addr).await.is_err() {
-            let exited = child.try_wait().ok().flatten();
-            if exited.is_some() || Instant::now() > deadline {
-                return Err(unexpected(
-                    "`callid provider`",
-                    format!("it did not listen on {addr}"),
-                ));
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+        if drive::wait_listening(&mut child, addr).await.is_err() {
+            return Err(unexpected(
+                "`callid provider`",
+                format!("it did not listen on {addr}"),
+            ));
         }
         Ok(Provider {
             child,
@@ -587,49 +322,14 @@ async fn replicas(ctx: &Context, db: &Database) -> BenchResult<Pairs> {
             };
             sessions.push(drive::http_session(name, at.as_deref().unwrap_or_default()).await?);
         }
-        let single = std::slice::from_ref(&a.conn);
-        let make: Arc<dyn Fn() -> Call + Send + Sync> = Arc::new(new_spend_call);
-        let name = "two `callid router` replicas on one database";
-        drive::concurrent(
-            name,
-            &sessions,
-            plan.in_flight * 2,
-            plan.in_flight,
-            make.clone(),
-            check_completed,
-        )
-        .await?;
-        drive::concurrent(
-            &a.name,
-            single,
-            plan.warm_up.min(10),
-            1,
-            make.clone(),
-            check_completed,
-        )
-        .await?;
-        let mut pairs = Pairs::new();
-        for _ in 0..plan.rounds {
-            let many = drive::concurrent(
-                name,
-                &sessions,
-                plan.concurrent_ops,
-                plan.in_flight,
-                make.clone(),
-                check_completed,
-            )
-            .await?;
-            let one = drive::concurrent(
-                &a.name,
-                single,
-                plan.concurrent_ops,
-                1,
-                make.clone(),
-                check_completed,
-            )
-            .await?;
-            pairs.push(Quantity::OpsPerSecond(many), Quantity::OpsPerSecond(one));
-        }
+        let many = Calls {
+            name: "two `callid router` replicas on one database",
+            conns: &sessions,
+            make: &new_spend_call,
+            check: check_completed,
+        };
+        let one = Calls::on(&a, &new_spend_call, check_completed);
+        let pairs = many_against_one(plan, many, one).await?;
         for s in &sessions {
             s.close().await;
         }

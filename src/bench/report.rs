@@ -1,7 +1,7 @@
 //! The result of one `callid bench` run, [`Report`], and its three renderings (terminal table,
 //! Markdown, JSON), all from the same rows.
 
-use super::stats::{Quantity, format_seconds};
+use super::stats::{PairSummary, Quantity, format_seconds};
 use comfy_table::{ContentArrangement, Table, presets::UTF8_FULL_CONDENSED};
 use serde::Serialize;
 use std::fmt::Write as _;
@@ -189,6 +189,19 @@ pub struct Measurement {
     pub rounds: usize,
     /// What a reader needs to interpret the figure (e.g. how a miss is explained).
     pub note: Option<String>,
+}
+
+impl Measurement {
+    /// A paired measurement: the median of the per-round ratios, both sides' medians, and `note`.
+    pub fn paired(summary: &PairSummary, note: &str) -> Measurement {
+        Measurement {
+            value: summary.ratio,
+            figure_median: Some(summary.figure),
+            baseline_median: Some(summary.baseline),
+            rounds: summary.rounds,
+            note: Some(note.to_string()),
+        }
+    }
 }
 
 /// How a row ended.

@@ -19,7 +19,7 @@
 //! [`crate::router::registry::Registry::insert_within_budget`]): completed operations count by
 //! what they charged (0 for an upstream tool error), open and waiting ones by their price.
 
-use crate::router::pipeline::{ToolCode, ToolError};
+use crate::router::pipeline::{Quote, ToolCode, ToolError};
 use crate::router::policy::PolicyError;
 use serde::Deserialize;
 use serde_json::Value;
@@ -127,6 +127,18 @@ impl GatewayPolicy {
             });
         }
         Ok(t.price_cents.unwrap_or(0))
+    }
+
+    /// The quote of a call of `tool` with `args`: its [price](Self::price), whether it
+    /// [needs a person](Self::needs_approval), and the budget. Both of the gateway's spenders
+    /// (the upstream and the guard's hand-off) quote with this one rule.
+    pub fn quote(&self, tool: &str, args: &Value) -> Result<Quote, ToolError> {
+        let amount_cents = self.price(tool, args)?;
+        Ok(Quote {
+            amount_cents,
+            needs_approval: self.needs_approval(tool, amount_cents),
+            budget_cents: self.budget_cents,
+        })
     }
 
     /// Whether a call of `tool` costing `amount_cents` needs a person.

@@ -294,24 +294,7 @@ pub async fn serve_http(
     bound: crate::http_guard::Bound,
 ) -> anyhow::Result<()> {
     use anyhow::Context as _;
-    use rmcp::transport::StreamableHttpService;
-    use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
-    let service = StreamableHttpService::new(
-        move || Ok(server.clone()),
-        Arc::new(LocalSessionManager::default()),
-        bound.guard.rmcp_config(),
-    );
-    let app = bound
-        .guard
-        .protect(axum::Router::new().nest_service("/mcp", service));
-    crate::logging::line(format_args!(
-        "callid gateway: listening on http://{}/mcp",
-        bound.addr
-    ));
-    axum::serve(crate::http_guard::nodelay(bound.listener), app)
-        .with_graceful_shutdown(async {
-            let _ = tokio::signal::ctrl_c().await;
-        })
+    crate::http_guard::serve_mcp(server, bound, "gateway")
         .await
         .context("serving streamable HTTP")
 }

@@ -327,12 +327,7 @@ impl Spender for Gateway {
     }
 
     async fn quote(&self, tool: &str, args: &Value) -> Result<Quote, ToolError> {
-        let amount_cents = self.policy.price(tool, args)?;
-        Ok(Quote {
-            amount_cents,
-            needs_approval: self.policy.needs_approval(tool, amount_cents),
-            budget_cents: self.policy.budget_cents,
-        })
+        self.policy.quote(tool, args)
     }
 
     async fn execute(&self, op: &Operation) -> Outcome {

@@ -51,12 +51,18 @@ pub fn digest_of_id(id: &str) -> String {
     Digester::Plain.value(&Value::String(id.to_owned()))
 }
 
-/// Whether the per-call IDs are the model's own tool-call ids (`model_ids`, in call order).
-pub fn id_origin(calls: &[CallSeen], model_ids: &[String]) -> IdOrigin {
-    let digests: Vec<&str> = calls
+/// The digests of the per-call IDs the calls carried, in call order (a call without one left
+/// out).
+fn id_digests(calls: &[CallSeen]) -> Vec<&str> {
+    calls
         .iter()
         .filter_map(|c| c.id_digest.as_deref())
-        .collect();
+        .collect()
+}
+
+/// Whether the per-call IDs are the model's own tool-call ids (`model_ids`, in call order).
+pub fn id_origin(calls: &[CallSeen], model_ids: &[String]) -> IdOrigin {
+    let digests = id_digests(calls);
     if digests.is_empty() {
         return if calls.is_empty() {
             IdOrigin::NotMeasured
@@ -74,10 +80,7 @@ pub fn id_origin(calls: &[CallSeen], model_ids: &[String]) -> IdOrigin {
 
 /// (a) from a run with two distinct model tool calls.
 pub fn distinct_ids(calls: &[CallSeen]) -> DistinctIds {
-    let digests: Vec<&str> = calls
-        .iter()
-        .filter_map(|c| c.id_digest.as_deref())
-        .collect();
+    let digests = id_digests(calls);
     match digests.as_slice() {
         [a, b, ..] if a != b => DistinctIds::Distinct,
         [_, _, ..] => DistinctIds::Repeated,
@@ -88,10 +91,7 @@ pub fn distinct_ids(calls: &[CallSeen]) -> DistinctIds {
 
 /// (b) from a run where the model returned the same tool-call id twice.
 pub fn duplicate_model_id(calls: &[CallSeen]) -> DuplicateModelId {
-    let digests: Vec<&str> = calls
-        .iter()
-        .filter_map(|c| c.id_digest.as_deref())
-        .collect();
+    let digests = id_digests(calls);
     match digests.as_slice() {
         [] => match calls.len() {
             0 => DuplicateModelId::NotMeasured,
@@ -106,10 +106,7 @@ pub fn duplicate_model_id(calls: &[CallSeen]) -> DuplicateModelId {
 
 /// (c) from a run where the server was frozen (or killed) during the first call.
 pub fn on_timeout(calls: &[CallSeen]) -> OnFailure {
-    let digests: Vec<&str> = calls
-        .iter()
-        .filter_map(|c| c.id_digest.as_deref())
-        .collect();
+    let digests = id_digests(calls);
     match digests.as_slice() {
         [] => match calls.len() {
             0 => OnFailure::NotMeasured,

@@ -376,7 +376,8 @@ pub fn parse_yaml<T: serde::de::DeserializeOwned>(
     })
 }
 
-fn write_text(path: &Path, text: &str) -> Result<(), MatrixError> {
+/// Writes `text` to `path`, making its directory first.
+pub(super) fn write_text(path: &Path, text: &str) -> Result<(), MatrixError> {
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent).map_err(|source| MatrixError::Io {
             action: "write",

@@ -131,19 +131,7 @@ pub fn add_logs(
             lines.push('\n');
         }
         let name = format!("{}/{id}.jsonl", data::EVIDENCE_DIR);
-        let path = dir.join(&name);
-        if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent).map_err(|source| MatrixError::Io {
-                action: "write",
-                path: parent.to_owned(),
-                source,
-            })?;
-        }
-        std::fs::write(&path, lines).map_err(|source| MatrixError::Io {
-            action: "write",
-            path: path.clone(),
-            source,
-        })?;
+        data::write_text(&dir.join(&name), &lines)?;
         let row = evidence::row_from_observed(
             &observed,
             id,

@@ -490,45 +490,26 @@ impl TapConnection {
         if self.tap.mode == Mode::Observe {
             return (obs, pending);
         }
+        // `params` and a call's `arguments` may be null; `_meta`, when there, must be an object.
+        let arguments = params
+            .and_then(|p| p.get("arguments"))
+            .filter(|_| method == "tools/call");
+        let not_object = [
+            ("params", params, true),
+            ("_meta", meta, false),
+            ("arguments", arguments, true),
+        ]
+        .into_iter()
+        .find_map(|(field, value, null_ok)| {
+            let allowed = |v: &&Value| v.is_object() || (null_ok && v.is_null());
+            value.filter(|v| !allowed(v)).map(|v| (field, v))
+        });
+        if let (Some(id), Some((field, value))) = (id, not_object) {
+            obs.forward = false;
+            obs.answer = Some(not_an_object(id, field, value));
+            return (obs, pending);
+        }
         match id {
-            Some(id) if params.is_some_and(|p| !p.is_object() && !p.is_null()) => {
-                obs.forward = false;
-                obs.answer = Some(error_response(
-                    id,
-                    codes::INVALID_PARAMS,
-                    &format!(
-                        "invalid params: `params` must be a JSON object; got {}",
-                        shape::JsonType::of(params.unwrap_or(&Value::Null)).name()
-                    ),
-                ));
-            }
-            Some(id) if meta.is_some_and(|m| !m.is_object()) => {
-                obs.forward = false;
-                obs.answer = Some(error_response(
-                    id,
-                    codes::INVALID_PARAMS,
-                    &format!(
-                        "invalid params: `_meta` must be a JSON object; got {}",
-                        shape::JsonType::of(meta.unwrap_or(&Value::Null)).name()
-                    ),
-                ));
-            }
-            Some(id)
-                if method == "tools/call"
-                    && params
-                        .and_then(|p| p.get("arguments"))
-                        .is_some_and(|a| !a.is_object() && !a.is_null()) =>
-            {
-                obs.forward = false;
-                obs.answer = Some(error_response(
-                    id,
-                    codes::INVALID_PARAMS,
-                    &format!(
-                        "invalid params: `arguments` must be a JSON object; got {}",
-                        shape::JsonType::of(&params.unwrap_or(&Value::Null)["arguments"]).name()
-                    ),
-                ));
-            }
             Some(id) if method == "server/discover" && self.tap.legacy_handshake => {
                 obs.forward = false;
                 obs.answer = Some(error_response(
@@ -618,6 +599,19 @@ impl TapConnection {
 /// A JSON-RPC error response.
 pub fn error_response(id: &Value, code: i64, message: &str) -> Value {
     json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}})
+}
+
+/// The `invalid params` answer to a request whose `field` (`params`, `_meta`, `arguments`) is
+/// there but not a JSON object.
+fn not_an_object(id: &Value, field: &str, value: &Value) -> Value {
+    error_response(
+        id,
+        codes::INVALID_PARAMS,
+        &format!(
+            "invalid params: `{field}` must be a JSON object; got {}",
+            shape::JsonType::of(value).name()
+        ),
+    )
 }
 
 #[cfg(test)]
@@ -742,6 +736,47 @@ mod tests {
         let r = &h.last();
         assert_eq!(r.client.as_ref().unwrap().name, "claude-code");
         assert_eq!(r.protocol_version.as_deref(), Some("2025-06-18"));
+    }
+
+    #[test]
+    fn params_meta_and_arguments_that_are_not_objects_are_refused_in_that_order() {
+        let refused = |params: Value, method: &str| {
+            let (_h, mut c) = serve_tap();
+            let o = c.client_frame(&msg(
+                json!({"jsonrpc":"2.0","id":7,"method": method,"params": params}),
+            ));
+            o.answer.map(|a| {
+                assert!(!o.forward, "a refused request is not forwarded");
+                assert_eq!(a["error"]["code"], json!(-32602));
+                a["error"]["message"].as_str().unwrap().to_string()
+            })
+        };
+        let got = |field: &str, kind: &str| {
+            Some(format!(
+                "invalid params: `{field}` must be a JSON object; got {kind}"
+            ))
+        };
+        let call = "tools/call";
+        for (params, method, want) in [
+            (json!([1]), call, got("params", "array")),
+            (json!(null), call, None),
+            (json!({"_meta": "x"}), call, got("_meta", "string")),
+            (json!({"_meta": null}), call, got("_meta", "null")),
+            (
+                json!({"_meta": 3, "arguments": 4}),
+                call,
+                got("_meta", "number"),
+            ),
+            (
+                json!({"name": "t", "arguments": [1]}),
+                call,
+                got("arguments", "array"),
+            ),
+            (json!({"name": "t", "arguments": null}), call, None),
+            (json!({"arguments": true}), "ping", None),
+        ] {
+            assert_eq!(refused(params.clone(), method), want, "{method} {params}");
+        }
     }
 
     #[test]

@@ -23,7 +23,6 @@ use rmcp::model::{
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler, ServiceExt};
 use serde_json::{Map, Value, json};
-use std::sync::Arc;
 
 /// `_meta` key carrying the idempotency key a paid call is charged under.
 pub const IDEMPOTENCY_META: &str = "callid/idempotency-key";
@@ -128,29 +127,32 @@ pub fn refusal(code: &str, message: &str) -> Value {
     })
 }
 
-fn schema(value: Value) -> Arc<Map<String, Value>> {
-    match value {
-        Value::Object(map) => Arc::new(map),
-        _ => unreachable!("schemas are objects"),
-    }
+/// The properties of an image request's arguments (`prompt`, `width`, `height`, `model`): what
+/// the provider's `generate_image` and the router's, which forwards them, both take.
+pub fn image_request_properties() -> Map<String, Value> {
+    rmcp::model::object(json!({
+        "prompt": {"type": "string", "description": "What the image shows."},
+        "width": {"type": "integer", "description": "Width in pixels (default 1024)."},
+        "height": {"type": "integer", "description": "Height in pixels (default 1024)."},
+        "model": {"type": "string", "description": "Model name (default `flux-schnell`)."}
+    }))
 }
 
 /// The two tools, with their input schemas.
 pub fn tools() -> Vec<Tool> {
+    let mut properties = image_request_properties();
+    properties.insert(
+        "max_amount_cents".into(),
+        json!({"type": "integer", "description": "Refuse to charge more than this many cents (optional)."}),
+    );
     vec![
         Tool::new(
             GENERATE_IMAGE,
             "Generate an image (paid: 3 cents for the default model). Charged once per \
              `_meta[\"callid/idempotency-key\"]`.",
-            schema(json!({
+            rmcp::model::object(json!({
                 "type": "object",
-                "properties": {
-                    "prompt": {"type": "string", "description": "What the image shows."},
-                    "width": {"type": "integer", "description": "Width in pixels (default 1024)."},
-                    "height": {"type": "integer", "description": "Height in pixels (default 1024)."},
-                    "model": {"type": "string", "description": "Model name (default `flux-schnell`)."},
-                    "max_amount_cents": {"type": "integer", "description": "Refuse to charge more than this many cents (optional)."}
-                },
+                "properties": properties,
                 "required": ["prompt"],
                 "additionalProperties": false
             })),
@@ -158,7 +160,9 @@ pub fn tools() -> Vec<Tool> {
         Tool::new(
             LIST_CHARGES,
             "Every charge in the ledger, oldest first. Free.",
-            schema(json!({"type": "object", "properties": {}, "additionalProperties": false})),
+            rmcp::model::object(
+                json!({"type": "object", "properties": {}, "additionalProperties": false}),
+            ),
         ),
     ]
 }

@@ -15,7 +15,7 @@ use rmcp::model::{
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler, ServiceExt};
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 use std::sync::Arc;
 
 /// The router as an MCP server; cheap to clone (one shared [`Router`]).
@@ -28,13 +28,6 @@ impl RouterServer {
     /// Wraps a router.
     pub fn new(router: Arc<Router>) -> Self {
         RouterServer { router }
-    }
-}
-
-fn schema(value: Value) -> Arc<Map<String, Value>> {
-    match value {
-        Value::Object(map) => Arc::new(map),
-        _ => unreachable!("schemas are objects"),
     }
 }
 
@@ -55,14 +48,9 @@ pub fn tools() -> Vec<Tool> {
             "Generate an image (a paid spend: the price comes from the provider's price table, \
              3 cents for the default model). Each call is charged once, however often it is \
              delivered; the result carries a public handle for `operation_status`.",
-            schema(json!({
+            rmcp::model::object(json!({
                 "type": "object",
-                "properties": {
-                    "prompt": {"type": "string", "description": "What the image shows."},
-                    "width": {"type": "integer", "description": "Width in pixels (default 1024)."},
-                    "height": {"type": "integer", "description": "Height in pixels (default 1024)."},
-                    "model": {"type": "string", "description": "Model name (default `flux-schnell`)."}
-                },
+                "properties": crate::provider::mcp::image_request_properties(),
                 "required": ["prompt"],
                 "additionalProperties": false
             })),
@@ -71,19 +59,21 @@ pub fn tools() -> Vec<Tool> {
             OPERATION_STATUS,
             "The state of an operation by public handle (pending, awaiting_approval, completed, \
              denied, failed) and its recorded result. Spends nothing.",
-            schema(handle.clone()),
+            rmcp::model::object(handle.clone()),
         ),
         Tool::new(
             RESUME_OPERATION,
             "Run an operation a person approved, by public handle: it runs the original request \
              exactly once; later calls return its recorded result.",
-            schema(handle),
+            rmcp::model::object(handle),
         ),
         Tool::new(
             CAPABILITIES,
             "What this router accepts: identity sources, limits, approval policy, retention. \
              Spends nothing.",
-            schema(json!({"type": "object", "properties": {}, "additionalProperties": false})),
+            rmcp::model::object(
+                json!({"type": "object", "properties": {}, "additionalProperties": false}),
+            ),
         ),
     ]
 }
@@ -169,25 +159,7 @@ pub async fn serve_http(
     bound: crate::http_guard::Bound,
 ) -> anyhow::Result<()> {
     use anyhow::Context as _;
-    use rmcp::transport::StreamableHttpService;
-    use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
-    let server = RouterServer::new(router);
-    let service = StreamableHttpService::new(
-        move || Ok(server.clone()),
-        Arc::new(LocalSessionManager::default()),
-        bound.guard.rmcp_config(),
-    );
-    let app = bound
-        .guard
-        .protect(axum::Router::new().nest_service("/mcp", service));
-    crate::logging::line(format_args!(
-        "callid router: listening on http://{}/mcp",
-        bound.addr
-    ));
-    axum::serve(crate::http_guard::nodelay(bound.listener), app)
-        .with_graceful_shutdown(async {
-            let _ = tokio::signal::ctrl_c().await;
-        })
+    crate::http_guard::serve_mcp(RouterServer::new(router), bound, "router")
         .await
         .context("serving streamable HTTP")
 }

@@ -1,0 +1,207 @@
+//! The one driver every paired end-to-end row calls: a figure and its baseline, each a [`Batch`],
+//! run in alternating rounds (A B A B ...), and the [`Outcome`] a row reports from them.
+//!
+//! # Guarantees
+//! - Each round runs the figure's batch, then the baseline's right after it, with the same number
+//!   of calls (or rows); the pairs go to [`Pairs`], whose median of per-round ratios is the figure.
+//! - The first failing batch ends the measurement with its error: a row never reports a ratio
+//!   made from fewer rounds than it asked for.
+//! - A blocking batch (a raw store baseline) runs through [`tokio::task::block_in_place`], so it
+//!   never stalls the runtime's other tasks.
+
+use super::drive::{self, BenchError, BenchResult, Call, Check, Server};
+use super::report::{Measurement, Outcome, RowId};
+use super::stats::{Pairs, Quantity};
+use crate::jsonrpc::Connection;
+
+/// Checked calls to one server: the side of a pair that talks MCP.
+#[derive(Clone, Copy)]
+pub struct Calls<'a> {
+    /// The server's name, for errors.
+    pub name: &'a str,
+    /// Its connections (one-in-flight batches use the first).
+    pub conns: &'a [Connection],
+    /// Makes each call of a batch (all made before the batch is timed).
+    pub make: &'a (dyn Fn() -> Call + Send + Sync),
+    /// What every answer must be.
+    pub check: Check,
+}
+
+impl<'a> Calls<'a> {
+    /// Calls made by `make` on `server`'s connection.
+    pub fn on(
+        server: &'a Server,
+        make: &'a (dyn Fn() -> Call + Send + Sync),
+        check: Check,
+    ) -> Calls<'a> {
+        Calls {
+            name: &server.name,
+            conns: std::slice::from_ref(&server.conn),
+            make,
+            check,
+        }
+    }
+
+    /// Sends `n` calls one after another; seconds per call.
+    pub async fn sequential(&self, n: usize) -> BenchResult<f64> {
+        drive::sequential(self.name, &self.conns[0], n, self.make, self.check).await
+    }
+
+    /// Sends `n` calls with `in_flight` at a time over the connections; calls per second.
+    pub async fn concurrent(&self, n: usize, in_flight: usize) -> BenchResult<f64> {
+        drive::concurrent(self.name, self.conns, n, in_flight, self.make, self.check).await
+    }
+}
+
+/// One side of a pair: how it runs a batch of `n`, and what the batch measures.
+pub enum Batch<'a> {
+    /// One call in flight: seconds per call.
+    Sequential(Calls<'a>),
+    /// One call in flight, counted as operations per second (beside a store's commits per
+    /// second).
+    SequentialRate(Calls<'a>),
+    /// The given number of calls in flight: calls per second.
+    Concurrent(Calls<'a>, usize),
+    /// A blocking batch on this thread that returns operations per second.
+    Blocking(Box<dyn FnMut(usize) -> BenchResult<f64> + Send + 'a>),
+}
+
+impl Batch<'_> {
+    /// Runs one batch of `n` calls (or rows).
+    pub async fn run(&mut self, n: usize) -> BenchResult<Quantity> {
+        Ok(match self {
+            Batch::Sequential(calls) => Quantity::SecondsPerOp(calls.sequential(n).await?),
+            Batch::SequentialRate(calls) => {
+                Quantity::OpsPerSecond(1.0 / calls.sequential(n).await?)
+            }
+            Batch::Concurrent(calls, in_flight) => {
+                Quantity::OpsPerSecond(calls.concurrent(n, *in_flight).await?)
+            }
+            Batch::Blocking(batch) => {
+                Quantity::OpsPerSecond(tokio::task::block_in_place(|| batch(n))?)
+            }
+        })
+    }
+}
+
+/// `rounds` rounds of `n` calls a side: the figure's batch, then the baseline's.
+pub async fn rounds(
+    rounds: usize,
+    n: usize,
+    figure: &mut Batch<'_>,
+    baseline: &mut Batch<'_>,
+) -> BenchResult<Pairs> {
+    let mut pairs = Pairs::new();
+    for _ in 0..rounds {
+        let a = figure.run(n).await?;
+        let b = baseline.run(n).await?;
+        pairs.push(a, b);
+    }
+    Ok(pairs)
+}
+
+/// The row of a paired measurement: its median ratio with both medians and `note`, or why it
+/// failed.
+pub fn outcome(result: &BenchResult<Pairs>, note: &str) -> Outcome {
+    match result {
+        Ok(pairs) => match pairs.summary() {
+            Some(s) => Outcome::Measured(Measurement::paired(&s, note)),
+            None => Outcome::Failed {
+                error: "no round completed".into(),
+            },
+        },
+        Err(err) => failed(err),
+    }
+}
+
+/// The row of a measurement that failed with `err`.
+pub fn failed(err: &BenchError) -> Outcome {
+    Outcome::Failed {
+        error: drive::chain(err),
+    }
+}
+
+/// The same `outcome` for each of `ids`.
+pub fn every(ids: Vec<RowId>, outcome: &Outcome) -> Vec<(RowId, Outcome)> {
+    ids.into_iter().map(|id| (id, outcome.clone())).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{Arc, Mutex};
+
+    /// A blocking batch that logs `name` and the batch size, answering `rate(round)`.
+    fn logged<'a>(
+        log: &'a Arc<Mutex<Vec<(&'static str, usize)>>>,
+        name: &'static str,
+        rate: impl Fn(usize) -> BenchResult<f64> + Send + 'a,
+    ) -> Batch<'a> {
+        let mut round = 0;
+        Batch::Blocking(Box::new(move |n| {
+            log.lock().unwrap().push((name, n));
+            round += 1;
+            rate(round)
+        }))
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn rounds_alternate_figure_then_baseline_and_pair_them() {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let mut figure = logged(&log, "figure", |round| Ok(2.0 * round as f64));
+        let mut baseline = logged(&log, "baseline", |round| Ok(round as f64));
+        let pairs = rounds(3, 40, &mut figure, &mut baseline).await.unwrap();
+        drop((figure, baseline));
+        let log = log.lock().unwrap().clone();
+        assert_eq!(
+            log,
+            [
+                ("figure", 40),
+                ("baseline", 40),
+                ("figure", 40),
+                ("baseline", 40),
+                ("figure", 40),
+                ("baseline", 40)
+            ]
+        );
+        let summary = pairs.summary().expect("three rounds");
+        assert_eq!((summary.rounds, summary.ratio), (3, 2.0));
+        assert_eq!(summary.figure, Quantity::OpsPerSecond(4.0));
+        let outcome = outcome(&Ok(pairs), "note");
+        assert!(
+            matches!(&outcome, Outcome::Measured(m) if m.value == 2.0 && m.note.as_deref() == Some("note")),
+            "{outcome:?}"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn the_first_failing_batch_ends_the_measurement() {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let mut figure = logged(&log, "figure", |_| Ok(1.0));
+        let mut baseline = logged(&log, "baseline", |round| {
+            if round == 2 {
+                Err(BenchError::Unexpected {
+                    what: "the baseline".into(),
+                    detail: "round two".into(),
+                })
+            } else {
+                Ok(1.0)
+            }
+        });
+        let result = rounds(5, 1, &mut figure, &mut baseline).await;
+        drop((figure, baseline));
+        assert_eq!(log.lock().unwrap().len(), 4, "stopped at round two");
+        assert_eq!(
+            outcome(&result, "note"),
+            Outcome::Failed {
+                error: "the baseline answered unexpectedly: round two".into()
+            }
+        );
+        assert_eq!(
+            outcome(&Ok(Pairs::new()), "note"),
+            Outcome::Failed {
+                error: "no round completed".into()
+            }
+        );
+    }
+}

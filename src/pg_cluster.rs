@@ -1,0 +1,255 @@
+//! A throwaway PostgreSQL cluster, [`Cluster`], for the integration tests and `callid bench`:
+//! development tooling, not part of what the library promises (hidden from its docs).
+//!
+//! # Guarantees
+//! - The server programs are the newest `/usr/lib/postgresql/*/bin` holding `initdb`, or
+//!   `CALLID_PG_BINDIR` ([`bindir`]); without them there is no cluster, and the caller decides
+//!   whether that is a skip.
+//! - [`Cluster::start`] runs `initdb` on a fresh temporary directory (superuser `callid`, `trust`
+//!   authentication, UTF-8), listens on loopback only at a port that was free a moment before,
+//!   with `fsync = on` and `max_connections = 200`, and returns once the server accepts
+//!   connections. As root it runs the server programs as the `postgres` user (they refuse root),
+//!   which must reach the directory, so the directory is opened to it.
+//! - Dropping a [`Cluster`] stops its server as in a crash (`pg_ctl -m immediate`) and deletes
+//!   its directory.
+
+use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Why a cluster could not be made or used.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    /// A file, directory or process operation failed.
+    #[error("failed {what}")]
+    Io {
+        /// What was being done (`creating the cluster's directory`).
+        what: String,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A server program ran but failed.
+    #[error("`{command}` failed: {detail}")]
+    Command {
+        /// The command line.
+        command: String,
+        /// Exit status and the tail of its standard error.
+        detail: String,
+    },
+}
+
+impl ClusterError {
+    /// A stable machine code for the error.
+    pub fn code(&self) -> &'static str {
+        match self {
+            ClusterError::Io { .. } => "io_failed",
+            ClusterError::Command { .. } => "command_failed",
+        }
+    }
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> ClusterError {
+    let what = what.into();
+    move |source| ClusterError::Io { what, source }
+}
+
+/// The newest `/usr/lib/postgresql/*/bin` holding `initdb`, or `CALLID_PG_BINDIR` (if it holds
+/// `initdb`).
+pub fn bindir() -> Option<PathBuf> {
+    if let Some(dir) = std::env::var_os("CALLID_PG_BINDIR") {
+        let dir = PathBuf::from(dir);
+        return dir.join("initdb").exists().then_some(dir);
+    }
+    let mut found: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .ok()?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let version = e.file_name().to_str()?.parse::<u32>().ok()?;
+            let bin = e.path().join("bin");
+            bin.join("initdb").exists().then_some((version, bin))
+        })
+        .collect();
+    found.sort();
+    found.pop().map(|(_, b)| b)
+}
+
+/// A throwaway PostgreSQL cluster, stopped (`-m immediate`) and deleted when dropped.
+pub struct Cluster {
+    dir: tempfile::TempDir,
+    bindir: PathBuf,
+    port: u16,
+    as_postgres: bool,
+}
+
+impl Cluster {
+    /// Makes a cluster with the programs in `bindir` and starts its server.
+    pub fn start(bindir: PathBuf) -> Result<Cluster, ClusterError> {
+        let dir = tempfile::Builder::new()
+            .prefix("callid-pg-")
+            .tempdir()
+            .map_err(io("creating the cluster's directory"))?;
+        // `/proc/self` belongs to this process's effective user.
+        let as_postgres = std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0);
+        if as_postgres {
+            std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777))
+                .map_err(io("opening the cluster's directory to `postgres`"))?;
+        }
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map_err(io("finding a free loopback port"))?
+            .port();
+        let cluster = Cluster {
+            dir,
+            bindir,
+            port,
+            as_postgres,
+        };
+        let data = cluster.data();
+        cluster.run(
+            "initdb",
+            &[
+                "-D",
+                &data,
+                "-U",
+                "callid",
+                "--auth=trust",
+                "--no-locale",
+                "-E",
+                "UTF8",
+                "--no-sync",
+            ],
+        )?;
+        let sock = cluster.dir.path().join("sock");
+        std::fs::create_dir_all(&sock).map_err(io("creating the socket directory"))?;
+        if as_postgres {
+            let status = Command::new("chown")
+                .arg("postgres")
+                .arg(&sock)
+                .status()
+                .map_err(io("starting `chown`"))?;
+            if !status.success() {
+                return Err(ClusterError::Command {
+                    command: format!("chown postgres {}", sock.display()),
+                    detail: status.to_string(),
+                });
+            }
+        }
+        let conf = format!(
+            "\nlisten_addresses = '127.0.0.1'\nport = {port}\nunix_socket_directories = '{}'\n\
+             max_connections = 200\nfsync = on\n",
+            sock.display()
+        );
+        let conf_path = Path::new(&data).join("postgresql.conf");
+        let mut text = std::fs::read_to_string(&conf_path)
+            .map_err(io(format!("reading `{}`", conf_path.display())))?;
+        text.push_str(&conf);
+        std::fs::write(&conf_path, text)
+            .map_err(io(format!("writing `{}`", conf_path.display())))?;
+        cluster.start_server()?;
+        Ok(cluster)
+    }
+
+    fn data(&self) -> String {
+        self.dir.path().join("data").display().to_string()
+    }
+
+    fn command(&self, tool: &str, args: &[&str]) -> Command {
+        let program = self.bindir.join(tool);
+        let mut c = if self.as_postgres {
+            let mut c = Command::new("runuser");
+            c.args(["-u", "postgres", "--"]).arg(program);
+            c
+        } else {
+            Command::new(program)
+        };
+        c.args(args);
+        c
+    }
+
+    fn run(&self, tool: &str, args: &[&str]) -> Result<(), ClusterError> {
+        let out = self
+            .command(tool, args)
+            .output()
+            .map_err(io(format!("starting `{tool}`")))?;
+        if !out.status.success() {
+            return Err(ClusterError::Command {
+                command: format!("{tool} {}", args.join(" ")),
+                detail: format!("{}; {}", out.status, tail(&out.stderr)),
+            });
+        }
+        Ok(())
+    }
+
+    /// `pg_ctl start`, returning once the server accepts connections (60 s at most).
+    pub fn start_server(&self) -> Result<(), ClusterError> {
+        let log = self.dir.path().join("server.log").display().to_string();
+        self.run(
+            "pg_ctl",
+            &["-D", &self.data(), "-l", &log, "-w", "-t", "60", "start"],
+        )
+    }
+
+    /// `pg_ctl -m immediate stop`: the server dies as in a crash (its clients' connections
+    /// drop). It waits for the postmaster's PID file, not for the process entry, so a server
+    /// left as an unreaped zombie does not hang it. A server already stopped is no error.
+    pub fn stop_server(&self) {
+        let _ = self
+            .command(
+                "pg_ctl",
+                &["-D", &self.data(), "-m", "immediate", "-w", "stop"],
+            )
+            .output();
+    }
+
+    /// Runs `sql` with `psql` on database `db`; its output unaligned, without headers, trimmed.
+    pub fn sql(&self, db: &str, sql: &str) -> Result<String, ClusterError> {
+        let port = self.port.to_string();
+        let out = Command::new(self.bindir.join("psql"))
+            .args(["-X", "-q", "-A", "-t", "-h", "127.0.0.1", "-p", &port])
+            .args(["-U", "callid", "-d", db, "-v", "ON_ERROR_STOP=1", "-c", sql])
+            .output()
+            .map_err(io("starting `psql`"))?;
+        if !out.status.success() {
+            return Err(ClusterError::Command {
+                command: format!("psql -c {sql:?}"),
+                detail: tail(&out.stderr),
+            });
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    }
+
+    /// The directory of the server's programs (`initdb`, `createdb`, `psql`, ...).
+    pub fn bindir(&self) -> &Path {
+        &self.bindir
+    }
+
+    /// The server's major version: the name of the directory above [`Cluster::bindir`] (`17`).
+    pub fn version(&self) -> String {
+        self.bindir
+            .parent()
+            .and_then(|p| p.file_name())
+            .map(|v| v.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    }
+
+    /// The server's URL without a database name: `postgres://callid@127.0.0.1:PORT`.
+    pub fn server_url(&self) -> String {
+        format!("postgres://callid@127.0.0.1:{}", self.port)
+    }
+
+    /// The URL of database `db`.
+    pub fn url(&self, db: &str) -> String {
+        format!("{}/{db}", self.server_url())
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.stop_server();
+    }
+}
+
+fn tail(stderr: &[u8]) -> String {
+    crate::text::last_lines(&String::from_utf8_lossy(stderr), 5)
+}
