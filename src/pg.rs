@@ -36,7 +36,8 @@
 //!   parser, so connecting never fails for the URL's syntax.
 //! - Never a downgrade: with `require`, `verify-ca` or `verify-full`, a server that does not
 //!   offer TLS is refused before anything (user name, password, query) is sent, and so is a
-//!   certificate that fails the mode's checks. [`PgUrl::explain`] names the cause and the fix.
+//!   certificate that fails the mode's checks. [`PgUrl::explain`] names the cause and the fix
+//!   (and the `sslrootcert` path: a CA certificate is no secret).
 
 use postgres::Config;
 use postgres::config::SslMode;
@@ -122,8 +123,11 @@ struct TlsParams {
 }
 
 /// A `postgres://` URL whose password (and query values) are redacted wherever it is shown.
+/// Cheap to clone (shared).
 #[derive(Clone)]
-pub struct PgUrl {
+pub struct PgUrl(Arc<Parsed>);
+
+struct Parsed {
     /// The URL without the TLS parameters, which the `postgres` client does not know.
     driver: String,
     redacted: String,
@@ -134,7 +138,7 @@ pub struct PgUrl {
 
 impl PartialEq for PgUrl {
     fn eq(&self, other: &PgUrl) -> bool {
-        self.driver == other.driver && self.tls == other.tls
+        self.0.driver == other.0.driver && self.0.tls == other.0.tls
     }
 }
 
@@ -164,22 +168,22 @@ impl PgUrl {
         let (driver, tls) = split_tls_params(text).map_err(|d| bad(redacted.clone(), &d))?;
         Config::from_str(&driver).map_err(|e| bad(redacted.clone(), &error_chain(&e)))?;
         let connector = tls_connector(&tls).map_err(|d| bad(redacted.clone(), &d))?;
-        Ok(PgUrl {
+        Ok(PgUrl(Arc::new(Parsed {
             driver,
             redacted,
             tls,
             connector,
-        })
+        })))
     }
 
     /// The `sslmode` in force (`prefer` when the URL names none).
     pub fn tls_mode(&self) -> TlsMode {
-        self.tls.mode
+        self.0.tls.mode
     }
 
     fn config(&self) -> Config {
-        let mut config = Config::from_str(&self.driver).expect("checked in PgUrl::parse");
-        config.ssl_mode(ssl_mode(self.tls.mode));
+        let mut config = Config::from_str(&self.0.driver).expect("checked in PgUrl::parse");
+        config.ssl_mode(ssl_mode(self.0.tls.mode));
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(Duration::from_secs(5));
         }
@@ -200,7 +204,7 @@ impl PgUrl {
     /// `Display` is terse: show it with [`PgUrl::explain`].
     pub fn connect(&self) -> Result<postgres::Client, postgres::Error> {
         let config = self.config();
-        match &self.connector {
+        match &self.0.connector {
             Some(tls) => config.connect(tls.clone()),
             None => config.connect(postgres::NoTls),
         }
@@ -218,9 +222,10 @@ impl PgUrl {
     }
 
     fn tls_fix(&self, error: &postgres::Error) -> Option<String> {
-        let mode = self.tls.mode.as_str();
+        let mode = self.0.tls.mode.as_str();
         let root = || {
-            self.tls
+            self.0
+                .tls
                 .root_cert
                 .as_deref()
                 .map_or("-".into(), |p| p.display().to_string())
@@ -565,13 +570,13 @@ impl ServerCertVerifier for Unverified {
 
 impl std::fmt::Display for PgUrl {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.redacted)
+        f.write_str(&self.0.redacted)
     }
 }
 
 impl std::fmt::Debug for PgUrl {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "PgUrl({})", self.redacted)
+        write!(f, "PgUrl({})", self.0.redacted)
     }
 }
 
@@ -671,8 +676,8 @@ E2vygDHoJmTw7ciYIABUyys4Wz1bOfYywu7AeiTBJPvrGvyOW/Uacp3r
             let url = PgUrl::parse(&format!("postgres://bob:pw@db.example:5432/reg{query}"))
                 .unwrap_or_else(|e| panic!("{query}: {e}"));
             assert_eq!(url.tls_mode(), mode, "{query}");
-            assert_eq!(url.connector.is_none(), mode == TlsMode::Disable);
-            assert_eq!(url.driver, "postgres://bob:pw@db.example:5432/reg");
+            assert_eq!(url.0.connector.is_none(), mode == TlsMode::Disable);
+            assert_eq!(url.0.driver, "postgres://bob:pw@db.example:5432/reg");
             let shown = url.to_string();
             assert!(!shown.contains(&ca.to_string()), "{shown}");
         }
@@ -685,7 +690,7 @@ E2vygDHoJmTw7ciYIABUyys4Wz1bOfYywu7AeiTBJPvrGvyOW/Uacp3r
         .unwrap();
         assert_eq!(url.tls_mode(), TlsMode::VerifyFull);
         assert_eq!(
-            url.driver,
+            url.0.driver,
             "postgres://bob@db.example/reg?application_name=a+b%20c&connect_timeout=3"
         );
         assert_eq!(
@@ -703,7 +708,8 @@ E2vygDHoJmTw7ciYIABUyys4Wz1bOfYywu7AeiTBJPvrGvyOW/Uacp3r
         ))
         .unwrap();
         assert_eq!(
-            url.tls
+            url.0
+                .tls
                 .client_cert
                 .as_ref()
                 .map(|(_, k)| k.display().to_string()),
