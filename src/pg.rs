@@ -11,7 +11,7 @@
 //! | `sslmode` | TLS | server certificate checked |
 //! |---|---|---|
 //! | `disable` | never | - |
-//! | `prefer` (the default) | if the server offers it, else plaintext | no |
+//! | `prefer` (the default) | if the server offers it, else plaintext | no, unless `sslrootcert` is given: then as `verify-ca` |
 //! | `require` | always; a server without TLS is refused | no, unless `sslrootcert` is given: then as `verify-ca` |
 //! | `verify-ca` | always | signed by a CA in `sslrootcert` |
 //! | `verify-full` | always | as `verify-ca`, and it names the URL's host (a DNS name or an IP address) |
@@ -19,7 +19,8 @@
 //! As in libpq, `require` without `sslrootcert` encrypts but does not authenticate the server: it
 //! stops a passive eavesdropper, not an active one (SCRAM's channel binding, used when the server
 //! offers it, still stops a relaying man in the middle from logging in as you). Use `verify-full`
-//! across networks you do not control.
+//! across networks you do not control. A TLS handshake that fails is an error in every mode, never
+//! retried in plaintext (libpq's `prefer` would retry).
 //!
 //! Query parameters: `sslmode`, `sslrootcert=PATH` (PEM, one or more CA certificates; required by
 //! `verify-ca` and `verify-full`: unlike libpq there is no default `~/.postgresql/root.crt`, and
@@ -412,7 +413,7 @@ fn tls_connector(tls: &TlsParams) -> Result<Option<MakeRustlsConnect>, String> {
         .with_safe_default_protocol_versions()
         .map_err(|e| format!("TLS setup failed: {e}"))?;
     let verifier: Arc<dyn ServerCertVerifier> = match &tls.root_cert {
-        Some(path) if tls.mode != TlsMode::Prefer => {
+        Some(path) => {
             let mut roots = rustls::RootCertStore::empty();
             for cert in read_certs(path, "sslrootcert")? {
                 roots.add(cert).map_err(|e| {
@@ -469,7 +470,7 @@ fn read_certs(path: &Path, param: &str) -> Result<Vec<CertificateDer<'static>>, 
     Ok(certs)
 }
 
-/// `verify-ca` (and `require` with `sslrootcert`): the chain must lead to a CA in
+/// `verify-ca` (and `prefer` or `require` with `sslrootcert`): the chain must lead to a CA in
 /// `sslrootcert`; the name is not checked.
 #[derive(Debug)]
 struct AnyName(Arc<WebPkiServerVerifier>);

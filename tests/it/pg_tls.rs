@@ -201,7 +201,8 @@ async fn verify_full_spends_end_to_end_and_a_wrong_ca_or_host_is_refused() {
         ],
         "ssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'\n\
          ssl_ca_file = 'ca.crt'",
-        "hostssl all certuser 127.0.0.1/32 cert",
+        "hostssl all certuser 127.0.0.1/32 cert\n\
+         hostssl all scramuser 127.0.0.1/32 scram-sha-256",
     );
     let ca = pki.param("ca.crt");
 
@@ -239,9 +240,10 @@ async fn verify_full_spends_end_to_end_and_a_wrong_ca_or_host_is_refused() {
     );
 
     // A CA that did not sign the server's certificate: refused, naming the URL and the fix;
-    // `require` with `sslrootcert` checks the CA too (as libpq does).
+    // `prefer` and `require` with `sslrootcert` check the CA too (as libpq does), and a failed
+    // handshake is never retried in plaintext.
     let wrong = pki.param("wrong-ca.crt");
-    for mode in ["verify-full", "verify-ca", "require"] {
+    for mode in ["verify-full", "verify-ca", "require", "prefer"] {
         let url = with(&pg, &format!("sslmode={mode}&sslrootcert={wrong}"));
         let stderr = refused(&callid(&status, &url), mode);
         assert!(
@@ -283,6 +285,41 @@ async fn verify_full_spends_end_to_end_and_a_wrong_ca_or_host_is_refused() {
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
+    );
+
+    // A password over TLS (SCRAM, with channel binding to the server's certificate).
+    pg.sql("postgres", "CREATE ROLE scramuser LOGIN PASSWORD 'hunter2'");
+    pg.sql("postgres", "CREATE DATABASE scramdb OWNER scramuser");
+    let scram = pg
+        .url()
+        .replace("callid@", "scramuser:hunter2@")
+        .replace("/callid", "/scramdb");
+    let out = callid(
+        &["router", "status", "nope"],
+        &format!("{scram}?sslmode=verify-full&sslrootcert={ca}"),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("no operation has handle `nope`"),
+        "{stderr}"
+    );
+    let stderr = refused(
+        &callid(
+            &["router", "status", "nope"],
+            &format!(
+                "{}?sslmode=verify-full&sslrootcert={ca}",
+                scram.replace("hunter2", "wrong")
+            ),
+        ),
+        "a wrong password",
+    );
+    assert!(
+        stderr.contains("password authentication failed"),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("wrong@") && !stderr.contains("hunter2"),
+        "{stderr}"
     );
 
     // A client certificate (`sslcert`, `sslkey`) for a role the server admits only by one.
