@@ -20,7 +20,8 @@
 //! stops a passive eavesdropper, not an active one (SCRAM's channel binding, used when the server
 //! offers it, still stops a relaying man in the middle from logging in as you). Use `verify-full`
 //! across networks you do not control. A TLS handshake that fails is an error in every mode, never
-//! retried in plaintext (libpq's `prefer` would retry).
+//! retried in plaintext (libpq's `prefer` would retry). Over a Unix socket (`?host=/dir`) the
+//! server never offers TLS, so `require` and above are refused there (libpq ignores them).
 //!
 //! Query parameters: `sslmode`, `sslrootcert=PATH` (PEM, one or more CA certificates; required by
 //! `verify-ca` and `verify-full`: unlike libpq there is no default `~/.postgresql/root.crt`, and
