@@ -240,7 +240,7 @@ pub struct RegistryArg {
     /// The router's registry: a SQLite file (default: `callid/registry.sqlite3` under the
     /// user's data directory; the backend layers' state files live beside it), or
     /// `postgres://USER@HOST:PORT/DATABASE` shared by router replicas (password redacted
-    /// wherever shown).
+    /// wherever shown; TLS as libpq's `sslmode`, e.g. `?sslmode=verify-full&sslrootcert=CA.pem`).
     #[arg(
         long,
         value_name = "FILE|URL",
@@ -384,7 +384,7 @@ pub struct ProviderArgs {
 pub struct GatewayArgs {
     /// The gateway's registry: a SQLite file, created if missing, or
     /// `postgres://USER@HOST:PORT/DATABASE` shared by gateway replicas (password redacted
-    /// wherever shown; plaintext connections: keep the database on loopback or a private network).
+    /// wherever shown; TLS as libpq's `sslmode`, e.g. `?sslmode=verify-full&sslrootcert=CA.pem`).
     #[arg(
         long,
         value_name = "FILE|URL",

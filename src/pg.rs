@@ -1,9 +1,34 @@
 //! PostgreSQL connection URLs: [`PgUrl`], parsed and checked once, shown only redacted, and the
-//! connection settings every PostgreSQL session of callid uses.
+//! one way every PostgreSQL session of callid is opened ([`PgUrl::connect`]): the connection
+//! settings and TLS.
 //!
 //! The router's registry ([`crate::router::registry`]) and the backend's shared state
 //! ([`crate::backend::shared`]) live in the same database and connect through this one type, so
-//! both redact the same way and both notice a vanished server within the same time.
+//! both redact the same way, speak TLS the same way and both notice a vanished server within the
+//! same time.
+//!
+//! # TLS (`sslmode`, libpq's meaning)
+//! | `sslmode` | TLS | server certificate checked |
+//! |---|---|---|
+//! | `disable` | never | - |
+//! | `prefer` (the default) | if the server offers it, else plaintext | no, unless `sslrootcert` is given: then as `verify-ca` |
+//! | `require` | always; a server without TLS is refused | no, unless `sslrootcert` is given: then as `verify-ca` |
+//! | `verify-ca` | always | signed by a CA in `sslrootcert` |
+//! | `verify-full` | always | as `verify-ca`, and it names the URL's host (a DNS name or an IP address) |
+//!
+//! As in libpq, `require` without `sslrootcert` encrypts but does not authenticate the server: it
+//! stops a passive eavesdropper, not an active one (SCRAM's channel binding, used when the server
+//! offers it, still stops a relaying man in the middle from logging in as you). Use `verify-full`
+//! across networks you do not control. A TLS handshake that fails is an error in every mode, never
+//! retried in plaintext (libpq's `prefer` would retry). Over a Unix socket (`?host=/dir`) the
+//! server never offers TLS, so `require` and above are refused there (libpq ignores them).
+//!
+//! Query parameters: `sslmode`, `sslrootcert=PATH` (PEM, one or more CA certificates; required by
+//! `verify-ca` and `verify-full`: unlike libpq there is no default `~/.postgresql/root.crt`, and
+//! `system` is refused), `sslcert=PATH` and `sslkey=PATH` (PEM client certificate chain and its
+//! key, both or neither). The files are read once, when the URL is parsed (a bad file is refused
+//! there, naming it); replacing them needs a restart. TLS runs on rustls with the `ring` provider
+//! (TLS 1.2 and 1.3), offering ALPN `postgresql`.
 //!
 //! # Guarantees
 //! - `Display` and `Debug` show the password and every query value as `REDACTED` (the user
@@ -11,11 +36,24 @@
 //!   usable.
 //! - A [`PgUrl`] names a host and a database and is accepted by the `postgres` client's own
 //!   parser, so connecting never fails for the URL's syntax.
+//! - Never a downgrade: with `require`, `verify-ca` or `verify-full`, a server that does not
+//!   offer TLS is refused before anything (user name, password, query) is sent, and so is a
+//!   certificate that fails the mode's checks. [`PgUrl::explain`] names the cause and the fix
+//!   (and the `sslrootcert` path: a CA certificate is no secret).
 
 use postgres::Config;
 use postgres::config::SslMode;
+use rustls::client::WebPkiServerVerifier;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::pem::PemObject as _;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::{CertificateError, DigitallySignedStruct, SignatureScheme};
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
+use tokio_postgres_rustls::MakeRustlsConnect;
 
 /// `--registry` looks like a PostgreSQL URL but is not one this build can use.
 #[derive(Debug, thiserror::Error)]
@@ -27,15 +65,93 @@ pub struct BadPgUrl {
     pub detail: String,
 }
 
-/// A `postgres://` URL whose password (and query values) are redacted wherever it is shown.
-#[derive(Clone, PartialEq, Eq)]
-pub struct PgUrl {
-    raw: String,
-    redacted: String,
+/// What `sslmode` asks for (libpq's meaning; see the module doc).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TlsMode {
+    /// `disable`: plaintext only.
+    Disable,
+    /// `prefer`: TLS if the server offers it, unverified; plaintext otherwise.
+    Prefer,
+    /// `require`: TLS or nothing; unverified unless `sslrootcert` is given.
+    Require,
+    /// `verify-ca`: TLS, certificate signed by a CA in `sslrootcert`.
+    VerifyCa,
+    /// `verify-full`: as `VerifyCa`, and the certificate names the host.
+    VerifyFull,
 }
 
+impl TlsMode {
+    fn parse(value: &str) -> Result<TlsMode, String> {
+        Ok(match value {
+            "disable" => TlsMode::Disable,
+            "prefer" => TlsMode::Prefer,
+            "require" => TlsMode::Require,
+            "verify-ca" => TlsMode::VerifyCa,
+            "verify-full" => TlsMode::VerifyFull,
+            "allow" => {
+                return Err(
+                    "`sslmode=allow` (plaintext first) is not supported: use `prefer` \
+                            (TLS first) or `disable`"
+                        .into(),
+                );
+            }
+            _ => {
+                return Err(format!(
+                    "`sslmode={value}` is not one of disable, prefer, require, verify-ca, \
+                     verify-full"
+                ));
+            }
+        })
+    }
+
+    /// The `sslmode` value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TlsMode::Disable => "disable",
+            TlsMode::Prefer => "prefer",
+            TlsMode::Require => "require",
+            TlsMode::VerifyCa => "verify-ca",
+            TlsMode::VerifyFull => "verify-full",
+        }
+    }
+}
+
+/// The TLS part of a URL: its mode and files.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct TlsParams {
+    mode: TlsMode,
+    root_cert: Option<PathBuf>,
+    client_cert: Option<(PathBuf, PathBuf)>,
+}
+
+/// A `postgres://` URL whose password (and query values) are redacted wherever it is shown.
+/// Cheap to clone (shared).
+#[derive(Clone)]
+pub struct PgUrl(Arc<Parsed>);
+
+struct Parsed {
+    /// The URL without the TLS parameters, which the `postgres` client does not know.
+    driver: String,
+    redacted: String,
+    tls: TlsParams,
+    /// Built once from `tls`; `None` for `sslmode=disable`.
+    connector: Option<MakeRustlsConnect>,
+}
+
+impl PartialEq for PgUrl {
+    fn eq(&self, other: &PgUrl) -> bool {
+        self.0.driver == other.0.driver && self.0.tls == other.0.tls
+    }
+}
+
+impl Eq for PgUrl {}
+
+/// The query parameters [`PgUrl`] handles itself (libpq's names).
+const TLS_PARAMS: [&str; 4] = ["sslmode", "sslrootcert", "sslcert", "sslkey"];
+
 impl PgUrl {
-    /// Parses and checks a `postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE` URL.
+    /// Parses and checks a `postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE[?sslmode=...]` URL,
+    /// reading the TLS files it names.
     pub fn parse(text: &str) -> Result<PgUrl, BadPgUrl> {
         let text = text.trim();
         let bad = |redacted: String, detail: &str| BadPgUrl {
@@ -51,23 +167,25 @@ impl PgUrl {
         if url.path().trim_matches('/').is_empty() {
             return Err(bad(redacted, "it names no database"));
         }
-        let config = Config::from_str(text).map_err(|e| bad(redacted.clone(), &e.to_string()))?;
-        if !matches!(config.get_ssl_mode(), SslMode::Disable | SslMode::Prefer) {
-            return Err(bad(
-                redacted,
-                "it asks for TLS (`sslmode=require`), which this build does not speak; refused \
-                 rather than connecting in plaintext: keep the database on loopback or a private \
-                 network and drop `sslmode` (or set `sslmode=disable`)",
-            ));
-        }
-        Ok(PgUrl {
-            raw: text.to_string(),
+        let (driver, tls) = split_tls_params(text).map_err(|d| bad(redacted.clone(), &d))?;
+        Config::from_str(&driver).map_err(|e| bad(redacted.clone(), &error_chain(&e)))?;
+        let connector = tls_connector(&tls).map_err(|d| bad(redacted.clone(), &d))?;
+        Ok(PgUrl(Arc::new(Parsed {
+            driver,
             redacted,
-        })
+            tls,
+            connector,
+        })))
     }
 
-    pub(crate) fn config(&self) -> Config {
-        let mut config = Config::from_str(&self.raw).expect("checked in PgUrl::parse");
+    /// The `sslmode` in force (`prefer` when the URL names none).
+    pub fn tls_mode(&self) -> TlsMode {
+        self.0.tls.mode
+    }
+
+    fn config(&self) -> Config {
+        let mut config = Config::from_str(&self.0.driver).expect("checked in PgUrl::parse");
+        config.ssl_mode(ssl_mode(self.0.tls.mode));
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(Duration::from_secs(5));
         }
@@ -83,17 +201,384 @@ impl PgUrl {
             .tcp_user_timeout(Duration::from_secs(8));
         config
     }
+
+    /// Opens one session: [`PgUrl::config`]'s settings, TLS as `sslmode` says. An error's
+    /// `Display` is terse: show it with [`PgUrl::explain`].
+    pub fn connect(&self) -> Result<postgres::Client, postgres::Error> {
+        let config = self.config();
+        match &self.0.connector {
+            Some(tls) => config.connect(tls.clone()),
+            None => config.connect(postgres::NoTls),
+        }
+    }
+
+    /// `error` (from a session of this URL) in full: its causes, and for a TLS failure what to
+    /// change. The `postgres` client's own `Display` names only the kind ("error performing TLS
+    /// handshake", "db error").
+    pub fn explain(&self, error: &postgres::Error) -> String {
+        let text = error_chain(error);
+        match self.tls_fix(error) {
+            Some(fix) => format!("{text} ({fix})"),
+            None => text,
+        }
+    }
+
+    fn tls_fix(&self, error: &postgres::Error) -> Option<String> {
+        let mode = self.0.tls.mode.as_str();
+        let root = || {
+            self.0
+                .tls
+                .root_cert
+                .as_deref()
+                .map_or("-".into(), |p| p.display().to_string())
+        };
+        let mut source = std::error::Error::source(error);
+        while let Some(e) = source {
+            if e.to_string() == "server does not support TLS" {
+                return Some(format!(
+                    "`sslmode={mode}` demands TLS and the server does not offer it, so nothing \
+                     was sent, never plaintext: turn TLS on in the server (`ssl = on` with \
+                     `ssl_cert_file` and `ssl_key_file`), or, on a network you trust, use \
+                     `sslmode=prefer` or `disable`"
+                ));
+            }
+            let inner = e
+                .downcast_ref::<std::io::Error>()
+                .and_then(|io| io.get_ref())
+                .and_then(|i| i.downcast_ref::<rustls::Error>())
+                .or_else(|| e.downcast_ref::<rustls::Error>());
+            if let Some(rustls::Error::InvalidCertificate(cert)) = inner {
+                return Some(match cert {
+                    CertificateError::UnknownIssuer | CertificateError::BadSignature => format!(
+                        "`sslmode={mode}`: the server's certificate is not signed by a CA in \
+                         `sslrootcert` ({}): point `sslrootcert` at the CA certificate that \
+                         issued the server's `ssl_cert_file`",
+                        root()
+                    ),
+                    CertificateError::NotValidForName
+                    | CertificateError::NotValidForNameContext { .. } => format!(
+                        "`sslmode={mode}`: the server's certificate does not name the host this \
+                         URL connects to: connect by a name (or IP address) the certificate \
+                         lists, or reissue it with this host among its subject alternative \
+                         names"
+                    ),
+                    CertificateError::Expired
+                    | CertificateError::ExpiredContext { .. }
+                    | CertificateError::NotValidYet
+                    | CertificateError::NotValidYetContext { .. } => format!(
+                        "`sslmode={mode}`: the server's certificate is outside its validity \
+                         period: renew it (or check this machine's clock)"
+                    ),
+                    _ => format!("`sslmode={mode}`: the server's certificate was refused"),
+                });
+            }
+            if let Some(rustls::Error::AlertReceived(alert)) = inner {
+                return Some(format!(
+                    "the server ended the TLS handshake ({alert:?}): it may require a client \
+                     certificate (`sslcert` and `sslkey`) or refuse the one given"
+                ));
+            }
+            source = e.source();
+        }
+        None
+    }
+}
+
+/// `sslmode` as the `postgres` client knows it: it negotiates, the connector checks.
+fn ssl_mode(mode: TlsMode) -> SslMode {
+    match mode {
+        TlsMode::Disable => SslMode::Disable,
+        TlsMode::Prefer => SslMode::Prefer,
+        TlsMode::Require | TlsMode::VerifyCa | TlsMode::VerifyFull => SslMode::Require,
+    }
+}
+
+/// `error` and each of its sources, joined by `: ` (an I/O error's inner error included).
+fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut next: Option<&(dyn std::error::Error + 'static)> = error.source();
+    while let Some(e) = next {
+        let part = e.to_string();
+        if !text.ends_with(&part) {
+            text.push_str(": ");
+            text.push_str(&part);
+        }
+        // `io::Error::source` skips the error it wraps: step into it.
+        next = match e
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+        {
+            Some(inner) if inner.to_string() != part => Some(inner),
+            _ => e.source(),
+        };
+    }
+    text
+}
+
+/// The URL without libpq's TLS parameters (kept byte for byte otherwise), and those parameters.
+fn split_tls_params(text: &str) -> Result<(String, TlsParams), String> {
+    let (head, fragment) = match text.split_once('#') {
+        Some((head, _)) => (head, true),
+        None => (text, false),
+    };
+    if fragment {
+        return Err("it has a `#fragment`".into());
+    }
+    let (base, query) = head.split_once('?').unwrap_or((head, ""));
+    let mut kept = Vec::new();
+    let mut mode = TlsMode::Prefer;
+    let (mut root_cert, mut cert, mut key) = (None, None, None);
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let (k, v) = (percent_decode(k)?, percent_decode(v)?);
+        if !TLS_PARAMS.contains(&k.as_str()) {
+            kept.push(pair);
+            continue;
+        }
+        let path = || {
+            if v.is_empty() {
+                Err(format!("`{k}` is empty"))
+            } else {
+                Ok(PathBuf::from(&v))
+            }
+        };
+        match k.as_str() {
+            "sslmode" => mode = TlsMode::parse(&v)?,
+            "sslrootcert" if v == "system" => {
+                return Err(
+                    "`sslrootcert=system` (the operating system's CAs) is not supported: \
+                            give the path of the CA certificate that signed the server's"
+                        .into(),
+                );
+            }
+            "sslrootcert" => root_cert = Some(path()?),
+            "sslcert" => cert = Some(path()?),
+            _ => key = Some(path()?),
+        }
+    }
+    let client_cert = match (cert, key) {
+        (Some(c), Some(k)) => Some((c, k)),
+        (None, None) => None,
+        _ => return Err("`sslcert` and `sslkey` go together: give both or neither".into()),
+    };
+    if matches!(mode, TlsMode::VerifyCa | TlsMode::VerifyFull) && root_cert.is_none() {
+        return Err(format!(
+            "`sslmode={}` checks the server's certificate against `sslrootcert=PATH` (the CA \
+             certificate, PEM), which it does not name",
+            mode.as_str()
+        ));
+    }
+    let driver = if kept.is_empty() {
+        base.to_string()
+    } else {
+        format!("{base}?{}", kept.join("&"))
+    };
+    Ok((
+        driver,
+        TlsParams {
+            mode,
+            root_cert,
+            client_cert,
+        },
+    ))
+}
+
+/// libpq's URI decoding: `%XX` only (a `+` stays a `+`).
+fn percent_decode(text: &str) -> Result<String, String> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = text
+                .get(i + 1..i + 3)
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+                .ok_or_else(|| "a query parameter has a bad `%` escape".to_string())?;
+            out.push(hex);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).map_err(|_| "a query parameter is not UTF-8".to_string())
+}
+
+/// The rustls connector for `tls` (`None` for `disable`), its files read now.
+fn tls_connector(tls: &TlsParams) -> Result<Option<MakeRustlsConnect>, String> {
+    if tls.mode == TlsMode::Disable {
+        return Ok(None);
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("TLS setup failed: {e}"))?;
+    let verifier: Arc<dyn ServerCertVerifier> = match &tls.root_cert {
+        Some(path) => {
+            let mut roots = rustls::RootCertStore::empty();
+            for cert in read_certs(path, "sslrootcert")? {
+                roots.add(cert).map_err(|e| {
+                    format!(
+                        "`sslrootcert` ({}) holds a bad certificate: {e}",
+                        path.display()
+                    )
+                })?;
+            }
+            let webpki = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider)
+                .build()
+                .map_err(|e| format!("`sslrootcert` ({}): {e}", path.display()))?;
+            if tls.mode == TlsMode::VerifyFull {
+                webpki
+            } else {
+                Arc::new(AnyName(webpki))
+            }
+        }
+        _ => Arc::new(Unverified(provider)),
+    };
+    let builder = builder
+        .dangerous()
+        .with_custom_certificate_verifier(verifier);
+    let mut config = match &tls.client_cert {
+        Some((cert, key)) => {
+            let chain = read_certs(cert, "sslcert")?;
+            let key = PrivateKeyDer::from_pem_file(key).map_err(|e| {
+                format!(
+                    "`sslkey` ({}) is not a PEM private key: {e}",
+                    Path::new(key).display()
+                )
+            })?;
+            builder
+                .with_client_auth_cert(chain, key)
+                .map_err(|e| format!("`sslcert` and `sslkey` do not make a client identity: {e}"))?
+        }
+        None => builder.with_no_client_auth(),
+    };
+    config.alpn_protocols = vec![b"postgresql".to_vec()];
+    Ok(Some(MakeRustlsConnect::new(config)))
+}
+
+/// The PEM certificates in `path` (at least one).
+fn read_certs(path: &Path, param: &str) -> Result<Vec<CertificateDer<'static>>, String> {
+    let certs: Vec<_> = CertificateDer::pem_file_iter(path)
+        .and_then(|iter| iter.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| format!("`{param}` ({}) cannot be read as PEM: {e}", path.display()))?;
+    if certs.is_empty() {
+        return Err(format!(
+            "`{param}` ({}) holds no PEM certificate",
+            path.display()
+        ));
+    }
+    Ok(certs)
+}
+
+/// `verify-ca` (and `prefer` or `require` with `sslrootcert`): the chain must lead to a CA in
+/// `sslrootcert`; the name is not checked.
+#[derive(Debug)]
+struct AnyName(Arc<WebPkiServerVerifier>);
+
+impl ServerCertVerifier for AnyName {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        // webpki checks the chain first and the name last: a name error means the chain held.
+        match self
+            .0
+            .verify_server_cert(end_entity, intermediates, server_name, ocsp, now)
+        {
+            Err(rustls::Error::InvalidCertificate(
+                CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
+            )) => Ok(ServerCertVerified::assertion()),
+            other => other,
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.supported_verify_schemes()
+    }
+}
+
+/// `prefer` and `require` without `sslrootcert` (libpq's meaning): any certificate; the
+/// handshake's signatures are still checked, so the session is bound to the certificate's key.
+#[derive(Debug)]
+struct Unverified(Arc<CryptoProvider>);
+
+impl ServerCertVerifier for Unverified {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
 }
 
 impl std::fmt::Display for PgUrl {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.redacted)
+        f.write_str(&self.0.redacted)
     }
 }
 
 impl std::fmt::Debug for PgUrl {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "PgUrl({})", self.redacted)
+        write!(f, "PgUrl({})", self.0.redacted)
     }
 }
 
@@ -138,17 +623,189 @@ mod tests {
         }
     }
 
+    /// A throwaway self-signed CA (P-256, valid until 2126) and its key, for parsing only.
+    const CA_PEM: &str = "-----BEGIN CERTIFICATE-----
+MIIBkjCCATmgAwIBAgIUF6AIru02iMqDJ26xcwJgjMZIvs8wCgYIKoZIzj0EAwIw
+HjEcMBoGA1UEAwwTY2FsbGlkIHVuaXQtdGVzdCBDQTAgFw0yNjExMzAxNDI1MzRa
+GA8yMTI2MTEwNjE0MjUzNFowHjEcMBoGA1UEAwwTY2FsbGlkIHVuaXQtdGVzdCBD
+QTBZMBMGByqGSM49AgEGCCqGSM49AwEHA0IABOW0Gf0MHLqu7OzWg+ZS9nN9LNFP
+zb4Ta/KAMegmZPDtyJggAFTLKzhbPVs59jLC7sB6JMEk++sa/I5b9RpyneujUzBR
+MB0GA1UdDgQWBBTM1CJTVfFMyJ0h++3FbVs+a/oorzAfBgNVHSMEGDAWgBTM1CJT
+VfFMyJ0h++3FbVs+a/oorzAPBgNVHRMBAf8EBTADAQH/MAoGCCqGSM49BAMCA0cA
+MEQCIF9mZLawkcAYYQV71WiFuQptnESH1j/vm7iwoZ4WcgqoAiA/Qn3X+4dToFVg
+PE+KvQh2bE/H5IpOqhkQyP34KFNrNw==
+-----END CERTIFICATE-----
+";
+    const CA_KEY_PEM: &str = "-----BEGIN PRIVATE KEY-----
+MIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQgDLO/UKr9Uog90m/w
+15HN/uZu2in0gH1UZFYaxs2fp4ChRANCAATltBn9DBy6ruzs1oPmUvZzfSzRT82+
+E2vygDHoJmTw7ciYIABUyys4Wz1bOfYywu7AeiTBJPvrGvyOW/Uacp3r
+-----END PRIVATE KEY-----
+";
+
+    /// A directory holding `ca.pem`, `key.pem` and `junk.pem` (not PEM).
+    fn files() -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("ca.pem"), CA_PEM).unwrap();
+        std::fs::write(dir.path().join("key.pem"), CA_KEY_PEM).unwrap();
+        std::fs::write(dir.path().join("junk.pem"), "not a certificate\n").unwrap();
+        dir
+    }
+
     #[test]
-    fn a_url_asking_for_tls_is_refused_never_downgraded() {
-        let err =
-            PgUrl::parse("postgres://bob:pw@db.example:5432/reg?sslmode=require").unwrap_err();
-        let text = err.to_string();
-        assert!(text.contains("`sslmode=require`"), "{text}");
-        assert!(text.contains("plaintext"), "{text}");
-        assert!(!text.contains(":pw@"), "{text}");
-        // Plaintext asked for, or allowed (`prefer`, the default): accepted.
-        for ok in ["?sslmode=disable", "?sslmode=prefer", ""] {
-            PgUrl::parse(&format!("postgres://bob@db.example:5432/reg{ok}")).unwrap();
+    fn every_libpq_sslmode_parses_and_the_tls_params_never_reach_the_driver() {
+        let dir = files();
+        let ca = dir.path().join("ca.pem");
+        let ca = ca.display();
+        for (query, mode) in [
+            (String::new(), TlsMode::Prefer),
+            ("?sslmode=disable".into(), TlsMode::Disable),
+            ("?sslmode=prefer".into(), TlsMode::Prefer),
+            ("?sslmode=require".into(), TlsMode::Require),
+            (
+                format!("?sslmode=require&sslrootcert={ca}"),
+                TlsMode::Require,
+            ),
+            (
+                format!("?sslmode=verify-ca&sslrootcert={ca}"),
+                TlsMode::VerifyCa,
+            ),
+            (
+                format!("?sslrootcert={ca}&sslmode=verify-full"),
+                TlsMode::VerifyFull,
+            ),
+        ] {
+            let url = PgUrl::parse(&format!("postgres://bob:pw@db.example:5432/reg{query}"))
+                .unwrap_or_else(|e| panic!("{query}: {e}"));
+            assert_eq!(url.tls_mode(), mode, "{query}");
+            assert_eq!(url.0.connector.is_none(), mode == TlsMode::Disable);
+            assert_eq!(url.0.driver, "postgres://bob:pw@db.example:5432/reg");
+            let shown = url.to_string();
+            assert!(!shown.contains(&ca.to_string()), "{shown}");
         }
+        // Other parameters reach the driver byte for byte (libpq decodes `%XX` only, never `+`),
+        // and the last `sslmode` wins, as in the driver.
+        let url = PgUrl::parse(&format!(
+            "postgres://bob@db.example/reg?application_name=a+b%20c&sslmode=disable&\
+             sslrootcert={ca}&connect_timeout=3&sslmode=verify-full"
+        ))
+        .unwrap();
+        assert_eq!(url.tls_mode(), TlsMode::VerifyFull);
+        assert_eq!(
+            url.0.driver,
+            "postgres://bob@db.example/reg?application_name=a+b%20c&connect_timeout=3"
+        );
+        assert_eq!(
+            url.config().get_application_name(),
+            Some("a+b c"),
+            "{:?}",
+            url.config()
+        );
+        assert_eq!(url.config().get_ssl_mode(), SslMode::Require);
+        // A client certificate: both files, percent-encoded paths decoded.
+        let key = dir.path().join("key.pem").display().to_string();
+        let url = PgUrl::parse(&format!(
+            "postgres://bob@db.example/reg?sslmode=require&sslcert={ca}&sslkey={}",
+            key.replace('/', "%2F")
+        ))
+        .unwrap();
+        assert_eq!(
+            url.0
+                .tls
+                .client_cert
+                .as_ref()
+                .map(|(_, k)| k.display().to_string()),
+            Some(key)
+        );
+    }
+
+    #[test]
+    fn a_tls_url_that_cannot_be_honoured_is_refused_naming_the_fix() {
+        let dir = files();
+        let path = |name: &str| dir.path().join(name).display().to_string();
+        let (ca, key, junk, gone) = (
+            path("ca.pem"),
+            path("key.pem"),
+            path("junk.pem"),
+            path("gone.pem"),
+        );
+        for (query, why) in [
+            ("sslmode=verify-full".to_string(), "`sslrootcert=PATH`"),
+            ("sslmode=verify-ca".into(), "`sslrootcert=PATH`"),
+            ("sslmode=allow".into(), "`sslmode=allow`"),
+            ("sslmode=strict".into(), "not one of disable, prefer"),
+            (
+                "sslmode=verify-full&sslrootcert=system".into(),
+                "`sslrootcert=system`",
+            ),
+            (
+                format!("sslmode=verify-full&sslrootcert={gone}"),
+                "gone.pem",
+            ),
+            (
+                format!("sslmode=verify-full&sslrootcert={junk}"),
+                "holds no PEM",
+            ),
+            (
+                format!("sslmode=require&sslcert={ca}"),
+                "give both or neither",
+            ),
+            (
+                format!("sslmode=require&sslkey={key}"),
+                "give both or neither",
+            ),
+            (
+                format!("sslmode=require&sslcert={ca}&sslkey={junk}"),
+                "is not a PEM private key",
+            ),
+            (
+                "sslmode=require&sslrootcert=".into(),
+                "`sslrootcert` is empty",
+            ),
+            ("sslmode=%zz".into(), "bad `%` escape"),
+        ] {
+            let err = PgUrl::parse(&format!("postgres://bob:pw@db.example:5432/reg?{query}"))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(why), "{query}: {err}");
+            assert!(!err.contains(":pw@"), "{err}");
+            assert!(
+                err.starts_with("registry URL `postgres://bob:REDACTED@"),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn explain_names_the_fix_of_a_server_without_tls() {
+        // A server that answers the TLS request with `N` (as one with `ssl = off` does).
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let server = std::thread::spawn(move || {
+            use std::io::{Read as _, Write as _};
+            let (mut socket, _) = listener.accept().unwrap();
+            let mut request = [0u8; 8];
+            socket.read_exact(&mut request).unwrap();
+            socket.write_all(b"N").unwrap();
+            // Anything more would be the startup message: plaintext after a refusal.
+            let mut rest = Vec::new();
+            let _ = socket.read_to_end(&mut rest);
+            (request, rest)
+        });
+        let url = PgUrl::parse(&format!(
+            "postgres://bob:pw@127.0.0.1:{port}/reg?sslmode=require"
+        ))
+        .unwrap();
+        let err = url
+            .connect()
+            .err()
+            .expect("a server without TLS is refused");
+        let (request, rest) = server.join().unwrap();
+        assert_eq!(request, [0, 0, 0, 8, 4, 210, 22, 47], "an SSLRequest");
+        assert!(rest.is_empty(), "sent after the refusal: {rest:?}");
+        let text = url.explain(&err);
+        assert!(text.contains("server does not support TLS"), "{text}");
+        assert!(text.contains("`sslmode=require` demands TLS"), "{text}");
+        assert!(text.contains("`ssl = on`"), "{text}");
     }
 }

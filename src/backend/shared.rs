@@ -135,7 +135,7 @@ impl SharedState {
     }
 
     fn connect(&self) -> Result<Client, postgres::Error> {
-        let mut client = self.url.config().connect(postgres::NoTls)?;
+        let mut client = self.url.connect()?;
         client.batch_execute(
             "SET synchronous_commit = on; SET lock_timeout = '10s';
              SET statement_timeout = '30s';",
@@ -223,7 +223,7 @@ impl SharedState {
         BackendError::SharedStateUnavailable {
             url: self.url.to_string(),
             doing,
-            cause: cause.to_string(),
+            cause: self.url.explain(cause),
         }
     }
 

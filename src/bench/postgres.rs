@@ -154,8 +154,10 @@ impl RawInserts {
 
     fn open(url: &str) -> BenchResult<RawInserts> {
         let fail = |e: postgres::Error| unexpected(Self::WHAT, e);
-        let config: postgres::Config = url.parse().map_err(fail)?;
-        let mut client = config.connect(postgres::NoTls).map_err(fail)?;
+        let url = crate::pg::PgUrl::parse(url).map_err(|e| unexpected(Self::WHAT, e))?;
+        let mut client = url
+            .connect()
+            .map_err(|e| unexpected(Self::WHAT, url.explain(&e)))?;
         client
             .batch_execute(
                 "SET synchronous_commit = on;

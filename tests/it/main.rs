@@ -18,6 +18,7 @@ mod matrix;
 mod measure_clients;
 mod module_graph;
 mod pg;
+mod pg_tls;
 mod probe;
 mod probe_perf;
 mod probe_protocol;

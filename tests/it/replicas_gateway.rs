@@ -365,13 +365,14 @@ async fn a_database_restart_fails_gateway_spends_closed_then_recovers() {
     b.stop().await;
 }
 
-/// Connections are plaintext: a URL that asks for TLS is refused before anything connects,
-/// never silently downgraded. Needs no server.
+/// A URL whose TLS cannot be honoured (`verify-full` without the CA to verify against) is
+/// refused before anything connects, never downgraded. Needs no server (`tests/it/pg_tls.rs`
+/// has the TLS tests that do).
 #[test]
 fn a_registry_url_asking_for_tls_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let ledger = dir.path().join("ledger.sqlite3");
-    let url = "postgres://callid:hunter2@127.0.0.1:9/callid?sslmode=require";
+    let url = "postgres://callid:hunter2@127.0.0.1:9/callid?sslmode=verify-full";
     let gateway = Command::new(bin())
         .args([
             "gateway",
@@ -394,8 +395,8 @@ fn a_registry_url_asking_for_tls_is_refused() {
     for out in [gateway, router] {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{stderr}");
-        assert!(stderr.contains("`sslmode=require`"), "{stderr}");
-        assert!(stderr.contains("plaintext"), "{stderr}");
+        assert!(stderr.contains("`sslmode=verify-full` checks"), "{stderr}");
+        assert!(stderr.contains("`sslrootcert=PATH`"), "{stderr}");
         assert!(!stderr.contains("hunter2"), "{stderr}");
     }
     assert!(!ledger.exists(), "refused before the upstream started");

@@ -196,14 +196,14 @@ pub enum RegistryError {
     BadUrl(#[from] crate::pg::BadPgUrl),
     /// PostgreSQL cannot be reached or refused an operation. Every spend fails closed until it
     /// answers again; the router reconnects on the next call.
-    #[error("registry `{url}` failed while {doing}: {cause}")]
+    #[error("registry `{url}` failed while {doing}: {}", url.explain(cause))]
     Postgres {
         /// The database URL, password redacted.
         url: PgUrl,
         /// What the router was doing, as a fragment.
         doing: &'static str,
-        /// The cause (its `Display` already carries the server's message, so it is not also
-        /// chained as a source: the message would be printed twice).
+        /// The cause (shown through [`PgUrl::explain`], which carries its causes, the server's
+        /// message and a TLS failure's fix, so it is not also chained as a source).
         cause: ::postgres::Error,
     },
     /// The database holds a schema this build must not touch (another application's, or a

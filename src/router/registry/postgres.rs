@@ -14,7 +14,7 @@ use super::{Insert, Lease, NewOperation, Operation, RawRow, RegistryError, Statu
 use crate::backend::LayerTx;
 use crate::keys::PublicHandle;
 use crate::pg::PgUrl;
-use postgres::{Client, NoTls, Statement};
+use postgres::{Client, Statement};
 use serde_json::Value;
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -276,8 +276,7 @@ impl PgRegistry {
         self.conn = None;
         self.liveness = None;
         self.statements.clear();
-        let config = self.url.config();
-        let mut conn = config.connect(NoTls).map_err(self.err("connecting"))?;
+        let mut conn = self.url.connect().map_err(self.err("connecting"))?;
         conn.batch_execute(
             "SET synchronous_commit = on;
              SET lock_timeout = '5s';
@@ -296,7 +295,7 @@ impl PgRegistry {
             )));
         }
         self.migrate(&mut conn)?;
-        let mut liveness = config.connect(NoTls).map_err(self.err("connecting"))?;
+        let mut liveness = self.url.connect().map_err(self.err("connecting"))?;
         if self.lock_key == 0 {
             self.lock_key = fresh_key();
         }
