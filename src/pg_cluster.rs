@@ -219,6 +219,54 @@ impl Cluster {
         Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
     }
 
+    /// Copies `files` into the data directory (readable by the server only, as it demands of a
+    /// key), appends `conf` to `postgresql.conf`, puts `hba` first in `pg_hba.conf`, and reloads,
+    /// returning once new sessions see the new settings (60 s at most).
+    pub fn reconfigure(&self, files: &[&Path], conf: &str, hba: &str) -> Result<(), ClusterError> {
+        let data = PathBuf::from(self.data());
+        for file in files {
+            let to = data.join(file.file_name().unwrap_or_default());
+            std::fs::copy(file, &to).map_err(io(format!("copying `{}`", file.display())))?;
+            std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o600))
+                .map_err(io(format!("protecting `{}`", to.display())))?;
+            if self.as_postgres {
+                let status = Command::new("chown")
+                    .arg("postgres")
+                    .arg(&to)
+                    .status()
+                    .map_err(io("starting `chown`"))?;
+                if !status.success() {
+                    return Err(ClusterError::Command {
+                        command: format!("chown postgres {}", to.display()),
+                        detail: status.to_string(),
+                    });
+                }
+            }
+        }
+        let edit = |name: &str, edit: &dyn Fn(String) -> String| {
+            let path = data.join(name);
+            let text = std::fs::read_to_string(&path)
+                .map_err(io(format!("reading `{}`", path.display())))?;
+            std::fs::write(&path, edit(text)).map_err(io(format!("writing `{}`", path.display())))
+        };
+        edit("postgresql.conf", &|text| format!("{text}\n{conf}\n"))?;
+        edit("pg_hba.conf", &|text| format!("{hba}\n{text}"))?;
+        let loaded = "SELECT pg_conf_load_time()";
+        let before = self.sql("postgres", loaded)?;
+        self.run("pg_ctl", &["-D", &self.data(), "reload"])?;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while self.sql("postgres", loaded)? == before {
+            if std::time::Instant::now() >= deadline {
+                return Err(ClusterError::Command {
+                    command: "pg_ctl reload".into(),
+                    detail: "the server did not reload its settings within 60 s".into(),
+                });
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        Ok(())
+    }
+
     /// The directory of the server's programs (`initdb`, `createdb`, `psql`, ...).
     pub fn bindir(&self) -> &Path {
         &self.bindir

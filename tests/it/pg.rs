@@ -56,33 +56,9 @@ impl PgCluster {
     /// key), appends `conf` to `postgresql.conf`, puts `hba` first in `pg_hba.conf`, and reloads,
     /// returning once new sessions see the new settings.
     pub fn reconfigure(&self, files: &[&Path], conf: &str, hba: &str) {
-        use std::os::unix::fs::PermissionsExt as _;
-        let data = self.data();
-        for file in files {
-            let to = data.join(file.file_name().unwrap());
-            std::fs::copy(file, &to).unwrap();
-            std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o600)).unwrap();
-            if self.as_postgres {
-                self.run_plain("chown", &["postgres", to.to_str().unwrap()]);
-            }
-        }
-        let conf_path = data.join("postgresql.conf");
-        let text = std::fs::read_to_string(&conf_path).unwrap();
-        std::fs::write(&conf_path, format!("{text}\n{conf}\n")).unwrap();
-        let hba_path = data.join("pg_hba.conf");
-        let text = std::fs::read_to_string(&hba_path).unwrap();
-        std::fs::write(&hba_path, format!("{hba}\n{text}")).unwrap();
-        let loaded = "SELECT pg_conf_load_time()";
-        let before = self.sql("postgres", loaded);
-        self.run("pg_ctl", &["-D", data.to_str().unwrap(), "reload"]);
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-        while self.sql("postgres", loaded) == before {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the server never reloaded"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
+        self.0
+            .reconfigure(files, conf, hba)
+            .unwrap_or_else(|e| panic!("reconfiguring PostgreSQL: {e:?}"));
     }
 
     /// The directory of the server's programs (`initdb`, `createdb`, `psql`, ...).
