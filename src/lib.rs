@@ -44,33 +44,79 @@
 //!   baseline; developer tooling, not in the installed binary.
 #![warn(missing_docs)]
 
+// The library's promise: the identity rules, the request hash, `_meta` shapes, operation keys,
+// the MCP client, the probe's record format and classifier, the router, the gateway and its
+// embeddable `Guard`, the provider and backend it fronts, the conformance runner; and the command
+// line (`cli`, `app`) that the binary runs.
 pub mod app;
 pub mod backend;
-#[cfg(feature = "bench")]
-pub mod bench;
 pub mod canonical;
 pub mod classify;
 pub mod cli;
-pub mod clock;
 pub mod conform;
-pub mod crashpoint;
-pub mod demo;
-pub mod error_chain;
-pub mod exit_codes;
 pub mod gateway;
-pub mod http_guard;
 pub mod identity;
 pub mod jsonrpc;
 pub mod keys;
-pub mod logging;
-pub mod matrix;
-pub mod measure;
-pub mod pg;
 pub mod probe;
 pub mod provider;
 pub mod router;
-pub mod secret;
 pub mod shape;
-pub mod store;
-pub mod text;
-pub mod yaml;
+
+// Internals of the command line and the servers.
+#[cfg(feature = "bench")]
+mod bench;
+mod clock;
+mod crashpoint;
+mod demo;
+mod error_chain;
+mod exit_codes;
+mod http_guard;
+mod logging;
+mod matrix;
+mod measure;
+mod pg;
+mod secret;
+mod store;
+mod text;
+mod yaml;
+
+/// What the integration tests, the examples and the benchmarks need beyond the library's
+/// promise: crash points, fixtures, the clock and the client configs `measure` writes. Not a
+/// stable interface.
+#[doc(hidden)]
+pub mod testing {
+    pub use crate::clock::now_ms;
+    pub use crate::demo::http_url;
+
+    /// The crash points a test arms in a child process.
+    pub mod crashpoint {
+        pub use crate::crashpoint::{Boundary, ENV, PAUSE_ENV};
+    }
+
+    /// The MCP client configurations `measure` writes and the README shows.
+    pub mod client_configs {
+        pub use crate::measure::client::{
+            Client, SERVER_NAME, claude_code_mcp_json, claude_mcp_add, codex_mcp_add,
+            codex_server_toml,
+        };
+    }
+
+    /// The registry's file format: what a test checks in the files the router leaves behind.
+    pub mod registry {
+        pub use crate::router::registry::{APPLICATION_ID, MIGRATIONS};
+
+        /// The PostgreSQL registry's schema.
+        pub mod postgres {
+            pub use crate::router::registry::postgres::MIGRATIONS;
+        }
+    }
+
+    /// The preallocated key pool's file format.
+    pub mod preallocated {
+        pub use crate::router::preallocated::APPLICATION_ID;
+    }
+
+    #[cfg(feature = "bench")]
+    pub use crate::bench::fixtures;
+}

@@ -26,10 +26,10 @@
 //! its `amount_cents`, and the router marks the operation). A provider refusal releases the
 //! decision's reservation; see [`authorization`] for reservations that are never settled.
 
-pub mod authorization;
-pub mod error;
-pub mod execution;
-pub mod shared;
+pub(crate) mod authorization;
+mod error;
+mod execution;
+pub(crate) mod shared;
 
 pub use authorization::{Authorization, AuthorizationRequest, Decision};
 pub use error::BackendError;

@@ -10,12 +10,12 @@
 //! - [`runs`]: the runs a measurement records, their log names and scripted tool-call ids.
 //! - [`table`], [`markdown`], [`json`]: the renderers.
 
-pub mod analysis;
-pub mod json;
-pub mod kinds;
-pub mod markdown;
-pub mod runs;
-pub mod table;
+mod analysis;
+mod json;
+pub(crate) mod kinds;
+mod markdown;
+pub(crate) mod runs;
+mod table;
 
 pub use analysis::{
     BadLine, ClassifyError, ClientName, ClientVerdict, KeyClass, KeySplit, Run, Verdict, classify,

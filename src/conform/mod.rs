@@ -22,14 +22,17 @@
 //! - A router that dies mid-scenario is an `error` for that scenario; the run goes on.
 //! - Check ids are stable: they are the `id:` of the scenario files, each citing its article rule.
 
-pub mod builtin;
-pub mod expected;
-pub mod provider;
+mod builtin;
+pub(crate) mod expected;
+mod provider;
 pub mod report;
-pub mod runner;
+mod runner;
 pub mod scenario;
 pub mod target;
-pub mod upstream;
+pub(crate) mod upstream;
+
+pub use provider::RunnerProvider;
+pub use upstream::NO_KEY;
 
 use expected::ExpectedFailures;
 use report::{CheckResult, Report, Verdict};

@@ -42,12 +42,12 @@
 //!   identity-like field (naming the tool and the field).
 
 pub mod guard;
-pub mod keyed_http;
-pub mod policy;
-pub mod relay;
-pub mod server;
-pub mod spend;
-pub mod upstream;
+mod keyed_http;
+pub(crate) mod policy;
+mod relay;
+mod server;
+pub(crate) mod spend;
+mod upstream;
 
 pub use spend::{Gateway, StartError};
 pub use upstream::{Upstream, UpstreamSpec};

@@ -31,20 +31,21 @@
 //! Standard input and output are the reactor's own pipes ([`pipes`]). The HTTP probe writes what
 //! is queued before exiting on SIGINT or SIGTERM.
 
-pub mod error;
-pub mod frame;
-pub mod head;
-pub mod http;
-pub mod pipes;
-pub mod read;
+mod error;
+mod frame;
+mod head;
+mod http;
+mod pipes;
+pub(crate) mod read;
 pub mod record;
-pub mod server;
-pub mod stdio;
-pub mod tap;
-pub mod wrap;
-pub mod writer;
+pub(crate) mod server;
+mod stdio;
+pub(crate) mod tap;
+mod wrap;
+mod writer;
 
 pub use error::ProbeError;
+pub use frame::{Frame, LineFramer};
 pub use record::{Record, RecordContext, ShapeLog, record_for_request, record_for_tool_call};
 pub use server::ProbeServer;
 pub use tap::{Mode, Tap};

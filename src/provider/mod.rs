@@ -43,13 +43,13 @@
 //! charge, and every answer for that key carries the same receipt. The receipt is committed
 //! before it is sent. See [`Ledger`] for the storage contract.
 
-pub mod client;
-pub mod error;
-pub mod ledger;
+mod client;
+mod error;
+mod ledger;
 pub mod mcp;
-pub mod prices;
-pub mod server;
-pub mod types;
+pub(crate) mod prices;
+mod server;
+pub(crate) mod types;
 
 /// Environment variable holding the provider's bearer token (for `callid provider` and for the
 /// router's `--provider-url`).

@@ -41,8 +41,7 @@ use super::registry::{
 };
 use super::replay::{self, Cached, ReplayCache};
 pub use super::reply::{
-    HANDLE_META, REPLAYED_META, Reply, ToolCode, ToolError, chain, identity_error, overcharge_json,
-    overcharge_text,
+    HANDLE_META, Reply, ToolCode, ToolError, identity_error, overcharge_json, overcharge_text,
 };
 use super::scrub::Scrubber;
 use crate::canonical::{self, RequestHash};

@@ -13,11 +13,10 @@
 //! same key, which every layer behind the router answers with the original charge.
 
 use super::diagnose::{CallInfo, Diagnostics};
-pub use super::pipeline::LEASE_TTL;
 use super::pipeline::{Core, CoreOptions, Outcome, Quote, Spender};
 use super::policy::Policy;
 use super::registry::{Operation, RegistryLocation, Status};
-pub use super::reply::{ERROR_CODES, REPLAYED_META, Reply, ToolCode, ToolError};
+pub use super::reply::{ERROR_CODES, Reply, ToolCode, ToolError};
 use super::reply::{
     backend_code, backend_error, chain, completed, identity_error, is_final, receipt_json,
 };

@@ -4,7 +4,7 @@
 //! caught and blamed on the upstream's count; `{upstream_command}`; and the stdio relay itself.
 
 use crate::common::{bin, repo};
-use callid::conform::provider::RunnerProvider;
+use callid::conform::RunnerProvider;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -259,12 +259,7 @@ async fn the_relay_bridges_stdio_to_the_runner_upstream() {
     assert_eq!(upstream.charge_count().unwrap(), 3);
     assert_eq!(
         upstream.hooks().keys_seen(),
-        [
-            "k1",
-            "k1",
-            callid::conform::upstream::NO_KEY,
-            callid::conform::upstream::NO_KEY
-        ]
+        ["k1", "k1", callid::conform::NO_KEY, callid::conform::NO_KEY]
     );
     // An upstream outage ends the relay: to the router, its stdio upstream died mid-call.
     upstream.hooks().fail_next(503);

@@ -3,9 +3,9 @@
 //! response is scanned for the private key prefix.
 
 use crate::common::bin;
-use callid::crashpoint::Boundary;
 use callid::jsonrpc::{Child, Connection, Response, RpcError};
 use callid::provider::Ledger;
+use callid::testing::crashpoint::Boundary;
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -424,7 +424,7 @@ async fn an_upstream_that_dies_mid_call_leaves_the_operation_open() {
         .gateway(
             &[],
             &[(
-                callid::crashpoint::ENV,
+                callid::testing::crashpoint::ENV,
                 Boundary::AfterProviderCharge.name(),
             )],
         )
@@ -459,7 +459,7 @@ async fn an_upstream_timeout_leaves_the_operation_open() {
     let g = w
         .gateway(
             &["--upstream-timeout", "1"],
-            &[(callid::crashpoint::PAUSE_ENV, &pause)],
+            &[(callid::testing::crashpoint::PAUSE_ENV, &pause)],
         )
         .await;
     let first = g.spend(fox(), codex("call_t")).await;
@@ -486,7 +486,7 @@ async fn a_crash_at_any_boundary_never_charges_twice() {
         let label = boundary.name();
         let w = World::new();
         let mut g = w
-            .gateway(&[], &[(callid::crashpoint::ENV, boundary.name())])
+            .gateway(&[], &[(callid::testing::crashpoint::ENV, boundary.name())])
             .await;
         let err = g
             .conn
@@ -532,7 +532,7 @@ async fn a_gateway_killed_while_the_upstream_works_charges_once() {
         gate.display()
     );
     let mut g = w
-        .gateway(&[], &[(callid::crashpoint::PAUSE_ENV, &pause)])
+        .gateway(&[], &[(callid::testing::crashpoint::PAUSE_ENV, &pause)])
         .await;
     let conn = g.conn.clone();
     let call = tokio::spawn(async move {
@@ -569,7 +569,7 @@ async fn an_http_upstream_gets_the_derived_key_and_not_the_identity() {
         .map(|s| s.to_string())
         .collect();
     let (_probe_stdin, mut probe) = Connection::spawn_stdio(&bin(), &args, &[]).await.unwrap();
-    let url = callid::demo::http_url(&probe).await.unwrap();
+    let url = callid::testing::http_url(&probe).await.unwrap();
     let gw_args: Vec<String> = vec![
         "gateway".into(),
         "--registry".into(),

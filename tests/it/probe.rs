@@ -5,7 +5,7 @@
 use crate::common::{bin, repo};
 use callid::jsonrpc::{Child, Connection};
 use callid::probe::record::{Record, ShapeLog, Transport};
-use callid::probe::tap::{Frame, LineFramer, Mode, Tap};
+use callid::probe::{Frame, LineFramer, Mode, Tap};
 use callid::shape::Digester;
 use serde_json::{Value, json};
 use std::io::Write as _;
@@ -374,7 +374,7 @@ async fn http_probe_records_sessions_and_answers_discover() {
         "pepper",
     ])
     .await;
-    let url = callid::demo::http_url(&child).await.unwrap();
+    let url = callid::testing::http_url(&child).await.unwrap();
     assert!(
         url.starts_with("http://127.0.0.1:") && url.ends_with("/mcp"),
         "{url}"

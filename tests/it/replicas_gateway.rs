@@ -7,9 +7,9 @@
 
 use crate::common::bin;
 use crate::pg::PgCluster;
-use callid::crashpoint::Boundary;
 use callid::jsonrpc::{Child, Connection, Response, RpcError};
 use callid::provider::Ledger;
+use callid::testing::crashpoint::Boundary;
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -259,7 +259,9 @@ async fn a_gateway_replica_killed_holding_a_dispatch_is_taken_over_with_one_char
         let name = boundary.name();
         let call = format!("crash-{name}");
         let before = w.charges().len();
-        let mut doomed = w.gateway(&[], &[(callid::crashpoint::ENV, name)]).await;
+        let mut doomed = w
+            .gateway(&[], &[(callid::testing::crashpoint::ENV, name)])
+            .await;
         let err = doomed
             .conn
             .call_tool(next_id(), "generate_image", fox(), Some(codex(&call)))
@@ -303,7 +305,7 @@ async fn a_gateway_replica_killed_holding_a_dispatch_is_taken_over_with_one_char
         gate.display()
     );
     let mut holder = w
-        .gateway(&[], &[(callid::crashpoint::PAUSE_ENV, &pause)])
+        .gateway(&[], &[(callid::testing::crashpoint::PAUSE_ENV, &pause)])
         .await;
     let conn = holder.conn.clone();
     let call = tokio::spawn(async move {

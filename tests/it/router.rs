@@ -4,9 +4,9 @@
 //! prefix.
 
 use crate::common::bin;
-use callid::crashpoint::Boundary;
 use callid::jsonrpc::{Child, Connection, Response, RpcError};
 use callid::provider::{Ledger, ProviderHandle};
+use callid::testing::crashpoint::Boundary;
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -521,7 +521,11 @@ async fn a_crash_at_any_boundary_never_charges_twice() {
             World::new().await
         };
         let mut r = w
-            .router_on(&w.registry(), &[], &[(callid::crashpoint::ENV, name)])
+            .router_on(
+                &w.registry(),
+                &[],
+                &[(callid::testing::crashpoint::ENV, name)],
+            )
             .await;
         let err = r
             .conn
@@ -901,7 +905,7 @@ async fn corrupt_foreign_and_newer_registries_are_refused_untouched() {
         let c = rusqlite::Connection::open(&newer).unwrap();
         c.execute_batch(&format!(
             "PRAGMA application_id = {}; PRAGMA user_version = 99; CREATE TABLE future (x);",
-            callid::router::registry::APPLICATION_ID
+            callid::testing::registry::APPLICATION_ID
         ))
         .unwrap();
     }
@@ -994,11 +998,11 @@ async fn the_registry_file_is_private_wal_and_identified() {
     let get = |sql: &str| -> i64 { c.query_row(sql, [], |r| r.get(0)).unwrap() };
     assert_eq!(
         get("PRAGMA application_id") as i32,
-        callid::router::registry::APPLICATION_ID
+        callid::testing::registry::APPLICATION_ID
     );
     assert_eq!(
         get("PRAGMA user_version"),
-        callid::router::registry::MIGRATIONS.len() as i64
+        callid::testing::registry::MIGRATIONS.len() as i64
     );
     let mode: String = c
         .query_row("PRAGMA journal_mode", [], |r| r.get(0))

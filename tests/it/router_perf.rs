@@ -157,7 +157,11 @@ async fn a_replay_from_the_cache_equals_the_durable_record_and_keeps_every_check
 async fn a_new_row_is_committed_with_its_dispatch_lease() {
     let dir = tempfile::tempdir().unwrap();
     let registry = registry_in(&dir);
-    let mut crashing = router(&registry, &[(callid::crashpoint::ENV, "after_row_commit")]).await;
+    let mut crashing = router(
+        &registry,
+        &[(callid::testing::crashpoint::ENV, "after_row_commit")],
+    )
+    .await;
     let pid = crashing.child.pid().expect("running");
     let died = crashing
         .conn
@@ -185,7 +189,7 @@ async fn a_new_row_is_committed_with_its_dispatch_lease() {
             .is_some_and(|o| o.starts_with(&format!("{pid}:"))),
         "the row's first commit holds the lease of the process that wrote it: {owner:?}"
     );
-    assert!(expires.is_some_and(|e| e > callid::clock::now_ms()));
+    assert!(expires.is_some_and(|e| e > callid::testing::now_ms()));
     assert_eq!(charges(&registry), 0);
 
     // The crashed owner is gone, so the redelivery takes the lease over at once and charges once.

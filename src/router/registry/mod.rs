@@ -36,7 +36,7 @@
 //! ## Concurrency
 //! - Every write runs in an `IMMEDIATE` transaction (the write lock is taken first, so two writers
 //!   never both read "absent" and both insert). Readers and writers from other processes wait up
-//!   to [`BUSY_TIMEOUT`] for a lock before the call fails closed.
+//!   to [`BUSY_TIMEOUT`](crate::store::BUSY_TIMEOUT) for a lock before the call fails closed.
 //! - Dispatch is guarded by a lease on the row ([`Registry::claim_lease`]): a process that is about
 //!   to call the backend writes its owner id and an expiry (a new row is written with its lease,
 //!   one commit: [`Registry::insert_leased`]); another process that finds a live
@@ -90,7 +90,6 @@ use std::time::Duration;
 
 /// `PRAGMA application_id` of a callid registry (`"cLiD"` in ASCII).
 pub const APPLICATION_ID: i32 = 0x634c_6944;
-pub use crate::store::BUSY_TIMEOUT;
 
 /// What a registry file is, for [`crate::store`].
 pub(super) static SPEC: StoreSpec = StoreSpec {
