@@ -60,7 +60,6 @@ pub mod jsonrpc;
 pub mod keys;
 pub mod probe;
 pub mod provider;
-pub mod router;
 pub mod shape;
 
 // Internals of the command line and the servers.
@@ -76,6 +75,7 @@ mod logging;
 mod matrix;
 mod measure;
 mod pg;
+mod router;
 mod secret;
 mod store;
 mod text;

@@ -45,7 +45,7 @@ use std::time::{Duration, Instant};
 
 /// Which router to test.
 #[derive(Debug, Clone)]
-pub enum TargetSpec {
+pub(crate) enum TargetSpec {
     /// The built-in reference router (this binary's `router` subcommand).
     Reference,
     /// A profile file.
@@ -58,7 +58,7 @@ pub enum TargetSpec {
 
 /// Everything a run needs.
 #[derive(Debug, Clone)]
-pub struct Options {
+pub(crate) struct Options {
     /// The target.
     pub target: TargetSpec,
     /// A directory of scenario files added to the built-in ones (same id: replaces it).
@@ -134,10 +134,10 @@ impl ConformError {
 /// How many scenarios run at once when each gets its own provider (`CALLID_CONFORM_JOBS`
 /// overrides). Scenarios are isolated (own state directory, own router, own ledger), so the only
 /// limit is the machine: most of a scenario's time is spent waiting on fsync and process start.
-pub const DEFAULT_JOBS: usize = 4;
+pub(crate) const DEFAULT_JOBS: usize = 4;
 
 /// Runs the selected scenarios against the target and returns the report.
-pub async fn run(options: &Options) -> Result<Report, ConformError> {
+pub(crate) async fn run(options: &Options) -> Result<Report, ConformError> {
     let started = Instant::now();
     let all = load_scenarios(options.scenarios.as_deref())?;
     let known: Vec<&str> = all.iter().map(|s| s.id.as_str()).collect();
@@ -267,7 +267,7 @@ pub fn load_scenarios(dir: Option<&std::path::Path>) -> Result<Vec<Scenario>, Co
 }
 
 /// `callid conform --list`: every check id, its level, the rule it cites and the article's words.
-pub fn list(scenarios: &[Scenario], out: &mut dyn std::io::Write) -> std::io::Result<()> {
+pub(crate) fn list(scenarios: &[Scenario], out: &mut dyn std::io::Write) -> std::io::Result<()> {
     for level in [report::Level::Required, report::Level::Recommended] {
         let of_level: Vec<&Scenario> = scenarios.iter().filter(|s| s.level == level).collect();
         if of_level.is_empty() {
@@ -443,4 +443,4 @@ impl ProgressSink for ScenarioProgress<'_> {
 }
 
 /// The router contract (`ROUTER-CONTRACT.md`): what a router must do to be judged.
-pub const ROUTER_CONTRACT: &str = include_str!("../../ROUTER-CONTRACT.md");
+pub(crate) const ROUTER_CONTRACT: &str = include_str!("../../ROUTER-CONTRACT.md");

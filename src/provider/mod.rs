@@ -55,12 +55,13 @@ pub(crate) mod types;
 /// router's `--provider-url`).
 pub const TOKEN_ENV: &str = "CALLID_PROVIDER_TOKEN";
 
-pub use client::{BoxFuture, Client, Endpoint, ProviderApi};
+pub use client::Client;
+pub(crate) use client::{Endpoint, ProviderApi};
 pub use error::ProviderError;
 pub use ledger::Ledger;
-pub use server::{
-    HookAction, ProviderHandle, ProviderHooks, require_token, router, serve, spawn, spawn_app,
-};
-pub use types::{
-    ChargeOutcome, ChargeRecord, ChargesPage, Image, ImageRequest, Receipt, validate_key,
-};
+pub use server::{HookAction, ProviderHandle, ProviderHooks, spawn};
+pub(crate) use server::{require_token, router, spawn_app};
+pub use types::{ChargeOutcome, ChargeRecord, ImageRequest};
+pub(crate) use types::{ChargesPage, Image, Receipt};
+#[cfg(test)]
+pub(crate) use {client::BoxFuture, types::validate_key};

@@ -207,11 +207,6 @@ impl Core {
         }
     }
 
-    /// The options this core runs with.
-    pub fn options(&self) -> &CoreOptions {
-        &self.opts
-    }
-
     /// Whether new keys come from a preallocated pool.
     pub fn preallocated(&self) -> bool {
         self.pool.is_some()
@@ -525,11 +520,6 @@ impl Core {
             cached.clone(),
         );
         cached
-    }
-
-    /// How many completed replies the replay cache holds, and their bytes.
-    pub fn replay_cache_size(&self) -> (usize, usize) {
-        (self.replies.len(), self.replies.bytes())
     }
 
     /// Lets another delivery (or process) dispatch a pending operation this one gave up on.

@@ -137,11 +137,13 @@ impl ReplayCache {
     }
 
     /// How many replies are cached.
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.lock().entries.len()
     }
 
     /// Bytes of the cached replies (serialized JSON and hashes).
+    #[cfg(test)]
     pub fn bytes(&self) -> usize {
         self.lock().bytes
     }

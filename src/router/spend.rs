@@ -59,22 +59,6 @@ pub struct RouterOptions {
     pub identity_sources: Arc<identity::IdentitySources>,
 }
 
-impl RouterOptions {
-    /// Options with defaults for everything but the registry.
-    pub fn new(registry: impl Into<RegistryLocation>) -> Self {
-        RouterOptions {
-            registry: registry.into(),
-            provider: None,
-            policy: Policy::default(),
-            preallocated_keys: None,
-            key_prefix: crate::keys::DEFAULT_KEY_PREFIX.into(),
-            handle_prefix: crate::keys::DEFAULT_HANDLE_PREFIX.into(),
-            diagnose_meta: None,
-            identity_sources: identity::IdentitySources::built_in_shared(),
-        }
-    }
-}
-
 /// The reference router's state: the pipeline core, the backend, the diagnostics.
 pub struct Router {
     opts: RouterOptions,
@@ -111,11 +95,6 @@ impl Router {
             backend: tokio::sync::Mutex::new(None),
             opts,
         }
-    }
-
-    /// The options this router runs with.
-    pub fn options(&self) -> &RouterOptions {
-        &self.opts
     }
 
     /// Answers one `tools/call`: the scrubbed `CallToolResult` JSON, or `None` for an unknown

@@ -19,7 +19,7 @@
 //! ## Durability
 //! - WAL journal with `synchronous=FULL`: a committed row survives a power cut, not only a crash.
 //! - A new operation's row (keys, request hash, state) is committed before anything is dispatched
-//!   ([`Registry::insert_or_get`]); the result is recorded after the backend answered and before
+//!   ([`Registry::insert_within_budget`]); the result is recorded after the backend answered and before
 //!   the reply is sent ([`Registry::record_result`]). A crash between the two leaves a `pending`
 //!   row, and redelivery continues that operation under the same private key, which every layer
 //!   behind the router treats as the same operation.
@@ -232,12 +232,6 @@ pub enum RegistryError {
         path: PathBuf,
         /// What was wrong.
         detail: String,
-    },
-    /// A feature this backend does not offer (refused, never ignored).
-    #[error("{what}")]
-    Unsupported {
-        /// What, and what was not done.
-        what: &'static str,
     },
 }
 
@@ -549,20 +543,10 @@ impl Registry {
         }
     }
 
-    /// Opens an in-memory SQLite registry (unit tests).
-    pub fn open_in_memory() -> Result<Registry, RegistryError> {
-        SqliteRegistry::open_in_memory().map(Registry::Sqlite)
-    }
-
     /// This router installation's id, generated on first open and kept (shared by every
     /// replica of one database).
     pub fn installation_id(&self) -> &str {
         each!(self, r => r.installation_id())
-    }
-
-    /// The schema version of the open registry.
-    pub fn schema_version(&mut self) -> Result<i64, RegistryError> {
-        each!(self, r => r.schema_version())
     }
 
     /// The operation recorded for a call identity of this installation.
@@ -580,14 +564,10 @@ impl Registry {
         each!(self, r => r.find_by_handle(handle))
     }
 
-    /// Records `new` unless its call identity already has a row; returns the row now stored
-    /// and whether this call created it. The row is durably committed when this returns.
-    pub fn insert_or_get(&mut self, new: NewOperation) -> Result<(Operation, bool), RegistryError> {
-        each!(self, r => r.insert_or_get(new))
-    }
-
-    /// [`Registry::insert_or_get`], refusing a new operation that would take the cents committed
-    /// by this installation's operations above `budget_cents`, in the same transaction (the
+    /// Records `new` unless its call identity already has a row, and answers the row now stored
+    /// and whether this call created it, durably committed when this returns; refuses a new
+    /// operation that would take the cents committed by this installation's operations above
+    /// `budget_cents`, in the same transaction (the
     /// gateway's policy budget; on PostgreSQL under an advisory lock, so it holds across
     /// replicas).
     pub fn insert_within_budget(
@@ -676,11 +656,6 @@ impl Registry {
         reason: Option<&str>,
     ) -> Result<Operation, RegistryError> {
         each!(self, r => r.decide(handle, approve, reason))
-    }
-
-    /// Every operation, oldest first (operator listing).
-    pub fn all(&mut self) -> Result<Vec<Operation>, RegistryError> {
-        each!(self, r => r.all())
     }
 }
 

@@ -123,10 +123,6 @@ impl Drop for PgRegistry {
     }
 }
 
-const SELECT: &str = "SELECT platform, harness_call_id, handle, operation_key, tool, request_hash,
-    arguments, amount_cents, status, approval, result, error_code, error_message,
-    source_installation, charged_cents FROM callid_operations";
-
 const FIND: &str = "SELECT platform, harness_call_id, handle, operation_key, tool, request_hash,
     arguments, amount_cents, status, approval, result, error_code, error_message,
     source_installation, charged_cents FROM callid_operations
@@ -438,15 +434,6 @@ impl PgRegistry {
         &self.installation_id
     }
 
-    /// The schema version recorded in the database.
-    pub fn schema_version(&mut self) -> Result<i64, RegistryError> {
-        self.run("reading its schema version", |c, _| {
-            c.query_one("SELECT version FROM callid_schema", &[])?
-                .try_get::<_, i32>(0)
-                .map(i64::from)
-        })
-    }
-
     /// The operation recorded for a call identity of this installation.
     pub fn find(
         &mut self,
@@ -491,16 +478,9 @@ impl PgRegistry {
     /// Inserts `new` with conflict handling (never check-then-insert): whichever replica's
     /// INSERT commits first owns the call identity; the others read the winner's row with a
     /// fresh statement. The row is committed (`synchronous_commit = on`) when this returns.
-    pub fn insert_or_get(&mut self, new: NewOperation) -> Result<(Operation, bool), RegistryError> {
-        match self.insert_within_budget(new, None)? {
-            Insert::Stored(op, created) => Ok((*op, created)),
-            Insert::OverBudget { .. } => unreachable!("no budget was given"),
-        }
-    }
-
-    /// [`PgRegistry::insert_or_get`], refusing a new operation that would take the cents
-    /// committed by this installation's operations (completed ones by what they charged, pending
-    /// and awaiting ones by their amount) above `budget_cents`, as the SQLite backend does.
+    /// Refuses a new operation that would take the cents committed by this installation's
+    /// operations (completed ones by what they charged, pending and awaiting ones by their
+    /// amount) above `budget_cents`, as the SQLite backend does.
     ///
     /// With a budget, the lookup, the sum and the insert run in one transaction under a
     /// transaction-level advisory lock on the installation ([`BUDGET_NAMESPACE`]): every
@@ -716,18 +696,6 @@ impl PgRegistry {
         }
         self.find_by_handle(handle)?
             .ok_or_else(|| unknown(self.location()))
-    }
-
-    /// Every operation, oldest first.
-    pub fn all(&mut self) -> Result<Vec<Operation>, RegistryError> {
-        let raws = self.run("listing operations", |c, _| {
-            c.query(&format!("{SELECT} ORDER BY created_ms, handle"), &[])?
-                .iter()
-                .map(row_to_raw)
-                .collect::<Result<Vec<_>, _>>()
-        })?;
-        let at = self.location();
-        raws.into_iter().map(|r| r.into_operation(&at)).collect()
     }
 }
 

@@ -49,6 +49,7 @@ impl SqliteRegistry {
     }
 
     /// Opens an in-memory registry (unit tests).
+    #[cfg(test)]
     pub fn open_in_memory() -> Result<SqliteRegistry, RegistryError> {
         let conn = store::open_in_memory(&SPEC)?;
         Self::init(conn, PathBuf::from(":memory:"))
@@ -66,6 +67,7 @@ impl SqliteRegistry {
 
     /// Applies every migration above the file's `user_version` in one exclusive transaction.
     /// Running it again is a no-op.
+    #[cfg(test)]
     pub fn migrate(&mut self) -> Result<(), RegistryError> {
         store::migrate(&mut self.conn, &SPEC).map_err(sqlite(&self.path, "migrating its schema"))
     }
@@ -98,12 +100,8 @@ impl SqliteRegistry {
         &self.installation_id
     }
 
-    /// The registry file.
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
     /// The schema version of the open file.
+    #[cfg(test)]
     pub fn schema_version(&self) -> Result<i64, RegistryError> {
         self.conn
             .query_row("PRAGMA user_version", [], |r| r.get(0))
@@ -161,6 +159,7 @@ impl SqliteRegistry {
     /// Records `new` unless its call identity already has a row, in one IMMEDIATE transaction;
     /// returns the row now stored and whether it was created by this call. The row is committed
     /// (durably, `synchronous=FULL`) when this returns.
+    #[cfg(test)]
     pub fn insert_or_get(&mut self, new: NewOperation) -> Result<(Operation, bool), RegistryError> {
         match self.insert_within_budget(new, None)? {
             Insert::Stored(op, created) => Ok((*op, created)),
@@ -168,7 +167,8 @@ impl SqliteRegistry {
         }
     }
 
-    /// [`Registry::insert_or_get`], refusing a new operation whose amount would take the cents
+    /// Records `new` unless its call identity already has a row, and answers the row now stored
+    /// and whether this call created it; refuses a new operation whose amount would take the cents
     /// committed by this installation's operations (completed ones by what they charged, pending
     /// and awaiting ones by their amount) above `budget_cents`. The sum and the insert run in
     /// one IMMEDIATE transaction, so concurrent operations, from any process sharing the file,
@@ -426,22 +426,6 @@ impl SqliteRegistry {
                 handle: handle.to_string(),
                 path,
             })
-    }
-
-    /// Every operation, oldest first (operator listing).
-    pub fn all(&self) -> Result<Vec<Operation>, RegistryError> {
-        let mut stmt = self
-            .conn
-            .prepare(&format!("{SELECT} ORDER BY created_ms, handle"))
-            .map_err(sqlite(&self.path, "listing operations"))?;
-        let raws = stmt
-            .query_map([], row_to_raw)
-            .map_err(sqlite(&self.path, "listing operations"))?
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(sqlite(&self.path, "listing operations"))?;
-        raws.into_iter()
-            .map(|r| r.into_operation(&self.path))
-            .collect()
     }
 
     fn write(
