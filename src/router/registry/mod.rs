@@ -19,8 +19,8 @@
 //! ## Durability
 //! - WAL journal with `synchronous=FULL`: a committed row survives a power cut, not only a crash.
 //! - A new operation's row (keys, request hash, state) is committed before anything is dispatched
-//!   ([`Registry::insert_within_budget`]); the result is recorded after the backend answered and before
-//!   the reply is sent ([`Registry::record_result`]). A crash between the two leaves a `pending`
+//!   ([`Registry::insert_within_budget`]); the result is recorded after the backend answered and
+//!   before the reply is sent ([`Registry::record_result`]). A crash between the two leaves a `pending`
 //!   row, and redelivery continues that operation under the same private key, which every layer
 //!   behind the router treats as the same operation.
 //! - The file is opened, identified, protected and migrated by [`crate::store`], like every state
