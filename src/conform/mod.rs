@@ -25,19 +25,20 @@
 mod builtin;
 pub(crate) mod expected;
 mod provider;
-pub mod report;
+pub(crate) mod report;
 mod runner;
-pub mod scenario;
-pub mod target;
+pub(crate) mod scenario;
+pub(crate) mod target;
 pub(crate) mod upstream;
 
 pub use provider::RunnerProvider;
+pub use scenario::Scenario;
+pub use target::Profile;
 pub use upstream::NO_KEY;
 
 use expected::ExpectedFailures;
 use report::{CheckResult, Report, Verdict};
 use runner::{Outcome, ProgressSink, ScenarioRun};
-use scenario::Scenario;
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};

@@ -295,7 +295,7 @@ fn every_shipped_target_profile_loads() {
                 // Parsed, not loaded: loading also wants the `{env:NAME}` variables set.
                 let text = std::fs::read_to_string(&path).unwrap();
                 let dir = path.parent().unwrap().to_path_buf();
-                callid::conform::target::Profile::parse(&text, &path.display().to_string(), dir)
+                callid::conform::Profile::parse(&text, &path.display().to_string(), dir)
                     .unwrap_or_else(|e| panic!("{e}"));
                 seen += 1;
             }
