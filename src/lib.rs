@@ -42,12 +42,23 @@
 //! - [`measure`]: drives real agent clients offline against the probe to measure a matrix row.
 //! - `bench` (with the `bench` feature): end-to-end benchmarks that run each figure beside its
 //!   baseline; developer tooling, not in the installed binary.
+//! - `testing` (hidden): what the integration tests, examples and benchmarks reach beyond the
+//!   library's promise (crash points, fixtures, the registry's schema); not a stable interface.
+//!
+//! # What the library promises
+//! The public modules are the library: the identity rules ([`identity`]), the request hash
+//! ([`canonical`]), `_meta` shapes ([`shape`]), operation keys ([`keys`]), the MCP client
+//! ([`jsonrpc`]), the probe's record format and the classifier ([`probe::record`],
+//! [`classify()`](classify::classify)), the embeddable [`gateway::guard::Guard`], the provider and
+//! backend behind the reference router ([`provider`], [`backend`]), the conformance runner's
+//! scenarios and profiles ([`conform`]), and the command line the binary runs ([`cli`], [`app`]).
+//! Every other module is private, so the compiler reports what nothing uses.
 #![warn(missing_docs)]
+// The module docs are written for whoever changes the code, and name the private modules that
+// keep each promise; `cargo doc --document-private-items` renders those links.
+#![allow(rustdoc::private_intra_doc_links)]
 
-// The library's promise: the identity rules, the request hash, `_meta` shapes, operation keys,
-// the MCP client, the probe's record format and classifier, the router, the gateway and its
-// embeddable `Guard`, the provider and backend it fronts, the conformance runner; and the command
-// line (`cli`, `app`) that the binary runs.
+// The library's promise (see "What the library promises" above).
 pub mod app;
 pub mod backend;
 pub mod canonical;
@@ -62,7 +73,7 @@ pub mod probe;
 pub mod provider;
 pub mod shape;
 
-// Internals of the command line and the servers.
+// Internals of the commands and servers.
 #[cfg(feature = "bench")]
 mod bench;
 mod clock;
