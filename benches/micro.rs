@@ -5,7 +5,7 @@
 //! process); these give per-function times and a stable target for profilers, e.g.
 //! `valgrind --tool=callgrind target/release/deps/micro-* --bench shape_vs_parse`.
 
-use callid::bench::fixtures;
+use callid::testing::fixtures;
 use callid::{canonical, shape};
 use divan::black_box;
 use serde_json::Value;

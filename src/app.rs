@@ -69,13 +69,13 @@ fn completions(args: crate::cli::CompletionsArgs) -> anyhow::Result<ExitCode> {
 /// Standard output for a command's result. Once the reader has gone (`EPIPE`), further writes
 /// are dropped and reported as done, so the command runs to its end and its exit code still says
 /// how the checks went; output to a file or a live reader is written as usual.
-pub struct Stdout {
+pub(crate) struct Stdout {
     inner: std::io::StdoutLock<'static>,
     closed: bool,
 }
 
 /// The process's standard output, quiet after a broken pipe (see [`Stdout`]).
-pub fn stdout() -> Stdout {
+pub(crate) fn stdout() -> Stdout {
     Stdout {
         inner: std::io::stdout().lock(),
         closed: false,
@@ -120,7 +120,7 @@ impl std::io::Write for Stdout {
 /// One line on stderr when a stdio MCP server was started from a terminal: it says the process is
 /// waiting for an MCP client on standard input (not hung) and where its state goes. Nothing when
 /// standard input is not a terminal (a client started it), so client logs stay clean.
-pub fn stdio_banner(program: &str, state: &str) {
+pub(crate) fn stdio_banner(program: &str, state: &str) {
     use std::io::IsTerminal as _;
     if std::io::stdin().is_terminal() {
         eprintln!(

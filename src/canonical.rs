@@ -75,23 +75,8 @@ impl std::fmt::Display for RequestHash {
 pub fn canonical_json(value: &Value) -> Result<String, CanonicalError> {
     let mut out = String::new();
     let mut path = String::new();
-    write_value(value, &mut out, &mut path, &mut None)?;
+    write_value(value, &mut out, &mut path)?;
     Ok(out)
-}
-
-/// Where one value's canonical text sits inside its container's canonical text.
-pub type Span = (*const Value, std::ops::Range<usize>);
-
-/// The canonical text of `value`, and for `value` and every value nested in it the byte range
-/// of its own canonical text within the result (RFC 8785 is compositional: a member is written
-/// exactly as it would be on its own). Lets a caller digest every sub-value of a document from
-/// one serialization instead of one per sub-value. Spans are keyed by the value's address.
-pub fn canonical_json_with_spans(value: &Value) -> Result<(String, Vec<Span>), CanonicalError> {
-    let mut out = String::new();
-    let mut path = String::new();
-    let mut spans = Some(Vec::new());
-    write_value(value, &mut out, &mut path, &mut spans)?;
-    Ok((out, spans.unwrap_or_default()))
 }
 
 /// Appends the canonical text of a string, for callers that assemble canonical text themselves
@@ -167,13 +152,7 @@ pub fn hex(bytes: &[u8]) -> String {
     s
 }
 
-fn write_value(
-    value: &Value,
-    out: &mut String,
-    path: &mut String,
-    spans: &mut Option<Vec<Span>>,
-) -> Result<(), CanonicalError> {
-    let start = out.len();
+fn write_value(value: &Value, out: &mut String, path: &mut String) -> Result<(), CanonicalError> {
     match value {
         Value::Null => out.push_str("null"),
         Value::Bool(true) => out.push_str("true"),
@@ -188,7 +167,7 @@ fn write_value(
                 }
                 let len = path.len();
                 let _ = write!(path, "/{i}");
-                write_value(item, out, path, spans)?;
+                write_value(item, out, path)?;
                 path.truncate(len);
             }
             out.push(']');
@@ -213,14 +192,11 @@ fn write_value(
                 let len = path.len();
                 path.push('/');
                 push_pointer_token(path, key);
-                write_value(item, out, path, spans)?;
+                write_value(item, out, path)?;
                 path.truncate(len);
             }
             out.push('}');
         }
-    }
-    if let Some(spans) = spans {
-        spans.push((value as *const Value, start..out.len()));
     }
     Ok(())
 }

@@ -224,11 +224,6 @@ pub fn from_meta(meta: Option<&Value>) -> Result<Identity, IdentityError> {
     IdentitySources::built_in_ref().from_meta(meta)
 }
 
-/// Reads the trusted identity from a `_meta` object, by the built-in table.
-pub fn from_meta_map(meta: &Map<String, Value>) -> Result<Identity, IdentityError> {
-    IdentitySources::built_in_ref().from_meta_map(meta)
-}
-
 impl IdentitySources {
     /// Reads the trusted identity from a request's `_meta` (`None` when the request has none).
     pub fn from_meta(&self, meta: Option<&Value>) -> Result<Identity, IdentityError> {

@@ -43,37 +43,94 @@
 //! - [`measure`]: drives real agent clients offline against the probe to measure a matrix row.
 //! - `bench` (with the `bench` feature): end-to-end benchmarks that run each figure beside its
 //!   baseline; developer tooling, not in the installed binary.
+//! - `testing` (hidden): what the integration tests, examples and benchmarks reach beyond the
+//!   library's promise (crash points, fixtures, the registry's schema); not a stable interface.
+//!
+//! # What the library promises
+//! The public modules are the library: the identity rules ([`identity`]), the request hash
+//! ([`canonical`]), `_meta` shapes ([`shape`]), operation keys ([`keys`]), the MCP client
+//! ([`jsonrpc`]), the probe's record format and the classifier ([`probe::record`],
+//! [`classify()`](classify::classify)), the embeddable [`gateway::guard::Guard`], the provider and
+//! backend behind the reference router ([`provider`], [`backend`]), the conformance runner's
+//! scenarios and profiles ([`conform`]), and the command line the binary runs ([`cli`], [`app`]).
+//! Every other module is private, so the compiler reports what nothing uses.
 #![warn(missing_docs)]
+// The module docs are written for whoever changes the code, and name the private modules that
+// keep each promise; `cargo doc --document-private-items` renders those links.
+#![allow(rustdoc::private_intra_doc_links)]
 
+// The library's promise (see "What the library promises" above).
 pub mod app;
 pub mod backend;
-#[cfg(feature = "bench")]
-pub mod bench;
 pub mod canonical;
 pub mod classify;
 pub mod cli;
-pub mod clock;
 pub mod conform;
-pub mod crashpoint;
-pub mod demo;
-pub mod error_chain;
-pub mod exit_codes;
 pub mod gateway;
-pub mod http_guard;
 pub mod identity;
 pub mod jsonrpc;
 pub mod keys;
-pub mod logging;
-pub mod matrix;
-pub mod measure;
-pub mod pg;
 #[doc(hidden)]
 pub mod pg_cluster;
 pub mod probe;
 pub mod provider;
-pub mod router;
-pub mod secret;
 pub mod shape;
-pub mod store;
-pub mod text;
-pub mod yaml;
+
+// Internals of the commands and servers.
+#[cfg(feature = "bench")]
+mod bench;
+mod clock;
+mod crashpoint;
+mod demo;
+mod error_chain;
+mod exit_codes;
+mod http_guard;
+mod logging;
+mod matrix;
+mod measure;
+mod pg;
+mod router;
+mod secret;
+mod store;
+mod text;
+mod yaml;
+
+/// What the integration tests, the examples and the benchmarks need beyond the library's
+/// promise: crash points, fixtures, the clock and the client configs `measure` writes. Not a
+/// stable interface.
+#[doc(hidden)]
+pub mod testing {
+    pub use crate::clock::now_ms;
+    pub use crate::demo::http_url;
+
+    /// The crash points a test arms in a child process.
+    pub mod crashpoint {
+        pub use crate::crashpoint::{Boundary, ENV, PAUSE_ENV};
+    }
+
+    /// The MCP client configurations `measure` writes and the README shows.
+    pub mod client_configs {
+        pub use crate::measure::client::{
+            Client, SERVER_NAME, claude_code_mcp_json, claude_mcp_add, codex_mcp_add,
+            codex_server_toml,
+        };
+    }
+
+    /// The registry's file format: what a test checks in the files the router leaves behind.
+    pub mod registry {
+        pub use crate::router::registry::{APPLICATION_ID, MIGRATIONS};
+
+        /// The PostgreSQL registry's schema.
+        pub mod postgres {
+            pub use crate::router::registry::postgres::MIGRATIONS;
+        }
+    }
+
+    /// The preallocated key pool's file format.
+    pub mod preallocated {
+        pub use crate::router::preallocated::APPLICATION_ID;
+    }
+
+    #[cfg(feature = "bench")]
+    pub use crate::bench::fixtures;
+}

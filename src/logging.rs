@@ -4,7 +4,7 @@
 //! # Guarantees
 //! - Writing to standard error never fails and never panics. A write that fails (a closed pipe:
 //!   Rust ignores `SIGPIPE`, so the write returns `EPIPE`; a full disk: `ENOSPC`) is dropped and
-//!   counted ([`dropped_lines`]); the next line that does get through is preceded by a note saying
+//!   counted; the next line that does get through is preceded by a note saying
 //!   how many were lost. A router that has just been charged must answer the call whatever
 //!   happens to its log, so nothing on a reply path uses `eprintln!` (which panics on failure)
 //!   or a writer whose errors `tracing` would report with `eprintln!`.
@@ -22,11 +22,6 @@ pub const LOG_ENV: &str = "CALLID_LOG";
 
 /// Lines dropped because standard error could not be written, since the process started.
 static STDERR_DROPS: Drops = Drops::new();
-
-/// How many lines this process could not write to standard error so far.
-pub fn dropped_lines() -> u64 {
-    STDERR_DROPS.dropped.load(Ordering::Relaxed)
-}
 
 /// Sets up `tracing` for the whole process: best-effort standard error, filtered by
 /// [`LOG_ENV`], coloured only as [`color`] decides. Calling it again does nothing.

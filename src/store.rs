@@ -289,6 +289,7 @@ pub fn open_connection(
 }
 
 /// A migrated in-memory database of kind `spec` (unit tests).
+#[cfg(test)]
 pub fn open_in_memory(spec: &'static StoreSpec) -> Result<Connection, StoreError> {
     let path = Path::new(":memory:");
     let mut conn = Connection::open_in_memory().map_err(|e| sqlite(spec, path, e))?;

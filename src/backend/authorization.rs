@@ -207,6 +207,7 @@ impl Authorization {
 
     /// Marks a decision `dispatched` before its provider call; `true` when it was `reserved`
     /// (no provider call had started for it before).
+    #[cfg(test)]
     pub fn mark_dispatched(&self, decision_id: &str) -> Result<bool, BackendError> {
         self.set_state(decision_id, "dispatched", &["reserved"])
             .map(|n| n == 1)
@@ -272,6 +273,7 @@ impl Authorization {
     }
 
     /// The state of a decision (`reserved`, `dispatched`, `charged`, `released`), if recorded.
+    #[cfg(test)]
     pub fn state(&self, decision_id: &str) -> Result<Option<String>, BackendError> {
         if let Some(shared) = &self.shared {
             return shared.state(decision_id);
@@ -289,6 +291,7 @@ impl Authorization {
 
     /// Returns the decision for `req.operation_key`, recording it first if there is none
     /// (blocking). See the module's guarantee.
+    #[cfg(test)]
     pub fn authorize(&self, req: &AuthorizationRequest<'_>) -> Result<Decision, BackendError> {
         if let Some(shared) = &self.shared {
             return shared.authorize(req, now_ms(), self.expiry_ms);
@@ -440,6 +443,7 @@ impl Authorization {
     }
 
     /// How many decisions are recorded (blocking).
+    #[cfg(test)]
     pub fn decision_count(&self) -> Result<u64, BackendError> {
         if let Some(shared) = &self.shared {
             return shared.decision_count();

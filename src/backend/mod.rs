@@ -40,14 +40,15 @@
 //! its `amount_cents`, and the router marks the operation). A provider refusal releases the
 //! decision's reservation; see [`authorization`] for reservations that are never settled.
 
-pub mod authorization;
-pub mod error;
-pub mod execution;
-pub mod shared;
+pub(crate) mod authorization;
+mod error;
+mod execution;
+pub(crate) mod shared;
 
-pub use authorization::{Authorization, AuthorizationRequest, Decision};
+pub(crate) use authorization::{Authorization, AuthorizationRequest, Decision};
 pub use error::BackendError;
-pub use execution::{Executed, Execution, provider_key};
+pub(crate) use execution::Execution;
+pub use execution::provider_key;
 
 use execution::Begin;
 
@@ -228,8 +229,10 @@ impl Backend {
         Self::assemble(state_dir, provider, ledger, description, config)
     }
 
-    /// Opens the backend state in `state_dir` in front of any provider implementation.
-    pub fn with_provider(
+    /// Opens the backend state in `state_dir` in front of any provider implementation (the unit
+    /// tests' scripted providers).
+    #[cfg(test)]
+    pub(crate) fn with_provider(
         state_dir: &Path,
         provider: Arc<dyn ProviderApi>,
         config: BackendConfig,
@@ -342,29 +345,19 @@ impl Backend {
         })
     }
 
-    /// The configuration.
-    pub fn config(&self) -> &BackendConfig {
-        &self.inner.config
-    }
-
     /// The in-process provider's ledger, when the provider runs in this process.
     pub fn ledger(&self) -> Option<&Ledger> {
         self.inner.ledger.as_ref()
     }
 
-    /// Where the provider is, for messages (the in-process ledger's file or the URL).
-    pub fn provider_description(&self) -> &str {
-        &self.inner.provider_description
-    }
-
     /// The price of `req` in cents, from the provider's price table; refuses requests the
     /// provider would refuse (`unknown_model`, `invalid_request`).
-    pub fn quote(&self, req: &ImageRequest) -> Result<u64, BackendError> {
+    pub(crate) fn quote(&self, req: &ImageRequest) -> Result<u64, BackendError> {
         req.validate().map_err(BackendError::from_provider)
     }
 
     /// The authorization scope of `req`: `generate_image:<model>:<width>x<height>`.
-    pub fn scope(req: &ImageRequest) -> String {
+    pub(crate) fn scope(req: &ImageRequest) -> String {
         format!("generate_image:{}:{}x{}", req.model, req.width, req.height)
     }
 

@@ -125,15 +125,6 @@ impl SharedState {
         }
     }
 
-    /// Connections open now (idle or checked out).
-    pub fn open_connections(&self) -> usize {
-        self.pool
-            .state
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .open
-    }
-
     fn connect(&self) -> Result<Client, postgres::Error> {
         let mut client = self.url.connect()?;
         client.batch_execute(
@@ -260,6 +251,7 @@ impl SharedState {
     }
 
     /// See [`super::Authorization::state`].
+    #[cfg(test)]
     pub fn state(&self, decision_id: &str) -> Result<Option<String>, BackendError> {
         self.with("reading a decision", |c| {
             Ok(c.query_opt(
@@ -287,6 +279,7 @@ impl SharedState {
     }
 
     /// See [`super::Authorization::decision_count`].
+    #[cfg(test)]
     pub fn decision_count(&self) -> Result<u64, BackendError> {
         self.with("counting decisions", |c| {
             let n: i64 = c

@@ -71,21 +71,6 @@ pub enum BenchError {
     },
 }
 
-impl BenchError {
-    /// A stable machine code for the error.
-    pub fn code(&self) -> &'static str {
-        match self {
-            BenchError::Start { .. } => "start_failed",
-            BenchError::Rpc { .. } => "no_answer",
-            BenchError::Unexpected { .. } => "unexpected_answer",
-            BenchError::Io { .. } => "io_failed",
-            BenchError::Sqlite { .. } => "sqlite_failed",
-            BenchError::Command { .. } => "command_failed",
-            BenchError::Cluster(e) => e.code(),
-        }
-    }
-}
-
 /// Result of a benchmark step.
 pub type BenchResult<T> = Result<T, BenchError>;
 

@@ -42,8 +42,7 @@ pub mod report;
 pub mod stats;
 
 pub use report::{
-    Machine, Measurement, Outcome, Report, Row, RowId, Target, render_json, render_markdown,
-    render_table,
+    Machine, Measurement, Outcome, Report, Row, RowId, render_json, render_markdown, render_table,
 };
 
 use std::path::PathBuf;

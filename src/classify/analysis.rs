@@ -216,8 +216,6 @@ pub struct ClientVerdict {
 /// [`RunKind::of_file`]; `None` leaves it out of [`super::kinds`]).
 #[derive(Debug, Clone)]
 pub struct Run {
-    /// The file.
-    pub path: PathBuf,
     /// What the run knows.
     pub kind: Option<RunKind>,
     /// Its records.
@@ -234,7 +232,6 @@ pub fn read_runs(paths: &[PathBuf]) -> Result<(Vec<Run>, Vec<BadLine>), Classify
             Ok((records, skipped)) => {
                 bad.extend(skipped);
                 runs.push(Run {
-                    path: path.clone(),
                     kind: RunKind::of_file(path),
                     records,
                 });

@@ -10,23 +10,21 @@
 //! - [`runs`]: the runs a measurement records, their log names and scripted tool-call ids.
 //! - [`table`], [`markdown`], [`json`]: the renderers.
 
-pub mod analysis;
-pub mod json;
-pub mod kinds;
-pub mod markdown;
-pub mod runs;
-pub mod table;
+mod analysis;
+mod json;
+pub(crate) mod kinds;
+mod markdown;
+pub(crate) mod runs;
+mod table;
 
-pub use analysis::{
-    BadLine, ClassifyError, ClientName, ClientVerdict, KeyClass, KeySplit, Run, Verdict, classify,
-    classify_runs, classify_with, read_logs, read_runs,
-};
+pub(crate) use analysis::{ClassifyError, classify_runs, read_logs, read_runs};
+pub use analysis::{ClientVerdict, KeyClass, KeySplit, Verdict, classify};
 
 use std::io::Write;
 
 /// Output format of `classify` and `demo`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Format {
+pub(crate) enum Format {
     /// A terminal table.
     Table,
     /// GitHub-flavoured Markdown.
@@ -36,7 +34,7 @@ pub enum Format {
 }
 
 /// Renders verdicts in `format`.
-pub fn render(
+pub(crate) fn render(
     verdicts: &[ClientVerdict],
     format: Format,
     out: &mut dyn Write,

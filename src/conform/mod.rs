@@ -22,19 +22,23 @@
 //! - A router that dies mid-scenario is an `error` for that scenario; the run goes on.
 //! - Check ids are stable: they are the `id:` of the scenario files, each citing its article rule.
 
-pub mod builtin;
-pub mod expected;
-pub mod provider;
-pub mod report;
-pub mod runner;
-pub mod scenario;
-pub mod target;
-pub mod upstream;
+mod builtin;
+pub(crate) mod expected;
+mod provider;
+pub(crate) mod report;
+mod runner;
+pub(crate) mod scenario;
+pub(crate) mod target;
+pub(crate) mod upstream;
+
+pub use provider::RunnerProvider;
+pub use scenario::Scenario;
+pub use target::Profile;
+pub use upstream::NO_KEY;
 
 use expected::ExpectedFailures;
 use report::{CheckResult, Report, Verdict};
 use runner::{Outcome, ProgressSink, ScenarioRun};
-use scenario::Scenario;
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -42,7 +46,7 @@ use std::time::{Duration, Instant};
 
 /// Which router to test.
 #[derive(Debug, Clone)]
-pub enum TargetSpec {
+pub(crate) enum TargetSpec {
     /// The built-in reference router (this binary's `router` subcommand).
     Reference,
     /// A profile file.
@@ -55,7 +59,7 @@ pub enum TargetSpec {
 
 /// Everything a run needs.
 #[derive(Debug, Clone)]
-pub struct Options {
+pub(crate) struct Options {
     /// The target.
     pub target: TargetSpec,
     /// A directory of scenario files added to the built-in ones (same id: replaces it).
@@ -131,10 +135,10 @@ impl ConformError {
 /// How many scenarios run at once when each gets its own provider (`CALLID_CONFORM_JOBS`
 /// overrides). Scenarios are isolated (own state directory, own router, own ledger), so the only
 /// limit is the machine: most of a scenario's time is spent waiting on fsync and process start.
-pub const DEFAULT_JOBS: usize = 4;
+pub(crate) const DEFAULT_JOBS: usize = 4;
 
 /// Runs the selected scenarios against the target and returns the report.
-pub async fn run(options: &Options) -> Result<Report, ConformError> {
+pub(crate) async fn run(options: &Options) -> Result<Report, ConformError> {
     let started = Instant::now();
     let all = load_scenarios(options.scenarios.as_deref())?;
     let known: Vec<&str> = all.iter().map(|s| s.id.as_str()).collect();
@@ -264,7 +268,7 @@ pub fn load_scenarios(dir: Option<&std::path::Path>) -> Result<Vec<Scenario>, Co
 }
 
 /// `callid conform --list`: every check id, its level, the rule it cites and the article's words.
-pub fn list(scenarios: &[Scenario], out: &mut dyn std::io::Write) -> std::io::Result<()> {
+pub(crate) fn list(scenarios: &[Scenario], out: &mut dyn std::io::Write) -> std::io::Result<()> {
     for level in [report::Level::Required, report::Level::Recommended] {
         let of_level: Vec<&Scenario> = scenarios.iter().filter(|s| s.level == level).collect();
         if of_level.is_empty() {
@@ -440,4 +444,4 @@ impl ProgressSink for ScenarioProgress<'_> {
 }
 
 /// The router contract (`ROUTER-CONTRACT.md`): what a router must do to be judged.
-pub const ROUTER_CONTRACT: &str = include_str!("../../ROUTER-CONTRACT.md");
+pub(crate) const ROUTER_CONTRACT: &str = include_str!("../../ROUTER-CONTRACT.md");

@@ -42,27 +42,24 @@
 //!   identity-like field (naming the tool and the field).
 
 pub mod guard;
-pub mod keyed_http;
-pub mod policy;
-pub mod relay;
-pub mod server;
-pub mod spend;
-pub mod upstream;
+mod keyed_http;
+pub(crate) mod policy;
+mod relay;
+mod server;
+pub(crate) mod spend;
+mod upstream;
 
-pub use spend::{Gateway, StartError};
-pub use upstream::{Upstream, UpstreamSpec};
+pub(crate) use spend::{Gateway, StartError};
+pub(crate) use upstream::{Upstream, UpstreamSpec};
 
 use crate::router::pipeline::{Core, CoreOptions};
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Default time the gateway waits for an upstream answer.
-pub const DEFAULT_UPSTREAM_TIMEOUT: Duration = Duration::from_secs(100);
-
 /// How the gateway runs.
 #[derive(Debug, Clone)]
-pub struct GatewayOptions {
+pub(crate) struct GatewayOptions {
     /// The registry: a SQLite file, or a PostgreSQL database shared by gateway replicas.
     pub registry: crate::router::registry::RegistryLocation,
     /// The tools that spend (the policy's tools spend too).
@@ -84,7 +81,7 @@ pub struct GatewayOptions {
 /// Connects to the upstream, checks its tools, then serves the agent on stdio until it goes
 /// away, or over streamable HTTP (`http`, loopback only) until Ctrl-C. Over HTTP it binds before
 /// it starts anything, so a refused address leaves no registry and no upstream behind.
-pub async fn run(
+pub(crate) async fn run(
     options: GatewayOptions,
     http: Option<std::net::SocketAddr>,
     allow_origins: &[String],

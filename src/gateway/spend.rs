@@ -92,7 +92,8 @@ pub enum StartError {
 }
 
 impl StartError {
-    /// Stable code of this refusal.
+    /// Stable code of this refusal (what the unit tests check).
+    #[cfg(test)]
     pub fn code(&self) -> &'static str {
         match self {
             StartError::Upstream(_) => "upstream_unavailable",

@@ -270,21 +270,6 @@ impl Stability {
     }
 }
 
-macro_rules! kebab_name {
-    ($($t:ty),*) => {$(
-        impl $t {
-            /// The kebab-case name used in the YAML and the Markdown.
-            pub fn name(self) -> String {
-                serde_json::to_value(self)
-                    .ok()
-                    .and_then(|v| v.as_str().map(str::to_owned))
-                    .unwrap_or_default()
-            }
-        }
-    )*};
-}
-kebab_name!(IdOrigin, DistinctIds, DuplicateModelId, OnFailure);
-
 /// `matrices/routers.yaml`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

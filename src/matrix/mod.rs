@@ -22,7 +22,7 @@ pub mod data;
 pub mod evidence;
 pub mod render;
 
-pub use data::{ClientRow, ClientsFile, How, Matrix, MatrixError, RoutersFile, Stability, Verdict};
+pub use data::{ClientRow, ClientsFile, How, Matrix, MatrixError, RoutersFile};
 pub use render::render;
 
 use std::path::Path;

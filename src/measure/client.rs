@@ -104,21 +104,6 @@ pub struct Invocation {
 }
 
 impl Client {
-    /// Every client, in the order the matrix lists them.
-    pub const ALL: [Client; 11] = [
-        Client::Codex,
-        Client::ClaudeCode,
-        Client::GeminiCli,
-        Client::CopilotCli,
-        Client::QwenCode,
-        Client::OpenCode,
-        Client::KiloCode,
-        Client::Cline,
-        Client::ContinueCli,
-        Client::FastAgent,
-        Client::OpenAiAgents,
-    ];
-
     /// The program's name on PATH and in `node_modules/.bin`.
     pub fn program(self) -> &'static str {
         match self {
@@ -266,6 +251,7 @@ impl Client {
     /// The model's tool-call id for call number `n` of scenario `tag`: the shape each vendor's
     /// API uses (`call_` + 24 alphanumerics, `toolu_` + 24 base62), fixed so evidence can be
     /// checked against it.
+    #[cfg(test)]
     pub fn model_call_id(self, tag: &str, n: usize) -> String {
         self.id_style().model_call_id(tag, n)
     }

@@ -167,7 +167,8 @@ impl Endpoint {
         Ok(Endpoint { base, shared, task })
     }
 
-    /// Every request seen so far.
+    /// Every request seen so far (what the unit tests check).
+    #[cfg(test)]
     pub fn seen(&self) -> Vec<Seen> {
         self.shared
             .inner

@@ -101,21 +101,6 @@ pub enum MeasureError {
     },
 }
 
-impl MeasureError {
-    /// Stable machine code.
-    pub fn code(&self) -> &'static str {
-        match self {
-            MeasureError::Client(e) => e.code(),
-            MeasureError::Run(_) => "measure_run",
-            MeasureError::NoCall { .. } => "measure_no_call",
-            MeasureError::TimedOut { .. } => "measure_timed_out",
-            MeasureError::Evidence(e) => e.code(),
-            MeasureError::VersionMismatch { .. } => "measure_version_mismatch",
-            MeasureError::Driver { .. } => "measure_driver",
-        }
-    }
-}
-
 /// A finished measurement: the row and its evidence.
 #[derive(Debug)]
 pub struct Measurement {

@@ -10,7 +10,7 @@
 //! `initialize`; the row's `protocol` records which (see [`crate::matrix::evidence::protocol_of`]).
 
 use super::client::{Client, ClientError};
-use super::endpoint::{Endpoint, Hook, Script, Seen, Step};
+use super::endpoint::{Endpoint, Hook, Script, Step};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -51,8 +51,6 @@ pub struct ScenarioRun {
     pub scenario: Scenario,
     /// The probe's shape log (inside `home`).
     pub log: PathBuf,
-    /// Requests the scripted endpoint saw.
-    pub seen: Vec<Seen>,
     /// The client's exit code (`None` when killed).
     pub exit_code: Option<i32>,
     /// Whether the scenario hit [`SCENARIO_TIMEOUT`].
@@ -62,8 +60,8 @@ pub struct ScenarioRun {
     pub gave_up_while_frozen: bool,
     /// The end of the client's stderr and stdout, for error messages.
     pub output_tail: String,
-    /// The temporary home; removed on drop.
-    pub home: tempfile::TempDir,
+    /// The temporary home, held so that it is removed only when the run is dropped.
+    _home: tempfile::TempDir,
 }
 
 /// Why a scenario could not run.
@@ -183,12 +181,11 @@ pub async fn run_scenario(
     Ok(ScenarioRun {
         scenario,
         log,
-        seen: endpoint.seen(),
         exit_code,
         timed_out,
         gave_up_while_frozen,
         output_tail,
-        home,
+        _home: home,
     })
 }
 

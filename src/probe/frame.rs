@@ -230,16 +230,6 @@ impl Accumulator {
         }
     }
 
-    /// Bytes pushed so far.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Whether nothing was pushed.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
     /// The message, and a fresh accumulator in place of this one.
     pub fn take(&mut self) -> Frame {
         let done = std::mem::take(self);

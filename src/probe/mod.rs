@@ -31,22 +31,24 @@
 //! Standard input and output are the reactor's own pipes ([`pipes`]). The HTTP probe writes what
 //! is queued before exiting on SIGINT or SIGTERM.
 
-pub mod error;
-pub mod frame;
-pub mod head;
-pub mod http;
-pub mod pipes;
-pub mod read;
+mod error;
+mod frame;
+mod head;
+mod http;
+mod pipes;
+pub(crate) mod read;
 pub mod record;
-pub mod server;
-pub mod stdio;
-pub mod tap;
-pub mod wrap;
-pub mod writer;
+pub(crate) mod server;
+mod stdio;
+pub(crate) mod tap;
+mod wrap;
+mod writer;
 
 pub use error::ProbeError;
-pub use record::{Record, RecordContext, ShapeLog, record_for_request, record_for_tool_call};
-pub use server::ProbeServer;
+pub use frame::{Frame, LineFramer};
+pub(crate) use record::record_for_request;
+pub use record::{Record, ShapeLog};
+pub(crate) use server::ProbeServer;
 pub use tap::{Mode, Tap};
 
 use crate::shape::Digester;
@@ -56,7 +58,7 @@ use std::sync::Arc;
 
 /// What `callid probe` was asked to do.
 #[derive(Debug, Clone)]
-pub struct ProbeOptions {
+pub(crate) struct ProbeOptions {
     /// Serve streamable HTTP here instead of stdio (loopback only).
     pub http: Option<SocketAddr>,
     /// Browser origins to answer besides the probe's own (see [`crate::http_guard`]).
@@ -76,7 +78,7 @@ pub struct ProbeOptions {
 
 /// Runs the probe until its input ends (stdio, `--wrap`) or forever (HTTP). Returns the exit
 /// code: the wrapped server's under `--wrap`, 0 otherwise.
-pub async fn run(options: ProbeOptions) -> Result<i32, ProbeError> {
+pub(crate) async fn run(options: ProbeOptions) -> Result<i32, ProbeError> {
     let bound = match options.http {
         Some(addr) if options.wrap.is_empty() => Some(
             crate::http_guard::bind(

@@ -183,11 +183,6 @@ pub enum IdentityVerdict {
 }
 
 impl IdentityVerdict {
-    /// The verdict for a request's `_meta`, by the built-in identity table.
-    pub fn of(meta: Option<&Value>, digester: &Digester) -> Self {
-        Self::of_with(identity::IdentitySources::built_in_ref(), meta, digester)
-    }
-
     /// The verdict for a request's `_meta`, by `sources`.
     pub fn of_with(
         sources: &identity::IdentitySources,

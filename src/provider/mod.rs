@@ -43,24 +43,25 @@
 //! charge, and every answer for that key carries the same receipt. The receipt is committed
 //! before it is sent. See [`Ledger`] for the storage contract.
 
-pub mod client;
-pub mod error;
-pub mod ledger;
+mod client;
+mod error;
+mod ledger;
 pub mod mcp;
-pub mod prices;
-pub mod server;
-pub mod types;
+pub(crate) mod prices;
+mod server;
+pub(crate) mod types;
 
 /// Environment variable holding the provider's bearer token (for `callid provider` and for the
 /// router's `--provider-url`).
 pub const TOKEN_ENV: &str = "CALLID_PROVIDER_TOKEN";
 
-pub use client::{BoxFuture, Client, Endpoint, ProviderApi};
+pub use client::Client;
+pub(crate) use client::{Endpoint, ProviderApi};
 pub use error::ProviderError;
 pub use ledger::Ledger;
-pub use server::{
-    HookAction, ProviderHandle, ProviderHooks, require_token, router, serve, spawn, spawn_app,
-};
-pub use types::{
-    ChargeOutcome, ChargeRecord, ChargesPage, Image, ImageRequest, Receipt, validate_key,
-};
+pub use server::{HookAction, ProviderHandle, ProviderHooks, spawn};
+pub(crate) use server::{require_token, router, spawn_app};
+pub use types::{ChargeOutcome, ChargeRecord, ImageRequest};
+pub(crate) use types::{ChargesPage, Image, Receipt};
+#[cfg(test)]
+pub(crate) use {client::BoxFuture, types::validate_key};

@@ -93,15 +93,6 @@ async fn check_token(
     response
 }
 
-/// Serves the provider on `listener` until the future is dropped or the listener fails.
-pub async fn serve(
-    listener: tokio::net::TcpListener,
-    ledger: Ledger,
-    hooks: Option<Arc<dyn ProviderHooks>>,
-) -> std::io::Result<()> {
-    axum::serve(crate::http_guard::nodelay(listener), router(ledger, hooks)).await
-}
-
 /// A provider running on a background task; dropping it stops accepting connections.
 #[derive(Debug)]
 pub struct ProviderHandle {

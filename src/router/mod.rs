@@ -44,17 +44,17 @@
 //! - Envelope identities are keyed by their `installation_id` too, and may not claim a built-in
 //!   platform (see [`crate::identity`]).
 
-pub mod diagnose;
-pub mod operator;
-pub mod pipeline;
-pub mod policy;
-pub mod preallocated;
-pub mod registry;
-pub mod replay;
-pub mod reply;
-pub mod scrub;
-pub mod server;
-pub mod spend;
+pub(crate) mod diagnose;
+pub(crate) mod operator;
+pub(crate) mod pipeline;
+pub(crate) mod policy;
+pub(crate) mod preallocated;
+pub(crate) mod registry;
+pub(crate) mod replay;
+pub(crate) mod reply;
+pub(crate) mod scrub;
+pub(crate) mod server;
+pub(crate) mod spend;
 
 pub use spend::{Router, RouterOptions};
 

@@ -41,8 +41,7 @@ use super::registry::{
 };
 use super::replay::{self, Cached, ReplayCache};
 pub use super::reply::{
-    HANDLE_META, REPLAYED_META, Reply, ToolCode, ToolError, chain, identity_error, overcharge_json,
-    overcharge_text,
+    HANDLE_META, Reply, ToolCode, ToolError, identity_error, overcharge_json, overcharge_text,
 };
 use super::scrub::Scrubber;
 use crate::canonical::{self, RequestHash};
@@ -266,11 +265,6 @@ impl Core {
             replies: ReplayCache::default(),
             opts,
         }
-    }
-
-    /// The options this core runs with.
-    pub fn options(&self) -> &CoreOptions {
-        &self.opts
     }
 
     /// Whether new keys come from a preallocated pool.
@@ -626,11 +620,6 @@ impl Core {
             cached.clone(),
         );
         cached
-    }
-
-    /// How many completed replies the replay cache holds, and their bytes.
-    pub fn replay_cache_size(&self) -> (usize, usize) {
-        (self.replies.len(), self.replies.bytes())
     }
 
     /// Lets another delivery (or process) dispatch a pending operation this one gave up on.

@@ -13,11 +13,10 @@
 //! same key, which every layer behind the router answers with the original charge.
 
 use super::diagnose::{CallInfo, Diagnostics};
-pub use super::pipeline::LEASE_TTL;
 use super::pipeline::{Core, CoreOptions, Outcome, Quote, Settle, Spender, Stage, Staged};
 use super::policy::Policy;
 use super::registry::{NewOperation, Operation, RegistryLocation, Status};
-pub use super::reply::{ERROR_CODES, REPLAYED_META, Reply, ToolCode, ToolError};
+pub use super::reply::{ERROR_CODES, Reply, ToolCode, ToolError};
 use super::reply::{
     backend_code, backend_error, chain, completed, identity_error, is_final, receipt_json,
 };
@@ -62,22 +61,6 @@ pub struct RouterOptions {
     pub identity_sources: Arc<identity::IdentitySources>,
 }
 
-impl RouterOptions {
-    /// Options with defaults for everything but the registry.
-    pub fn new(registry: impl Into<RegistryLocation>) -> Self {
-        RouterOptions {
-            registry: registry.into(),
-            provider: None,
-            policy: Policy::default(),
-            preallocated_keys: None,
-            key_prefix: crate::keys::DEFAULT_KEY_PREFIX.into(),
-            handle_prefix: crate::keys::DEFAULT_HANDLE_PREFIX.into(),
-            diagnose_meta: None,
-            identity_sources: identity::IdentitySources::built_in_shared(),
-        }
-    }
-}
-
 /// The reference router's state: the pipeline core, the backend, the diagnostics.
 pub struct Router {
     opts: RouterOptions,
@@ -114,11 +97,6 @@ impl Router {
             backend: tokio::sync::Mutex::new(None),
             opts,
         }
-    }
-
-    /// The options this router runs with.
-    pub fn options(&self) -> &RouterOptions {
-        &self.opts
     }
 
     /// Answers one `tools/call`: the scrubbed `CallToolResult` JSON, or `None` for an unknown

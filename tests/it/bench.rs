@@ -128,7 +128,7 @@ async fn bench_baseline_is_a_bare_mcp_server_with_the_probe_tool_and_echo() {
         .collect();
     assert_eq!(names, ["capabilities", "echo"]);
 
-    let meta = callid::bench::fixtures::codex_meta(1);
+    let meta = callid::testing::fixtures::codex_meta(1);
     let caps = conn
         .call_tool(json!(2), "capabilities", json!({}), Some(meta.clone()))
         .await
@@ -137,7 +137,7 @@ async fn bench_baseline_is_a_bare_mcp_server_with_the_probe_tool_and_echo() {
     let expected: Vec<&String> = meta.as_object().unwrap().keys().collect();
     assert_eq!(keys, json!(expected));
 
-    let arguments = callid::bench::fixtures::generate_image_arguments();
+    let arguments = callid::testing::fixtures::generate_image_arguments();
     let echo = conn
         .call_tool(json!(3), "echo", arguments.clone(), Some(meta))
         .await

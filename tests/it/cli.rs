@@ -4,7 +4,7 @@
 //! a single call.
 
 use crate::common::{bin, repo};
-use callid::measure::client::{
+use callid::testing::client_configs::{
     SERVER_NAME, claude_code_mcp_json, claude_mcp_add, codex_mcp_add, codex_server_toml,
 };
 use clap::Parser as _;
@@ -257,7 +257,7 @@ fn readme_codex_and_claude_code_configs_are_the_ones_measure_uses() {
 /// that table plus the timeouts.
 #[test]
 fn measure_writes_the_shared_codex_and_claude_code_configs() {
-    use callid::measure::client::Client;
+    use callid::testing::client_configs::Client;
     let home = tempfile::tempdir().unwrap();
     let server = vec!["/bin/sh".to_owned(), "/tmp/probe wrapper.sh".to_owned()];
     Client::Codex

@@ -5,7 +5,7 @@
 
 use crate::common::conform::{conform, verdicts};
 use crate::common::{bin, repo};
-use callid::conform::provider::RunnerProvider;
+use callid::conform::RunnerProvider;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -230,12 +230,7 @@ async fn the_relay_bridges_stdio_to_the_runner_upstream() {
     assert_eq!(upstream.charge_count().unwrap(), 3);
     assert_eq!(
         upstream.hooks().keys_seen(),
-        [
-            "k1",
-            "k1",
-            callid::conform::upstream::NO_KEY,
-            callid::conform::upstream::NO_KEY
-        ]
+        ["k1", "k1", callid::conform::NO_KEY, callid::conform::NO_KEY]
     );
     // An upstream outage ends the relay: to the router, its stdio upstream died mid-call.
     upstream.hooks().fail_next(503);
@@ -271,7 +266,7 @@ fn every_shipped_target_profile_loads() {
                 // Parsed, not loaded: loading also wants the `{env:NAME}` variables set.
                 let text = std::fs::read_to_string(&path).unwrap();
                 let dir = path.parent().unwrap().to_path_buf();
-                callid::conform::target::Profile::parse(&text, &path.display().to_string(), dir)
+                callid::conform::Profile::parse(&text, &path.display().to_string(), dir)
                     .unwrap_or_else(|e| panic!("{e}"));
                 seen += 1;
             }

@@ -9,8 +9,8 @@ use crate::common::mcp::{
 };
 use crate::common::provider;
 use crate::common::{bin, callid_ok, registry_handle};
-use callid::crashpoint::Boundary;
 use callid::jsonrpc::{Connection, Response};
+use callid::testing::crashpoint::Boundary;
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -314,7 +314,7 @@ async fn an_upstream_that_dies_mid_call_leaves_the_operation_open() {
         .gateway(
             &[],
             &[(
-                callid::crashpoint::ENV,
+                callid::testing::crashpoint::ENV,
                 Boundary::AfterProviderCharge.name(),
             )],
         )
@@ -366,7 +366,7 @@ async fn a_crash_at_any_boundary_never_charges_twice() {
         let label = boundary.name();
         let w = World::new();
         let mut g = w
-            .gateway(&[], &[(callid::crashpoint::ENV, boundary.name())])
+            .gateway(&[], &[(callid::testing::crashpoint::ENV, boundary.name())])
             .await;
         g.spend_and_die(codex("crash"), label).await;
         let before = registry_handle(&w.registry(), "crash");
@@ -425,7 +425,7 @@ async fn an_http_upstream_gets_the_derived_key_and_not_the_identity() {
         .map(|s| s.to_string())
         .collect();
     let (_probe_stdin, mut probe) = Connection::spawn_stdio(&bin(), &args, &[]).await.unwrap();
-    let url = callid::demo::http_url(&probe).await.unwrap();
+    let url = callid::testing::http_url(&probe).await.unwrap();
     let gw_args: Vec<String> = vec![
         "gateway".into(),
         "--registry".into(),

@@ -432,7 +432,10 @@ fn process_start(pid: u32) -> u64 {
 async fn a_lease_left_by_a_crashed_predecessor_with_the_same_pid_is_taken_over() {
     let w = World::new(None).await;
     let mut crashing = w
-        .router(&[], &[(callid::crashpoint::ENV, "after_authorization")])
+        .router(
+            &[],
+            &[(callid::testing::crashpoint::ENV, "after_authorization")],
+        )
         .await;
     let died = crashing
         .conn
@@ -444,7 +447,7 @@ async fn a_lease_left_by_a_crashed_predecessor_with_the_same_pid_is_taken_over()
     let r = w.router(&[], &[]).await;
     let pid = r.child.pid().unwrap();
     let owner = format!("{pid}:{}:predecessor-instance", process_start(pid));
-    let far = callid::clock::now_ms() + 600_000;
+    let far = callid::testing::now_ms() + 600_000;
     let changed = rusqlite::Connection::open(w.registry())
         .unwrap()
         .execute(

@@ -6,7 +6,7 @@ use crate::common::probe::{capabilities, close_expecting_exit_0, logged_probe, r
 use crate::common::{bin, repo};
 use callid::jsonrpc::Connection;
 use callid::probe::record::{Record, ShapeLog, Transport};
-use callid::probe::tap::{Frame, LineFramer, Mode, Tap};
+use callid::probe::{Frame, LineFramer, Mode, Tap};
 use callid::shape::Digester;
 use serde_json::{Value, json};
 use std::io::Write as _;
@@ -341,7 +341,7 @@ async fn http_probe_records_sessions_and_answers_discover() {
         ],
     )
     .await;
-    let url = callid::demo::http_url(&child).await.unwrap();
+    let url = callid::testing::http_url(&child).await.unwrap();
     assert!(
         url.starts_with("http://127.0.0.1:") && url.ends_with("/mcp"),
         "{url}"

@@ -232,7 +232,7 @@ async fn post_stateless(url: &str, method: &str, id: Value, params: Value) -> (u
 #[tokio::test]
 async fn http_stateless_client_discovers_then_calls_and_legacy_refuses_discover() {
     let (_dir, log, _stdin, mut child) = logged_probe("http.log", &["--http", "127.0.0.1:0"]).await;
-    let url = callid::demo::http_url(&child).await.unwrap();
+    let url = callid::testing::http_url(&child).await.unwrap();
     let (status, discover) = post_stateless(
         &url,
         "server/discover",
@@ -266,7 +266,7 @@ async fn http_stateless_client_discovers_then_calls_and_legacy_refuses_discover(
 
     let (_stdin, mut legacy) =
         spawn_probe(&["probe", "--legacy-handshake", "--http", "127.0.0.1:0"]).await;
-    let url = callid::demo::http_url(&legacy).await.unwrap();
+    let url = callid::testing::http_url(&legacy).await.unwrap();
     let (_, refused) = post_stateless(
         &url,
         "server/discover",
@@ -334,7 +334,7 @@ async fn ten_thousand_calls_make_ten_thousand_records() {
 #[tokio::test]
 async fn http_probe_writes_every_record_before_exiting_on_sigterm() {
     let (_dir, log, _stdin, mut child) = logged_probe("http.log", &["--http", "127.0.0.1:0"]).await;
-    let url = callid::demo::http_url(&child).await.unwrap();
+    let url = callid::testing::http_url(&child).await.unwrap();
     for id in 1..=50 {
         let (_, call) = post_stateless(
             &url,

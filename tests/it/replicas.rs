@@ -13,9 +13,9 @@ use crate::common::mcp::{
 use crate::common::provider;
 use crate::common::{bin, callid_ok};
 use crate::pg::PgCluster;
-use callid::crashpoint::Boundary;
 use callid::jsonrpc::Response;
 use callid::provider::ProviderHandle;
+use callid::testing::crashpoint::Boundary;
 use serde_json::{Value, json};
 use std::path::PathBuf;
 use std::process::Command;
@@ -138,7 +138,7 @@ async fn a_replica_killed_at_any_boundary_is_taken_over_by_another_with_one_char
         let mut doomed = w
             .replica(
                 &format!("doomed-{name}"),
-                &[(callid::crashpoint::ENV, name)],
+                &[(callid::testing::crashpoint::ENV, name)],
             )
             .await;
         doomed.spend_and_die(codex(&call), name).await;
@@ -257,13 +257,13 @@ fn operator_commands_and_refusals_on_a_database() {
         ),
         format!(
             "callid-registry {}",
-            callid::router::registry::postgres::MIGRATIONS.len()
+            callid::testing::registry::postgres::MIGRATIONS.len()
         )
     );
 
     // A database at schema 1 (written by an older callid) is upgraded in place, rows kept.
     pg.sql("postgres", "CREATE DATABASE older");
-    pg.sql("older", callid::router::registry::postgres::MIGRATIONS[0]);
+    pg.sql("older", callid::testing::registry::postgres::MIGRATIONS[0]);
     pg.sql(
         "older",
         "INSERT INTO callid_schema VALUES ('callid-registry', 1);
@@ -278,7 +278,7 @@ fn operator_commands_and_refusals_on_a_database() {
     );
     assert_eq!(
         pg.sql("older", "SELECT version FROM callid_schema"),
-        callid::router::registry::postgres::MIGRATIONS
+        callid::testing::registry::postgres::MIGRATIONS
             .len()
             .to_string()
     );

@@ -13,8 +13,8 @@ use crate::common::mcp::{
 };
 use crate::common::provider;
 use crate::pg::PgCluster;
-use callid::crashpoint::Boundary;
 use callid::jsonrpc::Response;
+use callid::testing::crashpoint::Boundary;
 use serde_json::{Value, json};
 use std::path::PathBuf;
 use std::process::Command;
@@ -143,7 +143,9 @@ async fn a_gateway_replica_killed_holding_a_dispatch_is_taken_over_with_one_char
         let name = boundary.name();
         let call = format!("crash-{name}");
         let before = w.charges().len();
-        let mut doomed = w.gateway(&[], &[(callid::crashpoint::ENV, name)]).await;
+        let mut doomed = w
+            .gateway(&[], &[(callid::testing::crashpoint::ENV, name)])
+            .await;
         doomed.spend_and_die(codex(&call), name).await;
         let row = w.handle_of(&call);
         assert!(!row.is_empty(), "{name}: the row is committed first");

@@ -10,9 +10,9 @@ use crate::common::mcp::{
 };
 use crate::common::provider;
 use crate::common::{bin, registry_handle};
-use callid::crashpoint::Boundary;
 use callid::jsonrpc::{Connection, Response};
 use callid::provider::ProviderHandle;
+use callid::testing::crashpoint::Boundary;
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -413,7 +413,11 @@ async fn a_crash_at_any_boundary_never_charges_twice() {
             World::new().await
         };
         let mut r = w
-            .router_on(&w.registry(), &[], &[(callid::crashpoint::ENV, name)])
+            .router_on(
+                &w.registry(),
+                &[],
+                &[(callid::testing::crashpoint::ENV, name)],
+            )
             .await;
         r.spend_and_die(codex("crash"), &label).await;
         let stderr = r.child.stderr_text();
@@ -757,7 +761,7 @@ async fn corrupt_foreign_and_newer_registries_are_refused_untouched() {
         let c = rusqlite::Connection::open(&newer).unwrap();
         c.execute_batch(&format!(
             "PRAGMA application_id = {}; PRAGMA user_version = 99; CREATE TABLE future (x);",
-            callid::router::registry::APPLICATION_ID
+            callid::testing::registry::APPLICATION_ID
         ))
         .unwrap();
     }
@@ -850,11 +854,11 @@ async fn the_registry_file_is_private_wal_and_identified() {
     let get = |sql: &str| -> i64 { c.query_row(sql, [], |r| r.get(0)).unwrap() };
     assert_eq!(
         get("PRAGMA application_id") as i32,
-        callid::router::registry::APPLICATION_ID
+        callid::testing::registry::APPLICATION_ID
     );
     assert_eq!(
         get("PRAGMA user_version"),
-        callid::router::registry::MIGRATIONS.len() as i64
+        callid::testing::registry::MIGRATIONS.len() as i64
     );
     let mode: String = c
         .query_row("PRAGMA journal_mode", [], |r| r.get(0))

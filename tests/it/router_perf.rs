@@ -4,7 +4,7 @@
 //! SQLite files, the in-process provider.
 
 use crate::common::bin;
-use crate::common::mcp::{Served, code, env_of, next_id};
+use crate::common::mcp::{KEY_PREFIX, Served, code, env_of, next_id};
 use crate::common::provider;
 use callid::jsonrpc::{Response, RpcError};
 use serde_json::{Value, json};
@@ -113,7 +113,11 @@ async fn a_replay_from_the_cache_equals_the_durable_record_and_keeps_every_check
 async fn a_new_row_is_committed_with_its_dispatch_lease() {
     let dir = tempfile::tempdir().unwrap();
     let registry = registry_in(&dir);
-    let mut crashing = router(&registry, &[(callid::crashpoint::ENV, "after_row_commit")]).await;
+    let mut crashing = router(
+        &registry,
+        &[(callid::testing::crashpoint::ENV, "after_row_commit")],
+    )
+    .await;
     let pid = crashing.child.pid().expect("running");
     let died = crashing
         .conn
@@ -141,7 +145,7 @@ async fn a_new_row_is_committed_with_its_dispatch_lease() {
             .is_some_and(|o| o.starts_with(&format!("{pid}:"))),
         "the row's first commit holds the lease of the process that wrote it: {owner:?}"
     );
-    assert!(expires.is_some_and(|e| e > callid::clock::now_ms()));
+    assert!(expires.is_some_and(|e| e > callid::testing::now_ms()));
     assert_eq!(charges(&registry), 0);
 
     // The crashed owner is gone, so the redelivery takes the lease over at once and charges once.
@@ -183,7 +187,11 @@ async fn a_new_operation_commits_its_layers_with_its_row_and_its_result() {
     let dir = tempfile::tempdir().unwrap();
     let registry = registry_in(&dir);
 
-    let mut crashing = router(&registry, &[(callid::crashpoint::ENV, "after_row_commit")]).await;
+    let mut crashing = router(
+        &registry,
+        &[(callid::testing::crashpoint::ENV, "after_row_commit")],
+    )
+    .await;
     let died = crashing
         .conn
         .call_tool(next_id(), "generate_image", fox(), Some(codex("row")))
@@ -205,7 +213,7 @@ async fn a_new_operation_commits_its_layers_with_its_row_and_its_result() {
 
     let mut crashing = router(
         &registry,
-        &[(callid::crashpoint::ENV, "before_result_recorded")],
+        &[(callid::testing::crashpoint::ENV, "before_result_recorded")],
     )
     .await;
     let died = crashing
@@ -239,30 +247,32 @@ async fn a_new_operation_commits_its_layers_with_its_row_and_its_result() {
 }
 
 /// A state directory from before the layers moved into the registry: their own files' rows are
-/// copied in (a dispatched decision keeps holding its budget), and the files are kept, renamed.
+/// copied in (what a decision charged keeps counting against the budget), and the files are
+/// kept, renamed.
 #[tokio::test]
 async fn the_layers_own_files_of_an_earlier_callid_are_imported_with_their_reservations() {
     let dir = tempfile::tempdir().unwrap();
     let registry = registry_in(&dir);
-    let own = registry.with_file_name(callid::backend::AUTHORIZATION_FILE);
     {
-        let auth = callid::backend::Authorization::open(&own).unwrap();
-        let decision = auth
-            .authorize(&callid::backend::AuthorizationRequest {
-                agent_id: "callid-router:earlier",
-                operation_key: "hubu:operation:v1:codex:earlier",
-                account: "default",
-                amount_cents: 25,
-                scope: "generate_image:flux-pro:1024x1024",
-                request_hash: "sha256:earlier",
-                budget_cents: Some(30),
-            })
-            .unwrap();
-        assert!(auth.mark_dispatched(&decision.decision_id).unwrap());
-        callid::backend::Execution::open(&registry.with_file_name(callid::backend::EXECUTION_FILE))
-            .unwrap();
+        // An earlier callid's layout: the library's own-file backend, one 25-cent image.
+        let backend = callid::backend::Backend::open(
+            registry.parent().unwrap(),
+            callid::backend::ProviderTarget::InProcess,
+            callid::backend::BackendConfig {
+                agent_id: "callid-router:earlier".into(),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let args = json!({"prompt": "an earlier fox", "model": "flux-pro"});
+        let request: callid::provider::ImageRequest = serde_json::from_value(args.clone()).unwrap();
+        let key = callid::keys::OperationKey::generate(KEY_PREFIX, "codex");
+        let hash = callid::canonical::request_hash("generate_image", &args).unwrap();
+        let receipt = backend.spend(&key, &request, &hash).await.unwrap();
+        assert_eq!(receipt.amount_cents, 25);
     }
-    // 25 of 30 cents are held by the earlier dispatch: a 3-cent image fits, a second does not.
+    // 25 of 30 cents were charged under the earlier layout: a 3-cent image fits, a second does
+    // not.
     let r = router_with(&registry, &["--budget-cents", "30"]).await;
     let cheap = json!({"prompt": "an origami fox", "width": 512, "model": "flux-schnell"});
     result(&r.spend(cheap.clone(), codex("fits")).await);
@@ -282,8 +292,8 @@ async fn the_layers_own_files_of_an_earlier_callid_are_imported_with_their_reser
     let held: i64 = rusqlite::Connection::open(&registry)
         .unwrap()
         .query_row(
-            "SELECT amount_cents FROM decisions WHERE agent_id = 'callid-router:earlier' \
-             AND state = 'dispatched'",
+            "SELECT charged_cents FROM decisions WHERE agent_id = 'callid-router:earlier' \
+             AND state = 'charged'",
             [],
             |r| r.get(0),
         )

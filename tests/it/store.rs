@@ -110,7 +110,7 @@ async fn a_registry_named_like_a_sqlite_uri_is_a_durable_plain_file() {
     let file = dir.path().join(name);
     assert_eq!(
         header(&file).0,
-        callid::router::registry::APPLICATION_ID,
+        callid::testing::registry::APPLICATION_ID,
         "the registry is the file literally named `{name}`"
     );
     assert_eq!(mode(&file), 0o600);
@@ -256,7 +256,7 @@ async fn foreign_and_newer_registries_with_a_wal_are_refused_byte_for_byte_untou
     let newer = format!(
         "PRAGMA application_id = {}; PRAGMA user_version = 99; CREATE TABLE future (x); \
          INSERT INTO future VALUES (1);",
-        callid::router::registry::APPLICATION_ID
+        callid::testing::registry::APPLICATION_ID
     );
     for (name, setup, mode, wanted) in [
         (
@@ -305,7 +305,7 @@ fn a_key_pool_from_a_newer_callid_is_refused_untouched_never_downgraded() {
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(
         header(&pool),
-        (callid::router::preallocated::APPLICATION_ID, 1)
+        (callid::testing::preallocated::APPLICATION_ID, 1)
     );
     {
         let c = rusqlite::Connection::open(&pool).unwrap();

@@ -19,8 +19,8 @@
 //! ## Durability
 //! - WAL journal with `synchronous=FULL`: a committed row survives a power cut, not only a crash.
 //! - A new operation's row (keys, request hash, state) is committed before anything is dispatched
-//!   ([`Registry::insert_or_get`]); the result is recorded after the backend answered and before
-//!   the reply is sent ([`Registry::record_result`]). A crash between the two leaves a `pending`
+//!   ([`Write::Insert`]); the result is recorded after the backend answered and
+//!   before the reply is sent ([`Write::Result`]). A crash between the two leaves a `pending`
 //!   row, and redelivery continues that operation under the same private key, which every layer
 //!   behind the router treats as the same operation.
 //! - The file is opened, identified, protected and migrated by [`crate::store`], like every state
@@ -36,10 +36,10 @@
 //! ## Concurrency
 //! - Every write runs in an `IMMEDIATE` transaction (the write lock is taken first, so two writers
 //!   never both read "absent" and both insert). Readers and writers from other processes wait up
-//!   to [`BUSY_TIMEOUT`] for a lock before the call fails closed.
+//!   to [`BUSY_TIMEOUT`](crate::store::BUSY_TIMEOUT) for a lock before the call fails closed.
 //! - Dispatch is guarded by a lease on the row ([`Registry::claim_lease`]): a process that is about
 //!   to call the backend writes its owner id and an expiry (a new row is written with its lease,
-//!   one commit: [`Registry::insert_leased`]); another process that finds a live
+//!   one commit: [`Write::Insert`]); another process that finds a live
 //!   lease answers `operation_in_progress` (safe to retry). A lease whose owner is gone or whose
 //!   expiry passed is taken over at once. The owner id is unique per router instance and process
 //!   life ([`process_owner`]: PID, process start time, random instance id), so a crashed
@@ -90,7 +90,6 @@ use std::time::Duration;
 
 /// `PRAGMA application_id` of a callid registry (`"cLiD"` in ASCII).
 pub const APPLICATION_ID: i32 = 0x634c_6944;
-pub use crate::store::BUSY_TIMEOUT;
 
 /// What a registry file is, for [`crate::store`].
 pub(super) static SPEC: StoreSpec = StoreSpec {
@@ -262,12 +261,6 @@ pub enum RegistryError {
         /// The error, as its `Display` showed it.
         message: String,
     },
-    /// A feature this backend does not offer (refused, never ignored).
-    #[error("{what}")]
-    Unsupported {
-        /// What, and what was not done.
-        what: &'static str,
-    },
 }
 
 impl RegistryError {
@@ -286,7 +279,14 @@ pub type InsertDone<T> = (Insert, bool, Option<Result<T, String>>);
 /// One write of a group commit ([`Registry::write_batch`]), with the channel its answer goes to
 /// once the commit returned.
 pub enum Write<T> {
-    /// [`Registry::insert_staged`].
+    /// Records a new operation unless its call identity already has a row (answering the
+    /// row now stored and whether this write created it), refusing one that would take the
+    /// cents committed by this installation's operations above `budget_cents` (the gateway's
+    /// policy budget; on PostgreSQL under an advisory lock, so it holds across replicas). A
+    /// created, pending row gets its dispatch lease for `owner`, and `stage`, another layer's
+    /// steps for it, runs in a savepoint of the same transaction: one commit for all. When the
+    /// stage fails, its writes are rolled back alone, the row and its lease stay, and its error
+    /// is answered beside the row (the caller then runs those steps on their own).
     Insert {
         /// The new operation.
         new: Box<NewOperation>,
@@ -301,7 +301,9 @@ pub enum Write<T> {
         /// Where the answer goes.
         reply: tokio::sync::oneshot::Sender<Result<InsertDone<T>, RegistryError>>,
     },
-    /// [`Registry::record_settled`].
+    /// Records the result of a completed operation, with what the provider charged, and
+    /// drops its lease; `settle`, another layer's record of the same outcome, runs in the same
+    /// transaction. When it fails nothing is recorded ([`RegistryError::Layer`]).
     Result {
         /// The operation.
         handle: PublicHandle,
@@ -503,7 +505,7 @@ impl NewOperation {
     }
 }
 
-/// What [`Registry::insert_within_budget`] did.
+/// What [`Write::Insert`] did.
 #[derive(Debug)]
 pub enum Insert {
     /// The row now stored for the call, and whether this call created it.
@@ -635,20 +637,10 @@ impl Registry {
         }
     }
 
-    /// Opens an in-memory SQLite registry (unit tests).
-    pub fn open_in_memory() -> Result<Registry, RegistryError> {
-        SqliteRegistry::open_in_memory().map(Registry::Sqlite)
-    }
-
     /// This router installation's id, generated on first open and kept (shared by every
     /// replica of one database).
     pub fn installation_id(&self) -> &str {
         each!(self, r => r.installation_id())
-    }
-
-    /// The schema version of the open registry.
-    pub fn schema_version(&mut self) -> Result<i64, RegistryError> {
-        each!(self, r => r.schema_version())
     }
 
     /// The operation recorded for a call identity of this installation.
@@ -664,67 +656,6 @@ impl Registry {
     /// The operation with this public handle.
     pub fn find_by_handle(&mut self, handle: &str) -> Result<Option<Operation>, RegistryError> {
         each!(self, r => r.find_by_handle(handle))
-    }
-
-    /// Records `new` unless its call identity already has a row; returns the row now stored
-    /// and whether this call created it. The row is durably committed when this returns.
-    pub fn insert_or_get(&mut self, new: NewOperation) -> Result<(Operation, bool), RegistryError> {
-        each!(self, r => r.insert_or_get(new))
-    }
-
-    /// [`Registry::insert_or_get`], refusing a new operation that would take the cents committed
-    /// by this installation's operations above `budget_cents`, in the same transaction (the
-    /// gateway's policy budget; on PostgreSQL under an advisory lock, so it holds across
-    /// replicas).
-    pub fn insert_within_budget(
-        &mut self,
-        new: NewOperation,
-        budget_cents: Option<u64>,
-    ) -> Result<Insert, RegistryError> {
-        each!(self, r => r.insert_within_budget(new, budget_cents))
-    }
-
-    /// [`Registry::insert_within_budget`] that also takes the dispatch lease of the new row for
-    /// `owner` until `now + ttl`: returns the row, whether this call created it, and whether the
-    /// lease is held (only for a created, pending row). On a SQLite file the row and its lease
-    /// are one transaction, one commit; on PostgreSQL the lease is claimed right after the insert.
-    pub fn insert_leased(
-        &mut self,
-        new: NewOperation,
-        budget_cents: Option<u64>,
-        owner: &str,
-        ttl: Duration,
-    ) -> Result<(Insert, bool), RegistryError> {
-        self.insert_staged::<(), ()>(new, budget_cents, owner, ttl, None)
-            .map(|(insert, leased, _)| (insert, leased))
-    }
-
-    /// [`Registry::insert_leased`] with `stage`, another layer's steps for the new row, in the
-    /// same transaction: one commit for the row, its lease and the stage. The stage runs only
-    /// for a created, pending, leased row, inside a savepoint: when it fails, its writes are
-    /// rolled back and the row and its lease are committed without them, and its error is
-    /// returned beside the row (the caller then runs those steps on their own). Returns the
-    /// stage's outcome, `None` when it did not run (an existing row, a row waiting for
-    /// approval).
-    #[allow(clippy::type_complexity)]
-    pub fn insert_staged<T, E>(
-        &mut self,
-        new: NewOperation,
-        budget_cents: Option<u64>,
-        owner: &str,
-        ttl: Duration,
-        stage: Option<InTransaction<T, E>>,
-    ) -> Result<(Insert, bool, Option<Result<T, E>>), RegistryError> {
-        match self {
-            Registry::Sqlite(r) => {
-                let (insert, staged) =
-                    r.insert_leased(new, budget_cents, Some((owner, ttl)), stage)?;
-                let leased =
-                    matches!(&insert, Insert::Stored(op, true) if op.status == Status::Pending);
-                Ok((insert, leased, staged))
-            }
-            Registry::Postgres(r) => r.insert_staged(new, budget_cents, owner, ttl, stage),
-        }
     }
 
     /// Runs `writes` with one commit for all on a SQLite file (group commit: see
@@ -783,29 +714,6 @@ impl Registry {
         each!(self, r => r.release_lease(handle, owner))
     }
 
-    /// Records the result of a completed operation, with what the provider charged.
-    pub fn record_result(
-        &mut self,
-        handle: &PublicHandle,
-        result: &Value,
-        charged_cents: u64,
-    ) -> Result<(), RegistryError> {
-        self.record_settled::<String>(handle, result, charged_cents, None)
-    }
-
-    /// [`Registry::record_result`] with `settle`, another layer's record of the same outcome,
-    /// in the same transaction: one commit for all. When `settle` fails nothing is recorded
-    /// ([`RegistryError::Layer`]).
-    pub fn record_settled<E: std::fmt::Display>(
-        &mut self,
-        handle: &PublicHandle,
-        result: &Value,
-        charged_cents: u64,
-        settle: Option<InTransaction<(), E>>,
-    ) -> Result<(), RegistryError> {
-        each!(self, r => r.record_settled(handle, result, charged_cents, settle))
-    }
-
     /// Records a final error of an operation (answered again on redelivery).
     pub fn record_failure(
         &mut self,
@@ -824,11 +732,6 @@ impl Registry {
         reason: Option<&str>,
     ) -> Result<Operation, RegistryError> {
         each!(self, r => r.decide(handle, approve, reason))
-    }
-
-    /// Every operation, oldest first (operator listing).
-    pub fn all(&mut self) -> Result<Vec<Operation>, RegistryError> {
-        each!(self, r => r.all())
     }
 }
 

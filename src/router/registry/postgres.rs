@@ -125,10 +125,6 @@ impl Drop for PgRegistry {
     }
 }
 
-const SELECT: &str = "SELECT platform, harness_call_id, handle, operation_key, tool, request_hash,
-    arguments, amount_cents, status, approval, result, error_code, error_message,
-    source_installation, charged_cents FROM callid_operations";
-
 const FIND: &str = "SELECT platform, harness_call_id, handle, operation_key, tool, request_hash,
     arguments, amount_cents, status, approval, result, error_code, error_message,
     source_installation, charged_cents FROM callid_operations
@@ -439,15 +435,6 @@ impl PgRegistry {
         &self.installation_id
     }
 
-    /// The schema version recorded in the database.
-    pub fn schema_version(&mut self) -> Result<i64, RegistryError> {
-        self.run("reading its schema version", |c, _| {
-            c.query_one("SELECT version FROM callid_schema", &[])?
-                .try_get::<_, i32>(0)
-                .map(i64::from)
-        })
-    }
-
     /// The operation recorded for a call identity of this installation.
     pub fn find(
         &mut self,
@@ -492,16 +479,9 @@ impl PgRegistry {
     /// Inserts `new` with conflict handling (never check-then-insert): whichever replica's
     /// INSERT commits first owns the call identity; the others read the winner's row with a
     /// fresh statement. The row is committed (`synchronous_commit = on`) when this returns.
-    pub fn insert_or_get(&mut self, new: NewOperation) -> Result<(Operation, bool), RegistryError> {
-        match self.insert_within_budget(new, None)? {
-            Insert::Stored(op, created) => Ok((*op, created)),
-            Insert::OverBudget { .. } => unreachable!("no budget was given"),
-        }
-    }
-
-    /// [`PgRegistry::insert_or_get`], refusing a new operation that would take the cents
-    /// committed by this installation's operations (completed ones by what they charged, pending
-    /// and awaiting ones by their amount) above `budget_cents`, as the SQLite backend does.
+    /// Refuses a new operation that would take the cents committed by this installation's
+    /// operations (completed ones by what they charged, pending and awaiting ones by their
+    /// amount) above `budget_cents`, as the SQLite backend does.
     ///
     /// With a budget, the lookup, the sum and the insert run in one transaction under a
     /// transaction-level advisory lock on the installation ([`BUDGET_NAMESPACE`]): every
@@ -509,99 +489,11 @@ impl PgRegistry {
     /// after it sees every row the previous holder committed (READ COMMITTED takes a snapshot
     /// per statement), so concurrent spends across replicas never overspend together. The lock
     /// is released at commit; no connection is pinned across a dispatch.
-    pub fn insert_within_budget(
-        &mut self,
-        new: NewOperation,
-        budget_cents: Option<u64>,
-    ) -> Result<Insert, RegistryError> {
-        let installation = self.installation_id.clone();
-        let (status, approval) = new.initial_state();
-        let now = now_ms();
-        let arguments = new.arguments.to_string();
-        let amount = new.amount_cents as i64;
-        let budget = budget_cents.map(|b| b.min(i64::MAX as u64) as i64);
-        let done = self.run("recording a new operation", |c, p| {
-            let insert = p.get(c, INSERT)?;
-            let params: [&(dyn postgres::types::ToSql + Sync); 13] = [
-                &new.platform,
-                &installation,
-                &new.harness_call_id,
-                &new.handle.as_str(),
-                &new.key.expose(),
-                &new.tool,
-                &new.request_hash.as_str(),
-                &arguments,
-                &amount,
-                &status.name(),
-                &approval.name(),
-                &now,
-                &new.source_installation,
-            ];
-            let Some(budget) = budget else {
-                return Ok(Inserted::Row(c.query_opt(&insert, &params)?.is_some()));
-            };
-            let find = p.get(c, FIND)?;
-            let committed = p.get(c, COMMITTED)?;
-            let mut tx = c.transaction()?;
-            tx.execute(
-                "SELECT pg_advisory_xact_lock($1, hashtext($2))",
-                &[&BUDGET_NAMESPACE, &installation],
-            )?;
-            let existing = tx.query_opt(
-                &find,
-                &[
-                    &new.platform,
-                    &installation,
-                    &new.harness_call_id,
-                    &new.source_installation,
-                ],
-            )?;
-            if let Some(row) = existing {
-                return Ok(Inserted::Existing(Box::new(row_to_raw(&row)?)));
-            }
-            let spent: i64 = tx.query_one(&committed, &[&installation])?.try_get(0)?;
-            if spent.max(0).saturating_add(amount) > budget {
-                return Ok(Inserted::OverBudget(spent.max(0) as u64));
-            }
-            let created = tx.query_opt(&insert, &params)?.is_some();
-            tx.commit()?;
-            Ok(Inserted::Row(created))
-        })?;
-        let inserted = match done {
-            Inserted::Row(created) => created,
-            Inserted::Existing(raw) => {
-                let op = raw.into_operation(&self.location())?;
-                return Ok(Insert::Stored(Box::new(op), false));
-            }
-            Inserted::OverBudget(committed_cents) => {
-                return Ok(Insert::OverBudget { committed_cents });
-            }
-        };
-        if !inserted {
-            let existing = self.find(
-                &new.platform,
-                &new.source_installation,
-                &new.harness_call_id,
-            )?;
-            return match existing {
-                Some(op) => Ok(Insert::Stored(Box::new(op), false)),
-                None => Err(self.corrupt(format!(
-                    "the row of call `{}` conflicted on insert and then could not be found",
-                    new.harness_call_id
-                ))),
-            };
-        }
-        Ok(Insert::Stored(
-            Box::new(new.into_operation(status, approval)),
-            true,
-        ))
-    }
-
-    /// [`PgRegistry::insert_within_budget`] that also takes the new row's dispatch lease for
-    /// `owner` and runs `stage` (another layer's steps, in a savepoint) in the same transaction:
-    /// one commit for the row, its lease and the layers' records. An existing row is returned
-    /// untouched, with no stage run; a failed stage is rolled back alone (see
-    /// [`super::Registry::insert_staged`]).
+    ///
+    /// A created, pending row gets its dispatch lease for `owner`, and `stage` (another layer's
+    /// steps, in a savepoint) runs, in the same transaction: one commit for the row, its lease
+    /// and the layers' records. An existing row is returned untouched, with no stage run; a
+    /// failed stage is rolled back alone (see [`super::Write::Insert`]).
     #[allow(clippy::type_complexity)]
     pub fn insert_staged<T, E>(
         &mut self,
@@ -765,19 +657,9 @@ impl PgRegistry {
         .map(|_| ())
     }
 
-    /// Records the result of a completed operation (fenced by this replica's lease).
-    pub fn record_result(
-        &mut self,
-        handle: &PublicHandle,
-        result: &Value,
-        charged_cents: u64,
-    ) -> Result<(), RegistryError> {
-        self.record_settled::<String>(handle, result, charged_cents, None)
-    }
-
-    /// [`PgRegistry::record_result`] with `settle`, another layer's record of the same outcome,
-    /// in the same transaction (see [`super::Registry::record_settled`]); when it fails nothing
-    /// is recorded.
+    /// Records the result of a completed operation, with what the provider charged (fenced by
+    /// this replica's lease), and `settle`, another layer's record of the same outcome, in the
+    /// same transaction; when it fails nothing is recorded.
     pub fn record_settled<E: std::fmt::Display>(
         &mut self,
         handle: &PublicHandle,
@@ -867,18 +749,6 @@ impl PgRegistry {
         }
         self.find_by_handle(handle)?
             .ok_or_else(|| unknown(self.location()))
-    }
-
-    /// Every operation, oldest first.
-    pub fn all(&mut self) -> Result<Vec<Operation>, RegistryError> {
-        let raws = self.run("listing operations", |c, _| {
-            c.query(&format!("{SELECT} ORDER BY created_ms, handle"), &[])?
-                .iter()
-                .map(row_to_raw)
-                .collect::<Result<Vec<_>, _>>()
-        })?;
-        let at = self.location();
-        raws.into_iter().map(|r| r.into_operation(&at)).collect()
     }
 }
 

@@ -51,6 +51,7 @@ impl SqliteRegistry {
     }
 
     /// Opens an in-memory registry (unit tests).
+    #[cfg(test)]
     pub fn open_in_memory() -> Result<SqliteRegistry, RegistryError> {
         let conn = store::open_in_memory(&SPEC)?;
         Self::init(conn, PathBuf::from(":memory:"))
@@ -68,6 +69,7 @@ impl SqliteRegistry {
 
     /// Applies every migration above the file's `user_version` in one exclusive transaction.
     /// Running it again is a no-op.
+    #[cfg(test)]
     pub fn migrate(&mut self) -> Result<(), RegistryError> {
         store::migrate(&mut self.conn, &SPEC).map_err(sqlite(&self.path, "migrating its schema"))
     }
@@ -100,12 +102,8 @@ impl SqliteRegistry {
         &self.installation_id
     }
 
-    /// The registry file.
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
     /// The schema version of the open file.
+    #[cfg(test)]
     pub fn schema_version(&self) -> Result<i64, RegistryError> {
         self.conn
             .query_row("PRAGMA user_version", [], |r| r.get(0))
@@ -163,6 +161,7 @@ impl SqliteRegistry {
     /// Records `new` unless its call identity already has a row, in one IMMEDIATE transaction;
     /// returns the row now stored and whether it was created by this call. The row is committed
     /// (durably, `synchronous=FULL`) when this returns.
+    #[cfg(test)]
     pub fn insert_or_get(&mut self, new: NewOperation) -> Result<(Operation, bool), RegistryError> {
         match self.insert_within_budget(new, None)? {
             Insert::Stored(op, created) => Ok((*op, created)),
@@ -170,7 +169,9 @@ impl SqliteRegistry {
         }
     }
 
-    /// [`Registry::insert_or_get`], refusing a new operation whose amount would take the cents
+    #[cfg(test)]
+    /// Records `new` unless its call identity already has a row, and answers the row now stored
+    /// and whether this call created it; refuses a new operation whose amount would take the cents
     /// committed by this installation's operations (completed ones by what they charged, pending
     /// and awaiting ones by their amount) above `budget_cents`. The sum and the insert run in
     /// one IMMEDIATE transaction, so concurrent operations, from any process sharing the file,
@@ -184,11 +185,12 @@ impl SqliteRegistry {
             .map(|(insert, _)| insert)
     }
 
+    #[cfg(test)]
     /// [`SqliteRegistry::insert_within_budget`] that also gives a new, pending row its dispatch
     /// lease for `lease` (owner, time to live) in the same transaction: the row and the lease are
     /// one commit. An existing row is returned untouched (its lease is claimed separately).
     ///
-    /// `stage` (another layer's steps, see [`super::Registry::insert_staged`]) runs for a
+    /// `stage` (another layer's steps, see [`super::Write::Insert`]) runs for a
     /// created, leased row inside a savepoint of the same transaction; its outcome is returned
     /// beside the row (`None`: it did not run).
     #[allow(clippy::type_complexity)]
@@ -277,6 +279,7 @@ impl SqliteRegistry {
         .map(|_| ())
     }
 
+    #[cfg(test)]
     /// Records the result of a completed operation, with what the provider charged, and drops
     /// its lease.
     pub fn record_result(
@@ -288,8 +291,9 @@ impl SqliteRegistry {
         self.record_settled::<String>(handle, result, charged_cents, None)
     }
 
+    #[cfg(test)]
     /// [`SqliteRegistry::record_result`] with `settle`, another layer's record of the same
-    /// outcome (see [`super::Registry::record_settled`]), in the same transaction; when it fails
+    /// outcome (see [`super::Write::Result`]), in the same transaction; when it fails
     /// nothing is recorded.
     pub fn record_settled<E: std::fmt::Display>(
         &mut self,
@@ -462,22 +466,6 @@ impl SqliteRegistry {
                 handle: handle.to_string(),
                 path,
             })
-    }
-
-    /// Every operation, oldest first (operator listing).
-    pub fn all(&self) -> Result<Vec<Operation>, RegistryError> {
-        let mut stmt = self
-            .conn
-            .prepare(&format!("{SELECT} ORDER BY created_ms, handle"))
-            .map_err(sqlite(&self.path, "listing operations"))?;
-        let raws = stmt
-            .query_map([], row_to_raw)
-            .map_err(sqlite(&self.path, "listing operations"))?
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(sqlite(&self.path, "listing operations"))?;
-        raws.into_iter()
-            .map(|r| r.into_operation(&self.path))
-            .collect()
     }
 
     fn write(

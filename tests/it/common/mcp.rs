@@ -327,7 +327,7 @@ pub fn answered_or_in_progress(replies: Vec<Response>) -> Vec<Response> {
     answered
 }
 
-/// A pause point of a server under test ([`callid::crashpoint::PAUSE_ENV`]): the server stops at
+/// A pause point of a server under test ([`callid::testing::crashpoint::PAUSE_ENV`]): the server stops at
 /// a boundary until the gate file exists, and creates `<gate>.reached` when it gets there.
 pub struct Gate {
     path: PathBuf,
@@ -344,7 +344,7 @@ impl Gate {
 
     /// The environment variable that sets the pause point.
     pub fn env(&self) -> (&'static str, &str) {
-        (callid::crashpoint::PAUSE_ENV, &self.pause)
+        (callid::testing::crashpoint::PAUSE_ENV, &self.pause)
     }
 
     /// Waits (at most 60 s) until the server has reached the pause point.
