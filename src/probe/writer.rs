@@ -14,8 +14,9 @@
 //!   waiting (a queue allocated whole for [`QUEUE_RECORDS`] records took 850 kB of a 20 MB
 //!   budget before the first call), and the byte bound caps what is held whatever the messages'
 //!   sizes ([`QUEUE_RECORDS`] messages of the largest size the tap keeps would be 4 GiB).
-//! - In normal operation nothing is dropped: the writer does less work per message than
-//!   answering it, so the queue stays short (a test sends 10,000 calls and finds 10,000 records).
+//! - In normal operation nothing is dropped: the stdio probe answers on one thread and the
+//!   writer has its own, so the queue stays short (a test sends 10,000 calls and finds 10,000
+//!   records; [`WriterSummary::most_queued`], logged at `info` on exit, says how short).
 //! - Records are written in the order they were handed over, one line in one `write` each.
 //! - [`RecordWriter::finish`] writes everything still queued before it returns; [`flush`]
 //!   waits until everything handed over so far is written.
