@@ -243,7 +243,7 @@ fn run_probe(args: crate::cli::ProbeArgs) -> anyhow::Result<ExitCode> {
         identity_sources: identity_sources(&args.sources)?,
         legacy_handshake: args.legacy_handshake,
     };
-    let runtime = tokio::runtime::Runtime::new()?;
+    let runtime = crate::probe::runtime(&options)?;
     let result = runtime.block_on(crate::probe::run(options));
     // Standard input is read on a blocking thread that may never return: do not wait for it.
     runtime.shutdown_background();

@@ -76,6 +76,26 @@ pub(crate) struct ProbeOptions {
     pub legacy_handshake: bool,
 }
 
+/// The async runtime `callid probe` runs on.
+///
+/// The stdio probe serves one connection and its records are built on the writer's own thread
+/// ([`writer`]): its reply path runs on one thread (tokio's current-thread runtime; rmcp's
+/// handlers still run concurrently, as tasks on it). With a multi-thread runtime the reply path spread over both
+/// cores of a 2-core machine and outran the single writer thread at 16 calls in flight
+/// (measured over 6,000 calls: up to 4,096 records queued, the queue's bound, 3.7 MB of text;
+/// see BENCHMARKS.md); on one thread it leaves the writer a core, the queue stays short, and
+/// the process has two threads instead of four. The HTTP probe (many sessions) and `--wrap`
+/// (two pumps and a child) keep the multi-thread runtime.
+pub fn runtime(options: &ProbeOptions) -> std::io::Result<tokio::runtime::Runtime> {
+    if options.http.is_none() && options.wrap.is_empty() {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Runtime::new()
+    }
+}
+
 /// Runs the probe until its input ends (stdio, `--wrap`) or forever (HTTP). Returns the exit
 /// code: the wrapped server's under `--wrap`, 0 otherwise.
 pub(crate) async fn run(options: ProbeOptions) -> Result<i32, ProbeError> {

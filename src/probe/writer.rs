@@ -7,10 +7,16 @@
 //!
 //! # Guarantees
 //! - The reply is never delayed by the log: handing a record over never blocks. The queue holds
-//!   at most [`QUEUE_RECORDS`] records; when it is full the record is dropped and counted, and
-//!   [`RecordWriter::finish`] reports the count in one summary line on standard error.
-//! - In normal operation nothing is dropped: the writer does less work per message than
-//!   answering it, so the queue stays short (a test sends 10,000 calls and finds 10,000 records).
+//!   at most [`QUEUE_RECORDS`] records and [`QUEUE_BYTES`] bytes of message text; when either is
+//!   reached the record is dropped and counted, and [`RecordWriter::finish`] reports the count in
+//!   one summary line on standard error.
+//! - The queue's memory follows its contents: nothing is set aside for the records that are not
+//!   waiting (a queue allocated whole for [`QUEUE_RECORDS`] records took 850 kB of a 20 MB
+//!   budget before the first call), and the byte bound caps what is held whatever the messages'
+//!   sizes ([`QUEUE_RECORDS`] messages of the largest size the tap keeps would be 4 GiB).
+//! - In normal operation nothing is dropped: the stdio probe answers on one thread and the
+//!   writer has its own, so the queue stays short (a test sends 10,000 calls and finds 10,000
+//!   records; [`WriterSummary::most_queued`], logged at `info` on exit, says how short).
 //! - Records are written in the order they were handed over, one line in one `write` each.
 //! - [`RecordWriter::finish`] writes everything still queued before it returns; [`flush`]
 //!   waits until everything handed over so far is written.
@@ -20,12 +26,18 @@
 use super::record::{Record, RecordContext, ShapeLog, record_for_request};
 use crate::shape::Digester;
 use serde_json::Value;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 
 /// Most records waiting to be written; past this, records are dropped and counted.
 pub const QUEUE_RECORDS: usize = 4096;
+
+/// Most bytes of message text waiting to be written (a record counts its message's length; one
+/// the tap built itself counts its own size); past this, records are dropped and counted. About
+/// [`QUEUE_RECORDS`] messages of a Codex-sized call (850 bytes), so for such calls the record
+/// bound is reached first; for large messages this one is.
+pub const QUEUE_BYTES: usize = 4 << 20;
 
 /// One record to write: already built, or a parsed message to build it from.
 #[derive(Debug)]
@@ -53,8 +65,19 @@ pub enum Job {
     },
 }
 
+impl Job {
+    /// What the job counts against [`QUEUE_BYTES`].
+    fn queued_bytes(&self) -> usize {
+        match self {
+            Job::Record(_) => std::mem::size_of::<Record>(),
+            Job::Text { text, .. } => text.len(),
+            Job::Message { bytes, .. } => *bytes,
+        }
+    }
+}
+
 enum Item {
-    Job(Job),
+    Job(Job, usize),
     Flush(mpsc::Sender<()>),
 }
 
@@ -67,6 +90,10 @@ pub struct WriterSummary {
     pub dropped: u64,
     /// Records the log refused (a write error, reported as it happened).
     pub failed: u64,
+    /// The most records that were waiting at once.
+    pub most_queued: u64,
+    /// The most bytes (as counted against [`QUEUE_BYTES`]) that were waiting at once.
+    pub most_queued_bytes: u64,
 }
 
 #[derive(Default)]
@@ -74,11 +101,42 @@ struct Counters {
     written: AtomicU64,
     dropped: AtomicU64,
     failed: AtomicU64,
+    /// Records handed over and not yet handled by the writer (the bound's count).
+    queued: AtomicUsize,
+    /// Their bytes.
+    queued_bytes: AtomicUsize,
+    most_queued: AtomicUsize,
+    most_queued_bytes: AtomicUsize,
+}
+
+impl Counters {
+    /// Takes room for one record of `bytes` in the queue; `false` (and nothing taken) when the
+    /// queue is at either bound. Exact under concurrent callers: room is taken first, then given
+    /// back if it went past a bound.
+    fn reserve(&self, bytes: usize, records: usize, max_bytes: usize) -> bool {
+        let queued = self.queued.fetch_add(1, Ordering::AcqRel) + 1;
+        let queued_bytes = self.queued_bytes.fetch_add(bytes, Ordering::AcqRel) + bytes;
+        if queued > records || queued_bytes > max_bytes {
+            self.release(bytes);
+            return false;
+        }
+        self.most_queued.fetch_max(queued, Ordering::Relaxed);
+        self.most_queued_bytes
+            .fetch_max(queued_bytes, Ordering::Relaxed);
+        true
+    }
+
+    /// Gives back the room of one record of `bytes`.
+    fn release(&self, bytes: usize) {
+        self.queued.fetch_sub(1, Ordering::AcqRel);
+        self.queued_bytes.fetch_sub(bytes, Ordering::AcqRel);
+    }
 }
 
 /// A bounded queue of records and the thread that writes them.
 pub struct RecordWriter {
-    tx: Mutex<Option<mpsc::SyncSender<Item>>>,
+    tx: Mutex<Option<mpsc::Sender<Item>>>,
+    capacity: usize,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
     counters: Arc<Counters>,
 }
@@ -98,9 +156,11 @@ impl RecordWriter {
         Self::with_capacity(log, digester, QUEUE_RECORDS)
     }
 
-    /// Starts the writer thread with a queue of `capacity` records.
+    /// Starts the writer thread with a queue of `capacity` records (and [`QUEUE_BYTES`]).
     pub fn with_capacity(log: Arc<ShapeLog>, digester: Digester, capacity: usize) -> Self {
-        let (tx, rx) = mpsc::sync_channel::<Item>(capacity);
+        // Unbounded as a channel (its blocks are allocated as records arrive and freed as they
+        // leave); bounded by `Counters::reserve` before anything is sent.
+        let (tx, rx) = mpsc::channel::<Item>();
         let counters = Arc::new(Counters::default());
         let thread = {
             let counters = counters.clone();
@@ -111,6 +171,7 @@ impl RecordWriter {
         };
         RecordWriter {
             tx: Mutex::new(Some(tx)),
+            capacity,
             thread: Mutex::new(Some(thread)),
             counters,
         }
@@ -120,9 +181,16 @@ impl RecordWriter {
     /// writer has finished.
     pub fn submit(&self, job: Job) {
         let tx = self.tx.lock().unwrap_or_else(|p| p.into_inner());
+        let bytes = job.queued_bytes();
         let sent = match tx.as_ref() {
-            Some(tx) => tx.try_send(Item::Job(job)).is_ok(),
-            None => false,
+            Some(tx) if self.counters.reserve(bytes, self.capacity, QUEUE_BYTES) => {
+                let sent = tx.send(Item::Job(job, bytes)).is_ok();
+                if !sent {
+                    self.counters.release(bytes);
+                }
+                sent
+            }
+            _ => false,
         };
         if !sent {
             self.counters.dropped.fetch_add(1, Ordering::Relaxed);
@@ -153,11 +221,18 @@ impl RecordWriter {
             let _ = thread.join();
         }
         let summary = self.summary();
+        tracing::info!(
+            written = summary.written,
+            dropped = summary.dropped,
+            most_queued = summary.most_queued,
+            most_queued_bytes = summary.most_queued_bytes,
+            "the record writer finished"
+        );
         if summary.dropped > 0 {
             crate::logging::line(format_args!(
                 "callid probe: {} records written, {} dropped because the log writer fell behind \
-                 (queue of {QUEUE_RECORDS}); the replies were not delayed",
-                summary.written, summary.dropped
+                 (queue of {} records or {QUEUE_BYTES} bytes); the replies were not delayed",
+                summary.written, summary.dropped, self.capacity
             ));
         }
         summary
@@ -169,6 +244,8 @@ impl RecordWriter {
             written: self.counters.written.load(Ordering::Relaxed),
             dropped: self.counters.dropped.load(Ordering::Relaxed),
             failed: self.counters.failed.load(Ordering::Relaxed),
+            most_queued: self.counters.most_queued.load(Ordering::Relaxed) as u64,
+            most_queued_bytes: self.counters.most_queued_bytes.load(Ordering::Relaxed) as u64,
         }
     }
 }
@@ -245,15 +322,20 @@ fn write_loop(rx: mpsc::Receiver<Item>, log: &ShapeLog, digester: &Digester, cou
         Item::Flush(done) => {
             let _ = done.send(());
         }
-        Item::Job(job) => match log.write(&build(job, digester)) {
-            Ok(()) => {
-                counters.written.fetch_add(1, Ordering::Relaxed);
+        Item::Job(job, bytes) => {
+            // Its room is given back once its message is no longer held.
+            let record = build(job, digester);
+            counters.release(bytes);
+            match log.write(&record) {
+                Ok(()) => {
+                    counters.written.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(e) => {
+                    counters.failed.fetch_add(1, Ordering::Relaxed);
+                    tracing::error!("{e:#}");
+                }
             }
-            Err(e) => {
-                counters.failed.fetch_add(1, Ordering::Relaxed);
-                tracing::error!("{e:#}");
-            }
-        },
+        }
     };
     // Waits for the first record after an idle spell, then drains between pauses (see PAUSE).
     while let Ok(item) = rx.recv() {
@@ -337,12 +419,19 @@ mod tests {
         assert_eq!(writer.summary().written, 500);
         let summary = writer.finish();
         assert_eq!(
-            summary,
-            WriterSummary {
-                written: 500,
-                dropped: 0,
-                failed: 0
-            }
+            (summary.written, summary.dropped, summary.failed),
+            (500, 0, 0)
+        );
+        assert!(
+            (1..=500).contains(&summary.most_queued),
+            "{}",
+            summary.most_queued
+        );
+        // Each message counts its 10 bytes.
+        assert!(
+            (10..=5000).contains(&summary.most_queued_bytes),
+            "{}",
+            summary.most_queued_bytes
         );
         let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
         let records: Vec<Record> = text
@@ -394,5 +483,51 @@ mod tests {
         assert_eq!(lines, summary.written);
         writer.submit(message(100));
         assert_eq!(writer.summary().dropped, dropped + 1, "after finish");
+    }
+
+    /// Large messages reach the byte bound long before the record bound: the queue never holds
+    /// more than `QUEUE_BYTES` of them, and the rest are dropped and counted, without blocking.
+    #[test]
+    fn the_byte_bound_drops_large_messages_and_counts_them() {
+        let gate = Arc::new((Mutex::new(false), std::sync::Condvar::new()));
+        let out = Shared::default();
+        let log = Arc::new(ShapeLog::from_writer(Box::new(Gated {
+            gate: gate.clone(),
+            out: out.clone(),
+        })));
+        let writer = RecordWriter::start(log, Digester::Plain);
+        let big = |n: u64| {
+            let padding = "x".repeat(crate::probe::frame::MAX_MESSAGE_BYTES - 200);
+            let text = serde_json::to_vec(&json!({"jsonrpc": "2.0", "id": n,
+                "method": "tools/call", "params": {"name": "t", "arguments": {"p": padding}}}))
+            .unwrap();
+            Job::Text {
+                bytes: text.len(),
+                text,
+                ctx: RecordContext::new(Transport::Stdio),
+            }
+        };
+        // The writer holds at most one (built, blocked in its write) besides the queue.
+        let fit = (QUEUE_BYTES / big(0).queued_bytes()) as u64;
+        assert!(fit < 20);
+        for n in 0..20 {
+            writer.submit(big(n));
+        }
+        let dropped = writer.summary().dropped;
+        assert!((20 - fit - 1..=20 - fit).contains(&dropped), "{dropped}");
+        assert!(writer.summary().most_queued_bytes <= QUEUE_BYTES as u64);
+        {
+            let (open, cv) = &*gate;
+            *open.lock().unwrap() = true;
+            cv.notify_all();
+        }
+        let summary = writer.finish();
+        assert_eq!(summary.written + summary.dropped, 20);
+        assert_eq!(summary.dropped, dropped);
+        let lines = String::from_utf8(out.0.lock().unwrap().clone())
+            .unwrap()
+            .lines()
+            .count() as u64;
+        assert_eq!(lines, summary.written);
     }
 }
