@@ -268,8 +268,9 @@ pub async fn router_rows(ctx: &Context) -> Vec<(RowId, Outcome)> {
             &result,
             &format!(
                 "{} sequential `generate_image` calls with new call ids per round \
-                 (registry row, authorization, execution, provider charge, result: each \
-                 committed with synchronous=FULL) against {} single-row \
+                 (three commits with synchronous=FULL each: the row with its lease, decision \
+                 and dispatch; the provider's charge; the result with its receipt and \
+                 charge) against {} single-row \
                  insert+commit transactions (WAL, synchronous=FULL) in the same directory",
                 plan.router_sequential_ops, plan.router_sequential_ops
             ),

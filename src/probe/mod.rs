@@ -86,7 +86,7 @@ pub(crate) struct ProbeOptions {
 /// see BENCHMARKS.md); on one thread it leaves the writer a core, the queue stays short, and
 /// the process has two threads instead of four. The HTTP probe (many sessions) and `--wrap`
 /// (two pumps and a child) keep the multi-thread runtime.
-pub fn runtime(options: &ProbeOptions) -> std::io::Result<tokio::runtime::Runtime> {
+pub(crate) fn runtime(options: &ProbeOptions) -> std::io::Result<tokio::runtime::Runtime> {
     if options.http.is_none() && options.wrap.is_empty() {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
