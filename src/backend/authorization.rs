@@ -364,22 +364,10 @@ impl Authorization {
                 .optional()
                 .map_err(sql)?;
             if let Some((decision, state, reserved_ms)) = existing {
-                let differs: Vec<&str> = [
-                    ("account", decision.account == req.account),
-                    ("amount", decision.amount_cents == req.amount_cents),
-                    ("scope", decision.scope == req.scope),
-                    ("request", decision.request_hash == req.request_hash),
-                ]
-                .into_iter()
-                .filter(|(_, same)| !same)
-                .map(|(name, _)| name)
-                .collect();
+                let differs = decision.differs_from(req);
                 return if differs.is_empty() {
                     let now = now_ms();
-                    let lapsed = state == "released"
-                        || (state == "reserved"
-                            && reserved_ms.saturating_add(self.expiry_ms) <= now);
-                    if lapsed {
+                    if lapsed(&state, reserved_ms, self.expiry_ms, now) {
                         self.check_budget(tx, req)?;
                         tx.execute(
                             "UPDATE decisions SET state = 'reserved', reserved_ms = ?2 \
@@ -454,6 +442,29 @@ impl Authorization {
                 .map_err(|e| BackendError::from(self.store.error(e)))
         })
     }
+}
+
+impl Decision {
+    /// What of `req` differs from this recorded decision (`account`, `amount`, `scope`,
+    /// `request`): anything makes the key's reuse `create_new_operation`.
+    pub(super) fn differs_from(&self, req: &AuthorizationRequest<'_>) -> Vec<&'static str> {
+        [
+            ("account", self.account == req.account),
+            ("amount", self.amount_cents == req.amount_cents),
+            ("scope", self.scope == req.scope),
+            ("request", self.request_hash == req.request_hash),
+        ]
+        .into_iter()
+        .filter(|(_, same)| !same)
+        .map(|(name, _)| name)
+        .collect()
+    }
+}
+
+/// Whether a decision in `state`, reserved at `reserved_ms`, holds no budget any more at `now_ms`
+/// (released, or a reservation that expired): an identical retry reserves it again.
+pub(super) fn lapsed(state: &str, reserved_ms: i64, expiry_ms: i64, now_ms: i64) -> bool {
+    state == "released" || (state == "reserved" && reserved_ms.saturating_add(expiry_ms) <= now_ms)
 }
 
 fn spent_in(

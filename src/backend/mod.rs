@@ -426,20 +426,8 @@ impl Backend {
         {
             Ok(executed) => executed,
             Err(err) => {
-                let id = decision.decision_id.clone();
-                let settled = if err.is_provider_refusal() {
-                    self.authorization(move |a| a.release(&id)).await
-                } else if first_call && err.never_reached_provider() {
-                    self.authorization(move |a| a.mark_not_sent(&id)).await
-                } else {
-                    Ok(())
-                };
-                if let Err(e) = settled {
-                    tracing::warn!(
-                        "cannot settle the budget reservation of a failed spend: {}",
-                        e
-                    );
-                }
+                self.settle_failure(&decision.decision_id, first_call, &err)
+                    .await;
                 return Err(err);
             }
         };
@@ -449,14 +437,6 @@ impl Backend {
             self.authorization(move |a| a.record_charge(&id, charged))
                 .await?;
         }
-        if charged > decision.amount_cents {
-            tracing::error!(
-                authorized = decision.amount_cents,
-                charged,
-                provider = %self.inner.provider_description,
-                "the provider charged more than was authorized; the budget is debited by the charge"
-            );
-        }
         tracing::debug!(
             decision_id = %decision.decision_id,
             from_record = executed.from_record,
@@ -464,17 +444,7 @@ impl Backend {
             attempts = executed.attempts,
             "spend completed"
         );
-        let receipt = executed.receipt;
-        Ok(SpendReceipt {
-            decision_id: decision.decision_id,
-            charge_id: receipt.charge_id,
-            amount_cents: receipt.amount_cents,
-            authorized_cents: decision.amount_cents,
-            model: receipt.model,
-            image: receipt.image,
-            charged_at: receipt.created_at,
-            provider_replayed: executed.provider_replayed,
-        })
+        Ok(self.receipt(decision, executed.receipt, executed.provider_replayed))
     }
 }
 

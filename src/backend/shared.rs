@@ -12,7 +12,7 @@
 //! [`POOL_SIZE`] connections, each set up as above; a lost connection is dropped and a fresh one
 //! opened on the next call; until the database answers, every spend fails closed.
 
-use super::authorization::{AuthorizationRequest, Decision, decision_id};
+use super::authorization::{AuthorizationRequest, Decision, decision_id, lapsed};
 use super::error::BackendError;
 use super::execution::{Begin, Executed, provider_key};
 use crate::pg::PgUrl;
@@ -428,24 +428,13 @@ fn authorize_on(
         };
         let state: String = row.try_get(6)?;
         let reserved_ms: i64 = row.try_get(7)?;
-        let differs: Vec<&str> = [
-            ("account", decision.account == req.account),
-            ("amount", decision.amount_cents == req.amount_cents),
-            ("scope", decision.scope == req.scope),
-            ("request", decision.request_hash == req.request_hash),
-        ]
-        .into_iter()
-        .filter(|(_, same)| !same)
-        .map(|(name, _)| name)
-        .collect();
+        let differs = decision.differs_from(req);
         if !differs.is_empty() {
             return Err(Failure::Backend(BackendError::CreateNewOperation {
                 differs: differs.join(", "),
             }));
         }
-        let lapsed = state == "released"
-            || (state == "reserved" && reserved_ms.saturating_add(expiry_ms) <= now_ms);
-        if lapsed {
+        if lapsed(&state, reserved_ms, expiry_ms, now_ms) {
             check_budget(&mut tx)?;
             tx.execute(
                 "UPDATE callid_decisions SET state = 'reserved', reserved_ms = $2

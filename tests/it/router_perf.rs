@@ -192,12 +192,9 @@ async fn a_new_operation_commits_its_layers_with_its_row_and_its_result() {
         &[(callid::testing::crashpoint::ENV, "after_row_commit")],
     )
     .await;
-    let died = crashing
-        .conn
-        .call_tool(next_id(), "generate_image", fox(), Some(codex("row")))
+    crashing
+        .spend_and_die(codex("row"), "after_row_commit")
         .await;
-    assert!(matches!(died, Err(RpcError::Closed { .. })), "{died:?}");
-    crashing.child.wait().await.unwrap();
     assert_eq!(
         layers_of(&registry, "row"),
         layer_state("pending", "dispatched", "dispatched"),
@@ -216,12 +213,9 @@ async fn a_new_operation_commits_its_layers_with_its_row_and_its_result() {
         &[(callid::testing::crashpoint::ENV, "before_result_recorded")],
     )
     .await;
-    let died = crashing
-        .conn
-        .call_tool(next_id(), "generate_image", fox(), Some(codex("charged")))
+    crashing
+        .spend_and_die(codex("charged"), "before_result_recorded")
         .await;
-    assert!(matches!(died, Err(RpcError::Closed { .. })), "{died:?}");
-    crashing.child.wait().await.unwrap();
     assert_eq!(charges(&registry), 1, "the provider charged");
     assert_eq!(
         layers_of(&registry, "charged"),
@@ -231,7 +225,8 @@ async fn a_new_operation_commits_its_layers_with_its_row_and_its_result() {
 
     let r = router(&registry, &[]).await;
     for call in ["row", "charged"] {
-        let done = r.spend(fox(), codex(call)).await;
+        // The arguments `spend_and_die` sent.
+        let done = r.spend(crate::common::mcp::fox(), codex(call)).await;
         assert_eq!(result(&done)["_meta"]["callid/replayed"], json!(false));
     }
     r.stop().await;

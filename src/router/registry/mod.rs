@@ -264,6 +264,15 @@ pub enum RegistryError {
 }
 
 impl RegistryError {
+    /// A layer's step failed inside the registry's write at `path`, which was rolled back.
+    pub(super) fn layer(path: PathBuf, detail: impl std::fmt::Display) -> RegistryError {
+        RegistryError::Layer {
+            path,
+            doing: "the result",
+            detail: detail.to_string(),
+        }
+    }
+
     /// This error, for another caller of the same failed group commit.
     pub fn again(&self) -> RegistryError {
         RegistryError::Batch {

@@ -685,11 +685,7 @@ impl PgRegistry {
             tx.commit()?;
             Ok(Ok(()))
         })?;
-        settled.map_err(|detail| RegistryError::Layer {
-            path: self.location(),
-            doing: "the result",
-            detail,
-        })
+        settled.map_err(|detail| RegistryError::layer(self.location(), detail))
     }
 
     /// Records a final error of an operation (fenced by this replica's lease).

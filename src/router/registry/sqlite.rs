@@ -616,11 +616,7 @@ fn record_in<E: std::fmt::Display>(
     )
     .map_err(sqlite(path, RECORDING_RESULT))?;
     if let Some(settle) = settle {
-        settle(LayerTx::Sqlite(tx)).map_err(|e| RegistryError::Layer {
-            path: path.to_path_buf(),
-            doing: "the result",
-            detail: e.to_string(),
-        })?;
+        settle(LayerTx::Sqlite(tx)).map_err(|e| RegistryError::layer(path.to_path_buf(), e))?;
     }
     Ok(())
 }
