@@ -278,12 +278,18 @@ struct Pass<'a> {
 
 impl Pass<'_> {
     fn shape(&self, value: &Value, span: Option<std::ops::Range<usize>>) -> ValueShape {
+        ValueShape {
+            digest: self.digest(value, span),
+            ..value_shape_without_digest(value)
+        }
+    }
+
+    /// The digest of `value`: of its canonical span, or as [`Digester::value`] gives it when it
+    /// has none.
+    fn digest(&self, value: &Value, span: Option<std::ops::Range<usize>>) -> String {
         match span {
-            Some(range) => ValueShape {
-                digest: self.digester.bytes(&self.text.as_bytes()[range]),
-                ..value_shape_without_digest(value)
-            },
-            None => value_shape(value, self.digester),
+            Some(range) => self.digester.bytes(&self.text.as_bytes()[range]),
+            None => self.digester.value(value),
         }
     }
 
@@ -390,7 +396,7 @@ impl Pass<'_> {
         };
         let span = self.canon(value, members);
         self.path.truncate(len);
-        self.entries[index].value.digest = self.shape(value, span.clone()).digest;
+        self.entries[index].value.digest = self.digest(value, span.clone());
         span
     }
 }
