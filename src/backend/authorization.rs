@@ -39,7 +39,7 @@
 //! recorded by version 1 are `dispatched`.
 
 use super::error::BackendError;
-use crate::store::{Store, StoreError, StoreSpec};
+use crate::store::{Cached as _, Store, StoreError, StoreSpec};
 use rusqlite::{OptionalExtension as _, params};
 use std::path::Path;
 use std::sync::Arc;
@@ -243,7 +243,7 @@ impl Authorization {
         decision_id: &str,
         charged_cents: u64,
     ) -> Result<(), BackendError> {
-        conn.execute(
+        conn.exec(
             "UPDATE decisions SET state = 'charged', charged_cents = ?2 WHERE decision_id = ?1",
             params![decision_id, charged_cents as i64],
         )
@@ -262,7 +262,7 @@ impl Authorization {
             .collect::<Vec<_>>()
             .join(", ");
         self.store.write(|tx| {
-            tx.execute(
+            tx.exec(
                 &format!(
                     "UPDATE decisions SET state = ?2 WHERE decision_id = ?1 AND state IN ({from})"
                 ),
@@ -323,7 +323,7 @@ impl Authorization {
     ) -> Result<(Decision, bool), BackendError> {
         let decision = self.authorize_in(conn, req)?;
         let first = conn
-            .execute(
+            .exec(
                 "UPDATE decisions SET state = 'dispatched' \
                  WHERE decision_id = ?1 AND state = 'reserved'",
                 [&decision.decision_id],
@@ -341,7 +341,7 @@ impl Authorization {
         let sql = |e| BackendError::from(self.store.error(e));
         {
             let existing = tx
-                .query_row(
+                .row(
                     "SELECT decision_id, account, amount_cents, scope, request_hash, created_at, \
                      state, reserved_ms FROM decisions WHERE agent_id = ?1 AND operation_key = ?2",
                     [req.agent_id, req.operation_key],
@@ -369,7 +369,7 @@ impl Authorization {
                     let now = now_ms();
                     if lapsed(&state, reserved_ms, self.expiry_ms, now) {
                         self.check_budget(tx, req)?;
-                        tx.execute(
+                        tx.exec(
                             "UPDATE decisions SET state = 'reserved', reserved_ms = ?2 \
                              WHERE decision_id = ?1",
                             params![decision.decision_id, now],
@@ -391,13 +391,13 @@ impl Authorization {
                 scope: req.scope.to_owned(),
                 request_hash: req.request_hash.to_owned(),
                 created_at: tx
-                    .query_row("SELECT strftime('%Y-%m-%dT%H:%M:%fZ', 'now')", [], |r| {
+                    .row("SELECT strftime('%Y-%m-%dT%H:%M:%fZ', 'now')", [], |r| {
                         r.get(0)
                     })
                     .map_err(sql)?,
                 newly_recorded: true,
             };
-            tx.execute(
+            tx.exec(
                 "INSERT INTO decisions (agent_id, operation_key, decision_id, account, \
                  amount_cents, scope, request_hash, created_at, state, reserved_ms) \
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 'reserved', ?9)",
@@ -473,7 +473,7 @@ fn spent_in(
     now_ms: i64,
     expiry_ms: i64,
 ) -> rusqlite::Result<u64> {
-    conn.query_row(
+    conn.row(
         "SELECT COALESCE(SUM(CASE state \
              WHEN 'charged' THEN charged_cents \
              WHEN 'released' THEN 0 \

@@ -27,7 +27,7 @@
 use super::error::BackendError;
 use crate::crashpoint::{self, Boundary};
 use crate::provider::{ChargeOutcome, ImageRequest, ProviderApi, Receipt};
-use crate::store::{Store, StoreError, StoreSpec};
+use crate::store::{Cached as _, Store, StoreError, StoreSpec};
 use rusqlite::{OptionalExtension as _, params};
 use sha2::{Digest as _, Sha256};
 use std::collections::HashMap;
@@ -231,7 +231,7 @@ impl Execution {
         let sql = |e| BackendError::from(self.store.error(e));
         {
             let row: Option<Row> = tx
-                .query_row(
+                .row(
                     "SELECT request, state, attempts, receipt, provider_replayed \
                      FROM executions WHERE decision_id = ?1",
                     [decision_id],
@@ -250,7 +250,7 @@ impl Execution {
             let key = provider_key(decision_id);
             match row {
                 None => {
-                    tx.execute(
+                    tx.exec(
                         "INSERT INTO executions (decision_id, provider_key, request, state, \
                          attempts, dispatched_at) VALUES (?1, ?2, ?3, 'dispatched', 1, \
                          strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))",
@@ -282,7 +282,7 @@ impl Execution {
                     }))
                 }
                 Some(_) => {
-                    tx.execute(
+                    tx.exec(
                         "UPDATE executions SET attempts = attempts + 1 WHERE decision_id = ?1",
                         [decision_id],
                     )
@@ -320,7 +320,7 @@ impl Execution {
         {
             // Another process may have completed the same decision meanwhile: the first record
             // wins (the provider gave both the same receipt anyway).
-            tx.execute(
+            tx.exec(
                 "UPDATE executions SET state = 'completed', receipt = ?2, provider_replayed = ?3, \
                  completed_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') \
                  WHERE decision_id = ?1 AND state = 'dispatched'",
@@ -328,7 +328,7 @@ impl Execution {
             )
             .map_err(sql)?;
             let (stored, stored_replayed, attempts): (String, i64, i64) = tx
-                .query_row(
+                .row(
                     "SELECT receipt, provider_replayed, attempts FROM executions \
                      WHERE decision_id = ?1",
                     [decision_id],

@@ -17,8 +17,18 @@ use super::error::BackendError;
 use super::execution::{Begin, Executed, provider_key};
 use crate::pg::PgUrl;
 use crate::provider::Receipt;
-use postgres::{Client, GenericClient};
+use postgres::types::{ToSql, Type};
+use postgres::{Client, GenericClient, Transaction};
 use std::sync::{Condvar, Mutex};
+
+/// A statement's parameters with their PostgreSQL types: a statement sent with them takes one
+/// round trip (parse, bind and execute in one message), where an untyped one takes two (the
+/// server describes it first). A new operation's layers run about a dozen statements.
+macro_rules! typed {
+    ($($value:expr => $ty:ident),* $(,)?) => {
+        &[$((&$value as &(dyn ToSql + Sync), Type::$ty)),*]
+    };
+}
 
 /// The advisory-lock namespace of budget checks (`"cLAB"`), apart from the registry's.
 const BUDGET_LOCK: i32 = 0x634c_4142;
@@ -301,7 +311,7 @@ impl SharedState {
     ) -> Result<(Decision, bool, Begin), BackendError> {
         let doing = "recording an authorization";
         let decision =
-            authorize_on(tx, req, now_ms, expiry_ms).map_err(|f| self.failed(doing, f))?;
+            authorize_in(tx, req, now_ms, expiry_ms).map_err(|f| self.failed(doing, f))?;
         let first = set_state_on(
             tx,
             &decision.decision_id,
@@ -310,7 +320,7 @@ impl SharedState {
         )
         .map_err(|f| self.failed(doing, f))?
             == 1;
-        let begin = begin_execution_on(tx, &decision.decision_id, request)
+        let begin = begin_execution_in(tx, &decision.decision_id, request)
             .map_err(|f| self.failed("recording an execution", f))?;
         Ok((decision, first, begin))
     }
@@ -382,28 +392,43 @@ impl SharedState {
 }
 
 fn authorize_on(
-    c: &mut impl GenericClient,
+    c: &mut Client,
     req: &AuthorizationRequest<'_>,
     now_ms: i64,
     expiry_ms: i64,
 ) -> Result<Decision, Failure> {
     let mut tx = c.transaction()?;
-    tx.execute(
+    let decision = authorize_in(&mut tx, req, now_ms, expiry_ms)?;
+    tx.commit()?;
+    Ok(decision)
+}
+
+/// The decision for `req`, inside the caller's transaction `tx` (which commits it).
+fn authorize_in(
+    tx: &mut Transaction<'_>,
+    req: &AuthorizationRequest<'_>,
+    now_ms: i64,
+    expiry_ms: i64,
+) -> Result<Decision, Failure> {
+    tx.execute_typed(
         "SELECT pg_advisory_xact_lock($1, hashtext($2))",
-        &[&BUDGET_LOCK, &req.account],
+        typed![BUDGET_LOCK => INT4, req.account => TEXT],
     )?;
-    let existing = tx.query_opt(
+    let existing = tx.query_typed_opt(
         "SELECT decision_id, account, amount_cents, scope, request_hash, created_at,
                  state, reserved_ms
              FROM callid_decisions WHERE agent_id = $1 AND operation_key = $2 FOR UPDATE",
-        &[&req.agent_id, &req.operation_key],
+        typed![req.agent_id => TEXT, req.operation_key => TEXT],
     )?;
-    let check_budget = |tx: &mut postgres::Transaction<'_>| -> Result<(), Failure> {
+    let check_budget = |tx: &mut Transaction<'_>| -> Result<(), Failure> {
         let Some(budget) = req.budget_cents else {
             return Ok(());
         };
         let spent: i64 = tx
-            .query_one(SPENT, &[&req.account, &now_ms, &expiry_ms])?
+            .query_typed_one(
+                SPENT,
+                typed![req.account => TEXT, now_ms => INT8, expiry_ms => INT8],
+            )?
             .try_get(0)?;
         let remaining = budget.saturating_sub(spent.max(0) as u64);
         if req.amount_cents > remaining {
@@ -435,20 +460,20 @@ fn authorize_on(
             }));
         }
         if lapsed(&state, reserved_ms, expiry_ms, now_ms) {
-            check_budget(&mut tx)?;
-            tx.execute(
+            check_budget(tx)?;
+            tx.execute_typed(
                 "UPDATE callid_decisions SET state = 'reserved', reserved_ms = $2
                      WHERE decision_id = $1",
-                &[&decision.decision_id, &now_ms],
+                typed![decision.decision_id => TEXT, now_ms => INT8],
             )?;
-            tx.commit()?;
         }
         return Ok(decision);
     }
-    check_budget(&mut tx)?;
+    check_budget(tx)?;
     let id = decision_id(req.agent_id, req.operation_key);
+    let amount = req.amount_cents as i64;
     let created_at: String = tx
-        .query_one(
+        .query_typed_one(
             "INSERT INTO callid_decisions (agent_id, operation_key, decision_id, account,
                      amount_cents, scope, request_hash, created_at, state, reserved_ms)
                  VALUES ($1, $2, $3, $4, $5, $6, $7,
@@ -456,19 +481,18 @@ fn authorize_on(
                              'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"'),
                      'reserved', $8)
                  RETURNING created_at",
-            &[
-                &req.agent_id,
-                &req.operation_key,
-                &id,
-                &req.account,
-                &(req.amount_cents as i64),
-                &req.scope,
-                &req.request_hash,
-                &now_ms,
+            typed![
+                req.agent_id => TEXT,
+                req.operation_key => TEXT,
+                id => TEXT,
+                req.account => TEXT,
+                amount => INT8,
+                req.scope => TEXT,
+                req.request_hash => TEXT,
+                now_ms => INT8,
             ],
         )?
         .try_get(0)?;
-    tx.commit()?;
     Ok(Decision {
         decision_id: id,
         account: req.account.to_owned(),
@@ -486,9 +510,9 @@ fn set_state_on(
     to: &str,
     from: &[String],
 ) -> Result<u64, Failure> {
-    Ok(c.execute(
+    Ok(c.execute_typed(
         "UPDATE callid_decisions SET state = $2 WHERE decision_id = $1 AND state = ANY($3)",
-        &[&decision_id, &to, &from],
+        typed![decision_id => TEXT, to => TEXT, from => TEXT_ARRAY],
     )?)
 }
 
@@ -497,38 +521,45 @@ fn record_charge_on(
     decision_id: &str,
     charged_cents: u64,
 ) -> Result<(), Failure> {
-    c.execute(
+    let charged = charged_cents as i64;
+    c.execute_typed(
         "UPDATE callid_decisions SET state = 'charged', charged_cents = $2
              WHERE decision_id = $1",
-        &[&decision_id, &(charged_cents as i64)],
+        typed![decision_id => TEXT, charged => INT8],
     )?;
     Ok(())
 }
 
-fn begin_execution_on(
-    c: &mut impl GenericClient,
+fn begin_execution_on(c: &mut Client, decision_id: &str, request: &str) -> Result<Begin, Failure> {
+    let mut tx = c.transaction()?;
+    let begin = begin_execution_in(&mut tx, decision_id, request)?;
+    tx.commit()?;
+    Ok(begin)
+}
+
+/// The execution's `begin` inside the caller's transaction `tx` (which commits it).
+fn begin_execution_in(
+    tx: &mut Transaction<'_>,
     decision_id: &str,
     request: &str,
 ) -> Result<Begin, Failure> {
-    let mut tx = c.transaction()?;
-    tx.execute(
+    tx.execute_typed(
         "SELECT pg_advisory_xact_lock($1, hashtext($2))",
-        &[&EXECUTION_LOCK, &decision_id],
+        typed![EXECUTION_LOCK => INT4, decision_id => TEXT],
     )?;
-    let row = tx.query_opt(
+    let row = tx.query_typed_opt(
         "SELECT request, state, attempts, receipt, provider_replayed
              FROM callid_executions WHERE decision_id = $1",
-        &[&decision_id],
+        typed![decision_id => TEXT],
     )?;
     let key = provider_key(decision_id);
     let Some(row) = row else {
-        tx.execute(
+        tx.execute_typed(
             "INSERT INTO callid_executions (decision_id, provider_key, request, state,
                      attempts, dispatched_at)
                  VALUES ($1, $2, $3, 'dispatched', 1, clock_timestamp())",
-            &[&decision_id, &key, &request],
+            typed![decision_id => TEXT, key => TEXT, request => TEXT],
         )?;
-        tx.commit()?;
         return Ok(Begin::Dispatch { key });
     };
     let stored: String = row.try_get(0)?;
@@ -549,11 +580,10 @@ fn begin_execution_on(
             attempts: attempts.max(0) as u64,
         }));
     }
-    tx.execute(
+    tx.execute_typed(
         "UPDATE callid_executions SET attempts = attempts + 1 WHERE decision_id = $1",
-        &[&decision_id],
+        typed![decision_id => TEXT],
     )?;
-    tx.commit()?;
     Ok(Begin::Dispatch { key })
 }
 
@@ -563,16 +593,16 @@ fn complete_execution_on(
     text: &str,
     replayed: bool,
 ) -> Result<Executed, Failure> {
-    c.execute(
+    c.execute_typed(
         "UPDATE callid_executions SET state = 'completed', receipt = $2,
                  provider_replayed = $3, completed_at = clock_timestamp()
              WHERE decision_id = $1 AND state = 'dispatched'",
-        &[&decision_id, &text, &replayed],
+        typed![decision_id => TEXT, text => TEXT, replayed => BOOL],
     )?;
-    let row = c.query_one(
+    let row = c.query_typed_one(
         "SELECT receipt, provider_replayed, attempts FROM callid_executions
              WHERE decision_id = $1",
-        &[&decision_id],
+        typed![decision_id => TEXT],
     )?;
     let stored: String = row.try_get(0)?;
     let stored_replayed: Option<bool> = row.try_get(1)?;

@@ -15,7 +15,7 @@
 
 use super::error::ProviderError;
 use super::types::{ChargeOutcome, ChargeRecord, Image, ImageRequest, Receipt, validate_key};
-use crate::store::{Store, StoreSpec};
+use crate::store::{Cached as _, Store, StoreSpec};
 use rusqlite::{OptionalExtension as _, params};
 use sha2::{Digest as _, Sha256};
 use std::path::Path;
@@ -79,7 +79,7 @@ impl Ledger {
         let sql = |e| ProviderError::from(self.store.error(e));
         let (body, replayed) = self.store.write(|tx| {
             let existing: Option<(String, String)> = tx
-                .query_row(
+                .row(
                     "SELECT request_fingerprint, response FROM charges WHERE idempotency_key = ?1",
                     [key],
                     |r| Ok((r.get(0)?, r.get(1)?)),
@@ -94,13 +94,13 @@ impl Ledger {
                 };
             }
             let created_at: String = tx
-                .query_row("SELECT strftime('%Y-%m-%dT%H:%M:%fZ', 'now')", [], |r| {
+                .row("SELECT strftime('%Y-%m-%dT%H:%M:%fZ', 'now')", [], |r| {
                     r.get(0)
                 })
                 .map_err(sql)?;
             let receipt = new_receipt(req, amount, &fingerprint, created_at);
             let body = serde_json::to_string(&receipt).expect("a receipt always serializes");
-            tx.execute(
+            tx.exec(
                 "INSERT INTO charges (charge_id, idempotency_key, request_fingerprint, \
                  amount_cents, model, response, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
                 params![

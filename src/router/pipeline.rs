@@ -246,10 +246,14 @@ impl Core {
         let registry = Arc::new(Mutex::new(registry));
         let (writes, queue) = std::sync::mpsc::channel();
         {
-            let (registry, location) = (registry.clone(), opts.registry.clone());
+            let writer = match &opts.registry {
+                RegistryLocation::File(_) => Writer::Own(None),
+                RegistryLocation::Postgres(_) => Writer::Shared(registry.clone()),
+            };
+            let location = opts.registry.clone();
             std::thread::Builder::new()
                 .name("callid-registry-writer".into())
-                .spawn(move || write_batches(&registry, &location, &queue))
+                .spawn(move || write_batches(writer, &location, &queue))
                 .expect("a thread starts");
         }
         Core {
@@ -824,18 +828,33 @@ const MAX_BATCH: usize = 64;
 /// sender is gone. A write is answered only once its commit returned, so nothing is dispatched
 /// before its row is durable and nothing replies before its result is. A panic inside a batch
 /// answers its writes with an error (their channels close) and the thread goes on.
+///
+/// On a SQLite file the thread has a connection of its own ([`Writer::Own`]): look-ups
+/// ([`Core::registry`]) never wait for a group commit's sync (SQLite's WAL lets them read the
+/// last commit meanwhile). A failed open is tried again at the next batch, whose writes get the
+/// error until it opens.
 fn write_batches(
-    registry: &Mutex<Option<Registry>>,
+    mut writer: Writer,
     location: &RegistryLocation,
     queue: &std::sync::mpsc::Receiver<Write<Staged>>,
 ) {
+    if let Writer::Own(registry) = &mut writer {
+        *registry = Registry::open(location).ok();
+    }
     while let Ok(first) = queue.recv() {
         let mut batch = vec![first];
         batch.extend(queue.try_iter().take(MAX_BATCH - 1));
-        let mut guard = registry.lock().unwrap_or_else(|p| p.into_inner());
-        if guard.is_none() {
+        let mut shared;
+        let registry = match &mut writer {
+            Writer::Own(registry) => registry,
+            Writer::Shared(registry) => {
+                shared = registry.lock().unwrap_or_else(|p| p.into_inner());
+                &mut *shared
+            }
+        };
+        if registry.is_none() {
             match Registry::open(location) {
-                Ok(r) => *guard = Some(r),
+                Ok(r) => *registry = Some(r),
                 Err(e) => {
                     for write in batch {
                         write.fail(&e);
@@ -844,13 +863,23 @@ fn write_batches(
                 }
             }
         }
-        let open = guard.as_mut().expect("opened above");
+        let open = registry.as_mut().expect("opened above");
         let done =
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| open.write_batch(batch)));
         if done.is_err() {
             tracing::error!("a group commit panicked; its writes were answered with an error");
         }
     }
+}
+
+/// The registry the writer thread commits through.
+enum Writer {
+    /// A connection of its own (a SQLite file).
+    Own(Option<Registry>),
+    /// The core's (PostgreSQL): a replica's dispatch leases are fenced by its registry's
+    /// liveness lock, so the rows the writer leases and the results and failures the core
+    /// records must go through one registry.
+    Shared(Arc<Mutex<Option<Registry>>>),
 }
 
 fn unknown_operation(handle: &str) -> ToolError {

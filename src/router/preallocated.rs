@@ -14,7 +14,7 @@
 //!   registry: it holds private keys. A newer pool is refused untouched, never downgraded.
 
 use crate::keys::OperationKey;
-use crate::store::{self, Create, StoreError, StoreSpec};
+use crate::store::{self, Cached as _, Create, StoreError, StoreSpec};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use std::path::{Path, PathBuf};
 
@@ -93,7 +93,7 @@ impl KeyPool {
             .map_err(err("adding keys"))?;
         for _ in 0..count {
             let key = OperationKey::generate(prefix, "codex");
-            tx.execute(
+            tx.exec(
                 "INSERT INTO keys (operation_key) VALUES (?1)",
                 [key.expose()],
             )
@@ -132,7 +132,7 @@ impl KeyPool {
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(err)?;
         let key: Option<String> = tx
-            .query_row(
+            .row(
                 "SELECT operation_key FROM keys WHERE claimed_by IS NULL ORDER BY rowid LIMIT 1",
                 [],
                 |r| r.get(0),
@@ -142,7 +142,7 @@ impl KeyPool {
         let Some(key) = key else {
             return Err(KeyPoolError::Exhausted { path });
         };
-        tx.execute(
+        tx.exec(
             "UPDATE keys SET claimed_by = ?2, claimed_ms = ?3 WHERE operation_key = ?1",
             params![key, handle, crate::clock::now_ms()],
         )

@@ -136,10 +136,14 @@ const FIND_BY_HANDLE: &str = "SELECT platform, harness_call_id, handle, operatio
     source_installation, charged_cents FROM callid_operations
     WHERE handle = $1 AND installation_id = $2";
 
+/// The new row, with its dispatch lease when `$14` (the owner) is not null: a row that did not
+/// exist has no lease to take over, so the insert takes it ([`CLAIM`]'s round trip saved).
 const INSERT: &str = "INSERT INTO callid_operations (platform, installation_id, harness_call_id,
         handle, operation_key, tool, request_hash, arguments, amount_cents, status, approval,
-        created_ms, updated_ms, source_installation)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $12, $13)
+        created_ms, updated_ms, source_installation, lease_owner, lease_lock, lease_expires)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $12, $13, $14, $15,
+        CASE WHEN $14::text IS NULL THEN NULL
+             ELSE clock_timestamp() + ($16::bigint * interval '1 millisecond') END)
     ON CONFLICT (platform, installation_id, source_installation, harness_call_id) DO NOTHING
     RETURNING 1";
 
@@ -512,12 +516,14 @@ impl PgRegistry {
         let key = self.lock_key;
         let ttl_ms = ttl.as_millis() as i64;
         let pending = status == Status::Pending;
+        // Only a pending row is dispatched; one waiting for a person gets no lease.
+        let lease_owner = pending.then_some(owner);
+        let lease_lock = pending.then_some(key);
         let done = self.run("recording a new operation", |c, p| {
             let insert = p.get(c, INSERT)?;
-            let claim = p.get(c, CLAIM)?;
             let find = p.get(c, FIND)?;
             let committed = p.get(c, COMMITTED)?;
-            let params: [&(dyn postgres::types::ToSql + Sync); 13] = [
+            let params: [&(dyn postgres::types::ToSql + Sync); 16] = [
                 &new.platform,
                 &installation,
                 &new.harness_call_id,
@@ -531,6 +537,9 @@ impl PgRegistry {
                 &approval.name(),
                 &now,
                 &new.source_installation,
+                &lease_owner,
+                &lease_lock,
+                &ttl_ms,
             ];
             let mut tx = c.transaction()?;
             if let Some(budget) = budget {
@@ -556,14 +565,7 @@ impl PgRegistry {
                 }
             }
             let created = tx.query_opt(&insert, &params)?.is_some();
-            let leased = created
-                && pending
-                && tx
-                    .query_opt(
-                        &claim,
-                        &[&new.handle.as_str(), &owner, &key, &ttl_ms, &NAMESPACE],
-                    )?
-                    .is_some();
+            let leased = created && pending;
             let staged = match stage.filter(|_| leased) {
                 None => None,
                 Some(stage) => {

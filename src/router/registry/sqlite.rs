@@ -7,7 +7,7 @@ use super::{
 };
 use crate::backend::LayerTx;
 use crate::keys::PublicHandle;
-use crate::store::{self, Create};
+use crate::store::{self, Cached as _, Create};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -234,7 +234,7 @@ impl SqliteRegistry {
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(sqlite(&path, "taking a dispatch lease"))?;
         let (status, lease_owner, expires): (String, Option<String>, Option<i64>) = tx
-            .query_row(
+            .row(
                 "SELECT status, lease_owner, lease_expires_ms FROM operations WHERE handle = ?1",
                 [handle.as_str()],
                 |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
@@ -254,7 +254,7 @@ impl SqliteRegistry {
                 return Ok(Lease::HeldElsewhere);
             }
         }
-        tx.execute(
+        tx.exec(
             "UPDATE operations SET lease_owner = ?2, lease_expires_ms = ?3 WHERE handle = ?1",
             params![handle.as_str(), owner, now + ttl.as_millis() as i64],
         )
@@ -332,8 +332,8 @@ impl SqliteRegistry {
             }
         };
         let mut answers = Vec::with_capacity(writes.len());
-        for (n, write) in writes.into_iter().enumerate() {
-            let mark = match Savepoint::begin(&tx, &format!("write{n}")) {
+        for write in writes {
+            let mark = match Savepoint::begin(&tx, Name::Write) {
                 Ok(mark) => mark,
                 Err(e) => {
                     write.fail(&sqlite(&path, "starting a group commit")(e));
@@ -479,7 +479,7 @@ impl SqliteRegistry {
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(sqlite(&path, doing))?;
-        let n = tx.execute(sql, params).map_err(sqlite(&path, doing))?;
+        let n = tx.exec(sql, params).map_err(sqlite(&path, doing))?;
         tx.commit().map_err(sqlite(&path, doing))?;
         Ok(n)
     }
@@ -498,7 +498,7 @@ fn insert_in<T, E>(
     stage: Option<InTransaction<T, E>>,
 ) -> Result<(Insert, Option<Result<T, E>>), RegistryError> {
     let existing = tx
-        .query_row(
+        .row(
             &format!(
                 "{SELECT} WHERE platform = ?1 AND installation_id = ?2 AND harness_call_id = ?3 \
                  AND source_installation = ?4"
@@ -521,7 +521,7 @@ fn insert_in<T, E>(
     }
     if let Some(budget) = budget_cents {
         let committed: i64 = tx
-            .query_row(
+            .row(
                 "SELECT COALESCE(SUM(CASE
                      WHEN status = 'completed' THEN COALESCE(charged_cents, amount_cents)
                      WHEN status IN ('pending', 'awaiting_approval') THEN amount_cents
@@ -549,7 +549,7 @@ fn insert_in<T, E>(
         Some((owner, ttl)) => (Some(owner), Some(now + ttl.as_millis() as i64)),
         None => (None, None),
     };
-    tx.execute(
+    tx.exec(
         "INSERT INTO operations (platform, installation_id, harness_call_id, handle,
              operation_key, tool, request_hash, arguments, amount_cents, status, approval,
              created_ms, updated_ms, source_installation, lease_owner, lease_expires_ms)
@@ -576,8 +576,8 @@ fn insert_in<T, E>(
     let staged = match stage.filter(|_| lease.is_some()) {
         None => None,
         Some(stage) => {
-            let mark =
-                Savepoint::begin(tx, "stage").map_err(sqlite(path, "recording a new operation"))?;
+            let mark = Savepoint::begin(tx, Name::Stage)
+                .map_err(sqlite(path, "recording a new operation"))?;
             let outcome = stage(LayerTx::Sqlite(tx));
             // Rolled back alone when it failed: the row and lease stay.
             mark.end(outcome.is_ok())
@@ -603,7 +603,7 @@ fn record_in<E: std::fmt::Display>(
     charged_cents: u64,
     settle: Option<InTransaction<(), E>>,
 ) -> Result<(), RegistryError> {
-    tx.execute(
+    tx.exec(
         "UPDATE operations SET status = 'completed', result = ?2, lease_owner = NULL,
              lease_expires_ms = NULL, updated_ms = ?3, charged_cents = ?4
          WHERE handle = ?1 AND status = 'pending'",
@@ -622,29 +622,41 @@ fn record_in<E: std::fmt::Display>(
 }
 
 /// A named SQL savepoint on any connection (inside a transaction): released when `end(true)`,
-/// rolled back then released when `end(false)`.
+/// rolled back then released when `end(false)`. Its three statements are prepared once per
+/// connection ([`Cached`](store::Cached)).
 struct Savepoint<'c> {
     conn: &'c Connection,
-    name: String,
+    name: Name,
+}
+
+/// The savepoints a registry writes: one per write of a batch, one around a spender's stage.
+#[derive(Clone, Copy)]
+enum Name {
+    Write,
+    Stage,
+}
+
+impl Name {
+    fn sql(self) -> [&'static str; 3] {
+        match self {
+            Name::Write => ["SAVEPOINT write", "RELEASE write", "ROLLBACK TO write"],
+            Name::Stage => ["SAVEPOINT stage", "RELEASE stage", "ROLLBACK TO stage"],
+        }
+    }
 }
 
 impl<'c> Savepoint<'c> {
-    fn begin(conn: &'c Connection, name: &str) -> rusqlite::Result<Savepoint<'c>> {
-        conn.execute_batch(&format!("SAVEPOINT {name}"))?;
-        Ok(Savepoint {
-            conn,
-            name: name.to_string(),
-        })
+    fn begin(conn: &'c Connection, name: Name) -> rusqlite::Result<Savepoint<'c>> {
+        conn.exec(name.sql()[0], [])?;
+        Ok(Savepoint { conn, name })
     }
 
     fn end(self, keep: bool) -> rusqlite::Result<()> {
-        let name = &self.name;
-        if keep {
-            self.conn.execute_batch(&format!("RELEASE {name}"))
-        } else {
-            self.conn
-                .execute_batch(&format!("ROLLBACK TO {name}; RELEASE {name}"))
+        let [_, release, rollback] = self.name.sql();
+        if !keep {
+            self.conn.exec(rollback, [])?;
         }
+        self.conn.exec(release, []).map(|_| ())
     }
 }
 
