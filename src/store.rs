@@ -19,8 +19,10 @@
 //! the switch to WAL, the migration) also run where SQLite's busy handler does not reach (a
 //! journal-mode change racing another opener answers `SQLITE_BUSY` at once): they are retried on
 //! `SQLITE_BUSY`/`SQLITE_LOCKED` until the same deadline, so any number of processes may create one
-//! fresh file at once. A [`Store`] pools connections: concurrent callers in one process get
-//! separate connections and are serialized by SQLite, not by a lock of ours.
+//! fresh file at once. A [`Store`] pools connections for reads; its writes go through one write
+//! connection with group commit ([`group`]): the writes of this process queue in order on a mutex
+//! (never in SQLite's sleeping busy handler), those queued while one runs share its transaction,
+//! each in a savepoint of its own, and every one returns only once that transaction committed.
 //!
 //! ## Compatibility
 //! Each kind of file has its own `application_id`; its schema version is `user_version`, and
@@ -213,11 +215,11 @@ pub struct Store {
     path: PathBuf,
     spec: &'static StoreSpec,
     idle: Mutex<Vec<Connection>>,
-    /// Taken by [`Store::write`] for its whole transaction: this process's writers queue here, in
-    /// order, instead of in SQLite's busy handler, which polls with growing sleeps (1, 2, 5, 10,
-    /// ... ms) and so lets a file that commits in a fraction of a millisecond serve a few hundred
-    /// writers a second. Other processes on the same file still meet SQLite's lock.
-    writer: Mutex<()>,
+    /// [`Store::write`]'s connection and group commit: this process's writers queue on a mutex,
+    /// not in SQLite's busy handler (which polls with growing sleeps, 1, 2, 5, 10, ... ms, and
+    /// so let a file that commits in a fraction of a millisecond serve a few hundred writers a
+    /// second), and the writes queued while one runs share its commit.
+    writes: group::GroupCommit,
 }
 
 impl Store {
@@ -228,7 +230,7 @@ impl Store {
             path: path.to_path_buf(),
             spec,
             idle: Mutex::new(vec![first]),
-            writer: Mutex::new(()),
+            writes: group::GroupCommit::default(),
         })
     }
 
@@ -263,23 +265,24 @@ impl Store {
         result
     }
 
-    /// Runs `f` inside one `IMMEDIATE` transaction and commits when it returns `Ok`.
-    pub fn write<R, E>(
-        &self,
-        f: impl FnOnce(&rusqlite::Transaction<'_>) -> Result<R, E>,
-    ) -> Result<R, E>
+    /// Runs `f` inside an `IMMEDIATE` transaction and returns once it is committed; when `f`
+    /// returns `Err` nothing it wrote is kept. Writes of this process that queue meanwhile share
+    /// one transaction and one commit, each in its own savepoint (see [`group`]).
+    pub fn write<R, E>(&self, f: impl FnOnce(&Connection) -> Result<R, E>) -> Result<R, E>
     where
         E: From<StoreError>,
     {
-        let _turn = self.writer.lock().unwrap_or_else(|p| p.into_inner());
-        self.with(|conn| {
-            let tx = conn
-                .transaction_with_behavior(TransactionBehavior::Immediate)
-                .map_err(|e| E::from(self.error(e)))?;
-            let value = f(&tx)?;
-            tx.commit().map_err(|e| E::from(self.error(e)))?;
-            Ok(value)
-        })
+        use group::Failed;
+        self.writes
+            .write(|| connect(&self.path, self.spec), f)
+            .map_err(|failed| match failed {
+                Failed::Write(e) => e,
+                Failed::Open(e) => E::from(e),
+                Failed::Sql(e) => E::from(self.error(e)),
+                Failed::Commit(message) => {
+                    E::from(self.error(other_error(format!("the commit failed: {message}"))))
+                }
+            })
     }
 
     /// Runs `f` on a connection outside any explicit transaction (single consistent reads).
@@ -566,5 +569,6 @@ pub fn migrate(conn: &mut Connection, spec: &StoreSpec) -> rusqlite::Result<()> 
     tx.commit()
 }
 
+mod group;
 #[cfg(test)]
 mod tests;
