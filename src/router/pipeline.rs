@@ -245,15 +245,23 @@ impl Core {
         };
         let registry = Arc::new(Mutex::new(registry));
         let (writes, queue) = std::sync::mpsc::channel();
-        {
+        let (writers, batch) = match &opts.registry {
+            RegistryLocation::File(_) => (1, MAX_BATCH),
+            RegistryLocation::Postgres(_) => (PG_WRITERS, 1),
+        };
+        let queue = Arc::new(Mutex::new(queue));
+        for _ in 0..writers {
             let writer = match &opts.registry {
                 RegistryLocation::File(_) => Writer::Own(None),
-                RegistryLocation::Postgres(_) => Writer::Shared(registry.clone()),
+                RegistryLocation::Postgres(_) => Writer::Sibling {
+                    core: registry.clone(),
+                    own: None,
+                },
             };
-            let location = opts.registry.clone();
+            let (location, queue) = (opts.registry.clone(), queue.clone());
             std::thread::Builder::new()
                 .name("callid-registry-writer".into())
-                .spawn(move || write_batches(writer, &location, &queue))
+                .spawn(move || write_batches(writer, &location, &queue, batch))
                 .expect("a thread starts");
         }
         Core {
@@ -823,63 +831,88 @@ impl Core {
 /// The most writes one group commit takes.
 const MAX_BATCH: usize = 64;
 
-/// The registry's writer thread: takes the writes queued while the previous commit ran (up to
-/// [`MAX_BATCH`]) and gives them one commit ([`Registry::write_batch`]), until every [`Core`]
-/// sender is gone. A write is answered only once its commit returned, so nothing is dispatched
-/// before its row is durable and nothing replies before its result is. A panic inside a batch
-/// answers its writes with an error (their channels close) and the thread goes on.
+/// How many writer threads a PostgreSQL registry gets, each with a connection of its own: the
+/// server runs their transactions side by side (rows, not writers, lock one another), where a
+/// SQLite file has one writer and group commit.
+const PG_WRITERS: usize = 2;
+
+/// A registry writer thread: takes the writes queued while its previous commit ran (up to
+/// `batch`) and gives them one commit ([`Registry::write_batch`]), until every [`Core`] sender
+/// is gone. A write is answered only once its commit returned, so nothing is dispatched before
+/// its row is durable and nothing replies before its result is. A panic inside a batch answers
+/// its writes with an error (their channels close) and the thread goes on.
 ///
-/// On a SQLite file the thread has a connection of its own ([`Writer::Own`]): look-ups
-/// ([`Core::registry`]) never wait for a group commit's sync (SQLite's WAL lets them read the
-/// last commit meanwhile). A failed open is tried again at the next batch, whose writes get the
-/// error until it opens.
+/// Look-ups ([`Core::registry`]) never wait for a writer: on a SQLite file the writer has a
+/// connection of its own (WAL lets the core read the last commit meanwhile); on PostgreSQL each
+/// writer is a [sibling](Registry::sibling) of the core's registry. A failed open is tried
+/// again at the next batch, whose writes get the error until it opens.
 fn write_batches(
     mut writer: Writer,
     location: &RegistryLocation,
-    queue: &std::sync::mpsc::Receiver<Write<Staged>>,
+    queue: &Mutex<std::sync::mpsc::Receiver<Write<Staged>>>,
+    batch: usize,
 ) {
     if let Writer::Own(registry) = &mut writer {
         *registry = Registry::open(location).ok();
     }
-    while let Ok(first) = queue.recv() {
-        let mut batch = vec![first];
-        batch.extend(queue.try_iter().take(MAX_BATCH - 1));
-        let mut shared;
-        let registry = match &mut writer {
-            Writer::Own(registry) => registry,
-            Writer::Shared(registry) => {
-                shared = registry.lock().unwrap_or_else(|p| p.into_inner());
-                &mut *shared
-            }
+    loop {
+        let writes = {
+            let queue = queue.lock().unwrap_or_else(|p| p.into_inner());
+            let Ok(first) = queue.recv() else {
+                return;
+            };
+            let mut writes = vec![first];
+            writes.extend(queue.try_iter().take(batch - 1));
+            writes
         };
-        if registry.is_none() {
-            match Registry::open(location) {
-                Ok(r) => *registry = Some(r),
-                Err(e) => {
-                    for write in batch {
-                        write.fail(&e);
-                    }
-                    continue;
+        let opened = match &mut writer {
+            Writer::Own(registry) => match registry {
+                Some(_) => Ok(()),
+                None => Registry::open(location).map(|r| *registry = Some(r)),
+            },
+            Writer::Sibling { core, own } => match own {
+                Some(_) => Ok(()),
+                None => {
+                    let mut core = core.lock().unwrap_or_else(|p| p.into_inner());
+                    let opened = match core.as_ref() {
+                        Some(_) => Ok(()),
+                        None => Registry::open(location).map(|r| *core = Some(r)),
+                    };
+                    *own = core.as_ref().and_then(Registry::sibling);
+                    opened
                 }
+            },
+        };
+        if let Err(e) = opened {
+            for write in writes {
+                write.fail(&e);
             }
+            continue;
         }
-        let open = registry.as_mut().expect("opened above");
+        let open = match &mut writer {
+            Writer::Own(registry) => registry.as_mut(),
+            Writer::Sibling { own, .. } => own.as_mut(),
+        }
+        .expect("opened above");
         let done =
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| open.write_batch(batch)));
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| open.write_batch(writes)));
         if done.is_err() {
             tracing::error!("a group commit panicked; its writes were answered with an error");
         }
     }
 }
 
-/// The registry the writer thread commits through.
+/// The registry a writer thread commits through.
 enum Writer {
     /// A connection of its own (a SQLite file).
     Own(Option<Registry>),
-    /// The core's (PostgreSQL): a replica's dispatch leases are fenced by its registry's
-    /// liveness lock, so the rows the writer leases and the results and failures the core
-    /// records must go through one registry.
-    Shared(Arc<Mutex<Option<Registry>>>),
+    /// A sibling of the core's registry (PostgreSQL): a replica's dispatch leases are fenced by
+    /// its liveness lock, which siblings share, so a lease the writer takes can be fenced by the
+    /// core and by the other writers.
+    Sibling {
+        core: Arc<Mutex<Option<Registry>>>,
+        own: Option<Registry>,
+    },
 }
 
 fn unknown_operation(handle: &str) -> ToolError {

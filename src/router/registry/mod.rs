@@ -646,6 +646,16 @@ impl Registry {
         }
     }
 
+    /// Another handle on the same PostgreSQL registry for another thread of this process (its
+    /// own connection, the same liveness lock, so its leases are this replica's); `None` for a
+    /// SQLite file, which is opened again instead.
+    pub fn sibling(&self) -> Option<Registry> {
+        match self {
+            Registry::Sqlite(_) => None,
+            Registry::Postgres(r) => Some(Registry::Postgres(Box::new(r.sibling()))),
+        }
+    }
+
     /// This router installation's id, generated on first open and kept (shared by every
     /// replica of one database).
     pub fn installation_id(&self) -> &str {

@@ -18,6 +18,7 @@ use postgres::{Client, Statement};
 use serde_json::Value;
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// The application marker in `callid_schema`.
@@ -98,14 +99,44 @@ pub const MIGRATIONS: &[&str] = &[
      );",
 ];
 
-/// An open PostgreSQL registry.
+/// An open PostgreSQL registry: a statement connection, and this replica's liveness lock, which
+/// it shares with its [siblings](PgRegistry::sibling).
 pub struct PgRegistry {
     url: PgUrl,
     conn: Option<Client>,
-    liveness: Option<Client>,
+    liveness: Arc<Liveness>,
     statements: HashMap<&'static str, Statement>,
+    /// The liveness lock's key as of the last statement: the leases this registry takes and
+    /// fences carry it.
     lock_key: i32,
     installation_id: String,
+}
+
+/// A replica's liveness: one idle connection holding a session-level advisory lock on `key`,
+/// shared by every statement connection of the replica's registry, so a lease taken on one
+/// connection can be fenced on another. Reconnected (the same key when still free) by the first
+/// statement that finds it gone.
+#[derive(Default)]
+struct Liveness {
+    state: Mutex<LiveState>,
+}
+
+#[derive(Default)]
+struct LiveState {
+    client: Option<Client>,
+    key: i32,
+}
+
+impl Drop for Liveness {
+    fn drop(&mut self) {
+        let client = self
+            .state
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .client
+            .take();
+        let _ = std::thread::spawn(move || drop(client)).join();
+    }
 }
 
 impl std::fmt::Debug for PgRegistry {
@@ -120,8 +151,8 @@ impl std::fmt::Debug for PgRegistry {
 impl Drop for PgRegistry {
     fn drop(&mut self) {
         // The sync client runs its own runtime, which must not be dropped inside an async task.
-        let clients = (self.conn.take(), self.liveness.take());
-        let _ = std::thread::spawn(move || drop(clients)).join();
+        let client = self.conn.take();
+        let _ = std::thread::spawn(move || drop(client)).join();
     }
 }
 
@@ -234,7 +265,7 @@ impl PgRegistry {
         let mut registry = PgRegistry {
             url: url.clone(),
             conn: None,
-            liveness: None,
+            liveness: Arc::new(Liveness::default()),
             statements: HashMap::new(),
             lock_key: 0,
             installation_id: String::new(),
@@ -271,10 +302,23 @@ impl PgRegistry {
         }
     }
 
-    /// Opens both connections (again), sets the session up and migrates.
+    /// Another registry on the same database for another thread of this replica: a statement
+    /// connection of its own (opened on first use), the same liveness lock and installation.
+    pub fn sibling(&self) -> PgRegistry {
+        PgRegistry {
+            url: self.url.clone(),
+            conn: None,
+            liveness: self.liveness.clone(),
+            statements: HashMap::new(),
+            lock_key: self.lock_key,
+            installation_id: self.installation_id.clone(),
+        }
+    }
+
+    /// Opens the statement connection (again), sets the session up and migrates; then makes
+    /// sure the liveness lock is held.
     fn connect(&mut self) -> Result<(), RegistryError> {
         self.conn = None;
-        self.liveness = None;
         self.statements.clear();
         let mut conn = self.url.connect().map_err(self.err("connecting"))?;
         conn.batch_execute(
@@ -295,16 +339,34 @@ impl PgRegistry {
             )));
         }
         self.migrate(&mut conn)?;
+        self.conn = Some(conn);
+        self.lock_key = self.live()?;
+        Ok(())
+    }
+
+    /// The liveness lock's key, after (re)taking the lock if its connection is gone.
+    fn live(&self) -> Result<i32, RegistryError> {
+        let mut state = self
+            .liveness
+            .state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if state.client.as_ref().is_some_and(|c| !c.is_closed()) {
+            return Ok(state.key);
+        }
+        if let Some(gone) = state.client.take() {
+            let _ = std::thread::spawn(move || drop(gone)).join();
+        }
         let mut liveness = self.url.connect().map_err(self.err("connecting"))?;
-        if self.lock_key == 0 {
-            self.lock_key = fresh_key();
+        if state.key == 0 {
+            state.key = fresh_key();
         }
         let mut tries = 0;
         loop {
             let got: bool = liveness
                 .query_one(
                     "SELECT pg_try_advisory_lock($1, $2)",
-                    &[&NAMESPACE, &self.lock_key],
+                    &[&NAMESPACE, &state.key],
                 )
                 .and_then(|r| r.try_get(0))
                 .map_err(self.err("taking its liveness lock"))?;
@@ -317,11 +379,23 @@ impl PgRegistry {
                     "no free liveness lock key after 16 tries; too many replicas".into(),
                 ));
             }
-            self.lock_key = fresh_key();
+            state.key = fresh_key();
         }
-        self.conn = Some(conn);
-        self.liveness = Some(liveness);
-        Ok(())
+        state.client = Some(liveness);
+        Ok(state.key)
+    }
+
+    /// Drops the liveness connection after a connection-level failure, so the next statement
+    /// takes the lock again on a fresh one.
+    fn lose_liveness(&self) {
+        let gone = self
+            .liveness
+            .state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .client
+            .take();
+        let _ = std::thread::spawn(move || drop(gone)).join();
     }
 
     fn migrate(&self, conn: &mut Client) -> Result<(), RegistryError> {
@@ -398,21 +472,23 @@ impl PgRegistry {
         doing: &'static str,
         f: impl FnOnce(&mut Client, &mut Prepared<'_>) -> Result<T, postgres::Error>,
     ) -> Result<T, RegistryError> {
-        let broken = |c: &Option<Client>| c.as_ref().is_none_or(Client::is_closed);
-        if broken(&self.conn) || broken(&self.liveness) {
+        if self.conn.as_ref().is_none_or(Client::is_closed) {
             self.connect()?;
+        } else {
+            self.lock_key = self.live()?;
         }
         let conn = self.conn.as_mut().expect("connected above");
         let mut prepared = Prepared {
             cache: &mut self.statements,
+            key: self.lock_key,
         };
         match f(conn, &mut prepared) {
             Ok(v) => Ok(v),
             Err(source) => {
                 if source.code().is_none() || conn.is_closed() {
                     self.conn = None;
-                    self.liveness = None;
                     self.statements.clear();
+                    self.lose_liveness();
                 }
                 Err(RegistryError::Postgres {
                     url: self.url.clone(),
@@ -513,13 +589,12 @@ impl PgRegistry {
         let arguments = new.arguments.to_string();
         let amount = new.amount_cents as i64;
         let budget = budget_cents.map(|b| b.min(i64::MAX as u64) as i64);
-        let key = self.lock_key;
         let ttl_ms = ttl.as_millis() as i64;
         let pending = status == Status::Pending;
         // Only a pending row is dispatched; one waiting for a person gets no lease.
         let lease_owner = pending.then_some(owner);
-        let lease_lock = pending.then_some(key);
         let done = self.run("recording a new operation", |c, p| {
+            let lease_lock = pending.then_some(p.key);
             let insert = p.get(c, INSERT)?;
             let find = p.get(c, FIND)?;
             let committed = p.get(c, COMMITTED)?;
@@ -622,12 +697,11 @@ impl PgRegistry {
         owner: &str,
         ttl: Duration,
     ) -> Result<Lease, RegistryError> {
-        let key = self.lock_key;
         let ttl_ms = ttl.as_millis() as i64;
         let (granted, status) = self.run("taking a dispatch lease", |c, p| {
             let s = p.get(c, CLAIM)?;
             let granted = c
-                .query_opt(&s, &[&handle.as_str(), &owner, &key, &ttl_ms, &NAMESPACE])?
+                .query_opt(&s, &[&handle.as_str(), &owner, &p.key, &ttl_ms, &NAMESPACE])?
                 .is_some();
             if granted {
                 return Ok((true, String::new()));
@@ -669,17 +743,16 @@ impl PgRegistry {
         charged_cents: u64,
         settle: Option<InTransaction<(), E>>,
     ) -> Result<(), RegistryError> {
-        let key = self.lock_key;
         let text = result.to_string();
         let charged = charged_cents as i64;
         let settled = self.run("recording a result", |c, p| {
             let s = p.get(c, RECORD_RESULT)?;
             let Some(settle) = settle else {
-                c.execute(&s, &[&handle.as_str(), &text, &now_ms(), &charged, &key])?;
+                c.execute(&s, &[&handle.as_str(), &text, &now_ms(), &charged, &p.key])?;
                 return Ok(Ok(()));
             };
             let mut tx = c.transaction()?;
-            tx.execute(&s, &[&handle.as_str(), &text, &now_ms(), &charged, &key])?;
+            tx.execute(&s, &[&handle.as_str(), &text, &now_ms(), &charged, &p.key])?;
             if let Err(e) = settle(LayerTx::Postgres(&mut tx)) {
                 // Dropped: rolled back, nothing recorded.
                 return Ok(Err(e.to_string()));
@@ -697,10 +770,9 @@ impl PgRegistry {
         code: &str,
         message: &str,
     ) -> Result<(), RegistryError> {
-        let key = self.lock_key;
         self.run("recording a failure", |c, p| {
             let s = p.get(c, RECORD_FAILURE)?;
-            c.execute(&s, &[&handle.as_str(), &code, &message, &now_ms(), &key])
+            c.execute(&s, &[&handle.as_str(), &code, &message, &now_ms(), &p.key])
         })
         .map(|_| ())
     }
@@ -750,9 +822,11 @@ impl PgRegistry {
     }
 }
 
-/// Prepared statements of the current statement connection.
+/// Prepared statements of the current statement connection, and the liveness key its leases
+/// carry.
 struct Prepared<'a> {
     cache: &'a mut HashMap<&'static str, Statement>,
+    key: i32,
 }
 
 impl Prepared<'_> {
