@@ -196,7 +196,7 @@ pub struct CoreOptions {
 pub struct Core {
     opts: CoreOptions,
     registry: Arc<Mutex<Option<Registry>>>,
-    /// The registry's writer thread ([`write_batches`]): new rows and results.
+    /// The registry's writer threads ([`write_batches`]): new rows and results.
     writes: std::sync::mpsc::Sender<Write<Staged>>,
     pool: Option<Arc<Mutex<Option<KeyPool>>>>,
     flights: Mutex<HashMap<(String, String, String), Flight>>,

@@ -1,13 +1,15 @@
 //! The PostgreSQL backend of the registry: one database shared by every replica of a router
 //! (see the module docs of [`super`] for what it guarantees).
 //!
-//! Two connections per open registry: one runs the statements (each one its own transaction,
+//! Two connections per open registry: one runs the statements (each write one transaction,
 //! committed with `synchronous_commit = on`), the other sits idle holding this replica's
 //! session-level advisory lock, which the server releases the moment the replica's connection
 //! drops (process killed, machine gone once TCP notices). A lease whose owner's lock is no
-//! longer granted is taken over at once. A failed connection is dropped and both are opened
-//! again on the next call, so the router fails closed while the database is down and recovers
-//! when it returns.
+//! longer granted is taken over at once. A [sibling](PgRegistry::sibling) (another thread of the
+//! replica) has a statement connection of its own and shares the liveness lock, so the leases of
+//! every connection of a replica carry one key and live or die together. A failed connection is
+//! dropped and opened again (the liveness lock retaken) on the next call, so the router fails
+//! closed while the database is down and recovers when it returns.
 
 use super::InTransaction;
 use super::{Insert, Lease, NewOperation, Operation, RawRow, RegistryError, Status, now_ms};
