@@ -170,7 +170,7 @@ pub struct ProbeArgs {
     #[arg(long, value_name = "ADDR", value_parser = crate::http_guard::parse_listen_addr)]
     pub http: Option<SocketAddr>,
     /// With `--http`: also answer browser requests from this origin (repeatable; e.g.
-    /// https://app.example.com). Other `Origin`s are refused with 403.
+    /// `https://app.example.com`). Other `Origin`s are refused with 403.
     #[arg(long = "allow-origin", value_name = "ORIGIN", requires = "http")]
     pub allow_origins: Vec<String>,
     /// Append one JSON line per request to this file (shapes only).
@@ -261,7 +261,7 @@ pub struct RouterServeArgs {
     #[arg(long, value_name = "ADDR", value_parser = crate::http_guard::parse_listen_addr)]
     pub http: Option<SocketAddr>,
     /// With `--http`: also answer browser requests from this origin (repeatable; e.g.
-    /// https://app.example.com). Other `Origin`s are refused with 403.
+    /// `https://app.example.com`). Other `Origin`s are refused with 403.
     #[arg(long = "allow-origin", value_name = "ORIGIN", requires = "http")]
     pub allow_origins: Vec<String>,
     /// Base URL of the paid provider (e.g. http://127.0.0.1:9000). Without it, the provider runs

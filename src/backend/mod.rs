@@ -6,7 +6,7 @@
 //!    refuses the same key for other work with `create_new_operation`; it holds the budgets.
 //! 2. [`execution`] (Gongbu) keys the provider call to the decision id, with a provider
 //!    idempotency key derived from it, so one decision leads to at most one charge.
-//! 3. The [`provider`](crate::provider) charges once per idempotency key.
+//! 3. The [`crate::provider`] charges once per idempotency key.
 //!
 //! One bug in one layer does not become a double charge: each layer dedupes on its own key, in
 //! durable tables of its own. Where they live:
