@@ -144,6 +144,8 @@ fn set_up(root: &Path) -> Result<PathBuf, String> {
         .find(|l| l.starts_with("mcp=="))
         .map(str::to_string)
         .ok_or_else(|| format!("`{}` pins no `mcp==` version", requirements.display()))?;
+    let venv = root.join(CLIENTS_VENV);
+    refuse_dangling_link(&venv)?;
     let python = python_312().ok_or(
         "no Python >= 3.12 found (python3.13, python3.12, python3, ~/.pyenv/versions/3.12+)",
     )?;
@@ -158,7 +160,6 @@ fn set_up(root: &Path) -> Result<PathBuf, String> {
         Ok(()) => {}
         Err(why) => return Err(format!("PyPI cannot be reached ({why})")),
     }
-    let venv = root.join(CLIENTS_VENV);
     crate::logging::line(format_args!(
         "callid bench: making `{}` with {} from `{}` for the Python SDK row (once; pip's \
          progress follows)",
@@ -193,6 +194,25 @@ fn set_up(root: &Path) -> Result<PathBuf, String> {
     can_import_mcp(&venv_python).map_err(|why| format!("the new venv {why}"))?;
     crate::logging::line(format_args!("callid bench: `{}` is ready", venv.display()));
     Ok(venv_python)
+}
+
+/// A `.venv` that is a symbolic link to nothing: `python -m venv` would fail on it with a bare
+/// "File exists"; it is someone's link, so it is named with the command that removes it rather
+/// than replaced.
+fn refuse_dangling_link(venv: &Path) -> Result<(), String> {
+    let is_link = std::fs::symlink_metadata(venv).is_ok_and(|m| m.file_type().is_symlink());
+    if is_link && !venv.exists() {
+        let target = std::fs::read_link(venv)
+            .map(|t| t.display().to_string())
+            .unwrap_or_default();
+        return Err(format!(
+            "`{}` is a symbolic link to `{target}`, which does not exist; remove it (`rm {}`) \
+             and run again to have the venv made there",
+            venv.display(),
+            venv.display()
+        ));
+    }
+    Ok(())
 }
 
 fn quiet(command: &mut Command) -> std::io::Result<std::process::ExitStatus> {
@@ -290,6 +310,30 @@ mod tests {
         let root = repository_root().expect("tests run in the checkout");
         let pins = std::fs::read_to_string(root.join(REQUIREMENTS)).unwrap();
         assert!(pins.lines().any(|l| l.starts_with("mcp==2.")), "{pins}");
+    }
+
+    #[test]
+    fn a_venv_that_is_a_dangling_link_is_named_with_the_command_that_removes_it() {
+        let root = tempfile::tempdir().unwrap();
+        let venv = root.path().join(CLIENTS_VENV);
+        std::fs::create_dir_all(venv.parent().unwrap()).unwrap();
+        std::fs::write(root.path().join(REQUIREMENTS), "mcp==2.3.0\n").unwrap();
+        std::os::unix::fs::symlink(root.path().join("gone/.venv"), &venv).unwrap();
+        let why = set_up(root.path()).unwrap_err();
+        assert!(why.contains("is a symbolic link to"), "{why}");
+        assert!(why.contains(&format!("rm {}", venv.display())), "{why}");
+        assert!(
+            std::fs::symlink_metadata(&venv).is_ok(),
+            "the link is left as it was"
+        );
+        std::fs::remove_file(&venv).unwrap();
+        std::fs::create_dir_all(root.path().join("gone/.venv")).unwrap();
+        std::os::unix::fs::symlink(root.path().join("gone/.venv"), &venv).unwrap();
+        assert_eq!(
+            refuse_dangling_link(&venv),
+            Ok(()),
+            "a link to a directory is kept"
+        );
     }
 
     #[test]
