@@ -37,6 +37,9 @@
 //! - Every write runs in an `IMMEDIATE` transaction (the write lock is taken first, so two writers
 //!   never both read "absent" and both insert). Readers and writers from other processes wait up
 //!   to [`BUSY_TIMEOUT`](crate::store::BUSY_TIMEOUT) for a lock before the call fails closed.
+//!   A router's rows and results go through [`Registry::write_batch`]: the writes queued while
+//!   one commits share the next transaction, each in a savepoint of its own, and each is
+//!   answered only once that transaction's commit returned (group commit).
 //! - Dispatch is guarded by a lease on the row ([`Registry::claim_lease`]): a process that is about
 //!   to call the backend writes its owner id and an expiry (a new row is written with its lease,
 //!   one commit: [`Write::Insert`]); another process that finds a live
@@ -48,9 +51,12 @@
 //!   per call identity (see `spend.rs`), so the lease only arbitrates between processes.
 //!
 //! - PostgreSQL, across replicas: a new operation is `INSERT ... ON CONFLICT DO NOTHING`, then a
-//!   fresh `SELECT` of the winner's row (never check-then-insert); the lease is one conditional
-//!   `UPDATE` on the server's clock (`clock_timestamp()`, no clock skew between machines); a
-//!   replica's liveness is a session-level advisory lock held on its own idle connection, which
+//!   fresh `SELECT` of the winner's row (never check-then-insert); a new row takes its lease in
+//!   that insert, an existing one in one conditional `UPDATE`, both on the server's clock
+//!   (`clock_timestamp()`, no clock skew between machines); each write is its own transaction,
+//!   run by one of a replica's writer threads, each on a connection of its own; a
+//!   replica's liveness is a session-level advisory lock held on its own idle connection (shared
+//!   by all of the replica's connections, so a lease taken on one is fenced on all), which
 //!   the server releases when the replica's connection drops, so a killed replica's lease is
 //!   taken over by the next redelivery (median 61 ms after `kill -9` on loopback under load; a
 //!   vanished machine after TCP keepalives and `tcp_user_timeout`, about 8 s). A result is
