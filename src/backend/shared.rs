@@ -310,6 +310,11 @@ impl SharedState {
         expiry_ms: i64,
     ) -> Result<(Decision, bool, Begin), BackendError> {
         let doing = "recording an authorization";
+        // The execution's record first: the decision takes the account's budget lock, held to
+        // the commit and shared by every replica, so it comes last, as short as it can be. The
+        // order is not seen outside: both commit together or not at all.
+        let begin = begin_execution_in(tx, &decision_id(req.agent_id, req.operation_key), request)
+            .map_err(|f| self.failed("recording an execution", f))?;
         let decision =
             authorize_in(tx, req, now_ms, expiry_ms).map_err(|f| self.failed(doing, f))?;
         let first = set_state_on(
@@ -320,8 +325,6 @@ impl SharedState {
         )
         .map_err(|f| self.failed(doing, f))?
             == 1;
-        let begin = begin_execution_in(tx, &decision.decision_id, request)
-            .map_err(|f| self.failed("recording an execution", f))?;
         Ok((decision, first, begin))
     }
 
