@@ -599,6 +599,12 @@ fn redact(url: &reqwest::Url) -> String {
     shown.to_string()
 }
 
+/// Drops a sync PostgreSQL client (or anything holding one) on a plain thread: the client owns a
+/// runtime, which must not be dropped inside an async task.
+pub fn drop_off_runtime<T: Send + 'static>(value: T) {
+    let _ = std::thread::spawn(move || drop(value)).join();
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -15,7 +15,7 @@
 use super::authorization::{AuthorizationRequest, Decision, decision_id, lapsed};
 use super::error::BackendError;
 use super::execution::{Begin, Executed, provider_key};
-use crate::pg::PgUrl;
+use crate::pg::{PgUrl, drop_off_runtime};
 use crate::provider::Receipt;
 use postgres::types::{ToSql, Type};
 use postgres::{Client, GenericClient, Transaction};
@@ -94,12 +94,6 @@ impl Drop for Checkout<'_> {
         }
         self.pool.freed.notify_one();
     }
-}
-
-/// Drops a sync client on a plain thread: it owns a runtime, which must not be dropped inside
-/// an async task.
-fn drop_off_runtime<T: Send + 'static>(value: T) {
-    let _ = std::thread::spawn(move || drop(value)).join();
 }
 
 impl Drop for SharedState {

@@ -145,7 +145,7 @@ impl Drop for RawInserts {
     fn drop(&mut self) {
         // The sync client owns a runtime, which must not be dropped on an async thread.
         let client = self.client.take();
-        let _ = std::thread::spawn(move || drop(client)).join();
+        crate::pg::drop_off_runtime(client);
     }
 }
 

@@ -15,7 +15,7 @@ use super::InTransaction;
 use super::{Insert, Lease, NewOperation, Operation, RawRow, RegistryError, Status, now_ms};
 use crate::backend::LayerTx;
 use crate::keys::PublicHandle;
-use crate::pg::PgUrl;
+use crate::pg::{PgUrl, drop_off_runtime};
 use postgres::{Client, Statement};
 use serde_json::Value;
 use std::collections::HashMap;
@@ -137,7 +137,7 @@ impl Drop for Liveness {
             .unwrap_or_else(|p| p.into_inner())
             .client
             .take();
-        let _ = std::thread::spawn(move || drop(client)).join();
+        drop_off_runtime(client);
     }
 }
 
@@ -154,7 +154,7 @@ impl Drop for PgRegistry {
     fn drop(&mut self) {
         // The sync client runs its own runtime, which must not be dropped inside an async task.
         let client = self.conn.take();
-        let _ = std::thread::spawn(move || drop(client)).join();
+        drop_off_runtime(client);
     }
 }
 
@@ -357,7 +357,7 @@ impl PgRegistry {
             return Ok(state.key);
         }
         if let Some(gone) = state.client.take() {
-            let _ = std::thread::spawn(move || drop(gone)).join();
+            drop_off_runtime(gone);
         }
         let mut liveness = self.url.connect().map_err(self.err("connecting"))?;
         if state.key == 0 {
@@ -397,7 +397,7 @@ impl PgRegistry {
             .unwrap_or_else(|p| p.into_inner())
             .client
             .take();
-        let _ = std::thread::spawn(move || drop(gone)).join();
+        drop_off_runtime(gone);
     }
 
     fn migrate(&self, conn: &mut Client) -> Result<(), RegistryError> {
