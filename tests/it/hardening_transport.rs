@@ -794,7 +794,16 @@ async fn the_probe_refuses_foreign_origins_and_hosts_and_records_nothing_of_them
         .await
         .unwrap();
     assert!(init.result.is_some(), "{}", init.raw);
-    let recorded = std::fs::read_to_string(&log).unwrap();
+    // Records are written off the reply path (the probe's writer thread): wait for this one,
+    // 10 s at most.
+    let mut recorded = String::new();
+    for _ in 0..400 {
+        recorded = std::fs::read_to_string(&log).unwrap_or_default();
+        if recorded.contains("alias-client") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
     assert!(recorded.contains("alias-client"), "{recorded}");
 }
 
