@@ -83,6 +83,33 @@ impl Cached for Connection {
     }
 }
 
+/// A named SQL savepoint inside an open transaction: released by `end(true)`, rolled back then
+/// released by `end(false)`. Its statements are prepared once per connection ([`Cached`]). The
+/// one savepoint of every transaction callid shares between writes (the registry's group
+/// commit and a spender's stage, [`Store::write`]'s group commit).
+pub struct Savepoint<'c> {
+    conn: &'c Connection,
+    name: &'static str,
+}
+
+impl<'c> Savepoint<'c> {
+    /// `SAVEPOINT name` on `conn`.
+    pub fn begin(conn: &'c Connection, name: &'static str) -> rusqlite::Result<Savepoint<'c>> {
+        conn.exec(&format!("SAVEPOINT {name}"), [])?;
+        Ok(Savepoint { conn, name })
+    }
+
+    /// Keeps what was written since [`Savepoint::begin`] (`keep`), or rolls it back.
+    pub fn end(self, keep: bool) -> rusqlite::Result<()> {
+        if !keep {
+            self.conn.exec(&format!("ROLLBACK TO {}", self.name), [])?;
+        }
+        self.conn
+            .exec(&format!("RELEASE {}", self.name), [])
+            .map(|_| ())
+    }
+}
+
 /// What a kind of store file is: its name in messages, its `application_id`, its migrations.
 #[derive(Debug)]
 pub struct StoreSpec {

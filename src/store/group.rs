@@ -20,6 +20,7 @@
 //! hold its write. The last writer of a batch always commits, so every open transaction is
 //! committed by a writer that is running.
 
+use super::Savepoint;
 use rusqlite::Connection;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -185,34 +186,20 @@ fn run_in_savepoint<R, E>(
     conn: &Connection,
     f: impl FnOnce(&Connection) -> Result<R, E>,
 ) -> Result<R, Failed<E>> {
-    use crate::store::Cached as _;
-    conn.exec("SAVEPOINT store_write", [])
-        .map_err(Failed::Sql)?;
-    struct Unwinding<'c>(&'c Connection, bool);
+    struct Unwinding<'c>(Option<Savepoint<'c>>);
     impl Drop for Unwinding<'_> {
         fn drop(&mut self) {
-            if self.1 {
-                let _ = self
-                    .0
-                    .execute_batch("ROLLBACK TO store_write; RELEASE store_write");
+            if let Some(mark) = self.0.take() {
+                let _ = mark.end(false);
             }
         }
     }
-    let mut guard = Unwinding(conn, true);
+    let mark = Savepoint::begin(conn, "store_write").map_err(Failed::Sql)?;
+    let mut guard = Unwinding(Some(mark));
     let value = f(conn);
-    guard.1 = false;
-    match value {
-        Ok(value) => {
-            conn.exec("RELEASE store_write", []).map_err(Failed::Sql)?;
-            Ok(value)
-        }
-        Err(e) => {
-            conn.exec("ROLLBACK TO store_write", [])
-                .and_then(|_| conn.exec("RELEASE store_write", []))
-                .map_err(Failed::Sql)?;
-            Err(Failed::Write(e))
-        }
-    }
+    let mark = guard.0.take().expect("taken once, here");
+    mark.end(value.is_ok()).map_err(Failed::Sql)?;
+    value.map_err(Failed::Write)
 }
 
 /// A connection left inside a transaction it could not end is dropped; the next write opens a

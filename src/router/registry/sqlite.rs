@@ -7,7 +7,7 @@ use super::{
 };
 use crate::backend::LayerTx;
 use crate::keys::PublicHandle;
-use crate::store::{self, Cached as _, Create};
+use crate::store::{self, Cached as _, Create, Savepoint};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -333,7 +333,7 @@ impl SqliteRegistry {
         };
         let mut answers = Vec::with_capacity(writes.len());
         for write in writes {
-            let mark = match Savepoint::begin(&tx, Name::Write) {
+            let mark = match Savepoint::begin(&tx, "write") {
                 Ok(mark) => mark,
                 Err(e) => {
                     write.fail(&sqlite(&path, "starting a group commit")(e));
@@ -576,8 +576,8 @@ fn insert_in<T, E>(
     let staged = match stage.filter(|_| lease.is_some()) {
         None => None,
         Some(stage) => {
-            let mark = Savepoint::begin(tx, Name::Stage)
-                .map_err(sqlite(path, "recording a new operation"))?;
+            let mark =
+                Savepoint::begin(tx, "stage").map_err(sqlite(path, "recording a new operation"))?;
             let outcome = stage(LayerTx::Sqlite(tx));
             // Rolled back alone when it failed: the row and lease stay.
             mark.end(outcome.is_ok())
@@ -619,45 +619,6 @@ fn record_in<E: std::fmt::Display>(
         settle(LayerTx::Sqlite(tx)).map_err(|e| RegistryError::layer(path.to_path_buf(), e))?;
     }
     Ok(())
-}
-
-/// A named SQL savepoint on any connection (inside a transaction): released when `end(true)`,
-/// rolled back then released when `end(false)`. Its three statements are prepared once per
-/// connection ([`Cached`](store::Cached)).
-struct Savepoint<'c> {
-    conn: &'c Connection,
-    name: Name,
-}
-
-/// The savepoints a registry writes: one per write of a batch, one around a spender's stage.
-#[derive(Clone, Copy)]
-enum Name {
-    Write,
-    Stage,
-}
-
-impl Name {
-    fn sql(self) -> [&'static str; 3] {
-        match self {
-            Name::Write => ["SAVEPOINT write", "RELEASE write", "ROLLBACK TO write"],
-            Name::Stage => ["SAVEPOINT stage", "RELEASE stage", "ROLLBACK TO stage"],
-        }
-    }
-}
-
-impl<'c> Savepoint<'c> {
-    fn begin(conn: &'c Connection, name: Name) -> rusqlite::Result<Savepoint<'c>> {
-        conn.exec(name.sql()[0], [])?;
-        Ok(Savepoint { conn, name })
-    }
-
-    fn end(self, keep: bool) -> rusqlite::Result<()> {
-        let [_, release, rollback] = self.name.sql();
-        if !keep {
-            self.conn.exec(rollback, [])?;
-        }
-        self.conn.exec(release, []).map(|_| ())
-    }
 }
 
 /// A write of a batch, done, waiting for the commit to be answered.
