@@ -35,7 +35,8 @@
 //! one transaction ([`Authorization::authorize_for_dispatch`], one commit).
 //!
 //! ## Compatibility
-//! `application_id` `0x434c4155` ("CLAU"), `user_version` 2; see [`crate::store`]. Decisions
+//! `application_id` `0x434c4155` ("CLAU"), `user_version` 3 (3 adds the running total of charges,
+//! [`super::LAYER_TOTALS`]); see [`crate::store`]. Decisions
 //! recorded by version 1 are `dispatched`.
 
 use super::error::BackendError;
@@ -65,6 +66,7 @@ pub(super) static SPEC: StoreSpec = StoreSpec {
              CHECK (state IN ('reserved', 'dispatched', 'charged', 'released'));
          ALTER TABLE decisions ADD COLUMN reserved_ms INTEGER NOT NULL DEFAULT 0;
          ALTER TABLE decisions ADD COLUMN charged_cents INTEGER;",
+        super::LAYER_TOTALS,
     ],
 };
 
@@ -467,22 +469,25 @@ pub(super) fn lapsed(state: &str, reserved_ms: i64, expiry_ms: i64, now_ms: i64)
     state == "released" || (state == "reserved" && reserved_ms.saturating_add(expiry_ms) <= now_ms)
 }
 
+const SPENT: &str =
+    "SELECT COALESCE((SELECT charged_cents FROM account_totals WHERE account = ?1), 0)
+    + COALESCE((SELECT SUM(CASE
+        WHEN state = 'reserved' AND reserved_ms + ?3 <= ?2 THEN 0
+        ELSE amount_cents END)
+      FROM decisions WHERE account = ?1 AND state IN ('reserved', 'dispatched')), 0)";
+
+/// Cents of `account`'s budget held at `now_ms` (see the module's Budget): its running total of
+/// charges ([`super::LAYER_TOTALS`]) and its open decisions, read through the index of open
+/// decisions, so the cost does not grow with the decisions settled before.
 fn spent_in(
     conn: &rusqlite::Connection,
     account: &str,
     now_ms: i64,
     expiry_ms: i64,
 ) -> rusqlite::Result<u64> {
-    conn.row(
-        "SELECT COALESCE(SUM(CASE state \
-             WHEN 'charged' THEN charged_cents \
-             WHEN 'released' THEN 0 \
-             WHEN 'reserved' THEN CASE WHEN reserved_ms + ?3 <= ?2 THEN 0 ELSE amount_cents END \
-             ELSE amount_cents END), 0) \
-         FROM decisions WHERE account = ?1",
-        params![account, now_ms, expiry_ms],
-        |r| r.get::<_, i64>(0),
-    )
+    conn.row(SPENT, params![account, now_ms, expiry_ms], |r| {
+        r.get::<_, i64>(0)
+    })
     .map(|n| n.max(0) as u64)
 }
 
@@ -634,6 +639,104 @@ mod tests {
             ),
             "{err:?}"
         );
+    }
+
+    /// What a sum over every decision of `account` gives (the definition in the module's
+    /// Budget), to hold the running total against.
+    fn spent_by_every_decision(auth: &Authorization, account: &str) -> u64 {
+        auth.store
+            .read(|conn| {
+                conn.query_row(
+                    "SELECT COALESCE(SUM(CASE state
+                         WHEN 'charged' THEN charged_cents
+                         WHEN 'released' THEN 0
+                         WHEN 'reserved' THEN
+                             CASE WHEN reserved_ms + ?3 <= ?2 THEN 0 ELSE amount_cents END
+                         ELSE amount_cents END), 0)
+                     FROM decisions WHERE account = ?1",
+                    params![account, now_ms(), auth.expiry_ms],
+                    |r| r.get::<_, i64>(0),
+                )
+                .map_err(|e| BackendError::from(auth.store.error(e)))
+            })
+            .unwrap() as u64
+    }
+
+    #[test]
+    fn the_running_total_agrees_with_every_decision_and_is_all_a_check_reads() {
+        let (_dir, auth) = store();
+        for i in 0..40u64 {
+            let key = format!("k{i}");
+            let d = auth
+                .authorize(&AuthorizationRequest {
+                    amount_cents: i % 7,
+                    ..request(&key)
+                })
+                .unwrap();
+            if i % 4 != 0 {
+                auth.mark_dispatched(&d.decision_id).unwrap();
+            }
+            match i % 4 {
+                1 => auth.record_charge(&d.decision_id, i % 5).unwrap(),
+                2 => auth.release(&d.decision_id).unwrap(),
+                3 => {
+                    // Charged twice (a redelivery settling again): the last amount counts.
+                    auth.record_charge(&d.decision_id, 9).unwrap();
+                    auth.record_charge(&d.decision_id, i % 3).unwrap();
+                }
+                _ => {}
+            }
+            assert_eq!(
+                auth.spent_cents("acct").unwrap(),
+                spent_by_every_decision(&auth, "acct"),
+                "after decision {i}"
+            );
+        }
+        assert_eq!(auth.spent_cents("other").unwrap(), 0);
+        let plan: Vec<String> = auth
+            .store
+            .read(|conn| {
+                let sql = |e| BackendError::from(auth.store.error(e));
+                let mut stmt = conn
+                    .prepare(&format!("EXPLAIN QUERY PLAN {SPENT}"))
+                    .map_err(sql)?;
+                let rows = stmt
+                    .query_map(params!["acct", 0, 0], |r| r.get::<_, String>(3))
+                    .map_err(sql)?;
+                rows.collect::<rusqlite::Result<Vec<_>>>().map_err(sql)
+            })
+            .unwrap();
+        let plan = plan.join("\n");
+        assert!(plan.contains("decisions_open"), "{plan}");
+        assert!(!plan.contains("decisions_by_account"), "{plan}");
+    }
+
+    #[test]
+    fn a_version_2_file_counts_its_charges_after_the_upgrade() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("authorization.sqlite3");
+        {
+            let conn = rusqlite::Connection::open(&path).unwrap();
+            conn.execute_batch(SPEC.migrations[0]).unwrap();
+            conn.execute_batch(SPEC.migrations[1]).unwrap();
+            conn.execute_batch(&format!(
+                "PRAGMA application_id = {}; PRAGMA user_version = 2;
+                 INSERT INTO decisions (agent_id, operation_key, decision_id, account,
+                     amount_cents, scope, request_hash, created_at, state, reserved_ms,
+                     charged_cents)
+                 VALUES ('a', 'k1', 'd1', 'acct', 3, 's', 'h', 't', 'charged', 0, 4),
+                        ('a', 'k2', 'd2', 'acct', 3, 's', 'h', 't', 'dispatched', 0, NULL),
+                        ('a', 'k3', 'd3', 'acct', 3, 's', 'h', 't', 'released', 0, NULL);",
+                SPEC.application_id
+            ))
+            .unwrap();
+        }
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let auth = Authorization::open(&path).unwrap();
+        assert_eq!(auth.spent_cents("acct").unwrap(), 7);
+        auth.record_charge("d2", 1).unwrap();
+        assert_eq!(auth.spent_cents("acct").unwrap(), 5);
     }
 
     #[test]

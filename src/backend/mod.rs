@@ -100,6 +100,50 @@ pub const LAYER_TABLES: &str = "CREATE TABLE decisions (
         CHECK ((state = 'completed') = (receipt IS NOT NULL))
     ) STRICT;";
 
+/// The decisions' running total, appended to the migrations of every SQLite file that holds
+/// `decisions` (the standalone `authorization.sqlite3` and the router's registry): the charges
+/// of an account's `charged` decisions, kept by triggers on every insert, update and delete of a
+/// decision (and filled from the decisions already there), and an index of the decisions still
+/// open (`reserved`, `dispatched`). A budget check reads that total and the open decisions
+/// ([`authorization`]'s `spent_in`), so its cost stays flat however many decisions the
+/// account has settled.
+pub const LAYER_TOTALS: &str = "CREATE TABLE account_totals (
+        account       TEXT PRIMARY KEY NOT NULL,
+        charged_cents INTEGER NOT NULL
+    ) STRICT;
+    INSERT INTO account_totals (account, charged_cents)
+        SELECT account, SUM(COALESCE(charged_cents, 0)) FROM decisions
+        WHERE state = 'charged' GROUP BY account;
+    CREATE INDEX decisions_open ON decisions (account) WHERE state IN ('reserved', 'dispatched');
+    CREATE TRIGGER decisions_total_insert AFTER INSERT ON decisions
+        WHEN NEW.state = 'charged' BEGIN
+        INSERT INTO account_totals (account, charged_cents)
+            VALUES (NEW.account, COALESCE(NEW.charged_cents, 0))
+            ON CONFLICT (account) DO UPDATE
+            SET charged_cents = charged_cents + excluded.charged_cents;
+    END;
+    CREATE TRIGGER decisions_total_update_old AFTER UPDATE OF state, charged_cents, account
+        ON decisions WHEN OLD.state = 'charged' BEGIN
+        INSERT INTO account_totals (account, charged_cents)
+            VALUES (OLD.account, -COALESCE(OLD.charged_cents, 0))
+            ON CONFLICT (account) DO UPDATE
+            SET charged_cents = charged_cents + excluded.charged_cents;
+    END;
+    CREATE TRIGGER decisions_total_update_new AFTER UPDATE OF state, charged_cents, account
+        ON decisions WHEN NEW.state = 'charged' BEGIN
+        INSERT INTO account_totals (account, charged_cents)
+            VALUES (NEW.account, COALESCE(NEW.charged_cents, 0))
+            ON CONFLICT (account) DO UPDATE
+            SET charged_cents = charged_cents + excluded.charged_cents;
+    END;
+    CREATE TRIGGER decisions_total_delete AFTER DELETE ON decisions
+        WHEN OLD.state = 'charged' BEGIN
+        INSERT INTO account_totals (account, charged_cents)
+            VALUES (OLD.account, -COALESCE(OLD.charged_cents, 0))
+            ON CONFLICT (account) DO UPDATE
+            SET charged_cents = charged_cents + excluded.charged_cents;
+    END;";
+
 /// The caller's open transaction that a layer's steps join ([`Backend::prepare_in`],
 /// [`Backend::settle_in`]): on the SQLite file hosting the layers' tables, or on the PostgreSQL
 /// database that router replicas share (where the layers' tables live beside the registry's).

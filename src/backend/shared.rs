@@ -110,12 +110,16 @@ impl Drop for SharedState {
     }
 }
 
-const SPENT: &str = "SELECT COALESCE(SUM(CASE state
-        WHEN 'charged' THEN charged_cents
-        WHEN 'released' THEN 0
-        WHEN 'reserved' THEN CASE WHEN reserved_ms + $3 <= $2 THEN 0 ELSE amount_cents END
-        ELSE amount_cents END), 0)::bigint
-    FROM callid_decisions WHERE account = $1";
+/// Cents of an account's budget held (see `super::authorization`'s Budget): the running total
+/// of its charges and its open decisions (the registry's migration 4), in one statement (one
+/// snapshot: a charge committed meanwhile is counted once, in one or the other).
+const SPENT: &str = "SELECT ((SELECT COALESCE(SUM(charged_cents), 0)
+            FROM callid_account_totals WHERE account = $1)
+        + (SELECT COALESCE(SUM(CASE
+                WHEN state = 'reserved' AND reserved_ms + $3 <= $2 THEN 0
+                ELSE amount_cents END), 0)
+            FROM callid_decisions
+            WHERE account = $1 AND state IN ('reserved', 'dispatched')))::bigint";
 
 impl SharedState {
     /// The decisions in the database at `url` (connections opened on first use).

@@ -267,7 +267,16 @@ fn operator_commands_and_refusals_on_a_database() {
     pg.sql(
         "older",
         "INSERT INTO callid_schema VALUES ('callid-registry', 1);
-         INSERT INTO callid_settings VALUES ('installation_id', 'inst-old');",
+         INSERT INTO callid_settings VALUES ('installation_id', 'inst-old');
+         INSERT INTO callid_operations (platform, installation_id, source_installation,
+             harness_call_id, handle, operation_key, tool, request_hash, arguments, amount_cents,
+             status, approval, charged_cents, created_ms, updated_ms)
+         VALUES ('codex', 'inst-old', '', 'c1', 'h1', 'k1', 'generate_image', 'sha256:00', '{}',
+                 3, 'completed', 'not_required', 5, 1, 1),
+                ('codex', 'inst-old', '', 'c2', 'h2', 'k2', 'generate_image', 'sha256:01', '{}',
+                 4, 'completed', 'not_required', NULL, 1, 1),
+                ('codex', 'inst-old', '', 'c3', 'h3', 'k3', 'generate_image', 'sha256:02', '{}',
+                 6, 'pending', 'not_required', NULL, 1, 1);",
     );
     let older = format!("{}older", pg.url().trim_end_matches("callid"));
     let out = callid(&["router", "status", "nope"], &older);
@@ -292,6 +301,16 @@ fn operator_commands_and_refusals_on_a_database() {
             "SELECT to_regclass('callid_decisions') IS NOT NULL"
         ),
         "t"
+    );
+    // The running total of completed operations starts from the rows already there (5 charged,
+    // 4 quoted); the pending row stays out of it.
+    assert_eq!(
+        pg.sql(
+            "older",
+            "SELECT SUM(completed_cents) FROM callid_installation_totals
+             WHERE installation_id = 'inst-old'"
+        ),
+        "9"
     );
 
     // A newer schema is refused untouched.
@@ -397,6 +416,17 @@ async fn a_budget_holds_across_replicas_under_concurrent_spends() {
         .map(|c| c.amount_cents)
         .sum();
     assert!(spent <= 10, "spent {spent} of a 10-cent budget");
+    // The running totals the budget check reads (kept by triggers, in stripes) agree with a sum
+    // over every decision.
+    assert_eq!(
+        w.pg.sql(
+            "callid",
+            "SELECT (SELECT COALESCE(SUM(charged_cents), 0) FROM callid_account_totals)
+                 || ' ' || (SELECT COALESCE(SUM(charged_cents), 0) FROM callid_decisions
+                     WHERE state = 'charged')"
+        ),
+        format!("{spent} {spent}")
+    );
     for r in replicas {
         r.stop().await;
     }

@@ -241,6 +241,17 @@ async fn a_budget_race_across_gateway_replicas_never_overspends() {
         assert!(replayed(&again));
     }
     assert_eq!(w.charges().len(), 3);
+    // The running total the budgeted insert reads (kept by triggers, in stripes) agrees with a
+    // sum over every completed operation.
+    assert_eq!(
+        w.pg.sql(
+            "callid",
+            "SELECT (SELECT SUM(completed_cents) FROM callid_installation_totals)
+                 || ' ' || (SELECT SUM(COALESCE(charged_cents, amount_cents))
+                     FROM callid_operations WHERE status = 'completed')"
+        ),
+        "9 9"
+    );
     for r in replicas {
         r.stop().await;
     }

@@ -74,6 +74,11 @@
 //! - Schema 2 adds the source installation to the key and the charged amount. Rows recorded by
 //!   schema 1 keep an empty source installation: an envelope call recorded before the upgrade is
 //!   found again only when it is redelivered without an `installation_id`.
+//! - Schema 4 and 5 (PostgreSQL: 4) add running totals of settled money, kept by triggers and
+//!   filled from the rows already there on upgrade: a budget check reads an installation's
+//!   total of completed operations (or an account's total of charges) and its open rows, so its
+//!   cost does not grow with the history. Rows are never deleted, so a total never needs
+//!   rebuilding.
 //!
 //! - PostgreSQL: table `callid_schema` holds the application marker (`callid-registry`) and the
 //!   version; migrations ([`postgres::MIGRATIONS`]) are append-only and run in one transaction
@@ -169,6 +174,51 @@ pub const MIGRATIONS: &[&str] = &[
     // that a new operation's row, decision and dispatch are one commit, and its result, receipt
     // and charge another (see `crate::backend::Backend::open_in`).
     crate::backend::LAYER_TABLES,
+    // 4: the decisions' running total of charges (see `crate::backend::LAYER_TOTALS`).
+    crate::backend::LAYER_TOTALS,
+    // 5: the operations' running total: the cents of each installation's completed operations,
+    // kept by triggers (and filled from the rows already there), and an index of the operations
+    // still open, so a budgeted insert reads one total and the open rows, whatever the number of
+    // operations completed before.
+    "CREATE TABLE installation_totals (
+         installation_id TEXT PRIMARY KEY NOT NULL,
+         completed_cents INTEGER NOT NULL
+     ) STRICT;
+     INSERT INTO installation_totals (installation_id, completed_cents)
+         SELECT installation_id, SUM(COALESCE(charged_cents, amount_cents)) FROM operations
+         WHERE status = 'completed' GROUP BY installation_id;
+     CREATE INDEX operations_open ON operations (installation_id)
+         WHERE status IN ('pending', 'awaiting_approval');
+     CREATE TRIGGER operations_total_insert AFTER INSERT ON operations
+         WHEN NEW.status = 'completed' BEGIN
+         INSERT INTO installation_totals (installation_id, completed_cents)
+             VALUES (NEW.installation_id, COALESCE(NEW.charged_cents, NEW.amount_cents))
+             ON CONFLICT (installation_id) DO UPDATE
+             SET completed_cents = completed_cents + excluded.completed_cents;
+     END;
+     CREATE TRIGGER operations_total_update_old
+         AFTER UPDATE OF status, charged_cents, amount_cents, installation_id ON operations
+         WHEN OLD.status = 'completed' BEGIN
+         INSERT INTO installation_totals (installation_id, completed_cents)
+             VALUES (OLD.installation_id, -COALESCE(OLD.charged_cents, OLD.amount_cents))
+             ON CONFLICT (installation_id) DO UPDATE
+             SET completed_cents = completed_cents + excluded.completed_cents;
+     END;
+     CREATE TRIGGER operations_total_update_new
+         AFTER UPDATE OF status, charged_cents, amount_cents, installation_id ON operations
+         WHEN NEW.status = 'completed' BEGIN
+         INSERT INTO installation_totals (installation_id, completed_cents)
+             VALUES (NEW.installation_id, COALESCE(NEW.charged_cents, NEW.amount_cents))
+             ON CONFLICT (installation_id) DO UPDATE
+             SET completed_cents = completed_cents + excluded.completed_cents;
+     END;
+     CREATE TRIGGER operations_total_delete AFTER DELETE ON operations
+         WHEN OLD.status = 'completed' BEGIN
+         INSERT INTO installation_totals (installation_id, completed_cents)
+             VALUES (OLD.installation_id, -COALESCE(OLD.charged_cents, OLD.amount_cents))
+             ON CONFLICT (installation_id) DO UPDATE
+             SET completed_cents = completed_cents + excluded.completed_cents;
+     END;",
 ];
 
 /// A step of another layer that commits in the same SQLite transaction as a registry write:

@@ -99,6 +99,75 @@ pub const MIGRATIONS: &[&str] = &[
          completed_at      timestamptz,
          CHECK ((state = 'completed') = (receipt IS NOT NULL))
      );",
+    // 4: running totals of settled money, kept by triggers (and filled from the rows already
+    // there), and indexes of the rows still open, so a budget check reads a few total rows and
+    // the open rows, whatever the number settled before (`COMMITTED`, `shared::SPENT`). A total
+    // is split in 16 stripes, one per server process modulo 16, so that replicas settling for
+    // one installation or account at once do not queue on one row's lock until their commits.
+    // The triggers are created before the totals are filled: they lock the tables against
+    // writers of an older build still running, so no row changes between the fill and them.
+    "CREATE TABLE callid_installation_totals (
+         installation_id text NOT NULL,
+         stripe          integer NOT NULL,
+         completed_cents bigint NOT NULL,
+         PRIMARY KEY (installation_id, stripe)
+     );
+     CREATE TABLE callid_account_totals (
+         account       text NOT NULL,
+         stripe        integer NOT NULL,
+         charged_cents bigint NOT NULL,
+         PRIMARY KEY (account, stripe)
+     );
+     CREATE FUNCTION callid_operations_total() RETURNS trigger LANGUAGE plpgsql AS $$
+     BEGIN
+         IF TG_OP <> 'INSERT' AND OLD.status = 'completed' THEN
+             INSERT INTO callid_installation_totals AS t VALUES
+                 (OLD.installation_id, pg_backend_pid() % 16,
+                  -COALESCE(OLD.charged_cents, OLD.amount_cents))
+             ON CONFLICT (installation_id, stripe) DO UPDATE
+                 SET completed_cents = t.completed_cents + EXCLUDED.completed_cents;
+         END IF;
+         IF TG_OP <> 'DELETE' AND NEW.status = 'completed' THEN
+             INSERT INTO callid_installation_totals AS t VALUES
+                 (NEW.installation_id, pg_backend_pid() % 16,
+                  COALESCE(NEW.charged_cents, NEW.amount_cents))
+             ON CONFLICT (installation_id, stripe) DO UPDATE
+                 SET completed_cents = t.completed_cents + EXCLUDED.completed_cents;
+         END IF;
+         RETURN NULL;
+     END $$;
+     CREATE TRIGGER callid_operations_total
+         AFTER INSERT OR DELETE OR UPDATE OF status, charged_cents, amount_cents, installation_id
+         ON callid_operations FOR EACH ROW EXECUTE FUNCTION callid_operations_total();
+     CREATE FUNCTION callid_decisions_total() RETURNS trigger LANGUAGE plpgsql AS $$
+     BEGIN
+         IF TG_OP <> 'INSERT' AND OLD.state = 'charged' THEN
+             INSERT INTO callid_account_totals AS t VALUES
+                 (OLD.account, pg_backend_pid() % 16, -COALESCE(OLD.charged_cents, 0))
+             ON CONFLICT (account, stripe) DO UPDATE
+                 SET charged_cents = t.charged_cents + EXCLUDED.charged_cents;
+         END IF;
+         IF TG_OP <> 'DELETE' AND NEW.state = 'charged' THEN
+             INSERT INTO callid_account_totals AS t VALUES
+                 (NEW.account, pg_backend_pid() % 16, COALESCE(NEW.charged_cents, 0))
+             ON CONFLICT (account, stripe) DO UPDATE
+                 SET charged_cents = t.charged_cents + EXCLUDED.charged_cents;
+         END IF;
+         RETURN NULL;
+     END $$;
+     CREATE TRIGGER callid_decisions_total
+         AFTER INSERT OR DELETE OR UPDATE OF state, charged_cents, account
+         ON callid_decisions FOR EACH ROW EXECUTE FUNCTION callid_decisions_total();
+     INSERT INTO callid_installation_totals
+         SELECT installation_id, 0, SUM(COALESCE(charged_cents, amount_cents))
+         FROM callid_operations WHERE status = 'completed' GROUP BY installation_id;
+     INSERT INTO callid_account_totals
+         SELECT account, 0, SUM(COALESCE(charged_cents, 0))
+         FROM callid_decisions WHERE state = 'charged' GROUP BY account;
+     CREATE INDEX callid_operations_open ON callid_operations (installation_id)
+         WHERE status IN ('pending', 'awaiting_approval');
+     CREATE INDEX callid_decisions_open ON callid_decisions (account)
+         WHERE state IN ('reserved', 'dispatched');",
 ];
 
 /// An open PostgreSQL registry: a statement connection, and this replica's liveness lock, which
@@ -197,12 +266,13 @@ const CLAIM: &str = "UPDATE callid_operations o
                  AND l.objsubid = 2))
     RETURNING 1";
 
-/// The cents committed by an installation's operations, as the SQLite backend counts them.
-const COMMITTED: &str = "SELECT COALESCE(SUM(CASE
-        WHEN status = 'completed' THEN COALESCE(charged_cents, amount_cents)
-        WHEN status IN ('pending', 'awaiting_approval') THEN amount_cents
-        ELSE 0 END), 0)::bigint
-    FROM callid_operations WHERE installation_id = $1";
+/// The cents committed by an installation's operations, as the SQLite backend counts them: the
+/// running total of its completed operations and its open rows (migration 4), in one statement
+/// (one snapshot: a result committed meanwhile is counted once, in one or the other).
+const COMMITTED: &str = "SELECT ((SELECT COALESCE(SUM(completed_cents), 0)
+            FROM callid_installation_totals WHERE installation_id = $1)
+        + (SELECT COALESCE(SUM(amount_cents), 0) FROM callid_operations
+            WHERE installation_id = $1 AND status IN ('pending', 'awaiting_approval')))::bigint";
 
 /// What one attempt of [`PgRegistry::insert_within_budget`] found.
 enum Inserted {

@@ -485,6 +485,15 @@ impl SqliteRegistry {
     }
 }
 
+/// The cents committed by an installation's operations (completed ones by what was charged, or
+/// their amount; pending and awaiting ones by their amount): the running total of completed
+/// operations and the open rows (migration 5), so the cost does not grow with the operations
+/// completed before.
+const COMMITTED: &str = "SELECT COALESCE((SELECT completed_cents FROM installation_totals
+        WHERE installation_id = ?1), 0)
+    + COALESCE((SELECT SUM(amount_cents) FROM operations
+        WHERE installation_id = ?1 AND status IN ('pending', 'awaiting_approval')), 0)";
+
 /// Records `new` (with its lease and `stage`) inside the open transaction `tx`; see
 /// [`SqliteRegistry::insert_leased`]. The caller commits.
 #[allow(clippy::type_complexity)]
@@ -521,15 +530,7 @@ fn insert_in<T, E>(
     }
     if let Some(budget) = budget_cents {
         let committed: i64 = tx
-            .row(
-                "SELECT COALESCE(SUM(CASE
-                     WHEN status = 'completed' THEN COALESCE(charged_cents, amount_cents)
-                     WHEN status IN ('pending', 'awaiting_approval') THEN amount_cents
-                     ELSE 0 END), 0)
-                 FROM operations WHERE installation_id = ?1",
-                [installation_id],
-                |r| r.get(0),
-            )
+            .row(COMMITTED, [installation_id], |r| r.get(0))
             .map_err(sqlite(path, "summing the budget"))?;
         let committed = committed.max(0) as u64;
         if committed.saturating_add(new.amount_cents) > budget {
@@ -914,7 +915,9 @@ mod tests {
                  operation_key, tool, request_hash, arguments, amount_cents, status, approval,
                  created_ms, updated_ms)
              VALUES ('codex', 'inst-1', 'old', 'h-old', 'k-old', 'generate_image', 'sha256:00',
-                 '{{}}', 3, 'pending', 'not_required', 1, 1);"
+                 '{{}}', 3, 'pending', 'not_required', 1, 1),
+                 ('codex', 'inst-1', 'done', 'h-done', 'k-done', 'generate_image', 'sha256:01',
+                 '{{}}', 4, 'completed', 'not_required', 1, 1);"
         ))
         .unwrap();
         let mut reg = SqliteRegistry::init(conn, PathBuf::from(":memory:")).unwrap();
@@ -923,6 +926,67 @@ mod tests {
         let old = reg.find("codex", "", "old").unwrap().unwrap();
         assert_eq!(old.handle.as_str(), "h-old");
         assert_eq!(old.charged_cents, None);
+        // The running total starts from the rows already completed: 4 completed + 3 pending.
+        assert!(matches!(
+            reg.insert_within_budget(new_op("new"), Some(9)).unwrap(),
+            Insert::OverBudget { committed_cents: 7 }
+        ));
+    }
+
+    #[test]
+    fn a_budget_counts_completed_rows_by_their_running_total_and_open_rows_by_their_amount() {
+        let mut reg = SqliteRegistry::open_in_memory().unwrap();
+        let insert = |reg: &mut SqliteRegistry, call: &str, budget: Option<u64>| {
+            reg.insert_within_budget(new_op(call), budget).unwrap()
+        };
+        let Insert::Stored(charged, true) = insert(&mut reg, "charged", None) else {
+            panic!("not inserted")
+        };
+        let Insert::Stored(failed, true) = insert(&mut reg, "failed", None) else {
+            panic!("not inserted")
+        };
+        insert(&mut reg, "pending", None);
+        reg.record_result(&charged.handle, &json!({"ok": true}), 5)
+            .unwrap();
+        reg.record_failure(&failed.handle, "provider_refused", "no")
+            .unwrap();
+        // 5 charged + 3 pending; the failed row holds nothing.
+        assert!(matches!(
+            insert(&mut reg, "over", Some(10)),
+            Insert::OverBudget { committed_cents: 8 }
+        ));
+        assert!(matches!(
+            insert(&mut reg, "within", Some(11)),
+            Insert::Stored(_, true)
+        ));
+        // The total kept by the triggers is what a sum over every row gives.
+        let brute: i64 = reg
+            .conn
+            .query_row(
+                "SELECT SUM(CASE WHEN status = 'completed' THEN COALESCE(charged_cents, amount_cents)
+                     WHEN status IN ('pending', 'awaiting_approval') THEN amount_cents ELSE 0 END)
+                 FROM operations WHERE installation_id = ?1",
+                [reg.installation_id()],
+                |r| r.get(0),
+            )
+            .unwrap();
+        let kept: i64 = reg
+            .conn
+            .query_row(COMMITTED, [reg.installation_id()], |r| r.get(0))
+            .unwrap();
+        assert_eq!((kept, brute), (11, 11));
+        // And it reads one total and the open rows, never every operation of the installation.
+        let plan: Vec<String> = reg
+            .conn
+            .prepare(&format!("EXPLAIN QUERY PLAN {COMMITTED}"))
+            .unwrap()
+            .query_map(["x"], |r| r.get::<_, String>(3))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        let plan = plan.join("\n");
+        assert!(plan.contains("operations_open"), "{plan}");
+        assert!(!plan.contains("SCAN operations"), "{plan}");
     }
 
     #[test]
