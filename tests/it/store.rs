@@ -305,7 +305,7 @@ fn a_key_pool_from_a_newer_callid_is_refused_untouched_never_downgraded() {
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(
         header(&pool),
-        (callid::testing::preallocated::APPLICATION_ID, 1)
+        (callid::testing::preallocated::APPLICATION_ID, 2)
     );
     {
         let c = rusqlite::Connection::open(&pool).unwrap();
@@ -314,7 +314,7 @@ fn a_key_pool_from_a_newer_callid_is_refused_untouched_never_downgraded() {
             true,
         )
         .unwrap();
-        c.execute_batch("PRAGMA user_version = 2; CREATE TABLE future (x);")
+        c.execute_batch("PRAGMA user_version = 3; CREATE TABLE future (x);")
             .unwrap();
     }
     let before = bytes(&pool);
@@ -324,11 +324,11 @@ fn a_key_pool_from_a_newer_callid_is_refused_untouched_never_downgraded() {
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     let text = stderr(&out);
     assert!(
-        text.contains("has schema version 2, newer than the 1 this callid understands"),
+        text.contains("has schema version 3, newer than the 2 this callid understands"),
         "{text}"
     );
     assert_eq!(bytes(&pool), before, "file or -wal changed");
-    assert_eq!(header(&pool).1, 2, "not downgraded");
+    assert_eq!(header(&pool).1, 3, "not downgraded");
 }
 
 #[test]
