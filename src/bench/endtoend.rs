@@ -54,7 +54,7 @@ fn path_arg(path: &Path) -> String {
     path.display().to_string()
 }
 
-async fn baseline_server(ctx: &Context) -> BenchResult<Server> {
+pub(super) async fn baseline_server(ctx: &Context) -> BenchResult<Server> {
     Server::stdio(
         "the rmcp baseline (`callid bench --serve-baseline`)",
         &ctx.program,
@@ -261,18 +261,29 @@ pub async fn router_rows(ctx: &Context) -> Vec<(RowId, Outcome)> {
 
     if ctx.wants(RowId::RouterNewOperation) {
         let result = router_new_operation(ctx, on_router).await;
-        if result.is_ok() {
-            peak_note = "after the new-operation rounds".into();
-        }
+        let ceiling = match &result {
+            Ok((_, ceiling)) => {
+                peak_note = "after the new-operation rounds".into();
+                format!(
+                    "; {}",
+                    ceiling_note(
+                        *ceiling,
+                        "three of the baseline's commits and one bare rmcp \
+                     round trip (`callid bench --serve-baseline`)"
+                    )
+                )
+            }
+            Err(_) => String::new(),
+        };
         let outcome = paired::outcome(
-            &result,
+            &result.map(|(pairs, _)| pairs),
             &format!(
                 "{} sequential `generate_image` calls with new call ids per round \
                  (three commits with synchronous=FULL each: the row with its lease, decision \
                  and dispatch; the provider's charge; the result with its receipt and \
                  charge) against {} single-row \
-                 insert+commit transactions (WAL, synchronous=FULL) in the same directory",
-                plan.router_sequential_ops, plan.router_sequential_ops
+                 insert+commit transactions (WAL, synchronous=FULL) in the same directory{}",
+                plan.router_sequential_ops, plan.router_sequential_ops, ceiling
             ),
         );
         rows.push((RowId::RouterNewOperation, outcome));
@@ -337,14 +348,14 @@ pub async fn router_rows(ctx: &Context) -> Vec<(RowId, Outcome)> {
 }
 
 /// Single-row durable inserts, with the pragmas the router's registry uses.
-struct SqliteBaseline {
+pub(super) struct SqliteBaseline {
     conn: rusqlite::Connection,
     path: PathBuf,
     next: u64,
 }
 
 impl SqliteBaseline {
-    fn open(path: &Path) -> BenchResult<SqliteBaseline> {
+    pub(super) fn open(path: &Path) -> BenchResult<SqliteBaseline> {
         let err = |source| BenchError::Sqlite {
             path: path.display().to_string(),
             source,
@@ -378,7 +389,7 @@ impl SqliteBaseline {
     }
 
     /// Inserts `n` rows, one IMMEDIATE transaction each; returns rows per second.
-    fn insert_batch(&mut self, n: usize) -> BenchResult<f64> {
+    pub(super) fn insert_batch(&mut self, n: usize) -> BenchResult<f64> {
         let path = self.path.display().to_string();
         let err = |source| BenchError::Sqlite {
             path: path.clone(),
@@ -409,18 +420,40 @@ impl SqliteBaseline {
     }
 }
 
-async fn router_new_operation(ctx: &Context, router: Calls<'_>) -> BenchResult<Pairs> {
+/// The new-operation rounds, and the row's ceiling on this machine: a new operation needs three
+/// commits (the baseline's) and one round trip to a bare rmcp server, whatever else it does.
+async fn router_new_operation(ctx: &Context, router: Calls<'_>) -> BenchResult<(Pairs, f64)> {
     let plan = ctx.plan;
     let mut sqlite = SqliteBaseline::open(&ctx.dir.join("baseline.sqlite3"))?;
     let mut inserts = Batch::Blocking(Box::new(move |n| sqlite.insert_batch(n)));
     inserts.run(plan.warm_up.min(10)).await?;
-    paired::rounds(
-        plan.rounds,
-        plan.router_sequential_ops,
-        &mut Batch::SequentialRate(router),
-        &mut inserts,
+    let echo = baseline_server(ctx).await?;
+    let result = async {
+        let on_echo = Calls::on(&echo, &capabilities_call, check_success);
+        on_echo.sequential(plan.warm_up.min(10)).await?;
+        paired::rounds_with_ceiling(
+            plan.rounds,
+            plan.router_sequential_ops,
+            &mut Batch::SequentialRate(router),
+            &mut inserts,
+            &mut paired::Floor {
+                baseline: 3.0,
+                others: vec![(Batch::Sequential(on_echo), 1.0)],
+            },
+        )
+        .await
+    }
+    .await;
+    echo.stop().await;
+    result
+}
+
+/// What a row's note says of its ceiling.
+pub(super) fn ceiling_note(ceiling: f64, floor: &str) -> String {
+    format!(
+        "ceiling on this machine {ceiling:.2}x: {floor} back to back, with no other work, \
+         measured after each round"
     )
-    .await
 }
 
 /// Runs the 16-client rounds on an HTTP router; also returns its peak RSS afterwards.

@@ -100,6 +100,44 @@ pub async fn rounds(
     Ok(pairs)
 }
 
+/// What a figure cannot do without, per operation, whatever its code: `baseline` operations of
+/// its own baseline (a durable commit), and each of `others` (a bare round trip, another store's
+/// commit) as many times as its count says.
+pub struct Floor<'a> {
+    /// How many of the baseline's operations one operation of the figure needs.
+    pub baseline: f64,
+    /// The other primitives it needs, each with its count per operation.
+    pub others: Vec<(Batch<'a>, f64)>,
+}
+
+/// [`rounds`], each round followed by one batch of each of `floor`'s other primitives: the pairs,
+/// and the median of the per-round ceilings, the ratio no implementation could beat on this
+/// machine (the baseline's time per operation over the floor's: its own primitives back to back,
+/// with no other work at all).
+pub async fn rounds_with_ceiling(
+    rounds: usize,
+    n: usize,
+    figure: &mut Batch<'_>,
+    baseline: &mut Batch<'_>,
+    floor: &mut Floor<'_>,
+) -> BenchResult<(Pairs, f64)> {
+    let mut pairs = Pairs::new();
+    let mut ceilings = Vec::with_capacity(rounds);
+    for _ in 0..rounds {
+        let a = figure.run(n).await?;
+        let b = baseline.run(n).await?;
+        pairs.push(a, b);
+        let base = b.seconds_per_op();
+        let mut least = floor.baseline * base;
+        for (batch, count) in &mut floor.others {
+            least += *count * batch.run(n).await?.seconds_per_op();
+        }
+        ceilings.push(base / least);
+    }
+    let ceiling = super::stats::median(&ceilings).unwrap_or(f64::NAN);
+    Ok((pairs, ceiling))
+}
+
 /// The row of a paired measurement: its median ratio with both medians and `note`, or why it
 /// failed.
 pub fn outcome(result: &BenchResult<Pairs>, note: &str) -> Outcome {
@@ -171,6 +209,40 @@ mod tests {
         assert!(
             matches!(&outcome, Outcome::Measured(m) if m.value == 2.0 && m.note.as_deref() == Some("note")),
             "{outcome:?}"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn the_ceiling_is_the_baseline_over_the_floor_of_each_round() {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        // Baseline: 100 then 200 commits/s; a round trip takes 5 ms: three commits and a round
+        // trip give ceilings of 10/35 and 5/20.
+        let mut figure = logged(&log, "figure", |_| Ok(10.0));
+        let mut baseline = logged(&log, "baseline", |round| Ok(100.0 * round as f64));
+        let mut floor = Floor {
+            baseline: 3.0,
+            others: vec![(logged(&log, "round trip", |_| Ok(1.0 / 0.005)), 1.0)],
+        };
+        let (pairs, ceiling) = rounds_with_ceiling(2, 7, &mut figure, &mut baseline, &mut floor)
+            .await
+            .unwrap();
+        drop((figure, baseline, floor));
+        assert_eq!(
+            log.lock().unwrap().clone(),
+            [
+                ("figure", 7),
+                ("baseline", 7),
+                ("round trip", 7),
+                ("figure", 7),
+                ("baseline", 7),
+                ("round trip", 7)
+            ]
+        );
+        assert_eq!(pairs.summary().expect("two rounds").rounds, 2);
+        let expected = (10.0 / 35.0 + 5.0 / 20.0) / 2.0;
+        assert!(
+            (ceiling - expected).abs() < 1e-12,
+            "{ceiling} != {expected}"
         );
     }
 

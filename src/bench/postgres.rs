@@ -16,9 +16,9 @@
 //! (one round trip, as the registry's own statements), and the pairs alternate batch after
 //! batch like every other row ([`super::stats`]).
 
-use super::drive::{self, BenchError, BenchResult, Server, check_completed};
-use super::endtoend::{Context, many_against_one};
-use super::fixtures::new_spend_call;
+use super::drive::{self, BenchError, BenchResult, Server, check_completed, check_success};
+use super::endtoend::{Context, SqliteBaseline, baseline_server, ceiling_note, many_against_one};
+use super::fixtures::{capabilities_call, new_spend_call};
 use super::paired::{self, Batch, Calls, every};
 use super::report::{Outcome, RowId};
 use super::stats::Pairs;
@@ -50,17 +50,31 @@ pub async fn rows(ctx: &Context) -> Vec<(RowId, Outcome)> {
     };
     let mut rows = Vec::new();
     if wanted.contains(&RowId::PostgresNewOperation) {
+        let result = new_operation(ctx, &database).await;
+        let ceiling = match &result {
+            Ok((_, ceiling)) => format!(
+                "; {}",
+                ceiling_note(
+                    *ceiling,
+                    "two of the baseline's commits (the row before dispatch, the result), \
+                     one SQLite commit (the in-process provider's ledger) and one bare rmcp \
+                     round trip (`callid bench --serve-baseline`)"
+                )
+            ),
+            Err(_) => String::new(),
+        };
         let outcome = paired::outcome(
-            &new_operation(ctx, &database).await,
+            &result.map(|(pairs, _)| pairs),
             &format!(
                 "{} sequential `generate_image` calls with new call ids per round on one stdio \
                      router whose registry (and authorization and execution records) is the \
                      database (each write committed with synchronous_commit=on), against {} \
                      prepared single-row INSERTs, each its own commit, on one connection to the \
-                     same server; {}",
+                     same server; {}{}",
                 ctx.plan.router_sequential_ops,
                 ctx.plan.router_sequential_ops,
-                database.describe()
+                database.describe(),
+                ceiling
             ),
         );
         rows.push((RowId::PostgresNewOperation, outcome));
@@ -211,7 +225,8 @@ impl RawInserts {
     }
 }
 
-async fn new_operation(ctx: &Context, db: &Database) -> BenchResult<Pairs> {
+/// The new-operation rounds, and the row's ceiling on this machine (see [`rows`]' note).
+async fn new_operation(ctx: &Context, db: &Database) -> BenchResult<(Pairs, f64)> {
     let url = db.for_row("bench_new_operation")?;
     let data = ctx.dir.join("pg-router-stdio");
     let _ = std::fs::create_dir_all(&data);
@@ -223,21 +238,42 @@ async fn new_operation(ctx: &Context, db: &Database) -> BenchResult<Pairs> {
     )
     .await?;
     let plan = ctx.plan;
+    let echo = match baseline_server(ctx).await {
+        Ok(echo) => echo,
+        Err(err) => {
+            router.stop().await;
+            return Err(err);
+        }
+    };
     let result = async {
         let mut raw = tokio::task::block_in_place(|| RawInserts::open(&url))?;
         let calls = Calls::on(&router, &new_spend_call, check_completed);
         calls.sequential(plan.warm_up.min(10)).await?;
         let mut inserts = Batch::Blocking(Box::new(move |n| raw.batch(n)));
         inserts.run(plan.warm_up.min(10)).await?;
-        paired::rounds(
+        let mut sqlite = SqliteBaseline::open(&data.join("baseline.sqlite3"))?;
+        let on_echo = Calls::on(&echo, &capabilities_call, check_success);
+        on_echo.sequential(plan.warm_up.min(10)).await?;
+        paired::rounds_with_ceiling(
             plan.rounds,
             plan.router_sequential_ops,
             &mut Batch::SequentialRate(calls),
             &mut inserts,
+            &mut paired::Floor {
+                baseline: 2.0,
+                others: vec![
+                    (
+                        Batch::Blocking(Box::new(move |n| sqlite.insert_batch(n))),
+                        1.0,
+                    ),
+                    (Batch::Sequential(on_echo), 1.0),
+                ],
+            },
         )
         .await
     }
     .await;
+    echo.stop().await;
     router.stop().await;
     result
 }

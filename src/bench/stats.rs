@@ -25,6 +25,14 @@ impl Quantity {
         }
     }
 
+    /// Seconds one operation takes, whatever the unit measured.
+    pub fn seconds_per_op(self) -> f64 {
+        match self {
+            Quantity::SecondsPerOp(s) => s,
+            Quantity::OpsPerSecond(r) => 1.0 / r,
+        }
+    }
+
     /// Human form: `12.3 µs/op`, `4,210 op/s`.
     pub fn display(self) -> String {
         match self {

@@ -162,4 +162,14 @@ fn bench_end_to_end_rows_measure_the_real_probe_and_router() {
     }
     let mb = rows[3]["value"].as_f64().unwrap();
     assert!((1.0..500.0).contains(&mb), "a plausible peak RSS: {mb} MB");
+    // The new-operation row says what this machine allows: three commits and a round trip take
+    // longer than three commits, so its ceiling is above 0 and below 1/3.
+    let note = rows[1]["note"].as_str().unwrap();
+    let ceiling: f64 = note
+        .split("ceiling on this machine ")
+        .nth(1)
+        .and_then(|rest| rest.split('x').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no ceiling in the note: {note}"));
+    assert!(ceiling > 0.0 && ceiling < 1.0 / 3.0, "{note}");
 }
