@@ -291,8 +291,10 @@ pub async fn router_rows(ctx: &Context) -> Vec<(RowId, Outcome)> {
 
     let mut http_peak = None;
     if ctx.wants(RowId::RouterConcurrent) || ctx.wants(RowId::RouterRss) {
-        let result = router_concurrent(ctx).await.map(|(pairs, peak)| {
+        let mut cpu = None;
+        let result = router_concurrent(ctx).await.map(|((pairs, busy), peak)| {
             http_peak = Some(peak);
+            cpu = busy;
             pairs
         });
         let outcome = paired::outcome(
@@ -300,8 +302,10 @@ pub async fn router_rows(ctx: &Context) -> Vec<(RowId, Outcome)> {
             &format!(
                 "{} new operations per round over streamable HTTP: {} sessions with one \
                  call in flight each, against one session with one call in flight; one \
-                 router process and registry",
-                plan.concurrent_ops, plan.in_flight
+                 router process and registry{}",
+                plan.concurrent_ops,
+                plan.in_flight,
+                paired::cpu_note(cpu, "the 16-client batches", "the 1-client batches")
             ),
         );
         if ctx.wants(RowId::RouterConcurrent) {
@@ -457,7 +461,9 @@ pub(super) fn ceiling_note(ceiling: f64, floor: &str) -> String {
 }
 
 /// Runs the 16-client rounds on an HTTP router; also returns its peak RSS afterwards.
-async fn router_concurrent(ctx: &Context) -> BenchResult<(Pairs, Result<f64, String>)> {
+async fn router_concurrent(
+    ctx: &Context,
+) -> BenchResult<((Pairs, paired::CoresBusy), Result<f64, String>)> {
     let plan = ctx.plan;
     let dir = ctx.dir.join("router-http");
     let _ = std::fs::create_dir_all(&dir);
@@ -527,10 +533,15 @@ async fn router_replay(ctx: &Context, router: &Server) -> BenchResult<Pairs> {
 /// New operations from `plan.in_flight` calls at a time over `many` sessions against one at a
 /// time over `one` (the same router or router group): both warmed up, then paired rounds of
 /// `plan.concurrent_ops`.
-pub async fn many_against_one(plan: Plan, many: Calls<'_>, one: Calls<'_>) -> BenchResult<Pairs> {
+/// Also returns the machine's busy cores during each side ([`paired::rounds_with_cpu`]).
+pub async fn many_against_one(
+    plan: Plan,
+    many: Calls<'_>,
+    one: Calls<'_>,
+) -> BenchResult<(Pairs, paired::CoresBusy)> {
     many.concurrent(plan.in_flight * 2, plan.in_flight).await?;
     one.concurrent(plan.warm_up.min(10), 1).await?;
-    paired::rounds(
+    paired::rounds_with_cpu(
         plan.rounds,
         plan.concurrent_ops,
         &mut Batch::Concurrent(many, plan.in_flight),

@@ -138,6 +138,76 @@ pub async fn rounds_with_ceiling(
     Ok((pairs, ceiling))
 }
 
+/// The whole machine's CPU time so far (`/proc/stat`'s first line, in clock ticks): busy and
+/// total. `None` where there is no `/proc/stat`.
+fn cpu_ticks() -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let ticks: Vec<u64> = stat
+        .lines()
+        .next()?
+        .split_whitespace()
+        .skip(1)
+        .take(8)
+        .map(|t| t.parse().ok())
+        .collect::<Option<_>>()?;
+    let total: u64 = ticks.iter().sum();
+    // user nice system idle iowait irq softirq steal: idle and iowait are not busy.
+    let idle = ticks.get(3)? + ticks.get(4)?;
+    Some((total - idle, total))
+}
+
+/// How busy the whole machine was, in cores, during the figure's batches and during the
+/// baseline's: `(figure, baseline)`.
+pub type CoresBusy = Option<(f64, f64)>;
+
+/// [`rounds`], also measuring the machine's busy cores during each side's batches (every
+/// process counts: the servers, the database, the clients, and anything else running).
+pub async fn rounds_with_cpu(
+    rounds: usize,
+    n: usize,
+    figure: &mut Batch<'_>,
+    baseline: &mut Batch<'_>,
+) -> BenchResult<(Pairs, CoresBusy)> {
+    let cores = std::thread::available_parallelism().map_or(1, |c| c.get()) as f64;
+    let mut pairs = Pairs::new();
+    let mut busy = [(0u64, 0u64); 2];
+    let mut known = true;
+    for _ in 0..rounds {
+        let mut metered = |side: usize, before: Option<(u64, u64)>| match (before, cpu_ticks()) {
+            (Some((b0, t0)), Some((b1, t1))) => {
+                busy[side].0 += b1.saturating_sub(b0);
+                busy[side].1 += t1.saturating_sub(t0);
+            }
+            _ => known = false,
+        };
+        let before = cpu_ticks();
+        let a = figure.run(n).await?;
+        metered(0, before);
+        let before = cpu_ticks();
+        let b = baseline.run(n).await?;
+        metered(1, before);
+        pairs.push(a, b);
+    }
+    let share = |(b, t): (u64, u64)| (t > 0).then(|| cores * b as f64 / t as f64);
+    let cpu = match (known, share(busy[0]), share(busy[1])) {
+        (true, Some(f), Some(b)) => Some((f, b)),
+        _ => None,
+    };
+    Ok((pairs, cpu))
+}
+
+/// What a row's note says of the busy cores measured by [`rounds_with_cpu`].
+pub fn cpu_note(cpu: CoresBusy, figure: &str, baseline: &str) -> String {
+    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+    match cpu {
+        Some((f, b)) => format!(
+            "; the whole machine's CPU busy: {f:.2} of {cores} cores during {figure}, {b:.2} \
+             during {baseline}"
+        ),
+        None => String::new(),
+    }
+}
+
 /// The row of a paired measurement: its median ratio with both medians and `note`, or why it
 /// failed.
 pub fn outcome(result: &BenchResult<Pairs>, note: &str) -> Outcome {
@@ -244,6 +314,32 @@ mod tests {
             (ceiling - expected).abs() < 1e-12,
             "{ceiling} != {expected}"
         );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn busy_cores_are_measured_per_side_within_the_machine() {
+        let mut spin = Batch::Blocking(Box::new(|_| {
+            let start = std::time::Instant::now();
+            while start.elapsed() < std::time::Duration::from_millis(30) {
+                std::hint::spin_loop();
+            }
+            Ok(1.0)
+        }));
+        let mut sleep = Batch::Blocking(Box::new(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(30));
+            Ok(1.0)
+        }));
+        let (pairs, cpu) = rounds_with_cpu(3, 1, &mut spin, &mut sleep).await.unwrap();
+        assert_eq!(pairs.summary().expect("three rounds").rounds, 3);
+        let cores = std::thread::available_parallelism().unwrap().get() as f64;
+        let (f, b) = cpu.expect("Linux has /proc/stat");
+        for busy in [f, b] {
+            assert!((0.0..=cores).contains(&busy), "{busy} of {cores} cores");
+        }
+        let note = cpu_note(Some((1.5, 0.25)), "the spins", "the sleeps");
+        let wanted = format!("1.50 of {cores} cores during the spins, 0.25 during the sleeps");
+        assert!(note.ends_with(&wanted), "{note}");
+        assert_eq!(cpu_note(None, "a", "b"), "");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 1)]

@@ -80,15 +80,18 @@ pub async fn rows(ctx: &Context) -> Vec<(RowId, Outcome)> {
         rows.push((RowId::PostgresNewOperation, outcome));
     }
     if wanted.contains(&RowId::PostgresReplicas) {
+        let result = replicas(ctx, &database).await;
+        let cpu = result.as_ref().ok().and_then(|(_, cpu)| *cpu);
         let outcome = paired::outcome(
-            &replicas(ctx, &database).await,
+            &result.map(|(pairs, _)| pairs),
             &format!(
                 "{} new operations per round over streamable HTTP: {} sessions spread over two \
                      `callid router --http` replicas on one database, against one session on one \
-                     replica; both replicas call one `callid provider` process; {}",
+                     replica; both replicas call one `callid provider` process; {}{}",
                 ctx.plan.concurrent_ops,
                 ctx.plan.in_flight,
-                database.describe()
+                database.describe(),
+                paired::cpu_note(cpu, "the 16-client batches", "the 1-client batches")
             ),
         );
         rows.push((RowId::PostgresReplicas, outcome));
@@ -338,7 +341,7 @@ async fn replica(ctx: &Context, name: &str, url: &str, provider: &str) -> BenchR
     .await
 }
 
-async fn replicas(ctx: &Context, db: &Database) -> BenchResult<Pairs> {
+async fn replicas(ctx: &Context, db: &Database) -> BenchResult<(Pairs, paired::CoresBusy)> {
     let url = db.for_row("bench_replicas")?;
     let provider = Provider::start(ctx).await?;
     let a = replica(ctx, "a", &url, &provider.url).await?;
