@@ -24,8 +24,9 @@
 //!
 //! ## Replicas
 //! Router replicas on a PostgreSQL registry keep their decisions there instead
-//! ([`Authorization::shared_in`], [`super::shared`]): same rules, one set of decisions and one
-//! budget for every replica, the check and record serialized per account by an advisory lock.
+//! ([`Authorization::shared`], [`super::shared`]), and open no local file: same rules, one set
+//! of decisions and one budget for every replica, the check and record serialized per account
+//! by an advisory lock.
 //!
 //! ## Durability
 //! The decision is committed before [`Authorization::authorize`] returns, and the crash point
@@ -114,10 +115,11 @@ pub struct Decision {
 /// The authorization store. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Authorization {
-    store: Arc<Store>,
+    /// The SQLite file of the decisions; `None` when they live in `shared`.
+    store: Option<Arc<Store>>,
     expiry_ms: i64,
-    /// When set (router replicas on PostgreSQL), every decision lives there instead of in
-    /// `store`.
+    /// When set (router replicas on PostgreSQL), every decision lives there instead, and no
+    /// local file is opened.
     shared: Option<Arc<super::shared::SharedState>>,
 }
 
@@ -150,7 +152,7 @@ impl Authorization {
     /// Opens (or creates) the store at `path`.
     pub fn open(path: &Path) -> Result<Authorization, StoreError> {
         Ok(Authorization {
-            store: Arc::new(Store::open(path, &SPEC)?),
+            store: Some(Arc::new(Store::open(path, &SPEC)?)),
             expiry_ms: DEFAULT_RESERVATION_EXPIRY.as_millis() as i64,
             shared: None,
         })
@@ -161,17 +163,52 @@ impl Authorization {
     /// steps can share that file's transactions.
     pub fn in_store(store: Arc<Store>) -> Authorization {
         Authorization {
-            store,
+            store: Some(store),
             expiry_ms: DEFAULT_RESERVATION_EXPIRY.as_millis() as i64,
             shared: None,
         }
     }
 
-    /// This store with its decisions in the registry's PostgreSQL database at `url`, shared by
-    /// every router replica (see [`super::shared`]).
-    pub fn shared_in(mut self, shared: Arc<super::shared::SharedState>) -> Authorization {
-        self.shared = Some(shared);
-        self
+    /// The layer with its decisions in the registry's PostgreSQL database, shared by every
+    /// router replica (see [`super::shared`]): no local file is opened, so a replica needs no
+    /// writable disk for it.
+    pub fn shared(shared: Arc<super::shared::SharedState>) -> Authorization {
+        Authorization {
+            store: None,
+            expiry_ms: DEFAULT_RESERVATION_EXPIRY.as_millis() as i64,
+            shared: Some(shared),
+        }
+    }
+
+    /// The replicas' shared database this layer keeps its decisions in, if it does.
+    pub(super) fn shared_state(&self) -> Option<&Arc<super::shared::SharedState>> {
+        self.shared.as_ref()
+    }
+
+    /// The local file, for the steps that run on it. A layer kept in the shared database answers
+    /// every call from there before it would need one, so the error is never seen in use; it
+    /// fails closed rather than panicking if a SQLite step were ever routed to such a layer.
+    fn local(&self) -> Result<&Arc<Store>, BackendError> {
+        self.store.as_ref().ok_or_else(|| self.no_local_file())
+    }
+
+    /// `cause`, named by the local file (see [`Authorization::local`]).
+    fn sql_error(&self, cause: rusqlite::Error) -> BackendError {
+        match &self.store {
+            Some(store) => BackendError::from(store.error(cause)),
+            None => self.no_local_file(),
+        }
+    }
+
+    fn no_local_file(&self) -> BackendError {
+        BackendError::SharedStateUnavailable {
+            url: self
+                .shared
+                .as_ref()
+                .map_or_else(String::new, |s| s.url_redacted()),
+            doing: "a step on a local file, which a layer kept in the shared database has not",
+            cause: "no local authorization file".into(),
+        }
     }
 
     /// This store with reservations that expire after `expiry` (see the module's Budget).
@@ -193,8 +230,8 @@ impl Authorization {
         let Some(budget) = req.budget_cents else {
             return Ok(());
         };
-        let spent = spent_in(tx, req.account, now_ms(), self.expiry_ms)
-            .map_err(|e| BackendError::from(self.store.error(e)))?;
+        let spent =
+            spent_in(tx, req.account, now_ms(), self.expiry_ms).map_err(|e| self.sql_error(e))?;
         let remaining = budget.saturating_sub(spent);
         if req.amount_cents > remaining {
             return Err(BackendError::BudgetExceeded {
@@ -233,7 +270,7 @@ impl Authorization {
         if let Some(shared) = &self.shared {
             return shared.record_charge(decision_id, charged_cents);
         }
-        self.store
+        self.local()?
             .write(|tx| self.record_charge_in(tx, decision_id, charged_cents))
     }
 
@@ -250,20 +287,20 @@ impl Authorization {
             params![decision_id, charged_cents as i64],
         )
         .map(|_| ())
-        .map_err(|e| BackendError::from(self.store.error(e)))
+        .map_err(|e| self.sql_error(e))
     }
 
     fn set_state(&self, decision_id: &str, to: &str, from: &[&str]) -> Result<usize, BackendError> {
         if let Some(shared) = &self.shared {
             return shared.set_state(decision_id, to, from).map(|n| n as usize);
         }
-        let sql = |e| BackendError::from(self.store.error(e));
+        let sql = |e| self.sql_error(e);
         let from = from
             .iter()
             .map(|s| format!("'{s}'"))
             .collect::<Vec<_>>()
             .join(", ");
-        self.store.write(|tx| {
+        self.local()?.write(|tx| {
             tx.exec(
                 &format!(
                     "UPDATE decisions SET state = ?2 WHERE decision_id = ?1 AND state IN ({from})"
@@ -280,14 +317,14 @@ impl Authorization {
         if let Some(shared) = &self.shared {
             return shared.state(decision_id);
         }
-        self.store.read(|conn| {
+        self.local()?.read(|conn| {
             conn.query_row(
                 "SELECT state FROM decisions WHERE decision_id = ?1",
                 [decision_id],
                 |r| r.get(0),
             )
             .optional()
-            .map_err(|e| BackendError::from(self.store.error(e)))
+            .map_err(|e| self.sql_error(e))
         })
     }
 
@@ -298,7 +335,7 @@ impl Authorization {
         if let Some(shared) = &self.shared {
             return shared.authorize(req, now_ms(), self.expiry_ms);
         }
-        self.store.write(|tx| self.authorize_in(tx, req))
+        self.local()?.write(|tx| self.authorize_in(tx, req))
     }
 
     /// [`Authorization::authorize`], then [`Authorization::mark_dispatched`], in one transaction
@@ -313,7 +350,7 @@ impl Authorization {
             let first = shared.set_state(&decision.decision_id, "dispatched", &["reserved"])? == 1;
             return Ok((decision, first));
         }
-        self.store.write(|tx| self.dispatch_in(tx, req))
+        self.local()?.write(|tx| self.dispatch_in(tx, req))
     }
 
     /// [`Authorization::authorize_for_dispatch`] inside the caller's transaction `conn` (on the
@@ -330,7 +367,7 @@ impl Authorization {
                  WHERE decision_id = ?1 AND state = 'reserved'",
                 [&decision.decision_id],
             )
-            .map_err(|e| BackendError::from(self.store.error(e)))?
+            .map_err(|e| self.sql_error(e))?
             == 1;
         Ok((decision, first))
     }
@@ -340,7 +377,7 @@ impl Authorization {
         tx: &rusqlite::Connection,
         req: &AuthorizationRequest<'_>,
     ) -> Result<Decision, BackendError> {
-        let sql = |e| BackendError::from(self.store.error(e));
+        let sql = |e| self.sql_error(e);
         {
             let existing = tx
                 .row(
@@ -426,9 +463,8 @@ impl Authorization {
         if let Some(shared) = &self.shared {
             return shared.spent_cents(account, now_ms(), self.expiry_ms);
         }
-        self.store.read(|conn| {
-            spent_in(conn, account, now_ms(), self.expiry_ms)
-                .map_err(|e| BackendError::from(self.store.error(e)))
+        self.local()?.read(|conn| {
+            spent_in(conn, account, now_ms(), self.expiry_ms).map_err(|e| self.sql_error(e))
         })
     }
 
@@ -438,10 +474,10 @@ impl Authorization {
         if let Some(shared) = &self.shared {
             return shared.decision_count();
         }
-        self.store.read(|conn| {
+        self.local()?.read(|conn| {
             conn.query_row("SELECT count(*) FROM decisions", [], |r| r.get::<_, i64>(0))
                 .map(|n| n as u64)
-                .map_err(|e| BackendError::from(self.store.error(e)))
+                .map_err(|e| self.sql_error(e))
         })
     }
 }
@@ -644,7 +680,8 @@ mod tests {
     /// What a sum over every decision of `account` gives (the definition in the module's
     /// Budget), to hold the running total against.
     fn spent_by_every_decision(auth: &Authorization, account: &str) -> u64 {
-        auth.store
+        auth.local()
+            .unwrap()
             .read(|conn| {
                 conn.query_row(
                     "SELECT COALESCE(SUM(CASE state
@@ -657,7 +694,7 @@ mod tests {
                     params![account, now_ms(), auth.expiry_ms],
                     |r| r.get::<_, i64>(0),
                 )
-                .map_err(|e| BackendError::from(auth.store.error(e)))
+                .map_err(|e| auth.sql_error(e))
             })
             .unwrap() as u64
     }
@@ -694,9 +731,10 @@ mod tests {
         }
         assert_eq!(auth.spent_cents("other").unwrap(), 0);
         let plan: Vec<String> = auth
-            .store
+            .local()
+            .unwrap()
             .read(|conn| {
-                let sql = |e| BackendError::from(auth.store.error(e));
+                let sql = |e| auth.sql_error(e);
                 let mut stmt = conn
                     .prepare(&format!("EXPLAIN QUERY PLAN {SPENT}"))
                     .map_err(sql)?;

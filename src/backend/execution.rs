@@ -17,7 +17,7 @@
 //!
 //! ## Replicas
 //! Router replicas on a PostgreSQL registry keep their executions there instead
-//! ([`Execution::shared_in`], [`super::shared`]), so a replica that continues another's
+//! ([`Execution::shared`], [`super::shared`]), so a replica that continues another's
 //! operation finds its `dispatched` record (same provider key) or its receipt. The in-process
 //! single flight still holds per replica; across replicas the registry's lease decides.
 //!
@@ -89,16 +89,18 @@ pub(super) enum Begin {
 /// The execution store. Cheap to clone; clones share the single-flight map.
 #[derive(Clone)]
 pub struct Execution {
-    store: Arc<Store>,
+    /// The SQLite file of the executions; `None` when they live in `shared`.
+    store: Option<Arc<Store>>,
     in_flight: Arc<Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>>,
-    /// When set (router replicas on PostgreSQL), executions live there instead of in `store`.
+    /// When set (router replicas on PostgreSQL), executions live there instead, and no local
+    /// file is opened.
     shared: Option<Arc<super::shared::SharedState>>,
 }
 
 impl std::fmt::Debug for Execution {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Execution")
-            .field("store", &self.store.path())
+            .field("store", &self.store.as_ref().map(|s| s.path()))
             .finish_non_exhaustive()
     }
 }
@@ -107,7 +109,7 @@ impl Execution {
     /// Opens (or creates) the store at `path`.
     pub fn open(path: &Path) -> Result<Execution, StoreError> {
         Ok(Execution {
-            store: Arc::new(Store::open(path, &SPEC)?),
+            store: Some(Arc::new(Store::open(path, &SPEC)?)),
             in_flight: Arc::default(),
             shared: None,
         })
@@ -118,17 +120,46 @@ impl Execution {
     /// steps can share that file's transactions.
     pub fn in_store(store: Arc<Store>) -> Execution {
         Execution {
-            store,
+            store: Some(store),
             in_flight: Arc::default(),
             shared: None,
         }
     }
 
-    /// This store with its executions in the registry's PostgreSQL database, shared by every
-    /// router replica (see [`super::shared`]).
-    pub fn shared_in(mut self, shared: Arc<super::shared::SharedState>) -> Execution {
-        self.shared = Some(shared);
-        self
+    /// The layer with its executions in the registry's PostgreSQL database, shared by every
+    /// router replica (see [`super::shared`]): no local file is opened, so a replica needs no
+    /// writable disk for it.
+    pub fn shared(shared: Arc<super::shared::SharedState>) -> Execution {
+        Execution {
+            store: None,
+            in_flight: Arc::default(),
+            shared: Some(shared),
+        }
+    }
+
+    /// The local file, for the steps that run on it; see `Authorization::local`: a layer kept in
+    /// the shared database never reaches for one, and fails closed if it ever did.
+    fn local(&self) -> Result<&Arc<Store>, BackendError> {
+        self.store.as_ref().ok_or_else(|| self.no_local_file())
+    }
+
+    /// `cause`, named by the local file (see [`Execution::local`]).
+    fn sql_error(&self, cause: rusqlite::Error) -> BackendError {
+        match &self.store {
+            Some(store) => BackendError::from(store.error(cause)),
+            None => self.no_local_file(),
+        }
+    }
+
+    fn no_local_file(&self) -> BackendError {
+        BackendError::SharedStateUnavailable {
+            url: self
+                .shared
+                .as_ref()
+                .map_or_else(String::new, |s| s.url_redacted()),
+            doing: "a step on a local file, which a layer kept in the shared database has not",
+            cause: "no local execution file".into(),
+        }
     }
 
     /// Runs the provider call of `decision_id` for `req`, at most once (see the module's
@@ -194,9 +225,18 @@ impl Execution {
         tokio::task::spawn_blocking(move || f(&this))
             .await
             .map_err(|join| {
-                BackendError::from(self.store.error(crate::store::other_error(format!(
-                    "execution task failed: {join}"
-                ))))
+                let cause = format!("execution task failed: {join}");
+                match (&self.store, &self.shared) {
+                    (Some(store), _) => {
+                        BackendError::from(store.error(crate::store::other_error(cause)))
+                    }
+                    (None, Some(shared)) => BackendError::SharedStateUnavailable {
+                        url: shared.url_redacted(),
+                        doing: "running an execution step",
+                        cause,
+                    },
+                    (None, None) => self.no_local_file(),
+                }
             })?
     }
 
@@ -205,7 +245,7 @@ impl Execution {
         if let Some(shared) = &self.shared {
             return shared.begin_execution(decision_id, &request);
         }
-        self.store
+        self.local()?
             .write(|tx| self.begin_in(tx, decision_id, &request))
     }
 
@@ -228,7 +268,7 @@ impl Execution {
         decision_id: &str,
         request: &str,
     ) -> Result<Begin, BackendError> {
-        let sql = |e| BackendError::from(self.store.error(e));
+        let sql = |e| self.sql_error(e);
         {
             let row: Option<Row> = tx
                 .row(
@@ -302,7 +342,7 @@ impl Execution {
         if let Some(shared) = &self.shared {
             return shared.complete_execution(decision_id, receipt, replayed);
         }
-        self.store
+        self.local()?
             .write(|tx| self.complete_in(tx, decision_id, receipt, replayed))
     }
 
@@ -315,7 +355,7 @@ impl Execution {
         receipt: &Receipt,
         replayed: bool,
     ) -> Result<Executed, BackendError> {
-        let sql = |e| BackendError::from(self.store.error(e));
+        let sql = |e| self.sql_error(e);
         let text = serde_json::to_string(receipt).expect("a receipt always serializes");
         {
             // Another process may have completed the same decision meanwhile: the first record

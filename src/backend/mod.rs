@@ -291,10 +291,20 @@ impl Backend {
         provider_description: String,
         config: BackendConfig,
     ) -> Result<Backend, BackendError> {
-        let (authorization, execution) = (
-            Authorization::open(&state_dir.join(AUTHORIZATION_FILE))?,
-            Execution::open(&state_dir.join(EXECUTION_FILE))?,
-        );
+        // Replicas keep the layers' records in their shared database: no local file at all.
+        let (authorization, execution) = match &config.shared_state {
+            Some(url) => {
+                let shared = Arc::new(shared::SharedState::new(url.clone()));
+                (
+                    Authorization::shared(shared.clone()),
+                    Execution::shared(shared),
+                )
+            }
+            None => (
+                Authorization::open(&state_dir.join(AUTHORIZATION_FILE))?,
+                Execution::open(&state_dir.join(EXECUTION_FILE))?,
+            ),
+        };
         Self::assemble_layers(
             state_dir,
             (authorization, execution, None),
@@ -359,21 +369,23 @@ impl Backend {
 
     fn assemble_layers(
         state_dir: &Path,
-        (authorization, mut execution, host): (Authorization, Execution, Option<Arc<Store>>),
+        (mut authorization, mut execution, host): (Authorization, Execution, Option<Arc<Store>>),
         provider: Arc<dyn ProviderApi>,
         ledger: Option<Ledger>,
         provider_description: String,
         config: BackendConfig,
     ) -> Result<Backend, BackendError> {
-        let mut authorization = authorization.with_reservation_expiry(config.reservation_expiry);
-        let shared = config
-            .shared_state
-            .as_ref()
-            .map(|url| Arc::new(shared::SharedState::new(url.clone())));
-        if let Some(shared) = &shared {
-            authorization = authorization.shared_in(shared.clone());
-            execution = execution.shared_in(shared.clone());
+        // One connection pool for both layers and the backend's own transactions.
+        let mut shared = authorization.shared_state().cloned();
+        if shared.is_none()
+            && let Some(url) = &config.shared_state
+        {
+            let state = Arc::new(shared::SharedState::new(url.clone()));
+            authorization = Authorization::shared(state.clone());
+            execution = Execution::shared(state.clone());
+            shared = Some(state);
         }
+        let authorization = authorization.with_reservation_expiry(config.reservation_expiry);
         Ok(Backend {
             inner: Arc::new(Inner {
                 state_dir: state_dir.to_path_buf(),

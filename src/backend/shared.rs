@@ -122,6 +122,11 @@ const SPENT: &str = "SELECT ((SELECT COALESCE(SUM(charged_cents), 0)
             WHERE account = $1 AND state IN ('reserved', 'dispatched')))::bigint";
 
 impl SharedState {
+    /// The database's URL, password redacted.
+    pub fn url_redacted(&self) -> String {
+        self.url.to_string()
+    }
+
     /// The decisions in the database at `url` (connections opened on first use).
     pub fn new(url: PgUrl) -> SharedState {
         SharedState {

@@ -125,6 +125,27 @@ async fn three_replicas_32_deliveries_of_one_call_charge_once() {
 }
 
 #[tokio::test]
+async fn a_replica_with_a_remote_provider_needs_no_local_disk() {
+    let Some(w) = World::new("a_replica_with_a_remote_provider_needs_no_local_disk").await else {
+        return;
+    };
+    // Its data directory cannot even be created (a file stands where it would be): every layer
+    // record lives in the database, and the provider is across the network.
+    let home = w.dir.path().join("no-disk");
+    std::fs::write(&home, "not a directory").unwrap();
+    let home = home.display().to_string();
+    let r = w.replica("a", &[("XDG_DATA_HOME", home.as_str())]).await;
+    let first = spend(&r, "diskless").await;
+    let receipt = completed(&first).clone();
+    let (again, _) = spend_until_settled(&r, "diskless").await;
+    assert_eq!(completed(&again), &receipt);
+    assert!(replayed(&again));
+    assert_eq!(w.charges(), 1);
+    assert_eq!(std::fs::read_to_string(&home).unwrap(), "not a directory");
+    r.stop().await;
+}
+
+#[tokio::test]
 async fn a_replica_killed_at_any_boundary_is_taken_over_by_another_with_one_charge() {
     let Some(w) = World::new("a_replica_killed_at_any_boundary").await else {
         return;
