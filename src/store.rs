@@ -566,6 +566,21 @@ fn is_busy(e: &rusqlite::Error) -> bool {
     )
 }
 
+/// The steps of SQLite's plan for `sql` (`EXPLAIN QUERY PLAN`), one per line: for tests that
+/// hold a query to the index it must use.
+#[cfg(test)]
+pub fn query_plan(conn: &Connection, sql: &str, params: impl rusqlite::Params) -> String {
+    let mut stmt = conn
+        .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+        .expect("a query to plan");
+    let steps = stmt
+        .query_map(params, |r| r.get::<_, String>(3))
+        .expect("a plan")
+        .collect::<rusqlite::Result<Vec<_>>>()
+        .expect("plan steps");
+    steps.join("\n")
+}
+
 /// A SQLite-shaped error for conditions SQLite itself does not report.
 pub fn other_error(message: String) -> rusqlite::Error {
     rusqlite::Error::SqliteFailure(

@@ -185,30 +185,14 @@ impl Authorization {
         self.shared.as_ref()
     }
 
-    /// The local file, for the steps that run on it. A layer kept in the shared database answers
-    /// every call from there before it would need one, so the error is never seen in use; it
-    /// fails closed rather than panicking if a SQLite step were ever routed to such a layer.
+    /// The local file (see `shared::local`).
     fn local(&self) -> Result<&Arc<Store>, BackendError> {
-        self.store.as_ref().ok_or_else(|| self.no_local_file())
+        super::shared::local(&self.store, &self.shared, "authorization")
     }
 
-    /// `cause`, named by the local file (see [`Authorization::local`]).
+    /// SQLite's `cause`, named by the local file.
     fn sql_error(&self, cause: rusqlite::Error) -> BackendError {
-        match &self.store {
-            Some(store) => BackendError::from(store.error(cause)),
-            None => self.no_local_file(),
-        }
-    }
-
-    fn no_local_file(&self) -> BackendError {
-        BackendError::SharedStateUnavailable {
-            url: self
-                .shared
-                .as_ref()
-                .map_or_else(String::new, |s| s.url_redacted()),
-            doing: "a step on a local file, which a layer kept in the shared database has not",
-            cause: "no local authorization file".into(),
-        }
+        super::shared::sql_error(&self.store, &self.shared, "authorization", cause)
     }
 
     /// This store with reservations that expire after `expiry` (see the module's Budget).
@@ -730,21 +714,13 @@ mod tests {
             );
         }
         assert_eq!(auth.spent_cents("other").unwrap(), 0);
-        let plan: Vec<String> = auth
+        let plan = auth
             .local()
             .unwrap()
             .read(|conn| {
-                let sql = |e| auth.sql_error(e);
-                let mut stmt = conn
-                    .prepare(&format!("EXPLAIN QUERY PLAN {SPENT}"))
-                    .map_err(sql)?;
-                let rows = stmt
-                    .query_map(params!["acct", 0, 0], |r| r.get::<_, String>(3))
-                    .map_err(sql)?;
-                rows.collect::<rusqlite::Result<Vec<_>>>().map_err(sql)
+                Ok::<_, BackendError>(crate::store::query_plan(conn, SPENT, params!["acct", 0, 0]))
             })
             .unwrap();
-        let plan = plan.join("\n");
         assert!(plan.contains("decisions_open"), "{plan}");
         assert!(!plan.contains("decisions_by_account"), "{plan}");
     }

@@ -137,29 +137,14 @@ impl Execution {
         }
     }
 
-    /// The local file, for the steps that run on it; see `Authorization::local`: a layer kept in
-    /// the shared database never reaches for one, and fails closed if it ever did.
+    /// The local file (see `shared::local`).
     fn local(&self) -> Result<&Arc<Store>, BackendError> {
-        self.store.as_ref().ok_or_else(|| self.no_local_file())
+        super::shared::local(&self.store, &self.shared, "execution")
     }
 
-    /// `cause`, named by the local file (see [`Execution::local`]).
+    /// SQLite's `cause`, named by the local file.
     fn sql_error(&self, cause: rusqlite::Error) -> BackendError {
-        match &self.store {
-            Some(store) => BackendError::from(store.error(cause)),
-            None => self.no_local_file(),
-        }
-    }
-
-    fn no_local_file(&self) -> BackendError {
-        BackendError::SharedStateUnavailable {
-            url: self
-                .shared
-                .as_ref()
-                .map_or_else(String::new, |s| s.url_redacted()),
-            doing: "a step on a local file, which a layer kept in the shared database has not",
-            cause: "no local execution file".into(),
-        }
+        super::shared::sql_error(&self.store, &self.shared, "execution", cause)
     }
 
     /// Runs the provider call of `decision_id` for `req`, at most once (see the module's
@@ -235,7 +220,7 @@ impl Execution {
                         doing: "running an execution step",
                         cause,
                     },
-                    (None, None) => self.no_local_file(),
+                    (None, None) => self.sql_error(crate::store::other_error(String::new())),
                 }
             })?
     }

@@ -17,9 +17,10 @@ use super::error::BackendError;
 use super::execution::{Begin, Executed, provider_key};
 use crate::pg::{PgUrl, drop_off_runtime};
 use crate::provider::Receipt;
+use crate::store::Store;
 use postgres::types::{ToSql, Type};
 use postgres::{Client, GenericClient, Transaction};
-use std::sync::{Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 
 /// A statement's parameters with their PostgreSQL types: a statement sent with them takes one
 /// round trip (parse, bind and execute in one message), where an untyped one takes two (the
@@ -113,6 +114,41 @@ impl Drop for SharedState {
 /// Cents of an account's budget held (see `super::authorization`'s Budget): the running total
 /// of its charges and its open decisions (the registry's migration 4), in one statement (one
 /// snapshot: a charge committed meanwhile is counted once, in one or the other).
+/// A layer's local SQLite file, for the steps that run on it; `None` for a layer kept in the
+/// replicas' database (`shared`), which answers every call from there before it would need one.
+/// The error is then never seen in use: it fails closed rather than panicking if a SQLite step
+/// were ever routed to such a layer.
+pub(super) fn local<'a>(
+    store: &'a Option<Arc<Store>>,
+    shared: &Option<Arc<SharedState>>,
+    layer: &'static str,
+) -> Result<&'a Arc<Store>, BackendError> {
+    store.as_ref().ok_or_else(|| no_local_file(shared, layer))
+}
+
+/// SQLite's `cause`, named by the layer's local file (see [`local`]).
+pub(super) fn sql_error(
+    store: &Option<Arc<Store>>,
+    shared: &Option<Arc<SharedState>>,
+    layer: &'static str,
+    cause: rusqlite::Error,
+) -> BackendError {
+    match store {
+        Some(store) => BackendError::from(store.error(cause)),
+        None => no_local_file(shared, layer),
+    }
+}
+
+fn no_local_file(shared: &Option<Arc<SharedState>>, layer: &'static str) -> BackendError {
+    BackendError::SharedStateUnavailable {
+        url: shared
+            .as_ref()
+            .map_or_else(String::new, |s| s.url_redacted()),
+        doing: "a step on a local file, which a layer kept in the shared database has not",
+        cause: format!("no local {layer} file"),
+    }
+}
+
 const SPENT: &str = "SELECT ((SELECT COALESCE(SUM(charged_cents), 0)
             FROM callid_account_totals WHERE account = $1)
         + (SELECT COALESCE(SUM(CASE

@@ -181,15 +181,7 @@ mod tests {
         for (i, expected) in order.iter().enumerate() {
             assert_eq!(pool.claim(&format!("h{i}")).unwrap().expose(), expected);
         }
-        let plan: Vec<String> = pool
-            .conn
-            .prepare(&format!("EXPLAIN QUERY PLAN {NEXT_UNCLAIMED}"))
-            .unwrap()
-            .query_map([], |r| r.get::<_, String>(3))
-            .unwrap()
-            .collect::<Result<_, _>>()
-            .unwrap();
-        let plan = plan.join("\n");
+        let plan = store::query_plan(&pool.conn, NEXT_UNCLAIMED, []);
         assert!(plan.contains("keys_unclaimed"), "{plan}");
         assert!(!plan.contains("TEMP B-TREE"), "{plan}");
     }

@@ -976,15 +976,7 @@ mod tests {
             .unwrap();
         assert_eq!((kept, brute), (11, 11));
         // And it reads one total and the open rows, never every operation of the installation.
-        let plan: Vec<String> = reg
-            .conn
-            .prepare(&format!("EXPLAIN QUERY PLAN {COMMITTED}"))
-            .unwrap()
-            .query_map(["x"], |r| r.get::<_, String>(3))
-            .unwrap()
-            .collect::<Result<_, _>>()
-            .unwrap();
-        let plan = plan.join("\n");
+        let plan = store::query_plan(&reg.conn, COMMITTED, ["x"]);
         assert!(plan.contains("operations_open"), "{plan}");
         assert!(!plan.contains("SCAN operations"), "{plan}");
     }
