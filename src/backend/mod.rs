@@ -12,7 +12,8 @@
 //! durable tables of its own. Where they live:
 //! - [`Backend::open`]: each layer in its own file in the state directory,
 //!   `authorization.sqlite3` and `execution.sqlite3` (the library default, used by
-//!   [`Backend::spend`]).
+//!   [`Backend::spend`]); with [`BackendConfig::shared_state`], in the replicas' PostgreSQL
+//!   database instead, with no local file.
 //! - [`Backend::open_in`]: both layers' tables in a host SQLite file (the router's registry,
 //!   whose migrations include [`LAYER_TABLES`]); with [`BackendConfig::shared_state`], in the
 //!   replicas' PostgreSQL database. Their steps then join the caller's transactions
@@ -183,7 +184,8 @@ pub struct BackendConfig {
     pub reservation_expiry: std::time::Duration,
     /// The registry's PostgreSQL database, when the router runs as replicas on one: the
     /// authorization decisions (and so the budget) and the executions live there, shared by
-    /// every replica.
+    /// every replica, and the layers open no local file (only an in-process provider's ledger
+    /// is local).
     pub shared_state: Option<crate::pg::PgUrl>,
 }
 
