@@ -104,6 +104,8 @@ pub const MIGRATIONS: &[&str] = &[
     // the open rows, whatever the number settled before (`COMMITTED`, `shared::SPENT`). A total
     // is split in 16 stripes, one per server process modulo 16, so that replicas settling for
     // one installation or account at once do not queue on one row's lock until their commits.
+    // Each trigger's WHEN skips the function call for the rows that do not touch a total (a new
+    // pending row, a decision marked `dispatched`), the common case on a new operation's path.
     // The triggers are created before the totals are filled: they lock the tables against
     // writers of an older build still running, so no row changes between the fill and them.
     "CREATE TABLE callid_installation_totals (
@@ -136,9 +138,17 @@ pub const MIGRATIONS: &[&str] = &[
          END IF;
          RETURN NULL;
      END $$;
-     CREATE TRIGGER callid_operations_total
-         AFTER INSERT OR DELETE OR UPDATE OF status, charged_cents, amount_cents, installation_id
-         ON callid_operations FOR EACH ROW EXECUTE FUNCTION callid_operations_total();
+     CREATE TRIGGER callid_operations_total_insert AFTER INSERT ON callid_operations
+         FOR EACH ROW WHEN (NEW.status = 'completed')
+         EXECUTE FUNCTION callid_operations_total();
+     CREATE TRIGGER callid_operations_total_update
+         AFTER UPDATE OF status, charged_cents, amount_cents, installation_id
+         ON callid_operations
+         FOR EACH ROW WHEN (OLD.status = 'completed' OR NEW.status = 'completed')
+         EXECUTE FUNCTION callid_operations_total();
+     CREATE TRIGGER callid_operations_total_delete AFTER DELETE ON callid_operations
+         FOR EACH ROW WHEN (OLD.status = 'completed')
+         EXECUTE FUNCTION callid_operations_total();
      CREATE FUNCTION callid_decisions_total() RETURNS trigger LANGUAGE plpgsql AS $$
      BEGIN
          IF TG_OP <> 'INSERT' AND OLD.state = 'charged' THEN
@@ -155,9 +165,16 @@ pub const MIGRATIONS: &[&str] = &[
          END IF;
          RETURN NULL;
      END $$;
-     CREATE TRIGGER callid_decisions_total
-         AFTER INSERT OR DELETE OR UPDATE OF state, charged_cents, account
-         ON callid_decisions FOR EACH ROW EXECUTE FUNCTION callid_decisions_total();
+     CREATE TRIGGER callid_decisions_total_insert AFTER INSERT ON callid_decisions
+         FOR EACH ROW WHEN (NEW.state = 'charged')
+         EXECUTE FUNCTION callid_decisions_total();
+     CREATE TRIGGER callid_decisions_total_update
+         AFTER UPDATE OF state, charged_cents, account ON callid_decisions
+         FOR EACH ROW WHEN (OLD.state = 'charged' OR NEW.state = 'charged')
+         EXECUTE FUNCTION callid_decisions_total();
+     CREATE TRIGGER callid_decisions_total_delete AFTER DELETE ON callid_decisions
+         FOR EACH ROW WHEN (OLD.state = 'charged')
+         EXECUTE FUNCTION callid_decisions_total();
      INSERT INTO callid_installation_totals
          SELECT installation_id, 0, SUM(COALESCE(charged_cents, amount_cents))
          FROM callid_operations WHERE status = 'completed' GROUP BY installation_id;
