@@ -441,7 +441,9 @@ impl Core {
                 return Err(ToolError::new(
                     ToolCode::BudgetExceeded,
                     format!(
-                        "this spend costs {amount} cents but only {} of the {budget}-cent budget                          remain; nothing was recorded or dispatched: ask the operator to raise                          the budget",
+                        "this spend costs {amount} cents but only {} of the {budget}-cent budget \
+                         remain; nothing was recorded or dispatched: ask the operator to raise \
+                         the budget",
                         budget.saturating_sub(committed_cents)
                     ),
                 ));
