@@ -335,10 +335,20 @@ fn run_gateway(args: crate::cli::GatewayArgs) -> anyhow::Result<ExitCode> {
         Some(url) => UpstreamSpec::Url(url),
         None => UpstreamSpec::Command(args.command),
     };
-    let policy = match &args.policy {
+    let mut policy: crate::gateway::policy::GatewayPolicy = match &args.policy {
         Some(path) => crate::gateway::policy::GatewayPolicy::load(path)?,
         None => Default::default(),
     };
+    for tool in &args.idempotent {
+        if !args.spend.contains(tool) && !policy.tools.contains_key(tool) {
+            anyhow::bail!(
+                "`--idempotent {tool}` names no spend tool: `--idempotent` declares that a spend \
+                 tool's upstream honours the idempotency key; add `--spend {tool}` (or list it \
+                 in the policy) if it spends"
+            );
+        }
+        policy.tools.entry(tool.clone()).or_default().idempotent = true;
+    }
     let options = GatewayOptions {
         policy,
         registry: crate::router::registry::RegistryLocation::parse(args.registry.as_os_str())?,
@@ -348,6 +358,7 @@ fn run_gateway(args: crate::cli::GatewayArgs) -> anyhow::Result<ExitCode> {
         key_prefix: crate::keys::DEFAULT_KEY_PREFIX.into(),
         handle_prefix: crate::keys::DEFAULT_HANDLE_PREFIX.into(),
         identity_sources: identity_sources(&args.sources)?,
+        lease_ttl: args.lease.ttl,
     };
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     runtime.block_on(crate::gateway::run(options, args.http, &args.allow_origins))?;
@@ -389,6 +400,23 @@ fn run_router(args: crate::cli::RouterArgs) -> anyhow::Result<ExitCode> {
             reason,
             registry,
         }) => operator::deny(&registry_path(&registry)?, &handle, reason.as_deref())?,
+        Some(RouterCommand::Resolve {
+            handle,
+            charged,
+            not_charged: _,
+            result,
+            by,
+            registry,
+        }) => {
+            let result = match &result {
+                Some(path) => Some(operator::read_result(path)?),
+                None => None,
+            };
+            let by = by
+                .or_else(|| std::env::var("USER").ok().filter(|u| !u.trim().is_empty()))
+                .unwrap_or_else(|| "an unnamed operator".into());
+            operator::resolve(&registry_path(&registry)?, &handle, charged, result, &by)?
+        }
         Some(RouterCommand::Status { handle, registry }) => {
             operator::status(&registry_path(&registry)?, &handle)?
         }
@@ -441,6 +469,7 @@ fn run_router(args: crate::cli::RouterArgs) -> anyhow::Result<ExitCode> {
                 handle_prefix: serve.handle_prefix,
                 diagnose_meta: serve.diagnose_meta,
                 identity_sources: identity_sources(&serve.sources)?,
+                lease_ttl: serve.lease.ttl,
             };
             let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
             runtime.block_on(crate::router::run(

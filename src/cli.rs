@@ -104,7 +104,8 @@ pub enum Command {
     Classify(ClassifyArgs),
     /// Run a scripted client of each kind against the probe and print the verdict table.
     Demo(DemoArgs),
-    /// Run the reference router, or operate on its registry (approve, deny, status, keys).
+    /// Run the reference router, or operate on its registry (approve, deny, resolve, status,
+    /// keys).
     Router(RouterArgs),
     /// Run the paid image provider: charges once per idempotency key, with a durable ledger.
     Provider(ProviderArgs),
@@ -234,6 +235,29 @@ pub struct RouterArgs {
     pub serve: RouterServeArgs,
 }
 
+/// How long a dispatch lease lasts unless renewed (router and gateway).
+#[derive(Debug, Clone, Args)]
+pub struct LeaseArg {
+    /// Seconds a dispatch lease holds other processes sharing the registry off an operation
+    /// unless renewed (decimals allowed). A live dispatcher renews it every third of that
+    /// while the backend works, so any call length is safe; it matters only when a process
+    /// hangs or is paused, and is how long the others wait before taking over.
+    #[arg(long = "lease-ttl", value_name = "SECS", default_value = "120", value_parser = parse_lease_ttl)]
+    pub ttl: std::time::Duration,
+}
+
+/// `--lease-ttl`: positive seconds, at most a day.
+fn parse_lease_ttl(text: &str) -> Result<std::time::Duration, String> {
+    match text.trim().parse::<f64>() {
+        Ok(s) if s.is_finite() && (0.05..=86_400.0).contains(&s) => {
+            Ok(std::time::Duration::from_secs_f64(s))
+        }
+        _ => Err(format!(
+            "`{text}` is not a lease lifetime: give seconds from 0.05 to 86400, e.g. 120 or 1.5"
+        )),
+    }
+}
+
 /// Where the router keeps its state; shared by serving and every operator command.
 #[derive(Debug, Clone, Args)]
 pub struct RegistryArg {
@@ -305,6 +329,9 @@ pub struct RouterServeArgs {
     /// Identity sources beyond the built-in table.
     #[command(flatten)]
     pub sources: IdentitySourcesArg,
+    /// Lease.
+    #[command(flatten)]
+    pub lease: LeaseArg,
 }
 
 /// Operator commands of the router. None of them is reachable by the model.
@@ -325,6 +352,31 @@ pub enum RouterCommand {
         /// Why (recorded, and shown to the agent).
         #[arg(long)]
         reason: Option<String>,
+        /// Registry location.
+        #[command(flatten)]
+        registry: RegistryArg,
+    },
+    /// Record what a person found for an operation in doubt (sent to a backend that ignores
+    /// idempotency keys, outcome unknown): `--charged` (redeliveries then answer `--result`, or
+    /// a stated "charged, result unknown") or `--not-charged` (the next redelivery sends it once
+    /// more). Recorded with who and when.
+    #[command(group(clap::ArgGroup::new("outcome").required(true).args(["charged", "not_charged"])))]
+    Resolve {
+        /// The public handle the agent was given.
+        handle: String,
+        /// The backend charged it.
+        #[arg(long)]
+        charged: bool,
+        /// The backend did not charge it (nothing happened there).
+        #[arg(long = "not-charged")]
+        not_charged: bool,
+        /// With `--charged`: the backend's result, as the `CallToolResult` JSON the agent should
+        /// be answered (`{"content": [...]}`), read from this file (`-` for standard input).
+        #[arg(long, value_name = "FILE", requires = "charged")]
+        result: Option<PathBuf>,
+        /// Who checked (recorded; default: the `USER` environment variable).
+        #[arg(long, value_name = "NAME")]
+        by: Option<String>,
         /// Registry location.
         #[command(flatten)]
         registry: RegistryArg,
@@ -381,6 +433,15 @@ pub struct ProviderArgs {
 
 /// `callid gateway`
 #[derive(Debug, Args)]
+#[command(
+    after_help = "The contract: a spend tool whose upstream ignores idempotency keys (the \
+default, and most real paid servers) is sent at most once; when its outcome is unknown (timeout, \
+crash, lost connection) the operation is `in_doubt` and is never sent again. A tool declared \
+idempotent (`--idempotent TOOL`, or `idempotent: true` in the policy) is re-sent under the same \
+idempotency key on redelivery instead. An in-doubt operation waits for a person: check the \
+upstream, then `callid router resolve HANDLE --charged [--result FILE]` or `--not-charged`, with \
+`--registry` set to this gateway's registry."
+)]
 pub struct GatewayArgs {
     /// The gateway's registry: a SQLite file, created if missing, or
     /// `postgres://USER@HOST:PORT/DATABASE` shared by gateway replicas (password redacted
@@ -408,10 +469,19 @@ pub struct GatewayArgs {
     /// one (e.g. http://127.0.0.1:9000/mcp).
     #[arg(long, value_name = "URL", conflicts_with = "command")]
     pub upstream_url: Option<String>,
-    /// Seconds to wait for an upstream answer before the call's outcome is unknown (the
-    /// operation stays open; redelivering it re-sends it with the same idempotency key).
+    /// Seconds to wait for an upstream answer before the call's outcome is unknown: the
+    /// operation is then in doubt (never sent again until `callid router resolve`), or, for a
+    /// tool declared idempotent, stays open and a redelivery re-sends it under the same key.
     #[arg(long, value_name = "SECS", default_value_t = 100)]
     pub upstream_timeout: u64,
+    /// A spend tool whose upstream honours `_meta["callid/idempotency-key"]`, returning the first
+    /// result for a repeated key (repeatable; also `idempotent: true` in the policy). Without
+    /// it a spend tool is dispatched at most once: most paid servers ignore the key.
+    #[arg(long = "idempotent", value_name = "TOOL")]
+    pub idempotent: Vec<String>,
+    /// Lease.
+    #[command(flatten)]
+    pub lease: LeaseArg,
     /// Serve the agent over streamable HTTP on this loopback address instead of stdio (e.g.
     /// 127.0.0.1:8766; port 0 picks one, printed on stderr).
     #[arg(long, value_name = "ADDR", value_parser = crate::http_guard::parse_listen_addr)]

@@ -11,7 +11,9 @@
 //! returned, redelivery replayed, the same call id with other arguments refused.
 //!
 //! A ticket dropped without [`Ticket::finish`] (the handler failed or was cancelled) leaves the
-//! operation open: a redelivery of the same call runs it again under the same idempotency key.
+//! operation's outcome unknown: a tool the policy declares `idempotent` runs again under the
+//! same idempotency key on redelivery; any other tool is marked in doubt and never handed out
+//! again until a person resolves it (`callid router resolve`).
 
 use super::policy::GatewayPolicy;
 use crate::keys::PublicHandle;
@@ -165,6 +167,10 @@ impl Spender for Handoff<'_> {
         self.policy.price(tool, args).map(|_| ())
     }
 
+    fn idempotent(&self, tool: &str) -> bool {
+        self.policy.idempotent(tool)
+    }
+
     async fn quote(&self, tool: &str, args: &Value) -> Result<Quote, ToolError> {
         self.policy.quote(tool, args)
     }
@@ -232,6 +238,7 @@ impl Guard {
                 key_prefix: crate::keys::DEFAULT_KEY_PREFIX.into(),
                 handle_prefix: crate::keys::DEFAULT_HANDLE_PREFIX.into(),
                 identity_sources: crate::identity::IdentitySources::built_in_shared(),
+                lease_ttl: crate::router::pipeline::LEASE_TTL,
             })),
             policy,
         }

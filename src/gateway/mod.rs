@@ -28,18 +28,40 @@
 //! token; rmcp's client adds its own `progressToken`), so every continuation sends the upstream
 //! the same request. Other tools receive the agent's `_meta` as it came.
 //!
+//! # The contract, by kind of upstream
+//! - **Not idempotent (the default; most real paid servers):** each spend is sent to the
+//!   upstream **at most once**. When its outcome is unknown after it may have reached the
+//!   upstream (timeout, upstream died, connection dropped, an unreadable answer, the gateway
+//!   killed after its dispatch mark), the operation is `in_doubt`: no redelivery,
+//!   `resume_operation`, restart or other replica sends it again, and the agent is told
+//!   `outcome_in_doubt`. A person checks the upstream and runs `callid router resolve HANDLE
+//!   --charged [--result FILE]` (redeliveries then answer that) or `--not-charged` (the next
+//!   redelivery sends it once more). Budgets count it at its price until then.
+//! - **Declared idempotent** (`--idempotent TOOL` or `idempotent: true` in the policy: the
+//!   upstream answers a repeated `callid/idempotency-key` with its first result): an unknown
+//!   outcome leaves the operation open (`outcome_unknown`) and a redelivery re-sends it under
+//!   the same key.
+//! - Either way, a dispatcher renews its lease while the upstream works, so no other gateway on
+//!   the registry takes a live operation over, and every write it makes carries its lease
+//!   generation (a fencing token): one that lost its lease can neither record over the new
+//!   owner nor dispatch again. A paused dispatcher's late answer still settles an in-doubt
+//!   operation it alone dispatched.
+//!
 //! # Guarantees
-//! - No spend reaches the upstream before its registry row is committed.
+//! - No spend reaches the upstream before its registry row (and, at most once, its dispatch
+//!   mark) is committed.
 //! - A call id answers one operation: redelivery returns the recorded upstream result, with
 //!   `_meta["callid/replayed"] = true` and `_meta["callid/handle"]`, without calling the upstream.
 //! - Every answer about an operation (an upstream result, a refusal naming one, `operation_status`)
 //!   names its public handle and status in `_meta["callid/handle"]` and `_meta["callid/status"]`.
 //! - An upstream result with `isError: true` is the tool's answer: recorded and replayed.
-//! - An upstream that dies, times out or drops the connection leaves the operation open
-//!   (`outcome_unknown`); redelivering the same call re-sends it with the same idempotency key.
+//! - An upstream that could not be reached at all leaves the operation open: nothing was sent.
+//! - `callid/*` keys in an upstream result's own `_meta` are dropped: those names are the
+//!   gateway's.
 //! - The gateway refuses to start when the upstream has a tool named `operation_status` or
 //!   `resume_operation`, lacks a `--spend` tool, or a spend tool's input schema has an
-//!   identity-like field (naming the tool and the field).
+//!   identity-like field (naming the tool and the field), by the same rule as the calls: the
+//!   built-in names and every `--identity-sources` key.
 
 pub mod guard;
 mod keyed_http;
@@ -76,6 +98,8 @@ pub(crate) struct GatewayOptions {
     pub handle_prefix: String,
     /// The identity sources spend calls are identified by (`--identity-sources`).
     pub identity_sources: std::sync::Arc<crate::identity::IdentitySources>,
+    /// How long a dispatch lease lasts unless renewed (`--lease-ttl`).
+    pub lease_ttl: Duration,
 }
 
 /// Connects to the upstream, checks its tools, then serves the agent on stdio until it goes
@@ -103,14 +127,21 @@ pub(crate) async fn run(
         key_prefix: options.key_prefix.clone(),
         handle_prefix: options.handle_prefix.clone(),
         identity_sources: options.identity_sources.clone(),
+        lease_ttl: options.lease_ttl,
     });
-    let gateway = Gateway::start(core, upstream, options.spend.clone(), options.policy).await?;
-    let spend: Vec<&str> = gateway.spend_tools().collect();
+    let gateway = Gateway::start(
+        core,
+        upstream,
+        options.spend.clone(),
+        options.policy,
+        &options.identity_sources,
+    )
+    .await?;
     crate::logging::line(format_args!(
         "callid gateway: {} in front of {} (spend tools: {})",
         options.registry,
         options.upstream,
-        spend.join(", ")
+        gateway.describe_spend_tools()
     ));
     let server = server::GatewayServer::new(Arc::new(gateway), info);
     match bound {

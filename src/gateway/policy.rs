@@ -10,9 +10,16 @@
 //!   send_payment:
 //!     price_pointer: /amount_cents   # the price is this integer in the arguments
 //!     approval: true           # every call needs a person
+//!   book_flight:
+//!     idempotent: true         # the upstream honours `callid/idempotency-key`
 //! ```
 //!
 //! Every tool listed is a spend tool (as with `--spend`); a `--spend` tool not listed costs 0.
+//! A spend tool is dispatched **at most once** unless it is declared `idempotent: true` here (or
+//! with `--idempotent TOOL`): most real paid servers ignore idempotency keys, so an operation
+//! whose outcome is unknown is never sent again but marked in doubt for a person to resolve.
+//! Only a tool whose upstream returns the first result for a repeated key may be declared
+//! idempotent; its unknown outcomes are then continued under the same key.
 //! The price and the approval are decided once, when the operation is recorded, and stored with
 //! it, so a redelivery can never skip an approval the original call needed. The budget is
 //! checked in the same registry transaction that records the operation (see
@@ -54,6 +61,9 @@ pub struct ToolPolicy {
     /// Every call needs a person.
     #[serde(default)]
     pub approval: bool,
+    /// The upstream honours the idempotency key (`false`: at most once, in doubt when unknown).
+    #[serde(default)]
+    pub idempotent: bool,
 }
 
 impl GatewayPolicy {
@@ -139,6 +149,11 @@ impl GatewayPolicy {
             needs_approval: self.needs_approval(tool, amount_cents),
             budget_cents: self.budget_cents,
         })
+    }
+
+    /// Whether `tool`'s upstream is declared to honour the idempotency key (default: no).
+    pub fn idempotent(&self, tool: &str) -> bool {
+        self.tools.get(tool).is_some_and(|t| t.idempotent)
     }
 
     /// Whether a call of `tool` costing `amount_cents` needs a person.

@@ -8,9 +8,13 @@
 //! the operation's recorded result, replayed on redelivery with `_meta["callid/replayed"]` and
 //! `_meta["callid/handle"]` added. Every answer about an operation (results, refusals naming
 //! one, `operation_status`) names its handle and status in `_meta["callid/handle"]` and
-//! `_meta["callid/status"]`. An upstream that dies, times out or drops the connection
-//! leaves the operation open (`outcome_unknown`): redelivering the same call re-sends it under
-//! the same idempotency key.
+//! `_meta["callid/status"]`; `callid/*` keys of the upstream's own `_meta` are dropped, since
+//! those names are the gateway's. When a spend's outcome is unknown after it may have reached
+//! the upstream (it died, timed out, dropped the connection, or answered something unreadable)
+//! the operation is in doubt (`outcome_in_doubt`) and never sent again, unless the tool is
+//! declared idempotent, in which case it stays open (`outcome_unknown`) and a redelivery
+//! re-sends it under the same idempotency key. An upstream that could not be reached at all
+//! leaves the operation open either way (nothing was sent).
 
 use super::policy::GatewayPolicy;
 use super::upstream::{Upstream, UpstreamError};
@@ -46,6 +50,7 @@ pub const ERROR_CODES: &[ToolCode] = &[
     ToolCode::UnknownOperation,
     ToolCode::RegistryUnavailable,
     ToolCode::OutcomeUnknown,
+    ToolCode::OutcomeInDoubt,
     ToolCode::BudgetExceeded,
     ToolCode::UpstreamUnavailable,
     ToolCode::UpstreamError,
@@ -105,8 +110,13 @@ impl StartError {
 }
 
 /// Checks the upstream's tools against the gateway's: no clash with the added tools, every spend
-/// tool present, no identity-like field in a spend tool's input schema.
-pub fn check_tools(tools: &[Tool], spend: &BTreeSet<String>) -> Result<(), StartError> {
+/// tool present, no identity-like field in a spend tool's input schema (by the rule the calls
+/// are checked with: `sources`' table, `--identity-sources` included).
+pub fn check_tools(
+    tools: &[Tool],
+    spend: &BTreeSet<String>,
+    sources: &identity::IdentitySources,
+) -> Result<(), StartError> {
     if let Some(t) = tools
         .iter()
         .find(|t| t.name == OPERATION_STATUS || t.name == RESUME_OPERATION)
@@ -127,7 +137,7 @@ pub fn check_tools(tools: &[Tool], spend: &BTreeSet<String>) -> Result<(), Start
             });
         };
         if let Some((field, pointer)) =
-            identity_field(&Value::Object((*tool.input_schema).clone()), "")
+            identity_field(&Value::Object((*tool.input_schema).clone()), "", sources)
         {
             return Err(StartError::IdentityInSchema {
                 tool: name.clone(),
@@ -140,7 +150,11 @@ pub fn check_tools(tools: &[Tool], spend: &BTreeSet<String>) -> Result<(), Start
 }
 
 /// The first identity-like property name anywhere in a JSON schema, with its JSON pointer.
-fn identity_field(schema: &Value, at: &str) -> Option<(String, String)> {
+fn identity_field(
+    schema: &Value,
+    at: &str,
+    sources: &identity::IdentitySources,
+) -> Option<(String, String)> {
     match schema {
         Value::Object(map) => {
             for (key, value) in map {
@@ -149,14 +163,14 @@ fn identity_field(schema: &Value, at: &str) -> Option<(String, String)> {
                     && let Value::Object(props) = value
                 {
                     for name in props.keys() {
-                        if identity::is_identity_like(name) {
+                        if sources.is_identity_like(name) {
                             let p =
                                 format!("{here}/{}", name.replace('~', "~0").replace('/', "~1"));
                             return Some((name.clone(), p));
                         }
                     }
                 }
-                if let Some(found) = identity_field(value, &here) {
+                if let Some(found) = identity_field(value, &here, sources) {
                     return Some(found);
                 }
             }
@@ -165,7 +179,7 @@ fn identity_field(schema: &Value, at: &str) -> Option<(String, String)> {
         Value::Array(items) => items
             .iter()
             .enumerate()
-            .find_map(|(i, v)| identity_field(v, &format!("{at}/{i}"))),
+            .find_map(|(i, v)| identity_field(v, &format!("{at}/{i}"), sources)),
         _ => None,
     }
 }
@@ -175,9 +189,10 @@ fn identity_field(schema: &Value, at: &str) -> Option<(String, String)> {
 async fn merged_tools(
     upstream: &Upstream,
     spend: &BTreeSet<String>,
+    sources: &identity::IdentitySources,
 ) -> Result<Vec<Tool>, StartError> {
     let mut tools = upstream.list_tools().await?;
-    check_tools(&tools, spend)?;
+    check_tools(&tools, spend, sources)?;
     tools.extend(
         crate::router::server::tools()
             .into_iter()
@@ -193,6 +208,7 @@ pub struct Gateway {
     spend: BTreeSet<String>,
     policy: GatewayPolicy,
     tools: Vec<Tool>,
+    sources: std::sync::Arc<identity::IdentitySources>,
 }
 
 impl std::fmt::Debug for Gateway {
@@ -212,15 +228,17 @@ impl Gateway {
         upstream: Upstream,
         mut spend: BTreeSet<String>,
         policy: GatewayPolicy,
+        sources: &std::sync::Arc<identity::IdentitySources>,
     ) -> Result<Gateway, StartError> {
         spend.extend(policy.tools.keys().cloned());
-        let tools = merged_tools(&upstream, &spend).await?;
+        let tools = merged_tools(&upstream, &spend, sources).await?;
         Ok(Gateway {
             core,
             upstream,
             spend,
             policy,
             tools,
+            sources: sources.clone(),
         })
     }
 
@@ -232,7 +250,7 @@ impl Gateway {
     /// Lists the upstream's tools again and checks them as at start (after the upstream said
     /// its tools changed).
     pub async fn relist_tools(&self) -> Result<Vec<Tool>, StartError> {
-        merged_tools(&self.upstream, &self.spend).await
+        merged_tools(&self.upstream, &self.spend, &self.sources).await
     }
 
     /// The upstream connection (for requests passed through unchanged).
@@ -240,9 +258,16 @@ impl Gateway {
         &self.upstream
     }
 
-    /// The spend tools.
-    pub fn spend_tools(&self) -> impl Iterator<Item = &str> {
-        self.spend.iter().map(String::as_str)
+    /// The spend tools, each with whether it is declared idempotent (start-up line).
+    pub fn describe_spend_tools(&self) -> String {
+        self.spend
+            .iter()
+            .map(|t| match self.policy.idempotent(t) {
+                true => format!("{t} (idempotent)"),
+                false => format!("{t} (at most once)"),
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 
     /// Whether `tool` goes through the spend pipeline.
@@ -306,17 +331,42 @@ fn name_operation(value: &mut Value) {
     }
 }
 
+/// An unknown outcome: the request may have reached the upstream. Its message is the answer
+/// for a tool declared idempotent; its cause is what the in-doubt answer of any other tool
+/// quotes ([`crate::router::pipeline::Outcome::Open`]).
 fn unknown_outcome(op: &Operation, e: &UpstreamError) -> ToolError {
-    ToolError::new(
+    let mut err = ToolError::new(
         ToolCode::OutcomeUnknown,
         format!(
             "{e}; operation `{}` was sent upstream and may have run: the gateway keeps it open. \
              Redeliver this same call (same call id, same arguments): it re-sends the request \
-             with the same idempotency key, which an idempotent upstream answers without a \
-             second charge; do not make a new call for it",
+             with the same idempotency key, which this tool's upstream is declared to answer \
+             without a second charge; do not make a new call for it",
             op.handle
         ),
-    )
+    );
+    err.cause = Some(e.to_string());
+    err
+}
+
+/// The upstream's result as the gateway records it: `callid/*` keys of its own `_meta` are
+/// dropped (the gateway's answers name the operation's handle and status under those names,
+/// and an upstream's `callid/status` must not contradict them).
+fn without_gateway_keys(mut result: Value) -> Value {
+    if let Some(meta) = result.get_mut("_meta").and_then(Value::as_object_mut) {
+        let before = meta.len();
+        meta.retain(|k, _| !k.starts_with("callid/"));
+        if meta.len() != before {
+            tracing::warn!(
+                dropped = before - meta.len(),
+                "dropped `callid/*` keys from an upstream result's `_meta`"
+            );
+        }
+        if meta.is_empty() {
+            result.as_object_mut().map(|o| o.remove("_meta"));
+        }
+    }
+    result
 }
 
 impl Spender for Gateway {
@@ -325,6 +375,10 @@ impl Spender for Gateway {
 
     fn check(&self, tool: &str, args: &Value) -> Result<(), ToolError> {
         self.policy.price(tool, args).map(|_| ())
+    }
+
+    fn idempotent(&self, tool: &str) -> bool {
+        self.policy.idempotent(tool)
     }
 
     async fn quote(&self, tool: &str, args: &Value) -> Result<Quote, ToolError> {
@@ -345,7 +399,8 @@ impl Spender for Gateway {
         match self.upstream.call_tool(params).await {
             Ok(CallToolResponse::Complete(result)) => {
                 let is_error = result.is_error == Some(true);
-                let result = serde_json::to_value(&result).unwrap_or(Value::Null);
+                let result =
+                    without_gateway_keys(serde_json::to_value(&result).unwrap_or(Value::Null));
                 Outcome::Done {
                     result: json!({
                         "handle": op.handle.as_str(),
@@ -360,16 +415,24 @@ impl Spender for Gateway {
                     },
                 }
             }
-            Ok(_) => Outcome::Open(ToolError::new(
-                ToolCode::UpstreamError,
-                format!(
-                    "the upstream answered `{}` with something other than a tool result (input \
-                     request or task), which the gateway does not relay for spend tools; the \
-                     operation stays open: redeliver this same call to re-send it with the same \
-                     idempotency key",
-                    op.tool
-                ),
-            )),
+            Ok(_) => {
+                let mut err = ToolError::new(
+                    ToolCode::UpstreamError,
+                    format!(
+                        "the upstream answered `{}` with something other than a tool result \
+                         (input request or task), which the gateway does not relay for spend \
+                         tools; the operation stays open: redeliver this same call to re-send it \
+                         with the same idempotency key",
+                        op.tool
+                    ),
+                );
+                err.cause = Some(
+                    "the upstream answered with something other than a tool result (an input \
+                     request or a task), which the gateway does not relay for spend tools"
+                        .into(),
+                );
+                Outcome::Open(err)
+            }
             Err(UpstreamError::Refused(e)) => Outcome::Refused {
                 code: ToolCode::UpstreamError,
                 message: format!(
@@ -377,7 +440,7 @@ impl Spender for Gateway {
                     op.tool, e.code.0, e.message
                 ),
             },
-            Err(e @ UpstreamError::Connect { .. }) => Outcome::Open(ToolError::new(
+            Err(e @ UpstreamError::Connect { .. }) => Outcome::NotSent(ToolError::new(
                 ToolCode::UpstreamUnavailable,
                 format!(
                     "{e}; nothing was sent upstream for this delivery: redeliver this same call \
@@ -414,16 +477,17 @@ mod tests {
     #[test]
     fn start_up_checks_name_the_tool_and_field() {
         let spend: BTreeSet<String> = ["pay".to_string()].into();
+        let built_in = identity::IdentitySources::built_in_shared();
         let ok = tool(
             "pay",
             json!({"type": "object", "properties": {"amount": {"type": "integer"}}}),
         );
-        assert!(check_tools(std::slice::from_ref(&ok), &spend).is_ok());
+        assert!(check_tools(std::slice::from_ref(&ok), &spend, &built_in).is_ok());
         let nested = tool(
             "pay",
             json!({"type": "object", "properties": {"order": {"type": "object", "properties": {"call_id": {"type": "string"}}}}}),
         );
-        let e = check_tools(&[nested], &spend).unwrap_err();
+        let e = check_tools(&[nested], &spend, &built_in).unwrap_err();
         assert_eq!(e.code(), "identity_in_schema");
         assert!(
             e.to_string().contains("`pay`") && e.to_string().contains("`call_id`"),
@@ -436,19 +500,19 @@ mod tests {
         );
         let clash = tool(OPERATION_STATUS, json!({"type": "object"}));
         assert_eq!(
-            check_tools(&[ok.clone(), clash], &spend)
+            check_tools(&[ok.clone(), clash], &spend, &built_in)
                 .unwrap_err()
                 .code(),
             "tool_name_clash"
         );
-        let e = check_tools(&[], &spend).unwrap_err();
+        let e = check_tools(&[], &spend, &built_in).unwrap_err();
         assert_eq!(e.code(), "unknown_spend_tool");
         // A read-only tool may have any schema: only spend tools are checked.
         let free = tool(
             "lookup",
             json!({"type": "object", "properties": {"request_id": {}}}),
         );
-        assert!(check_tools(&[ok, free], &spend).is_ok());
+        assert!(check_tools(&[ok, free], &spend, &built_in).is_ok());
     }
 
     #[test]

@@ -36,8 +36,8 @@
 
 use super::preallocated::{KeyPool, KeyPoolError};
 use super::registry::{
-    InTransaction, Insert, Lease, NewOperation, Operation, Registry, RegistryError,
-    RegistryLocation, Status, Write, process_owner, retire_owner,
+    FIRST_GENERATION, InTransaction, Insert, Lease, NewOperation, Operation, Registry,
+    RegistryError, RegistryLocation, Status, Write, process_owner, retire_owner,
 };
 use super::replay::{self, Cached, ReplayCache};
 pub use super::reply::{
@@ -56,7 +56,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::oneshot;
 
-/// How long a dispatch lease holds off other processes (longer than any backend call).
+/// How long a dispatch lease holds off other processes unless renewed, by default
+/// (`--lease-ttl`). The dispatcher renews it every third of that while the backend works, so a
+/// call may take any time; it lapses only when the dispatcher stops renewing (hung, paused).
 pub const LEASE_TTL: Duration = Duration::from_secs(120);
 
 /// What a new operation costs, and whether a person must approve it first.
@@ -104,9 +106,15 @@ pub enum Outcome {
         /// The layers' record of the outcome.
         settle: Settle,
     },
-    /// Not settled (retryable failure, unknown outcome): the operation stays pending and a
-    /// redelivery continues it under the same key. The error is answered as it is.
+    /// The outcome is unknown: the request may have reached the backend (timeout, backend or
+    /// connection lost, an answer that cannot be read). With an idempotent backend the
+    /// operation stays pending and a redelivery continues it under the same key; otherwise it
+    /// becomes [`Status::InDoubt`] and is never sent again until a person resolves it. The
+    /// error is answered as it is (idempotent) or inside the in-doubt answer.
     Open(ToolError),
+    /// Nothing reached the backend (it could not be connected to): the operation stays
+    /// pending, its dispatch mark is cleared, and a redelivery dispatches it.
+    NotSent(ToolError),
 }
 
 /// A spender's own layers' record of an outcome, run inside the registry's transaction that
@@ -141,6 +149,13 @@ pub trait Spender: Sync {
 
     /// Checks a spend call's arguments before the registry is consulted.
     fn check(&self, tool: &str, args: &Value) -> Result<(), ToolError>;
+
+    /// Whether `tool`'s backend honours the idempotency key, so that an operation whose outcome
+    /// is unknown may be sent again under the same key. `false` (what most real paid backends
+    /// are) makes every operation of `tool` at most once: dispatched once, and
+    /// [`Status::InDoubt`] whenever its outcome is unknown. Decided when the operation is
+    /// recorded, and stored with it.
+    fn idempotent(&self, tool: &str) -> bool;
 
     /// Prices a new operation (only new calls are priced).
     fn quote(
@@ -190,6 +205,8 @@ pub struct CoreOptions {
     /// The identity sources spend calls are identified by: the built-in table, or one extended
     /// by `--identity-sources` ([`identity::IdentitySources::load`]).
     pub identity_sources: Arc<identity::IdentitySources>,
+    /// How long a dispatch lease lasts unless renewed ([`LEASE_TTL`] by default).
+    pub lease_ttl: Duration,
 }
 
 /// The pipeline's state: registry, key pool, single-flight locks, lease owner, scrubber.
@@ -418,6 +435,7 @@ impl Core {
             arguments: args,
             amount_cents: quote.amount_cents,
             needs_approval: quote.needs_approval,
+            at_most_once: !spender.idempotent(tool),
         };
         let amount = quote.amount_cents;
         let budget = quote.budget_cents;
@@ -429,7 +447,7 @@ impl Core {
                 new: Box::new(new),
                 budget_cents: budget,
                 owner: self.owner.clone(),
-                ttl: LEASE_TTL,
+                ttl: self.opts.lease_ttl,
                 stage,
                 reply,
             })
@@ -469,7 +487,7 @@ impl Core {
                 }
                 None => None,
             };
-            return self.run(spender, op, staged).await;
+            return self.run(spender, op, FIRST_GENERATION, staged).await;
         }
         self.dispatch(spender, op).await
     }
@@ -506,6 +524,7 @@ impl Core {
             Status::Failed => Err(recorded_failure::<S>(&op)),
             Status::Denied => Err(denied(&op)),
             Status::AwaitingApproval => Err(awaiting_approval::<S>(&op, &self.opts.registry)),
+            Status::InDoubt => Err(in_doubt::<S>(&op, &self.opts.registry)),
             Status::Pending => self.dispatch(spender, op).await,
         }
     }
@@ -513,12 +532,13 @@ impl Core {
     async fn dispatch<S: Spender>(&self, spender: &S, op: Operation) -> Result<Reply, ToolError> {
         let owner = self.owner.clone();
         let handle = op.handle.clone();
+        let ttl = self.opts.lease_ttl;
         let lease = self
-            .registry(move |r| r.claim_lease(&handle, &owner, LEASE_TTL))
+            .registry(move |r| r.claim_lease(&handle, &owner, ttl))
             .await
             .map_err(|e| e.of(&op))?;
-        match lease {
-            Lease::Granted => {}
+        let generation = match lease {
+            Lease::Granted { generation } => generation,
             Lease::HeldElsewhere => {
                 return Err(ToolError::new(
                     ToolCode::OperationInProgress,
@@ -541,22 +561,23 @@ impl Core {
                     .ok_or_else(|| unknown_operation(op.handle.as_str()))?;
                 return Box::pin(self.continue_operation(spender, now)).await;
             }
-        }
-        self.run(spender, op, None).await
+        };
+        self.run(spender, op, generation, None).await
     }
 
-    /// Executes a pending operation whose dispatch lease this process holds, records the
-    /// outcome, and answers it.
+    /// Executes a pending operation whose dispatch lease this process holds (under
+    /// `generation`, the fencing token every write below carries), records the outcome, and
+    /// answers it.
     async fn run<S: Spender>(
         &self,
         spender: &S,
         op: Operation,
+        generation: i64,
         staged: Option<Staged>,
     ) -> Result<Reply, ToolError> {
-        let outcome = match staged {
-            Some(staged) => spender.execute_staged(&op, staged).await,
-            None => spender.execute(&op).await,
-        };
+        let outcome = self
+            .execute_renewing(spender, &op, generation, staged)
+            .await;
         let (result, charged_cents, answer, settle) = match outcome {
             Outcome::Done {
                 result,
@@ -569,9 +590,14 @@ impl Core {
                 answer,
                 settle,
             } => (result, charged_cents, answer, Some(settle.0)),
-            Outcome::Refused { code, message } => return self.refused(op, code, message).await,
-            Outcome::Open(err) => {
-                self.give_up_lease(&op).await;
+            Outcome::Refused { code, message } => {
+                return self.refused(op, generation, code, message).await;
+            }
+            Outcome::Open(err) if op.at_most_once => {
+                return Err(self.in_doubt::<S>(op, generation, err).await);
+            }
+            Outcome::Open(err) | Outcome::NotSent(err) => {
+                self.give_up_lease(&op, generation).await;
                 return Err(err.of(&op));
             }
         };
@@ -586,6 +612,7 @@ impl Core {
             handle,
             result,
             charged_cents,
+            generation,
             settle,
             reply,
         })
@@ -601,12 +628,13 @@ impl Core {
     async fn refused(
         &self,
         op: Operation,
+        generation: i64,
         code: ToolCode,
         message: String,
     ) -> Result<Reply, ToolError> {
         let handle = op.handle.clone();
         let (c, m) = (code.to_string(), message.clone());
-        self.registry(move |r| r.record_failure(&handle, &c, &m))
+        self.registry(move |r| r.record_failure(&handle, generation, &c, &m))
             .await
             .map_err(|e| {
                 ToolError::unrecorded(&op, &format!("refused with `{code}`, nothing charged"), &e)
@@ -636,16 +664,95 @@ impl Core {
         cached
     }
 
-    /// Lets another delivery (or process) dispatch a pending operation this one gave up on.
-    async fn give_up_lease(&self, op: &Operation) {
+    /// Lets another delivery (or process) dispatch a pending operation this one gave up on:
+    /// its backend is idempotent, or nothing reached it.
+    async fn give_up_lease(&self, op: &Operation, generation: i64) {
         let handle = op.handle.clone();
-        let owner = self.owner.clone();
         if let Err(e) = self
-            .registry(move |r| r.release_lease(&handle, &owner))
+            .registry(move |r| r.release_lease(&handle, generation))
             .await
         {
             tracing::warn!("cannot release the dispatch lease: {}", e.message);
         }
+    }
+
+    /// An at-most-once operation dispatched under `generation` whose outcome is unknown
+    /// (`err`): recorded as [`Status::InDoubt`] and answered so. When the mark cannot be
+    /// written, the row keeps its dispatch mark, so the next claim marks it instead: either
+    /// way it is never sent again.
+    async fn in_doubt<S: Spender>(
+        &self,
+        op: Operation,
+        generation: i64,
+        err: ToolError,
+    ) -> ToolError {
+        let reason = err.cause.clone().unwrap_or_else(|| err.message.clone());
+        let (handle, why) = (op.handle.clone(), reason.clone());
+        match self
+            .registry(move |r| r.mark_in_doubt(&handle, generation, &why))
+            .await
+        {
+            Ok(true) => {}
+            Ok(false) => {
+                tracing::warn!(handle = %op.handle, "the lease was taken over before the operation could be marked in doubt")
+            }
+            Err(e) => {
+                tracing::warn!(handle = %op.handle, "cannot mark the operation in doubt now ({}); the next delivery will", e.message)
+            }
+        }
+        tracing::warn!(handle = %op.handle, reason = %reason, "operation in doubt");
+        let mut doubtful = op;
+        doubtful.status = Status::InDoubt;
+        doubtful.error = Some((ToolCode::OutcomeInDoubt.code().into(), reason));
+        in_doubt::<S>(&doubtful, &self.opts.registry)
+    }
+
+    /// Runs the spender on a leased operation, renewing the lease every third of its lifetime
+    /// until the spender answers, so a live dispatcher's lease never lapses however long the
+    /// backend takes. A renewal that finds the lease gone is logged: this dispatcher's writes
+    /// will then be fenced.
+    async fn execute_renewing<S: Spender>(
+        &self,
+        spender: &S,
+        op: &Operation,
+        generation: i64,
+        staged: Option<Staged>,
+    ) -> Outcome {
+        let ttl = self.opts.lease_ttl;
+        let period = (ttl / 3).max(Duration::from_millis(10));
+        let (registry, location, handle) = (
+            self.registry.clone(),
+            self.opts.registry.clone(),
+            op.handle.clone(),
+        );
+        let renewer = tokio::spawn(async move {
+            let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let h = handle.clone();
+                let renewed = on_registry(registry.clone(), location.clone(), move |r| {
+                    r.renew_lease(&h, generation, ttl)
+                })
+                .await;
+                match renewed {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        tracing::warn!(handle = %handle, "the dispatch lease was taken over while the backend was working; this process will not record its outcome");
+                        return;
+                    }
+                    Err(e) => {
+                        tracing::warn!(handle = %handle, "cannot renew the dispatch lease: {}", e.message)
+                    }
+                }
+            }
+        });
+        let outcome = match staged {
+            Some(staged) => spender.execute_staged(op, staged).await,
+            None => spender.execute(op).await,
+        };
+        renewer.abort();
+        outcome
     }
 
     /// `operation_status`: the state of an operation by handle, and its recorded result.
@@ -657,10 +764,20 @@ impl Core {
                 if let Some(r) = op.result.as_ref().and_then(|r| r.get("result")) {
                     structured["result"] = r.clone();
                 }
-                if let Some((code, message)) = &op.error {
-                    structured["failure"] = json!({"code": code, "message": message});
-                }
                 let mut text = format!("operation `{}` is {}", op.handle, op.status.name());
+                match (&op.error, op.status) {
+                    (Some((_, message)), Status::InDoubt) => {
+                        structured["in_doubt"] = json!({"reason": message});
+                        text.push_str(&format!(
+                            ": {message}; it will not be sent again until a person checks the \
+                             backend and resolves it, and a new call would be a new charge"
+                        ));
+                    }
+                    (Some((code, message)), _) => {
+                        structured["failure"] = json!({"code": code, "message": message});
+                    }
+                    (None, _) => {}
+                }
                 if let Some((authorized, charged)) = op.overcharge() {
                     structured["overcharge"] = overcharge_json(authorized, charged);
                     text.push_str(&overcharge_text(authorized, charged));
@@ -785,23 +902,7 @@ impl Core {
         &self,
         f: impl FnOnce(&mut Registry) -> Result<R, RegistryError> + Send + 'static,
     ) -> Result<R, ToolError> {
-        let registry = self.registry.clone();
-        let path = self.opts.registry.clone();
-        tokio::task::spawn_blocking(move || {
-            let mut guard = registry.lock().unwrap_or_else(|p| p.into_inner());
-            if guard.is_none() {
-                *guard = Some(Registry::open(&path)?);
-            }
-            f(guard.as_mut().expect("opened above"))
-        })
-        .await
-        .map_err(|e| {
-            ToolError::new(
-                ToolCode::RegistryUnavailable,
-                format!("registry task failed: {e}"),
-            )
-        })?
-        .map_err(ToolError::registry)
+        on_registry(self.registry.clone(), self.opts.registry.clone(), f).await
     }
 
     async fn claim_key(&self, handle: &PublicHandle) -> Result<OperationKey, ToolError> {
@@ -828,6 +929,30 @@ impl Core {
         })?
         .map_err(|e: KeyPoolError| ToolError::new(ToolCode::RegistryUnavailable, e.to_string()))
     }
+}
+
+/// Runs `f` on `registry` (opening it at `location` first if it is not open yet) off the async
+/// threads: [`Core::registry`], for tasks that outlive a borrow of the core.
+async fn on_registry<R: Send + 'static>(
+    registry: Arc<Mutex<Option<Registry>>>,
+    location: RegistryLocation,
+    f: impl FnOnce(&mut Registry) -> Result<R, RegistryError> + Send + 'static,
+) -> Result<R, ToolError> {
+    tokio::task::spawn_blocking(move || {
+        let mut guard = registry.lock().unwrap_or_else(|p| p.into_inner());
+        if guard.is_none() {
+            *guard = Some(Registry::open(&location)?);
+        }
+        f(guard.as_mut().expect("opened above"))
+    })
+    .await
+    .map_err(|e| {
+        ToolError::new(
+            ToolCode::RegistryUnavailable,
+            format!("registry task failed: {e}"),
+        )
+    })?
+    .map_err(ToolError::registry)
 }
 
 /// The most writes one group commit takes.
@@ -939,6 +1064,33 @@ fn awaiting_approval<S: Spender>(op: &Operation, registry: &RegistryLocation) ->
             S::OPERATOR,
             op.handle,
             registry.display()
+        ),
+    )
+    .of(op)
+}
+
+/// The answer for an operation whose outcome is unknown and that is never sent again
+/// ([`Status::InDoubt`]): what happened, that a person must check the backend, the command that
+/// records their answer, and that a new call would be a new charge.
+fn in_doubt<S: Spender>(op: &Operation, registry: &RegistryLocation) -> ToolError {
+    let reason = op
+        .error
+        .as_ref()
+        .map(|(_, m)| m.as_str())
+        .unwrap_or("its outcome was not recorded");
+    ToolError::new(
+        ToolCode::OutcomeInDoubt,
+        format!(
+            "operation `{handle}` ({cents} cents) was sent to a backend that does not honour \
+             idempotency keys, and its outcome is unknown: {reason}. It may have been charged, so \
+             it will not be sent again, on this or any redelivery. A person must check the \
+             backend and record what happened: `{operator} resolve {handle} --charged` (or \
+             `--not-charged`, after which a redelivery sends it once more) `--registry {registry}`. \
+             Do not make a new call for it: that would be a new operation and a new charge",
+            handle = op.handle,
+            cents = op.amount_cents,
+            operator = S::OPERATOR,
+            registry = registry.display(),
         ),
     )
     .of(op)

@@ -58,6 +58,8 @@ pub enum ToolCode {
     RegistryUnavailable,
     /// `outcome_unknown`.
     OutcomeUnknown,
+    /// `outcome_in_doubt`.
+    OutcomeInDoubt,
     /// `backend_state_corrupt`.
     BackendStateCorrupt,
     /// `budget_exceeded`.
@@ -78,7 +80,7 @@ pub enum ToolCode {
 
 impl ToolCode {
     /// Every code, in catalogue order.
-    pub const ALL: [ToolCode; 21] = [
+    pub const ALL: [ToolCode; 22] = [
         ToolCode::MissingIdentity,
         ToolCode::AmbiguousIdentity,
         ToolCode::InvalidIdentity,
@@ -92,6 +94,7 @@ impl ToolCode {
         ToolCode::UnknownOperation,
         ToolCode::RegistryUnavailable,
         ToolCode::OutcomeUnknown,
+        ToolCode::OutcomeInDoubt,
         ToolCode::BackendStateCorrupt,
         ToolCode::BudgetExceeded,
         ToolCode::CreateNewOperation,
@@ -118,6 +121,7 @@ impl ToolCode {
             ToolCode::UnknownOperation => "unknown_operation",
             ToolCode::RegistryUnavailable => "registry_unavailable",
             ToolCode::OutcomeUnknown => "outcome_unknown",
+            ToolCode::OutcomeInDoubt => "outcome_in_doubt",
             ToolCode::BackendStateCorrupt => "backend_state_corrupt",
             ToolCode::BudgetExceeded => "budget_exceeded",
             ToolCode::CreateNewOperation => "create_new_operation",
@@ -530,6 +534,7 @@ mod tests {
             (ToolCode::UnknownOperation, "unknown_operation"),
             (ToolCode::RegistryUnavailable, "registry_unavailable"),
             (ToolCode::OutcomeUnknown, "outcome_unknown"),
+            (ToolCode::OutcomeInDoubt, "outcome_in_doubt"),
             (ToolCode::BackendStateCorrupt, "backend_state_corrupt"),
             (ToolCode::BudgetExceeded, "budget_exceeded"),
             (ToolCode::CreateNewOperation, "create_new_operation"),

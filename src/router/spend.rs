@@ -59,6 +59,8 @@ pub struct RouterOptions {
     /// The identity sources spend calls are identified by: the built-in table, or one extended
     /// by `--identity-sources` ([`identity::IdentitySources::load`]).
     pub identity_sources: Arc<identity::IdentitySources>,
+    /// How long a dispatch lease lasts unless renewed.
+    pub lease_ttl: std::time::Duration,
 }
 
 /// The reference router's state: the pipeline core, the backend, the diagnostics.
@@ -85,6 +87,7 @@ impl Router {
             key_prefix: opts.key_prefix.clone(),
             handle_prefix: opts.handle_prefix.clone(),
             identity_sources: opts.identity_sources.clone(),
+            lease_ttl: opts.lease_ttl,
         });
         let diagnostics = opts.diagnose_meta.as_ref().and_then(|path| {
             Diagnostics::open(path, opts.identity_sources.clone())
@@ -243,6 +246,14 @@ impl Spender for Router {
 
     fn check(&self, _tool: &str, args: &Value) -> Result<(), ToolError> {
         image_request(args).map(|_| ())
+    }
+
+    /// The router's backend is idempotent by construction: its authorization and execution
+    /// layers key every record to the operation key, and its provider (in-process, or `callid
+    /// provider` over HTTP or MCP, whose contract is the same) charges once per derived key. So
+    /// an unknown outcome is continued under the same key, never marked in doubt.
+    fn idempotent(&self, _tool: &str) -> bool {
+        true
     }
 
     async fn quote(&self, _tool: &str, args: &Value) -> Result<Quote, ToolError> {

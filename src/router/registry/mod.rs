@@ -219,7 +219,40 @@ pub const MIGRATIONS: &[&str] = &[
              ON CONFLICT (installation_id) DO UPDATE
              SET completed_cents = completed_cents + excluded.completed_cents;
      END;",
+    // 6: at-most-once dispatch for backends that ignore idempotency keys: whether the row is
+    // dispatched at most once, a fencing token counted up by every lease taken (a dispatcher's
+    // writes carry it), the lease under which the row was last dispatched (NULL: never, or a
+    // person said nothing was charged), and a person's resolution of an `in_doubt` row. An
+    // in-doubt row is open money: the open-row index now covers it.
+    "ALTER TABLE operations ADD COLUMN at_most_once INTEGER NOT NULL DEFAULT 0;
+     ALTER TABLE operations ADD COLUMN lease_generation INTEGER NOT NULL DEFAULT 0;
+     ALTER TABLE operations ADD COLUMN dispatch_generation INTEGER;
+     ALTER TABLE operations ADD COLUMN dispatched_ms INTEGER;
+     ALTER TABLE operations ADD COLUMN resolution TEXT;
+     ALTER TABLE operations ADD COLUMN resolved_by TEXT;
+     ALTER TABLE operations ADD COLUMN resolved_ms INTEGER;
+     DROP INDEX operations_open;
+     CREATE INDEX operations_open ON operations (installation_id)
+         WHERE status IN ('pending', 'awaiting_approval', 'in_doubt');",
 ];
+
+/// The statuses whose price a budget counts before a charge is recorded (open money), as an SQL
+/// list for both backends' budget checks (`concat!`).
+macro_rules! open_statuses {
+    () => {
+        "('pending', 'awaiting_approval', 'in_doubt')"
+    };
+}
+pub(crate) use open_statuses;
+
+/// Why a claim found an at-most-once operation in doubt: it had been dispatched and its
+/// dispatcher is gone (crashed, killed, paused past its lease, or cut off) with no outcome
+/// recorded.
+pub const TAKEN_OVER_IN_DOUBT: &str = "it was dispatched by a router process that stopped (crashed, was killed, \
+     paused past its lease, or lost the registry) before its outcome was recorded";
+
+/// The lease generation of a new row's first lease (each lease taken counts it up by one).
+pub const FIRST_GENERATION: i64 = 1;
 
 /// A step of another layer that commits in the same SQLite transaction as a registry write:
 /// the built-in router's authorization and execution layers, whose tables live in the
@@ -283,6 +316,29 @@ pub enum RegistryError {
         handle: String,
         /// The registry file.
         path: PathBuf,
+    },
+    /// A dispatcher's write whose lease was taken over meanwhile (its fencing token is stale):
+    /// nothing of the write was recorded.
+    #[error(
+        "operation `{handle}` was taken over by another dispatcher (its lease lapsed or its \
+         owner was seen as gone) before {doing} could be recorded; nothing was recorded"
+    )]
+    Fenced {
+        /// The handle.
+        handle: String,
+        /// What was being recorded, as a fragment.
+        doing: &'static str,
+    },
+    /// A resolution of an operation that is not in doubt.
+    #[error(
+        "operation `{handle}` is `{status}`, not `in_doubt`; only an operation whose outcome is \
+         unknown can be resolved, and nothing changed"
+    )]
+    NotInDoubt {
+        /// The handle.
+        handle: String,
+        /// Its current status.
+        status: &'static str,
     },
     /// An approval decision on an operation that is not waiting for one.
     #[error("operation `{handle}` is `{status}`, not waiting for approval; nothing changed")]
@@ -376,6 +432,11 @@ pub enum Write<T> {
         result: Value,
         /// What was charged.
         charged_cents: u64,
+        /// The lease generation the dispatcher holds (its fencing token): the result is
+        /// recorded only while the row is still pending under it, or in doubt after a dispatch
+        /// under it; otherwise the write fails ([`RegistryError::Fenced`]) and nothing is
+        /// recorded.
+        generation: i64,
         /// Another layer's record of the outcome.
         settle: Option<InTransaction<(), String>>,
         /// Where the answer goes.
@@ -407,16 +468,21 @@ pub enum Status {
     Denied,
     /// Finished with a recorded, final error.
     Failed,
+    /// Dispatched at most once to a backend that ignores idempotency keys, and its outcome is
+    /// unknown (timeout, backend or connection lost, a crash after the dispatch mark): never
+    /// sent again until a person resolves it (`callid router resolve`).
+    InDoubt,
 }
 
 impl Status {
     /// Every status, in lifecycle order.
-    pub const ALL: [Status; 5] = [
+    pub const ALL: [Status; 6] = [
         Status::Pending,
         Status::AwaitingApproval,
         Status::Completed,
         Status::Denied,
         Status::Failed,
+        Status::InDoubt,
     ];
 
     /// The name on the wire and in the file.
@@ -427,6 +493,7 @@ impl Status {
             Status::Completed => "completed",
             Status::Denied => "denied",
             Status::Failed => "failed",
+            Status::InDoubt => "in_doubt",
         }
     }
 
@@ -502,6 +569,35 @@ pub struct Operation {
     pub error: Option<(String, String)>,
     /// What the provider's receipt says it charged, once completed.
     pub charged_cents: Option<u64>,
+    /// Dispatched at most once: its backend does not honour the idempotency key, so an unknown
+    /// outcome makes it [`Status::InDoubt`] instead of a continuation under the same key.
+    pub at_most_once: bool,
+    /// When it was last dispatched (ms since the epoch), for an at-most-once row.
+    pub dispatched_ms: Option<i64>,
+    /// A person's resolution of its unknown outcome, if one was recorded.
+    pub resolution: Option<Resolution>,
+}
+
+/// A person's answer for an operation whose outcome was unknown ([`Status::InDoubt`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resolution {
+    /// Whether the backend charged it (`false`: the next redelivery dispatches it once more).
+    pub charged: bool,
+    /// Who said so.
+    pub by: String,
+    /// When (ms since the epoch).
+    pub at_ms: i64,
+}
+
+impl Resolution {
+    /// The name in the file and in status answers.
+    pub fn name(&self) -> &'static str {
+        if self.charged {
+            "charged"
+        } else {
+            "not_charged"
+        }
+    }
 }
 
 impl Operation {
@@ -536,6 +632,8 @@ pub struct NewOperation {
     pub amount_cents: u64,
     /// Whether a person must approve first.
     pub needs_approval: bool,
+    /// Whether it is dispatched at most once (its backend ignores idempotency keys).
+    pub at_most_once: bool,
 }
 
 impl NewOperation {
@@ -566,6 +664,9 @@ impl NewOperation {
             result: None,
             error: None,
             charged_cents: None,
+            at_most_once: self.at_most_once,
+            dispatched_ms: None,
+            resolution: None,
         }
     }
 }
@@ -585,11 +686,17 @@ pub enum Insert {
 /// What [`Registry::claim_lease`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Lease {
-    /// This process may dispatch.
-    Granted,
+    /// This process may dispatch, under this lease generation (its fencing token). For an
+    /// at-most-once row the dispatch mark is committed with the lease.
+    Granted {
+        /// The lease generation every write of this dispatcher carries.
+        generation: i64,
+    },
     /// Another live process is dispatching this operation.
     HeldElsewhere,
-    /// The row is no longer pending (finished meanwhile, or waiting for a person).
+    /// The row is no longer pending (finished meanwhile, or waiting for a person), or this claim
+    /// found an at-most-once row dispatched before with no recorded outcome and marked it
+    /// [`Status::InDoubt`] instead of taking the lease.
     NotPending(Status),
 }
 
@@ -758,10 +865,17 @@ impl Registry {
                             handle,
                             result,
                             charged_cents,
+                            generation,
                             settle,
                             reply,
                         } => {
-                            let done = r.record_settled(&handle, &result, charged_cents, settle);
+                            let done = r.record_settled(
+                                &handle,
+                                generation,
+                                &result,
+                                charged_cents,
+                                settle,
+                            );
                             drop(reply.send(done));
                         }
                     }
@@ -780,23 +894,67 @@ impl Registry {
         each!(self, r => r.claim_lease(handle, owner, ttl))
     }
 
-    /// Gives up a dispatch lease without recording a result (a retryable failure).
+    /// Gives up a dispatch lease without recording a result (a retryable failure): the row
+    /// stays pending and the next delivery continues it. For an at-most-once row, `unsent`
+    /// says nothing reached the backend, so its dispatch mark is cleared with the lease; a row
+    /// whose dispatch may have reached the backend is never released this way but marked
+    /// [`Registry::mark_in_doubt`].
     pub fn release_lease(
         &mut self,
         handle: &PublicHandle,
-        owner: &str,
+        generation: i64,
     ) -> Result<(), RegistryError> {
-        each!(self, r => r.release_lease(handle, owner))
+        each!(self, r => r.release_lease(handle, generation))
     }
 
-    /// Records a final error of an operation (answered again on redelivery).
+    /// Extends the dispatch lease of `generation` to `now + ttl` while its dispatcher waits for
+    /// the backend; `false` when the lease is no longer this dispatcher's (taken over, or the
+    /// row settled), so the dispatcher knows its writes will be fenced.
+    pub fn renew_lease(
+        &mut self,
+        handle: &PublicHandle,
+        generation: i64,
+        ttl: Duration,
+    ) -> Result<bool, RegistryError> {
+        each!(self, r => r.renew_lease(handle, generation, ttl))
+    }
+
+    /// Marks a pending at-most-once row, dispatched under `generation`, as
+    /// [`Status::InDoubt`] with `reason` (its outcome is unknown); `false` when the lease
+    /// was taken over meanwhile (the new owner found the dispatch mark and did the same).
+    pub fn mark_in_doubt(
+        &mut self,
+        handle: &PublicHandle,
+        generation: i64,
+        reason: &str,
+    ) -> Result<bool, RegistryError> {
+        each!(self, r => r.mark_in_doubt(handle, generation, reason))
+    }
+
+    /// Records a final error of an operation (answered again on redelivery), fenced by the
+    /// dispatcher's lease `generation` like [`Write::Result`].
     pub fn record_failure(
         &mut self,
         handle: &PublicHandle,
+        generation: i64,
         code: &str,
         message: &str,
     ) -> Result<(), RegistryError> {
-        each!(self, r => r.record_failure(handle, code, message))
+        each!(self, r => r.record_failure(handle, generation, code, message))
+    }
+
+    /// A person's resolution of an [`Status::InDoubt`] operation, recorded with who and when.
+    /// `charged`: it becomes `completed`, charged at its price, answering `result` (the
+    /// spender's recorded-result value) on every redelivery. Not charged: it becomes `pending`
+    /// with its dispatch mark cleared, so the next redelivery dispatches it once more.
+    pub fn resolve(
+        &mut self,
+        handle: &str,
+        charged: bool,
+        result: Option<&Value>,
+        by: &str,
+    ) -> Result<Operation, RegistryError> {
+        each!(self, r => r.resolve(handle, charged, result, by))
     }
 
     /// A person's decision on an operation waiting for approval.
@@ -840,6 +998,11 @@ pub(super) struct RawRow {
     pub(super) error_message: Option<String>,
     pub(super) source_installation: String,
     pub(super) charged_cents: Option<i64>,
+    pub(super) at_most_once: bool,
+    pub(super) dispatched_ms: Option<i64>,
+    pub(super) resolution: Option<String>,
+    pub(super) resolved_by: Option<String>,
+    pub(super) resolved_ms: Option<i64>,
 }
 
 impl RawRow {
@@ -875,6 +1038,17 @@ impl RawRow {
             request_hash: RequestHash::from_stored(self.request_hash),
             amount_cents: self.amount_cents.max(0) as u64,
             charged_cents: self.charged_cents.map(|c| c.max(0) as u64),
+            at_most_once: self.at_most_once,
+            dispatched_ms: self.dispatched_ms,
+            resolution: match self.resolution.as_deref() {
+                None => None,
+                Some(r @ ("charged" | "not_charged")) => Some(Resolution {
+                    charged: r == "charged",
+                    by: self.resolved_by.unwrap_or_default(),
+                    at_ms: self.resolved_ms.unwrap_or_default(),
+                }),
+                Some(other) => return Err(corrupt(format!("unknown resolution `{other}`"))),
+            },
         })
     }
 }

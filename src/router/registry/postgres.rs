@@ -185,6 +185,18 @@ pub const MIGRATIONS: &[&str] = &[
          WHERE status IN ('pending', 'awaiting_approval');
      CREATE INDEX callid_decisions_open ON callid_decisions (account)
          WHERE state IN ('reserved', 'dispatched');",
+    // 5: at-most-once dispatch, fencing tokens and resolutions, as SQLite's migration 6 (see
+    // there); the open-row index covers in-doubt rows.
+    "ALTER TABLE callid_operations ADD COLUMN at_most_once boolean NOT NULL DEFAULT false;
+     ALTER TABLE callid_operations ADD COLUMN lease_generation bigint NOT NULL DEFAULT 0;
+     ALTER TABLE callid_operations ADD COLUMN dispatch_generation bigint;
+     ALTER TABLE callid_operations ADD COLUMN dispatched_ms bigint;
+     ALTER TABLE callid_operations ADD COLUMN resolution text;
+     ALTER TABLE callid_operations ADD COLUMN resolved_by text;
+     ALTER TABLE callid_operations ADD COLUMN resolved_ms bigint;
+     DROP INDEX callid_operations_open;
+     CREATE INDEX callid_operations_open ON callid_operations (installation_id)
+         WHERE status IN ('pending', 'awaiting_approval', 'in_doubt');",
 ];
 
 /// An open PostgreSQL registry: a statement connection, and this replica's liveness lock, which
@@ -244,33 +256,68 @@ impl Drop for PgRegistry {
     }
 }
 
-const FIND: &str = "SELECT platform, harness_call_id, handle, operation_key, tool, request_hash,
-    arguments, amount_cents, status, approval, result, error_code, error_message,
-    source_installation, charged_cents FROM callid_operations
-    WHERE platform = $1 AND installation_id = $2 AND harness_call_id = $3
-      AND source_installation = $4";
+/// The columns of a row, as [`row_to_raw`] reads them.
+macro_rules! columns {
+    () => {
+        "SELECT platform, harness_call_id, handle, operation_key, tool, request_hash,
+            arguments, amount_cents, status, approval, result, error_code, error_message,
+            source_installation, charged_cents, at_most_once, dispatched_ms, resolution,
+            resolved_by, resolved_ms FROM callid_operations "
+    };
+}
 
-const FIND_BY_HANDLE: &str = "SELECT platform, harness_call_id, handle, operation_key, tool,
-    request_hash, arguments, amount_cents, status, approval, result, error_code, error_message,
-    source_installation, charged_cents FROM callid_operations
-    WHERE handle = $1 AND installation_id = $2";
+const FIND: &str = concat!(
+    columns!(),
+    "WHERE platform = $1 AND installation_id = $2 AND harness_call_id = $3
+      AND source_installation = $4"
+);
+
+const FIND_BY_HANDLE: &str = concat!(columns!(), "WHERE handle = $1 AND installation_id = $2");
 
 /// The new row, with its dispatch lease when `$14` (the owner) is not null: a row that did not
 /// exist has no lease to take over, so the insert takes it ([`CLAIM`]'s round trip saved).
+/// An at-most-once row (`$17`) leased now is dispatched next: its dispatch mark commits with it.
 const INSERT: &str = "INSERT INTO callid_operations (platform, installation_id, harness_call_id,
         handle, operation_key, tool, request_hash, arguments, amount_cents, status, approval,
-        created_ms, updated_ms, source_installation, lease_owner, lease_lock, lease_expires)
+        created_ms, updated_ms, source_installation, lease_owner, lease_lock, lease_expires,
+        at_most_once, lease_generation, dispatch_generation, dispatched_ms)
     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $12, $13, $14, $15,
         CASE WHEN $14::text IS NULL THEN NULL
-             ELSE clock_timestamp() + ($16::bigint * interval '1 millisecond') END)
+             ELSE clock_timestamp() + ($16::bigint * interval '1 millisecond') END,
+        $17,
+        CASE WHEN $14::text IS NULL THEN 0 ELSE 1 END,
+        CASE WHEN $14::text IS NOT NULL AND $17 THEN 1 END,
+        CASE WHEN $14::text IS NOT NULL AND $17 THEN $12::bigint END)
     ON CONFLICT (platform, installation_id, source_installation, harness_call_id) DO NOTHING
     RETURNING 1";
 
 /// One conditional UPDATE, on the server's clock: free, already ours, expired, or held by a
-/// replica whose advisory lock is no longer granted (its connection is gone).
+/// replica whose advisory lock is no longer granted (its connection is gone). The lease counts
+/// the generation up and, for an at-most-once row, sets its dispatch mark; an at-most-once row
+/// that carries a dispatch mark already (dispatched, never settled) is marked `in_doubt` with
+/// reason `$6` instead, and no lease is taken. Answers the row's status and generation after.
 const CLAIM: &str = "UPDATE callid_operations o
-    SET lease_owner = $2, lease_lock = $3,
-        lease_expires = clock_timestamp() + ($4::bigint * interval '1 millisecond')
+    SET status = CASE WHEN o.at_most_once AND o.dispatch_generation IS NOT NULL
+                      THEN 'in_doubt' ELSE o.status END,
+        error_code = CASE WHEN o.at_most_once AND o.dispatch_generation IS NOT NULL
+                          THEN 'outcome_in_doubt' ELSE o.error_code END,
+        error_message = CASE WHEN o.at_most_once AND o.dispatch_generation IS NOT NULL
+                             THEN $6::text ELSE o.error_message END,
+        lease_owner = CASE WHEN o.at_most_once AND o.dispatch_generation IS NOT NULL
+                           THEN NULL ELSE $2::text END,
+        lease_lock = CASE WHEN o.at_most_once AND o.dispatch_generation IS NOT NULL
+                          THEN NULL ELSE $3::integer END,
+        lease_expires = CASE WHEN o.at_most_once AND o.dispatch_generation IS NOT NULL
+                             THEN NULL
+                             ELSE clock_timestamp() + ($4::bigint * interval '1 millisecond') END,
+        lease_generation = CASE WHEN o.at_most_once AND o.dispatch_generation IS NOT NULL
+                                THEN o.lease_generation ELSE o.lease_generation + 1 END,
+        dispatch_generation = CASE WHEN o.dispatch_generation IS NOT NULL
+                                   THEN o.dispatch_generation
+                                   WHEN o.at_most_once THEN o.lease_generation + 1 END,
+        dispatched_ms = CASE WHEN o.dispatch_generation IS NOT NULL THEN o.dispatched_ms
+                             WHEN o.at_most_once THEN $7::bigint END,
+        updated_ms = $7::bigint
     WHERE o.handle = $1 AND o.status = 'pending'
       AND (o.lease_owner IS NULL OR o.lease_owner = $2
            OR o.lease_expires IS NULL OR o.lease_expires <= clock_timestamp()
@@ -281,15 +328,19 @@ const CLAIM: &str = "UPDATE callid_operations o
                  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
                  AND l.classid = $5::integer::oid AND l.objid = o.lease_lock::oid
                  AND l.objsubid = 2))
-    RETURNING 1";
+    RETURNING o.status, o.lease_generation";
 
 /// The cents committed by an installation's operations, as the SQLite backend counts them: the
 /// running total of its completed operations and its open rows (migration 4), in one statement
 /// (one snapshot: a result committed meanwhile is counted once, in one or the other).
-const COMMITTED: &str = "SELECT ((SELECT COALESCE(SUM(completed_cents), 0)
+const COMMITTED: &str = concat!(
+    "SELECT ((SELECT COALESCE(SUM(completed_cents), 0)
             FROM callid_installation_totals WHERE installation_id = $1)
         + (SELECT COALESCE(SUM(amount_cents), 0) FROM callid_operations
-            WHERE installation_id = $1 AND status IN ('pending', 'awaiting_approval')))::bigint";
+            WHERE installation_id = $1 AND status IN ",
+    super::open_statuses!(),
+    "))::bigint"
+);
 
 /// What one attempt of [`PgRegistry::insert_within_budget`] found.
 enum Inserted {
@@ -304,19 +355,55 @@ enum Inserted {
 const STATUS_OF: &str = "SELECT status FROM callid_operations WHERE handle = $1";
 
 const RELEASE: &str = "UPDATE callid_operations SET lease_owner = NULL, lease_lock = NULL,
-        lease_expires = NULL
-    WHERE handle = $1 AND lease_owner = $2";
+        lease_expires = NULL, dispatch_generation = NULL, dispatched_ms = NULL
+    WHERE handle = $1 AND lease_generation = $2 AND status = 'pending'";
 
-/// Fenced: only the replica whose lease is on the row (or none) records.
-const RECORD_RESULT: &str = "UPDATE callid_operations SET status = 'completed', result = $2,
+const RENEW: &str = "UPDATE callid_operations
+    SET lease_expires = clock_timestamp() + ($3::bigint * interval '1 millisecond')
+    WHERE handle = $1 AND lease_generation = $2 AND status = 'pending'
+      AND lease_owner IS NOT NULL";
+
+const MARK_IN_DOUBT: &str = "UPDATE callid_operations SET status = 'in_doubt',
+        error_code = 'outcome_in_doubt', error_message = $3, lease_owner = NULL,
+        lease_lock = NULL, lease_expires = NULL, updated_ms = $4
+    WHERE handle = $1 AND status = 'pending' AND lease_generation = $2";
+
+/// The fence of a dispatcher's write (`$5`: its lease generation), as on SQLite: the row is
+/// still pending under its lease, or in doubt after a dispatch under it.
+macro_rules! fence {
+    () => {
+        "((status = 'pending' AND lease_generation = $5)
+          OR (status = 'in_doubt' AND dispatch_generation = $5))"
+    };
+}
+
+/// Fenced ([`fence`]): only the dispatcher holding the row's lease generation records.
+const RECORD_RESULT: &str = concat!(
+    "UPDATE callid_operations SET status = 'completed', result = $2,
         lease_owner = NULL, lease_lock = NULL, lease_expires = NULL, updated_ms = $3,
-        charged_cents = $4
-    WHERE handle = $1 AND status = 'pending' AND (lease_lock IS NULL OR lease_lock = $5)";
+        charged_cents = $4, error_code = NULL, error_message = NULL
+    WHERE handle = $1 AND ",
+    fence!()
+);
 
-const RECORD_FAILURE: &str = "UPDATE callid_operations SET status = 'failed', error_code = $2,
+const RECORD_FAILURE: &str = concat!(
+    "UPDATE callid_operations SET status = 'failed', error_code = $2,
         error_message = $3, lease_owner = NULL, lease_lock = NULL, lease_expires = NULL,
         updated_ms = $4
-    WHERE handle = $1 AND status = 'pending' AND (lease_lock IS NULL OR lease_lock = $5)";
+    WHERE handle = $1 AND ",
+    fence!()
+);
+
+const RESOLVE_CHARGED: &str = "UPDATE callid_operations SET status = 'completed', result = $3,
+        charged_cents = amount_cents, error_code = NULL, error_message = NULL,
+        resolution = 'charged', resolved_by = $4, resolved_ms = $5, updated_ms = $5
+    WHERE handle = $1 AND installation_id = $2 AND status = 'in_doubt'";
+
+const RESOLVE_NOT_CHARGED: &str = "UPDATE callid_operations SET status = 'pending',
+        dispatch_generation = NULL, dispatched_ms = NULL, error_code = NULL,
+        error_message = NULL, resolution = 'not_charged', resolved_by = $3, resolved_ms = $4,
+        updated_ms = $4
+    WHERE handle = $1 AND installation_id = $2 AND status = 'in_doubt'";
 
 const APPROVE: &str = "UPDATE callid_operations SET status = 'pending', approval = 'approved',
         updated_ms = $3
@@ -343,6 +430,11 @@ fn row_to_raw(r: &postgres::Row) -> Result<RawRow, postgres::Error> {
         error_message: r.try_get(12)?,
         source_installation: r.try_get(13)?,
         charged_cents: r.try_get(14)?,
+        at_most_once: r.try_get(15)?,
+        dispatched_ms: r.try_get(16)?,
+        resolution: r.try_get(17)?,
+        resolved_by: r.try_get(18)?,
+        resolved_ms: r.try_get(19)?,
     })
 }
 
@@ -687,7 +779,7 @@ impl PgRegistry {
             let insert = p.get(c, INSERT)?;
             let find = p.get(c, FIND)?;
             let committed = p.get(c, COMMITTED)?;
-            let params: [&(dyn postgres::types::ToSql + Sync); 16] = [
+            let params: [&(dyn postgres::types::ToSql + Sync); 17] = [
                 &new.platform,
                 &installation,
                 &new.harness_call_id,
@@ -704,6 +796,7 @@ impl PgRegistry {
                 &lease_owner,
                 &lease_lock,
                 &ttl_ms,
+                &new.at_most_once,
             ];
             let mut tx = c.transaction()?;
             if let Some(budget) = budget {
@@ -787,37 +880,122 @@ impl PgRegistry {
         ttl: Duration,
     ) -> Result<Lease, RegistryError> {
         let ttl_ms = ttl.as_millis() as i64;
-        let (granted, status) = self.run("taking a dispatch lease", |c, p| {
+        let now = now_ms();
+        let (claimed, status) = self.run("taking a dispatch lease", |c, p| {
             let s = p.get(c, CLAIM)?;
-            let granted = c
-                .query_opt(&s, &[&handle.as_str(), &owner, &p.key, &ttl_ms, &NAMESPACE])?
-                .is_some();
-            if granted {
-                return Ok((true, String::new()));
+            let row = c.query_opt(
+                &s,
+                &[
+                    &handle.as_str(),
+                    &owner,
+                    &p.key,
+                    &ttl_ms,
+                    &NAMESPACE,
+                    &super::TAKEN_OVER_IN_DOUBT,
+                    &now,
+                ],
+            )?;
+            if let Some(row) = row {
+                let status: String = row.try_get(0)?;
+                let generation: i64 = row.try_get(1)?;
+                return Ok((Some(generation), status));
             }
             let s = p.get(c, STATUS_OF)?;
             let status: String = c.query_one(&s, &[&handle.as_str()])?.try_get(0)?;
-            Ok((false, status))
+            Ok((None, status))
         })?;
-        if granted {
-            return Ok(Lease::Granted);
+        match (claimed, Status::parse(&status)) {
+            (Some(generation), Some(Status::Pending)) => Ok(Lease::Granted { generation }),
+            (None, Some(Status::Pending)) => Ok(Lease::HeldElsewhere),
+            (_, Some(other)) => Ok(Lease::NotPending(other)),
+            (_, None) => Err(self.corrupt(format!("unknown status `{status}`"))),
         }
-        match Status::parse(&status) {
-            Some(Status::Pending) => Ok(Lease::HeldElsewhere),
-            Some(other) => Ok(Lease::NotPending(other)),
-            None => Err(self.corrupt(format!("unknown status `{status}`"))),
+    }
+
+    /// See [`super::Registry::renew_lease`].
+    pub fn renew_lease(
+        &mut self,
+        handle: &PublicHandle,
+        generation: i64,
+        ttl: Duration,
+    ) -> Result<bool, RegistryError> {
+        let ttl_ms = ttl.as_millis() as i64;
+        self.run("renewing a dispatch lease", |c, p| {
+            let s = p.get(c, RENEW)?;
+            c.execute(&s, &[&handle.as_str(), &generation, &ttl_ms])
+        })
+        .map(|n| n == 1)
+    }
+
+    /// See [`super::Registry::mark_in_doubt`].
+    pub fn mark_in_doubt(
+        &mut self,
+        handle: &PublicHandle,
+        generation: i64,
+        reason: &str,
+    ) -> Result<bool, RegistryError> {
+        self.run("marking an operation in doubt", |c, p| {
+            let s = p.get(c, MARK_IN_DOUBT)?;
+            c.execute(&s, &[&handle.as_str(), &generation, &reason, &now_ms()])
+        })
+        .map(|n| n == 1)
+    }
+
+    /// See [`super::Registry::resolve`].
+    pub fn resolve(
+        &mut self,
+        handle: &str,
+        charged: bool,
+        result: Option<&Value>,
+        by: &str,
+    ) -> Result<Operation, RegistryError> {
+        let unknown = |at: PathBuf| RegistryError::UnknownHandle {
+            handle: handle.to_string(),
+            path: at,
+        };
+        let op = self
+            .find_by_handle(handle)?
+            .ok_or_else(|| unknown(self.location()))?;
+        if op.status != Status::InDoubt {
+            return Err(RegistryError::NotInDoubt {
+                handle: handle.to_string(),
+                status: op.status.name(),
+            });
         }
+        let installation = self.installation_id.clone();
+        let text = result.unwrap_or(&Value::Null).to_string();
+        let changed = self.run("recording a resolution", |c, _| {
+            if charged {
+                c.execute(
+                    RESOLVE_CHARGED,
+                    &[&handle, &installation, &text, &by, &now_ms()],
+                )
+            } else {
+                c.execute(
+                    RESOLVE_NOT_CHARGED,
+                    &[&handle, &installation, &by, &now_ms()],
+                )
+            }
+        })?;
+        if changed == 0 {
+            return Err(RegistryError::NotInDoubt {
+                handle: handle.to_string(),
+                status: "changed meanwhile",
+            });
+        }
+        self.find_by_handle(handle)?
+            .ok_or_else(|| unknown(self.location()))
     }
 
     /// Gives up a dispatch lease without recording a result.
     pub fn release_lease(
         &mut self,
         handle: &PublicHandle,
-        owner: &str,
+        generation: i64,
     ) -> Result<(), RegistryError> {
         self.run("releasing a dispatch lease", |c, p| {
             let s = p.get(c, RELEASE)?;
-            c.execute(&s, &[&handle.as_str(), &owner])
+            c.execute(&s, &[&handle.as_str(), &generation])
         })
         .map(|_| ())
     }
@@ -828,6 +1006,7 @@ impl PgRegistry {
     pub fn record_settled<E: std::fmt::Display>(
         &mut self,
         handle: &PublicHandle,
+        generation: i64,
         result: &Value,
         charged_cents: u64,
         settle: Option<InTransaction<(), E>>,
@@ -836,34 +1015,59 @@ impl PgRegistry {
         let charged = charged_cents as i64;
         let settled = self.run("recording a result", |c, p| {
             let s = p.get(c, RECORD_RESULT)?;
+            let params: [&(dyn postgres::types::ToSql + Sync); 5] =
+                [&handle.as_str(), &text, &now_ms(), &charged, &generation];
             let Some(settle) = settle else {
-                c.execute(&s, &[&handle.as_str(), &text, &now_ms(), &charged, &p.key])?;
-                return Ok(Ok(()));
+                return Ok(match c.execute(&s, &params)? {
+                    1 => Settled::Recorded,
+                    _ => Settled::Fenced,
+                });
             };
             let mut tx = c.transaction()?;
-            tx.execute(&s, &[&handle.as_str(), &text, &now_ms(), &charged, &p.key])?;
+            if tx.execute(&s, &params)? != 1 {
+                // A stale fencing token: dropped, rolled back, and the layers' record with it.
+                return Ok(Settled::Fenced);
+            }
             if let Err(e) = settle(LayerTx::Postgres(&mut tx)) {
                 // Dropped: rolled back, nothing recorded.
-                return Ok(Err(e.to_string()));
+                return Ok(Settled::Layer(e.to_string()));
             }
             tx.commit()?;
-            Ok(Ok(()))
+            Ok(Settled::Recorded)
         })?;
-        settled.map_err(|detail| RegistryError::layer(self.location(), detail))
+        match settled {
+            Settled::Recorded => Ok(()),
+            Settled::Fenced => Err(RegistryError::Fenced {
+                handle: handle.as_str().to_string(),
+                doing: "the result",
+            }),
+            Settled::Layer(detail) => Err(RegistryError::layer(self.location(), detail)),
+        }
     }
 
     /// Records a final error of an operation (fenced by this replica's lease).
     pub fn record_failure(
         &mut self,
         handle: &PublicHandle,
+        generation: i64,
         code: &str,
         message: &str,
     ) -> Result<(), RegistryError> {
-        self.run("recording a failure", |c, p| {
+        let n = self.run("recording a failure", |c, p| {
             let s = p.get(c, RECORD_FAILURE)?;
-            c.execute(&s, &[&handle.as_str(), &code, &message, &now_ms(), &p.key])
-        })
-        .map(|_| ())
+            c.execute(
+                &s,
+                &[&handle.as_str(), &code, &message, &now_ms(), &generation],
+            )
+        })?;
+        if n == 1 {
+            Ok(())
+        } else {
+            Err(RegistryError::Fenced {
+                handle: handle.as_str().to_string(),
+                doing: "a failure",
+            })
+        }
     }
 
     /// A person's decision on an operation waiting for approval, seen by every replica.
@@ -909,6 +1113,15 @@ impl PgRegistry {
         self.find_by_handle(handle)?
             .ok_or_else(|| unknown(self.location()))
     }
+}
+
+/// How a fenced record of a result ended.
+enum Settled {
+    Recorded,
+    /// The row was not pending under the dispatcher's generation: nothing recorded.
+    Fenced,
+    /// The layers' step failed: nothing recorded.
+    Layer(String),
 }
 
 /// Prepared statements of the current statement connection, and the liveness key its leases

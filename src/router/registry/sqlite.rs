@@ -233,11 +233,22 @@ impl SqliteRegistry {
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(sqlite(&path, "taking a dispatch lease"))?;
-        let (status, lease_owner, expires): (String, Option<String>, Option<i64>) = tx
+        type Claimed = (String, Option<String>, Option<i64>, i64, Option<i64>, i64);
+        let (status, lease_owner, expires, at_most_once, dispatched, generation): Claimed = tx
             .row(
-                "SELECT status, lease_owner, lease_expires_ms FROM operations WHERE handle = ?1",
+                "SELECT status, lease_owner, lease_expires_ms, at_most_once, dispatch_generation,
+                     lease_generation FROM operations WHERE handle = ?1",
                 [handle.as_str()],
-                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+                |r| {
+                    Ok((
+                        r.get(0)?,
+                        r.get(1)?,
+                        r.get(2)?,
+                        r.get(3)?,
+                        r.get(4)?,
+                        r.get(5)?,
+                    ))
+                },
             )
             .map_err(sqlite(&path, "taking a dispatch lease"))?;
         let status = Status::parse(&status).ok_or_else(|| RegistryError::Corrupt {
@@ -254,27 +265,151 @@ impl SqliteRegistry {
                 return Ok(Lease::HeldElsewhere);
             }
         }
+        let at_most_once = at_most_once != 0;
+        if at_most_once && dispatched.is_some() {
+            // Dispatched before and never settled: its outcome is unknown, so it is never sent
+            // again; a person resolves it.
+            tx.exec(
+                "UPDATE operations SET status = 'in_doubt', error_code = 'outcome_in_doubt',
+                     error_message = ?2, lease_owner = NULL, lease_expires_ms = NULL,
+                     updated_ms = ?3
+                 WHERE handle = ?1",
+                params![handle.as_str(), super::TAKEN_OVER_IN_DOUBT, now],
+            )
+            .map_err(sqlite(&path, "marking an operation in doubt"))?;
+            tx.commit()
+                .map_err(sqlite(&path, "marking an operation in doubt"))?;
+            return Ok(Lease::NotPending(Status::InDoubt));
+        }
+        let generation = generation + 1;
         tx.exec(
-            "UPDATE operations SET lease_owner = ?2, lease_expires_ms = ?3 WHERE handle = ?1",
-            params![handle.as_str(), owner, now + ttl.as_millis() as i64],
+            "UPDATE operations SET lease_owner = ?2, lease_expires_ms = ?3, lease_generation = ?4,
+                 dispatch_generation = CASE WHEN at_most_once = 1 THEN ?4 ELSE NULL END,
+                 dispatched_ms = CASE WHEN at_most_once = 1 THEN ?5 ELSE NULL END
+             WHERE handle = ?1",
+            params![
+                handle.as_str(),
+                owner,
+                now + ttl.as_millis() as i64,
+                generation,
+                now
+            ],
         )
         .map_err(sqlite(&path, "taking a dispatch lease"))?;
         tx.commit()
             .map_err(sqlite(&path, "taking a dispatch lease"))?;
-        Ok(Lease::Granted)
+        Ok(Lease::Granted { generation })
     }
 
-    /// Gives up a dispatch lease without recording a result (a retryable failure).
+    /// Extends a held lease; see [`super::Registry::renew_lease`].
+    pub fn renew_lease(
+        &mut self,
+        handle: &PublicHandle,
+        generation: i64,
+        ttl: Duration,
+    ) -> Result<bool, RegistryError> {
+        self.write(
+            "renewing a dispatch lease",
+            "UPDATE operations SET lease_expires_ms = ?3
+             WHERE handle = ?1 AND lease_generation = ?2 AND status = 'pending'
+               AND lease_owner IS NOT NULL",
+            params![
+                handle.as_str(),
+                generation,
+                now_ms() + ttl.as_millis() as i64
+            ],
+        )
+        .map(|n| n == 1)
+    }
+
+    /// See [`super::Registry::mark_in_doubt`].
+    pub fn mark_in_doubt(
+        &mut self,
+        handle: &PublicHandle,
+        generation: i64,
+        reason: &str,
+    ) -> Result<bool, RegistryError> {
+        self.write(
+            "marking an operation in doubt",
+            "UPDATE operations SET status = 'in_doubt', error_code = 'outcome_in_doubt',
+                 error_message = ?3, lease_owner = NULL, lease_expires_ms = NULL, updated_ms = ?4
+             WHERE handle = ?1 AND status = 'pending' AND lease_generation = ?2",
+            params![handle.as_str(), generation, reason, now_ms()],
+        )
+        .map(|n| n == 1)
+    }
+
+    /// See [`super::Registry::resolve`].
+    pub fn resolve(
+        &mut self,
+        handle: &str,
+        charged: bool,
+        result: Option<&Value>,
+        by: &str,
+    ) -> Result<Operation, RegistryError> {
+        let path = self.path.clone();
+        let op = self
+            .find_by_handle(handle)?
+            .ok_or_else(|| RegistryError::UnknownHandle {
+                handle: handle.to_string(),
+                path: path.clone(),
+            })?;
+        if op.status != Status::InDoubt {
+            return Err(RegistryError::NotInDoubt {
+                handle: handle.to_string(),
+                status: op.status.name(),
+            });
+        }
+        let changed = if charged {
+            self.write(
+                "recording a resolution",
+                "UPDATE operations SET status = 'completed', result = ?2,
+                     charged_cents = amount_cents, error_code = NULL, error_message = NULL,
+                     resolution = 'charged', resolved_by = ?3, resolved_ms = ?4, updated_ms = ?4
+                 WHERE handle = ?1 AND status = 'in_doubt'",
+                params![
+                    handle,
+                    result.unwrap_or(&Value::Null).to_string(),
+                    by,
+                    now_ms()
+                ],
+            )?
+        } else {
+            self.write(
+                "recording a resolution",
+                "UPDATE operations SET status = 'pending', dispatch_generation = NULL,
+                     dispatched_ms = NULL, error_code = NULL, error_message = NULL,
+                     resolution = 'not_charged', resolved_by = ?2, resolved_ms = ?3,
+                     updated_ms = ?3
+                 WHERE handle = ?1 AND status = 'in_doubt'",
+                params![handle, by, now_ms()],
+            )?
+        };
+        if changed == 0 {
+            return Err(RegistryError::NotInDoubt {
+                handle: handle.to_string(),
+                status: "changed meanwhile",
+            });
+        }
+        self.find_by_handle(handle)?
+            .ok_or_else(|| RegistryError::UnknownHandle {
+                handle: handle.to_string(),
+                path,
+            })
+    }
+
+    /// See [`super::Registry::release_lease`].
     pub fn release_lease(
         &mut self,
         handle: &PublicHandle,
-        owner: &str,
+        generation: i64,
     ) -> Result<(), RegistryError> {
         self.write(
             "releasing a dispatch lease",
-            "UPDATE operations SET lease_owner = NULL, lease_expires_ms = NULL
-             WHERE handle = ?1 AND lease_owner = ?2",
-            params![handle.as_str(), owner],
+            "UPDATE operations SET lease_owner = NULL, lease_expires_ms = NULL,
+                 dispatch_generation = NULL, dispatched_ms = NULL
+             WHERE handle = ?1 AND lease_generation = ?2 AND status = 'pending'",
+            params![handle.as_str(), generation],
         )
         .map(|_| ())
     }
@@ -285,10 +420,11 @@ impl SqliteRegistry {
     pub fn record_result(
         &mut self,
         handle: &PublicHandle,
+        generation: i64,
         result: &Value,
         charged_cents: u64,
     ) -> Result<(), RegistryError> {
-        self.record_settled::<String>(handle, result, charged_cents, None)
+        self.record_settled::<String>(handle, generation, result, charged_cents, None)
     }
 
     #[cfg(test)]
@@ -298,6 +434,7 @@ impl SqliteRegistry {
     pub fn record_settled<E: std::fmt::Display>(
         &mut self,
         handle: &PublicHandle,
+        generation: i64,
         result: &Value,
         charged_cents: u64,
         settle: Option<InTransaction<(), E>>,
@@ -307,7 +444,15 @@ impl SqliteRegistry {
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(sqlite(&path, RECORDING_RESULT))?;
-        record_in(&tx, &path, handle, result, charged_cents, settle)?;
+        record_in(
+            &tx,
+            &path,
+            handle,
+            generation,
+            result,
+            charged_cents,
+            settle,
+        )?;
         tx.commit().map_err(sqlite(&path, RECORDING_RESULT))
     }
 
@@ -368,10 +513,19 @@ impl SqliteRegistry {
                     handle,
                     result,
                     charged_cents,
+                    generation,
                     settle,
                     reply,
                 } => Answer::Result(
-                    record_in(&tx, &path, &handle, &result, charged_cents, settle),
+                    record_in(
+                        &tx,
+                        &path,
+                        &handle,
+                        generation,
+                        &result,
+                        charged_cents,
+                        settle,
+                    ),
                     reply,
                 ),
             };
@@ -401,17 +555,16 @@ impl SqliteRegistry {
     pub fn record_failure(
         &mut self,
         handle: &PublicHandle,
+        generation: i64,
         code: &str,
         message: &str,
     ) -> Result<(), RegistryError> {
-        self.write(
+        let n = self.write(
             "recording a failure",
-            "UPDATE operations SET status = 'failed', error_code = ?2, error_message = ?3,
-                 lease_owner = NULL, lease_expires_ms = NULL, updated_ms = ?4
-             WHERE handle = ?1 AND status = 'pending'",
-            params![handle.as_str(), code, message, now_ms()],
-        )
-        .map(|_| ())
+            RECORD_FAILURE,
+            params![handle.as_str(), code, message, now_ms(), generation],
+        )?;
+        fenced(n, handle, "a failure")
     }
 
     /// A person's decision on an operation waiting for approval. Approving makes it `pending`
@@ -489,10 +642,14 @@ impl SqliteRegistry {
 /// their amount; pending and awaiting ones by their amount): the running total of completed
 /// operations and the open rows (migration 5), so the cost does not grow with the operations
 /// completed before.
-const COMMITTED: &str = "SELECT COALESCE((SELECT completed_cents FROM installation_totals
+const COMMITTED: &str = concat!(
+    "SELECT COALESCE((SELECT completed_cents FROM installation_totals
         WHERE installation_id = ?1), 0)
     + COALESCE((SELECT SUM(amount_cents) FROM operations
-        WHERE installation_id = ?1 AND status IN ('pending', 'awaiting_approval')), 0)";
+        WHERE installation_id = ?1 AND status IN ",
+    super::open_statuses!(),
+    "), 0)"
+);
 
 /// Records `new` (with its lease and `stage`) inside the open transaction `tx`; see
 /// [`SqliteRegistry::insert_leased`]. The caller commits.
@@ -550,11 +707,20 @@ fn insert_in<T, E>(
         Some((owner, ttl)) => (Some(owner), Some(now + ttl.as_millis() as i64)),
         None => (None, None),
     };
+    let generation = if lease.is_some() {
+        super::FIRST_GENERATION
+    } else {
+        0
+    };
+    // An at-most-once row leased now is dispatched next: its dispatch mark commits with it.
+    let dispatched = (lease.is_some() && new.at_most_once).then_some(generation);
     tx.exec(
         "INSERT INTO operations (platform, installation_id, harness_call_id, handle,
              operation_key, tool, request_hash, arguments, amount_cents, status, approval,
-             created_ms, updated_ms, source_installation, lease_owner, lease_expires_ms)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?12, ?13, ?14, ?15)",
+             created_ms, updated_ms, source_installation, lease_owner, lease_expires_ms,
+             at_most_once, lease_generation, dispatch_generation, dispatched_ms)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?12, ?13, ?14, ?15, ?16, ?17,
+             ?18, CASE WHEN ?18 IS NULL THEN NULL ELSE ?12 END)",
         params![
             new.platform,
             installation_id,
@@ -571,6 +737,9 @@ fn insert_in<T, E>(
             new.source_installation,
             lease_owner,
             lease_expires,
+            new.at_most_once as i64,
+            generation,
+            dispatched,
         ],
     )
     .map_err(sqlite(path, "recording a new operation"))?;
@@ -594,28 +763,71 @@ fn insert_in<T, E>(
 
 const RECORDING_RESULT: &str = "recording a result";
 
+/// The fence of a dispatcher's write (`?5`: its lease generation): the row is still pending
+/// under its lease, or in doubt after a dispatch under it (its answer, late, settles the doubt:
+/// nobody else dispatched since).
+macro_rules! fence {
+    () => {
+        "((status = 'pending' AND lease_generation = ?5)
+          OR (status = 'in_doubt' AND dispatch_generation = ?5))"
+    };
+}
+
+/// Records a completed operation's result, fenced ([`fence`]).
+const RECORD_RESULT: &str = concat!(
+    "UPDATE operations SET status = 'completed', result = ?2,
+        lease_owner = NULL, lease_expires_ms = NULL, updated_ms = ?3, charged_cents = ?4,
+        error_code = NULL, error_message = NULL
+    WHERE handle = ?1 AND ",
+    fence!()
+);
+
+/// Records a final error, fenced ([`fence`]).
+const RECORD_FAILURE: &str = concat!(
+    "UPDATE operations SET status = 'failed', error_code = ?2, error_message = ?3,
+        lease_owner = NULL, lease_expires_ms = NULL, updated_ms = ?4
+    WHERE handle = ?1 AND ",
+    fence!()
+);
+
+/// `Ok` when a fenced write changed its row; [`RegistryError::Fenced`] when it matched none.
+fn fenced(changed: usize, handle: &PublicHandle, doing: &'static str) -> Result<(), RegistryError> {
+    if changed == 1 {
+        Ok(())
+    } else {
+        Err(RegistryError::Fenced {
+            handle: handle.as_str().to_string(),
+            doing,
+        })
+    }
+}
+
 /// Records a completed operation's result (and `settle`) inside the open transaction `tx`; see
 /// [`SqliteRegistry::record_settled`]. The caller commits.
 fn record_in<E: std::fmt::Display>(
     tx: &Connection,
     path: &Path,
     handle: &PublicHandle,
+    generation: i64,
     result: &Value,
     charged_cents: u64,
     settle: Option<InTransaction<(), E>>,
 ) -> Result<(), RegistryError> {
-    tx.exec(
-        "UPDATE operations SET status = 'completed', result = ?2, lease_owner = NULL,
-             lease_expires_ms = NULL, updated_ms = ?3, charged_cents = ?4
-         WHERE handle = ?1 AND status = 'pending'",
-        params![
-            handle.as_str(),
-            result.to_string(),
-            now_ms(),
-            charged_cents as i64
-        ],
-    )
-    .map_err(sqlite(path, RECORDING_RESULT))?;
+    let n = tx
+        .exec(
+            RECORD_RESULT,
+            params![
+                handle.as_str(),
+                result.to_string(),
+                now_ms(),
+                charged_cents as i64,
+                generation
+            ],
+        )
+        .map_err(sqlite(path, RECORDING_RESULT))?;
+    // A stale fencing token: nothing may be recorded, the layers' record included (the
+    // caller's savepoint or transaction is rolled back on this error).
+    fenced(n, handle, "the result")?;
     if let Some(settle) = settle {
         settle(LayerTx::Sqlite(tx)).map_err(|e| RegistryError::layer(path.to_path_buf(), e))?;
     }
@@ -660,7 +872,8 @@ impl<T> Answer<T> {
 
 const SELECT: &str = "SELECT platform, harness_call_id, handle, operation_key, tool, request_hash,
     arguments, amount_cents, status, approval, result, error_code, error_message,
-    source_installation, charged_cents FROM operations";
+    source_installation, charged_cents, at_most_once, dispatched_ms, resolution, resolved_by,
+    resolved_ms FROM operations";
 
 fn row_to_raw(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawRow> {
     Ok(RawRow {
@@ -678,6 +891,11 @@ fn row_to_raw(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawRow> {
         error_code: r.get(11)?,
         error_message: r.get(12)?,
         source_installation: r.get(13)?,
+        at_most_once: r.get::<_, i64>(15)? != 0,
+        dispatched_ms: r.get(16)?,
+        resolution: r.get(17)?,
+        resolved_by: r.get(18)?,
+        resolved_ms: r.get(19)?,
         charged_cents: r.get(14)?,
     })
 }
@@ -716,6 +934,7 @@ mod tests {
             arguments: json!({"prompt": "x"}),
             amount_cents: 3,
             needs_approval: false,
+            at_most_once: false,
         }
     }
 
@@ -744,7 +963,7 @@ mod tests {
         assert_eq!(
             reg.claim_lease(&a.handle, &me, Duration::from_secs(60))
                 .unwrap(),
-            Lease::Granted
+            Lease::Granted { generation: 1 }
         );
         // Another live instance of this process is refused.
         assert_eq!(
@@ -752,7 +971,8 @@ mod tests {
                 .unwrap(),
             Lease::HeldElsewhere
         );
-        reg.record_result(&a.handle, &json!({"ok": 1}), 3).unwrap();
+        reg.record_result(&a.handle, 1, &json!({"ok": 1}), 3)
+            .unwrap();
         assert_eq!(
             reg.claim_lease(&a.handle, &me, Duration::from_secs(60))
                 .unwrap(),
@@ -816,6 +1036,7 @@ mod tests {
             handle: done.handle.clone(),
             result: json!({"ok": 1}),
             charged_cents: 3,
+            generation: 0,
             settle: Some(Box::new(|_| Err("the settlement failed".to_string()))),
             reply,
         };
@@ -853,12 +1074,12 @@ mod tests {
         assert_eq!(
             reg.claim_lease(&a.handle, dead, Duration::from_secs(60))
                 .unwrap(),
-            Lease::Granted
+            Lease::Granted { generation: 1 }
         );
         assert_eq!(
             reg.claim_lease(&a.handle, &process_owner(), Duration::from_secs(60))
                 .unwrap(),
-            Lease::Granted
+            Lease::Granted { generation: 2 }
         );
     }
 
@@ -875,13 +1096,13 @@ mod tests {
         assert_eq!(
             reg.claim_lease(&a.handle, &predecessor, Duration::from_secs(600))
                 .unwrap(),
-            Lease::Granted
+            Lease::Granted { generation: 1 }
         );
         let me = process_owner();
         assert_eq!(
             reg.claim_lease(&a.handle, &me, Duration::from_secs(60))
                 .unwrap(),
-            Lease::Granted
+            Lease::Granted { generation: 2 }
         );
         // A retired instance's lease is free at once too.
         let other = process_owner();
@@ -894,7 +1115,7 @@ mod tests {
         assert_eq!(
             reg.claim_lease(&a.handle, &other, Duration::from_secs(60))
                 .unwrap(),
-            Lease::Granted
+            Lease::Granted { generation: 3 }
         );
         // Another PID's owner whose start time differs: the PID was reused, the owner is gone.
         let parent = std::os::unix::process::parent_id();
@@ -946,9 +1167,9 @@ mod tests {
             panic!("not inserted")
         };
         insert(&mut reg, "pending", None);
-        reg.record_result(&charged.handle, &json!({"ok": true}), 5)
+        reg.record_result(&charged.handle, 0, &json!({"ok": true}), 5)
             .unwrap();
-        reg.record_failure(&failed.handle, "provider_refused", "no")
+        reg.record_failure(&failed.handle, 0, "provider_refused", "no")
             .unwrap();
         // 5 charged + 3 pending; the failed row holds nothing.
         assert!(matches!(
@@ -964,7 +1185,8 @@ mod tests {
             .conn
             .query_row(
                 "SELECT SUM(CASE WHEN status = 'completed' THEN COALESCE(charged_cents, amount_cents)
-                     WHEN status IN ('pending', 'awaiting_approval') THEN amount_cents ELSE 0 END)
+                     WHEN status IN ('pending', 'awaiting_approval', 'in_doubt') THEN amount_cents
+                     ELSE 0 END)
                  FROM operations WHERE installation_id = ?1",
                 [reg.installation_id()],
                 |r| r.get(0),
@@ -999,5 +1221,148 @@ mod tests {
             .decide("hubu:public-operation:v1:nope", true, None)
             .unwrap_err();
         assert!(matches!(err, RegistryError::UnknownHandle { .. }));
+    }
+
+    fn at_most_once(call: &str) -> NewOperation {
+        NewOperation {
+            at_most_once: true,
+            ..new_op(call)
+        }
+    }
+
+    /// A dispatched at-most-once row whose dispatcher is gone is marked in doubt by the next
+    /// claim, never leased again; the gone dispatcher's late answer (its generation is the
+    /// dispatch's) settles it; a resolution is recorded with who and when.
+    #[test]
+    fn an_at_most_once_row_is_dispatched_once_and_in_doubt_after() {
+        let ttl = Duration::from_secs(60);
+        let mut reg = SqliteRegistry::open_in_memory().unwrap();
+        let (a, _) = reg.insert_or_get(at_most_once("m1")).unwrap();
+        let dead = "2147483647:gone";
+        assert_eq!(
+            reg.claim_lease(&a.handle, dead, ttl).unwrap(),
+            Lease::Granted { generation: 1 }
+        );
+        let row = reg.find_by_handle(a.handle.as_str()).unwrap().unwrap();
+        assert!(row.at_most_once && row.dispatched_ms.is_some());
+        // The dispatcher died: the next claim finds its dispatch mark.
+        let me = process_owner();
+        assert_eq!(
+            reg.claim_lease(&a.handle, &me, ttl).unwrap(),
+            Lease::NotPending(Status::InDoubt)
+        );
+        assert_eq!(
+            reg.claim_lease(&a.handle, &me, ttl).unwrap(),
+            Lease::NotPending(Status::InDoubt)
+        );
+        let row = reg.find_by_handle(a.handle.as_str()).unwrap().unwrap();
+        assert_eq!(row.status, Status::InDoubt);
+        assert_eq!(row.error.as_ref().unwrap().0, "outcome_in_doubt");
+        // The only dispatcher's late answer is recorded; any other generation is fenced.
+        let fenced = reg.record_result(&a.handle, 2, &json!({"late": 1}), 3);
+        assert!(
+            matches!(fenced, Err(RegistryError::Fenced { .. })),
+            "{fenced:?}"
+        );
+        reg.record_result(&a.handle, 1, &json!({"late": 1}), 3)
+            .unwrap();
+        let row = reg.find_by_handle(a.handle.as_str()).unwrap().unwrap();
+        assert_eq!((row.status, row.error), (Status::Completed, None));
+
+        // Resolutions: only of an in-doubt row; not charged clears the mark for one more send.
+        let (b, _) = reg.insert_or_get(at_most_once("m2")).unwrap();
+        let Lease::Granted { generation } = reg.claim_lease(&b.handle, &me, ttl).unwrap() else {
+            panic!("leased")
+        };
+        assert!(
+            reg.mark_in_doubt(&b.handle, generation, "no answer")
+                .unwrap()
+        );
+        assert!(!reg.mark_in_doubt(&b.handle, generation, "again").unwrap());
+        let err = reg.resolve(a.handle.as_str(), true, None, "x").unwrap_err();
+        assert!(matches!(
+            err,
+            RegistryError::NotInDoubt {
+                status: "completed",
+                ..
+            }
+        ));
+        let op = reg.resolve(b.handle.as_str(), false, None, "bob").unwrap();
+        assert_eq!(op.status, Status::Pending);
+        assert_eq!(op.dispatched_ms, None);
+        let resolution = op.resolution.unwrap();
+        assert_eq!(
+            (resolution.name(), resolution.by.as_str()),
+            ("not_charged", "bob")
+        );
+        assert!(resolution.at_ms > 0);
+        assert!(matches!(
+            reg.claim_lease(&b.handle, &me, ttl).unwrap(),
+            Lease::Granted { generation: 2 }
+        ));
+        assert!(reg.mark_in_doubt(&b.handle, 2, "no answer").unwrap());
+        let result = json!({"result": {"content": []}});
+        let op = reg
+            .resolve(b.handle.as_str(), true, Some(&result), "alice")
+            .unwrap();
+        assert_eq!(op.status, Status::Completed);
+        assert_eq!(op.result, Some(result));
+        assert_eq!(op.charged_cents, Some(op.amount_cents));
+        assert!(op.resolution.unwrap().charged);
+    }
+
+    /// A dispatcher whose lease was taken over (a later generation) can neither renew it nor
+    /// record a result or failure, and its layers' record is rolled back with the refused write.
+    #[test]
+    fn a_stale_generation_is_fenced_and_its_layer_record_rolled_back() {
+        let ttl = Duration::from_secs(60);
+        let mut reg = SqliteRegistry::open_in_memory().unwrap();
+        reg.conn.execute_batch("CREATE TABLE layer (x)").unwrap();
+        let (a, _) = reg.insert_or_get(new_op("f1")).unwrap();
+        let (one, two) = (process_owner(), process_owner());
+        assert!(matches!(
+            reg.claim_lease(&a.handle, &one, ttl).unwrap(),
+            Lease::Granted { generation: 1 }
+        ));
+        assert!(reg.renew_lease(&a.handle, 1, ttl).unwrap());
+        retire_owner(&one);
+        assert!(matches!(
+            reg.claim_lease(&a.handle, &two, ttl).unwrap(),
+            Lease::Granted { generation: 2 }
+        ));
+        assert!(!reg.renew_lease(&a.handle, 1, ttl).unwrap());
+        let settle: InTransaction<(), String> = Box::new(|tx| match tx {
+            LayerTx::Sqlite(c) => c
+                .execute_batch("INSERT INTO layer VALUES (1)")
+                .map_err(|e| e.to_string()),
+            LayerTx::Postgres(_) => Err("not here".into()),
+        });
+        let stale = reg.record_settled(&a.handle, 1, &json!({"stale": 1}), 3, Some(settle));
+        assert!(
+            matches!(stale, Err(RegistryError::Fenced { .. })),
+            "{stale:?}"
+        );
+        let layer_rows: i64 = reg
+            .conn
+            .query_row("SELECT count(*) FROM layer", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(
+            layer_rows, 0,
+            "the layers' record went with the fenced write"
+        );
+        let failure = reg.record_failure(&a.handle, 1, "provider_error", "no");
+        assert!(
+            matches!(failure, Err(RegistryError::Fenced { .. })),
+            "{failure:?}"
+        );
+        assert_eq!(
+            reg.find_by_handle(a.handle.as_str())
+                .unwrap()
+                .unwrap()
+                .status,
+            Status::Pending
+        );
+        reg.record_result(&a.handle, 2, &json!({"ok": 1}), 3)
+            .unwrap();
     }
 }

@@ -259,14 +259,20 @@ pub fn receipt(r: &Response) -> Value {
 }
 
 /// The arguments of `callid gateway` (on `registry` when given, else on what the environment
-/// names) with `generate_image` as its spend tool and `extra` flags, in front of
-/// `callid provider --mcp` on the ledger at `ledger`.
+/// names) with `generate_image` as its spend tool, declared idempotent, and `extra` flags, in
+/// front of `callid provider --mcp` on the ledger at `ledger`.
 pub fn gateway_args(registry: Option<&Path>, extra: &[&str], ledger: &Path) -> Vec<String> {
     let mut args: Vec<String> = vec!["gateway".into()];
     if let Some(registry) = registry {
         args.extend(["--registry".into(), registry.display().to_string()]);
     }
-    args.extend(["--spend".into(), "generate_image".into()]);
+    // `callid provider --mcp` answers a repeated idempotency key with the first receipt.
+    args.extend(owned(&[
+        "--spend",
+        "generate_image",
+        "--idempotent",
+        "generate_image",
+    ]));
     args.extend(owned(extra));
     args.extend([
         "--".into(),
