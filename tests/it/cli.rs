@@ -991,3 +991,88 @@ fn bench_is_not_in_the_default_build() {
     );
     assert!(!text(&callid(&["--help"]).stdout).contains("bench"));
 }
+
+/// A `--registry` that is a URL is never taken as a file name (issue #22, defect 2): a
+/// `postgres` scheme in any letter case, with white space around it, is a database; any other
+/// `SCHEME://` is refused, naming the forms callid accepts. Either way the command exits 2,
+/// creates nothing in its working directory and never shows the password.
+#[test]
+fn a_registry_url_is_never_a_file_name_and_its_password_never_shows() {
+    let elsewhere = tempfile::tempdir().unwrap();
+    let callid = bin().to_str().unwrap().to_string();
+    let mut transcript = String::new();
+    for (i, (registry, refused)) in [
+        ("Postgres://u:secret@127.0.0.1:1/db", false),
+        (" POSTGRESQL://u:secret@127.0.0.1:1/db ", false),
+        ("mysql://u:secret@127.0.0.1:1/db", true),
+        (" Sqlite:///u:secret.sqlite3", true),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let ledger = elsewhere.path().join(format!("ledger-{i}.sqlite3"));
+        let ledger = ledger.to_str().unwrap();
+        for args in [
+            vec!["router", "--registry", registry],
+            vec!["router", "status", "h", "--registry", registry],
+            vec![
+                "gateway",
+                "--registry",
+                registry,
+                "--spend",
+                "generate_image",
+                "--",
+                &callid,
+                "provider",
+                "--mcp",
+                "--ledger",
+                ledger,
+            ],
+        ] {
+            let cwd = tempfile::tempdir().unwrap();
+            let out = Command::new(bin())
+                .args(&args)
+                .current_dir(cwd.path())
+                .stdin(Stdio::null())
+                .output()
+                .unwrap();
+            let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+            assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+            assert!(!stdout.contains("secret"), "{args:?}: {stdout}");
+            assert!(!stderr.contains("secret"), "{args:?}: {stderr}");
+            let created: Vec<_> = std::fs::read_dir(cwd.path())
+                .unwrap()
+                .map(|e| e.unwrap().file_name())
+                .collect();
+            assert!(created.is_empty(), "{args:?} created {created:?}");
+            let shown: Vec<String> = args[..args.len().min(6)]
+                .iter()
+                .map(|a| match a.contains(' ') {
+                    true => format!("'{a}'"),
+                    false => a.to_string(),
+                })
+                .collect();
+            transcript.push_str(&format!("$ callid {}\n", shown.join(" ")));
+            for line in stderr.lines() {
+                let line = line
+                    .replace(&callid, "[CALLID]")
+                    .replace(ledger, "[LEDGER]");
+                let line = match line.split_once(' ') {
+                    Some((time, rest)) if time.starts_with("20") && time.ends_with('Z') => {
+                        format!("[TIME] {rest}")
+                    }
+                    _ => line,
+                };
+                transcript.push_str(&format!("{line}\n"));
+            }
+        }
+        if refused {
+            let started = std::path::Path::new(ledger).exists();
+            assert!(
+                !started,
+                "{registry:?} is refused before the upstream starts"
+            );
+        }
+    }
+    insta::assert_snapshot!(transcript);
+}
