@@ -5,7 +5,8 @@
 //! The router's registry ([`crate::router::registry`]) and the backend's shared state
 //! ([`crate::backend::shared`]) live in the same database and connect through this one type, so
 //! both redact the same way, speak TLS the same way and both notice a vanished server within the
-//! same time.
+//! same time. Whether a `FILE|URL` value (`--registry`) names a database, a file, or a URL
+//! callid does not serve is decided in one place too: [`database_url`].
 //!
 //! # TLS (`sslmode`, libpq's meaning)
 //! | `sslmode` | TLS | server certificate checked |
@@ -84,10 +85,10 @@ pub enum BadPgUrl {
 
 /// What a `FILE|URL` value (`--registry`, `CALLID_REGISTRY`, a conform profile's `registry`)
 /// names: `Some` database, or `None` for a file path. The one rule: after trimming white space,
-/// a value that starts `SCHEME://` is a URL ([`url_scheme`]); `postgres` and `postgresql`, in
-/// any letter case, are a database ([`PgUrl::parse`]); any other scheme is refused
-/// ([`BadPgUrl::Scheme`]) rather than taken as a file named after the URL. Everything else is a
-/// path, as given.
+/// a value that starts `SCHEME://` (RFC 3986's scheme, of two characters or more) is a URL;
+/// `postgres` and `postgresql`, in any letter case, are a database ([`PgUrl::parse`]); any other
+/// scheme is refused ([`BadPgUrl::Scheme`]) rather than taken as a file named after the URL.
+/// Everything else is a path, as given.
 pub fn database_url(text: &std::ffi::OsStr) -> Result<Option<PgUrl>, BadPgUrl> {
     let lossy = text.to_string_lossy();
     let Some(scheme) = url_scheme(lossy.trim()) else {
