@@ -1019,6 +1019,11 @@ mod location_tests {
                 "{file:?}"
             );
         }
+        // Two replicas given the URL in two spellings share one database.
+        assert_eq!(
+            parse(" Postgres://u:secret@127.0.0.1:1/db"),
+            parse("postgres://u:secret@127.0.0.1:1/db")
+        );
         let text = parse("Postgres://bob:pw@db.example:5432/").unwrap_err();
         assert!(text.contains("names no database"), "{text}");
         assert!(!text.contains("pw@"), "{text}");
