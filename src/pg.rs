@@ -5,7 +5,8 @@
 //! The router's registry ([`crate::router::registry`]) and the backend's shared state
 //! ([`crate::backend::shared`]) live in the same database and connect through this one type, so
 //! both redact the same way, speak TLS the same way and both notice a vanished server within the
-//! same time.
+//! same time. Whether a `FILE|URL` value (`--registry`) names a database, a file, or a URL
+//! callid does not serve is decided in one place too: [`database_url`].
 //!
 //! # TLS (`sslmode`, libpq's meaning)
 //! | `sslmode` | TLS | server certificate checked |
@@ -55,14 +56,63 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio_postgres_rustls::MakeRustlsConnect;
 
-/// `--registry` looks like a PostgreSQL URL but is not one this build can use.
+/// `--registry` is a URL this build cannot use: a PostgreSQL URL that does not work, or another
+/// scheme. Never carries a password.
 #[derive(Debug, thiserror::Error)]
-#[error("registry URL `{url}` is not usable: {detail}; pass `postgres://USER@HOST:PORT/DATABASE`")]
-pub struct BadPgUrl {
-    /// The URL, password redacted.
-    pub url: String,
-    /// What was wrong.
-    pub detail: String,
+pub enum BadPgUrl {
+    /// A `postgres://` URL that cannot be used.
+    #[error(
+        "registry URL `{url}` is not usable: {detail}; pass `postgres://USER@HOST:PORT/DATABASE`"
+    )]
+    Unusable {
+        /// The URL, password redacted.
+        url: String,
+        /// What was wrong.
+        detail: String,
+    },
+    /// A `SCHEME://` callid serves no registry at (shown by its scheme only: the rest may hold a
+    /// password and need not parse).
+    #[error(
+        "registry `{scheme}://…` names a scheme callid does not serve; pass a SQLite file path \
+         (a relative one that holds `://` as `./PATH`) or `postgres://USER@HOST:PORT/DATABASE` \
+         (`postgresql://` too, in any letter case)"
+    )]
+    Scheme {
+        /// The scheme as given.
+        scheme: String,
+    },
+}
+
+/// What a `FILE|URL` value (`--registry`, `CALLID_REGISTRY`, a conform profile's `registry`)
+/// names: `Some` database, or `None` for a file path. The one rule: after trimming white space,
+/// a value that starts `SCHEME://` (RFC 3986's scheme, of two characters or more) is a URL;
+/// `postgres` and `postgresql`, in any letter case, are a database ([`PgUrl::parse`]); any other
+/// scheme is refused ([`BadPgUrl::Scheme`]) rather than taken as a file named after the URL.
+/// Everything else is a path, as given.
+pub fn database_url(text: &std::ffi::OsStr) -> Result<Option<PgUrl>, BadPgUrl> {
+    let lossy = text.to_string_lossy();
+    let Some(scheme) = url_scheme(lossy.trim()) else {
+        return Ok(None);
+    };
+    match text.to_str() {
+        Some(text) => PgUrl::parse(text).map(Some),
+        None => Err(BadPgUrl::Unusable {
+            url: format!("{scheme}://…"),
+            detail: "it is not UTF-8".into(),
+        }),
+    }
+}
+
+/// The scheme of `text` when it starts `SCHEME://` (RFC 3986: a letter, then letters, digits,
+/// `+`, `-` or `.`), of at least two characters so that a drive letter (`C://x`) stays a path.
+fn url_scheme(text: &str) -> Option<&str> {
+    let (scheme, _) = text.split_once("://")?;
+    let mut chars = scheme.chars();
+    let first = chars.next()?;
+    let valid = scheme.len() >= 2
+        && first.is_ascii_alphabetic()
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'));
+    valid.then_some(scheme)
 }
 
 /// What `sslmode` asks for (libpq's meaning; see the module doc).
@@ -152,12 +202,30 @@ const TLS_PARAMS: [&str; 4] = ["sslmode", "sslrootcert", "sslcert", "sslkey"];
 impl PgUrl {
     /// Parses and checks a `postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE[?sslmode=...]` URL,
     /// reading the TLS files it names.
+    ///
+    /// The scheme matches in any letter case (`Postgres://`); another scheme is refused
+    /// ([`BadPgUrl::Scheme`]).
     pub fn parse(text: &str) -> Result<PgUrl, BadPgUrl> {
         let text = text.trim();
-        let bad = |redacted: String, detail: &str| BadPgUrl {
+        let bad = |redacted: String, detail: &str| BadPgUrl::Unusable {
             url: redacted,
             detail: detail.to_string(),
         };
+        let text = match url_scheme(text) {
+            Some(scheme)
+                if scheme.eq_ignore_ascii_case("postgres")
+                    || scheme.eq_ignore_ascii_case("postgresql") =>
+            {
+                format!("{}{}", scheme.to_ascii_lowercase(), &text[scheme.len()..])
+            }
+            Some(scheme) => {
+                return Err(BadPgUrl::Scheme {
+                    scheme: scheme.to_string(),
+                });
+            }
+            None => text.to_string(),
+        };
+        let text = text.as_str();
         let url = reqwest::Url::parse(text)
             .map_err(|e| bad("postgres://…".into(), &format!("it does not parse ({e})")))?;
         let redacted = redact(&url);
@@ -627,6 +695,28 @@ mod tests {
             assert!(err.contains(why), "{err}");
             assert!(!err.contains("pw@"), "{err}");
         }
+    }
+
+    #[test]
+    fn the_scheme_matches_in_any_case_and_another_scheme_is_refused_by_name_only() {
+        let url = PgUrl::parse(" PostgreSQL://alice:s3cret@db.example/reg\n").unwrap();
+        assert_eq!(url.0.driver, "postgresql://alice:s3cret@db.example/reg");
+        assert_eq!(
+            url.to_string(),
+            "postgresql://alice:REDACTED@db.example/reg"
+        );
+        for (text, scheme) in [
+            ("mysql://u:s3cret@h/db", "mysql"),
+            ("FILE://s3cret", "FILE"),
+        ] {
+            let err = PgUrl::parse(text).unwrap_err();
+            assert!(
+                matches!(&err, BadPgUrl::Scheme { scheme: s } if s == scheme),
+                "{err}"
+            );
+            assert!(!err.to_string().contains("s3cret"), "{err}");
+        }
+        assert!(database_url("relative/file".as_ref()).unwrap().is_none());
     }
 
     /// A throwaway self-signed CA (P-256, valid until 2126) and its key, for parsing only.

@@ -377,12 +377,10 @@ pub(super) fn write_text(path: &Path, text: &str) -> Result<(), MatrixError> {
     })
 }
 
-const CLIENTS_HEADER: &str = "\
-# The support matrix: one row per client surface. `callid matrix render` turns this file into
+const CLIENTS_HEADER: &str = r"# The support matrix: one row per client surface. `callid matrix render` turns this file into
 # SUPPORT.md; `callid measure --update` and `callid matrix add` rewrite it (comments are not kept).
 ";
-const ROUTERS_HEADER: &str = "\
-# Conformance results per router. `callid matrix render` turns this file into SUPPORT.md.
+const ROUTERS_HEADER: &str = r"# Conformance results per router. `callid matrix render` turns this file into SUPPORT.md.
 ";
 
 fn version_rule(version: u32, file: &Path) -> Result<(), MatrixError> {

@@ -991,3 +991,184 @@ fn bench_is_not_in_the_default_build() {
     );
     assert!(!text(&callid(&["--help"]).stdout).contains("bench"));
 }
+
+/// A `--registry` that is a URL is never taken as a file name (issue #22, defect 2): a
+/// `postgres` scheme in any letter case, with white space around it, is a database; any other
+/// `SCHEME://` is refused, naming the forms callid accepts. Either way the command exits 2,
+/// creates nothing in its working directory and never shows the password.
+#[test]
+fn a_registry_url_is_never_a_file_name_and_its_password_never_shows() {
+    let elsewhere = tempfile::tempdir().unwrap();
+    let callid = bin().to_str().unwrap().to_string();
+    let mut transcript = String::new();
+    for (i, (registry, refused)) in [
+        ("Postgres://u:secret@127.0.0.1:1/db", false),
+        (" POSTGRESQL://u:secret@127.0.0.1:1/db ", false),
+        ("mysql://u:secret@127.0.0.1:1/db", true),
+        (" Sqlite:///u:secret.sqlite3", true),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let ledger = elsewhere.path().join(format!("ledger-{i}.sqlite3"));
+        let ledger = ledger.to_str().unwrap();
+        for args in [
+            vec!["router", "--registry", registry],
+            vec!["router", "status", "h", "--registry", registry],
+            vec![
+                "gateway",
+                "--registry",
+                registry,
+                "--spend",
+                "generate_image",
+                "--",
+                &callid,
+                "provider",
+                "--mcp",
+                "--ledger",
+                ledger,
+            ],
+        ] {
+            let cwd = tempfile::tempdir().unwrap();
+            let out = Command::new(bin())
+                .args(&args)
+                .current_dir(cwd.path())
+                .stdin(Stdio::null())
+                .output()
+                .unwrap();
+            let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+            assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+            assert!(!stdout.contains("secret"), "{args:?}: {stdout}");
+            assert!(!stderr.contains("secret"), "{args:?}: {stderr}");
+            let created: Vec<_> = std::fs::read_dir(cwd.path())
+                .unwrap()
+                .map(|e| e.unwrap().file_name())
+                .collect();
+            assert!(created.is_empty(), "{args:?} created {created:?}");
+            let shown: Vec<String> = args[..args.len().min(6)]
+                .iter()
+                .map(|a| match a.contains(' ') {
+                    true => format!("'{a}'"),
+                    false => a.to_string(),
+                })
+                .collect();
+            transcript.push_str(&format!("$ callid {}\n", shown.join(" ")));
+            for line in stderr.lines() {
+                let line = line
+                    .replace(&callid, "[CALLID]")
+                    .replace(ledger, "[LEDGER]");
+                let line = match line.split_once(' ') {
+                    Some((time, rest)) if time.starts_with("20") && time.ends_with('Z') => {
+                        format!("[TIME] {rest}")
+                    }
+                    _ => line,
+                };
+                transcript.push_str(&format!("{line}\n"));
+            }
+        }
+        if refused {
+            let started = std::path::Path::new(ledger).exists();
+            assert!(
+                !started,
+                "{registry:?} is refused before the upstream starts"
+            );
+        }
+    }
+    insta::assert_snapshot!(transcript);
+}
+
+/// A key given twice in one mapping of any YAML file callid reads is refused through that file's
+/// own loader, naming the key, where it is and both lines (issue #22, defect 10). Each file is a
+/// shipped one with one key repeated; a map (`tools:`, `env:`, `meta:`) used to keep the last
+/// entry silently (a payment tool's `approval: true` and price dropped).
+#[test]
+fn every_yaml_reader_refuses_a_key_given_twice_naming_both_lines() {
+    let dir = tempfile::tempdir().unwrap();
+    let at = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
+    let shipped = |path: &str| std::fs::read_to_string(repo().join(path)).unwrap();
+    let edit = |text: String, from: &str, to: &str| {
+        assert!(text.contains(from), "{from}");
+        text.replacen(from, to, 1)
+    };
+    std::fs::write(
+        at("gateway-policy.yaml"),
+        "approval_above_cents: 10\ntools:\n  send_payment:\n    price_pointer: /amount_cents\n    \
+         approval: true\n  generate_image:\n    price_cents: 3\n  send_payment:\n    \
+         price_cents: 1\n",
+    )
+    .unwrap();
+    std::fs::write(
+        at("router-policy.yaml"),
+        "budget_cents: 500\napproval_above_cents: 10\nbudget_cents: 50000\n",
+    )
+    .unwrap();
+    let profile = edit(
+        shipped("scenarios/targets/gateway.yaml"),
+        "env: {}\n",
+        "env:\n  RUST_LOG: debug\n  RUST_LOG: trace\n",
+    );
+    std::fs::write(at("profile.yaml"), profile).unwrap();
+    let goose = edit(
+        shipped("identity-sources/goose.yaml"),
+        "    platform: goose\n",
+        "    platform: goose\n    platform: gooose\n",
+    );
+    std::fs::write(at("goose.yaml"), goose).unwrap();
+    std::fs::create_dir(at("scenarios")).unwrap();
+    let scenario = edit(
+        shipped("scenarios/approval-deny.yaml"),
+        "    meta: {callId: \"{call:big}\"}\n",
+        "    meta:\n      callId: \"{call:big}\"\n      callId: \"{call:other}\"\n",
+    );
+    std::fs::write(at("scenarios/approval-deny.yaml"), scenario).unwrap();
+    std::fs::create_dir(at("matrices")).unwrap();
+    let clients = edit(
+        shipped("matrices/clients.yaml"),
+        "  surface: desktop app\n",
+        "  surface: desktop app\n  surface: phone app\n",
+    );
+    std::fs::write(at("matrices/clients.yaml"), clients).unwrap();
+    std::fs::write(
+        at("matrices/routers.yaml"),
+        shipped("matrices/routers.yaml"),
+    )
+    .unwrap();
+
+    let registry = at("registry.sqlite3");
+    let mut transcript = String::new();
+    for args in [
+        vec![
+            "gateway",
+            "--registry",
+            &registry,
+            "--policy",
+            &at("gateway-policy.yaml"),
+            "--",
+            "true",
+        ],
+        vec![
+            "router",
+            "--registry",
+            &registry,
+            "--policy",
+            &at("router-policy.yaml"),
+        ],
+        vec!["conform", "--target", &at("profile.yaml")],
+        vec!["conform", "--list", "--scenarios", &at("scenarios")],
+        vec!["identity-sources", "--identity-sources", &at("goose.yaml")],
+        vec!["matrix", "render", "--dir", &at("matrices")],
+    ] {
+        let out = callid(&args);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains("duplicate key `"), "{args:?}: {stderr}");
+        let dir = dir.path().to_str().unwrap();
+        transcript
+            .push_str(&format!("$ callid {}\n{stderr}", args.join(" ")).replace(dir, "[DIR]"));
+    }
+    assert!(
+        !std::path::Path::new(&registry).exists(),
+        "refused before the registry opened"
+    );
+    insta::assert_snapshot!(transcript);
+}

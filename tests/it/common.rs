@@ -3,7 +3,8 @@
 //! replica) seen from the agent's side, every reply and its log scanned for the private key
 //! prefix; [`provider`]: the in-process provider and its ledger; [`probe`]: probe sessions and
 //! their logs; [`conform`]: `callid conform` runs and their verdicts; [`measure`]: measuring a
-//! real client against its committed row.
+//! real client against its committed row; [`rust_source`]: the lexer of the tests that read
+//! `src/`.
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
@@ -53,3 +54,4 @@ pub mod mcp;
 pub mod measure;
 pub mod probe;
 pub mod provider;
+pub mod rust_source;

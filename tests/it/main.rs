@@ -17,6 +17,7 @@ mod hardening_transport;
 mod identity_sources;
 mod matrix;
 mod measure_clients;
+mod message_text;
 mod module_graph;
 mod pg;
 mod pg_tls;

@@ -16,8 +16,9 @@
 //!   `app` or `main`: library modules never import clap (the `--format` value enums convert into
 //!   each module's own `Format` inside `cli`).
 
+use crate::common::rust_source::{code_only, rust_files};
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// Who may depend on a front-end module.
 const FRONT_END: &[(&str, &[&str])] =
@@ -210,8 +211,7 @@ fn find_cycle(graph: &Graph) -> Option<Vec<String>> {
 /// The graph of `src/`: every `.rs` file's dependencies on other top-level modules.
 fn crate_graph() -> Graph {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut files = Vec::new();
-    collect_rs(&src, &mut files);
+    let files = rust_files(&src);
     let path_of = |file: &Path| -> Vec<String> {
         let rel = file.strip_prefix(&src).expect("under src");
         let mut segments: Vec<String> = rel
@@ -244,21 +244,6 @@ fn crate_graph() -> Graph {
         }
     }
     graph
-}
-
-fn collect_rs(dir: &Path, out: &mut Vec<PathBuf>) {
-    let mut entries: Vec<_> = std::fs::read_dir(dir)
-        .expect("readable src")
-        .map(|e| e.expect("readable entry").path())
-        .collect();
-    entries.sort();
-    for path in entries {
-        if path.is_dir() {
-            collect_rs(&path, out);
-        } else if path.extension().is_some_and(|e| e == "rs") {
-            out.push(path);
-        }
-    }
 }
 
 /// The top-level modules (of `known`, other than its own) that the file of module path `module`
@@ -380,93 +365,6 @@ fn tokens(code: &str) -> Vec<String> {
             out.push(c.to_string());
         }
         i += 1;
-    }
-    out
-}
-
-/// `source` with comments, string literals and character literals blanked out.
-fn code_only(source: &str) -> String {
-    let s: Vec<char> = source.chars().collect();
-    let at = |i: usize, text: &str| {
-        text.chars()
-            .enumerate()
-            .all(|(k, c)| s.get(i + k) == Some(&c))
-    };
-    let mut out = String::with_capacity(source.len());
-    let mut i = 0;
-    while i < s.len() {
-        let prev_is_word = i > 0 && (s[i - 1].is_alphanumeric() || s[i - 1] == '_');
-        if at(i, "//") {
-            while i < s.len() && s[i] != '\n' {
-                i += 1;
-            }
-        } else if at(i, "/*") {
-            let mut depth = 0;
-            while i < s.len() {
-                if at(i, "/*") {
-                    depth += 1;
-                    i += 2;
-                } else if at(i, "*/") {
-                    depth -= 1;
-                    i += 2;
-                    if depth == 0 {
-                        break;
-                    }
-                } else {
-                    i += 1;
-                }
-            }
-            out.push(' ');
-        } else if !prev_is_word && (at(i, "r\"") || at(i, "r#") || at(i, "br\"") || at(i, "br#")) {
-            let mut j = i + if s[i] == 'b' { 2 } else { 1 };
-            let mut hashes = 0;
-            while s.get(j) == Some(&'#') {
-                hashes += 1;
-                j += 1;
-            }
-            if s.get(j) != Some(&'"') {
-                // `r#ident`, a raw identifier.
-                out.push(s[i]);
-                i += 1;
-                continue;
-            }
-            let close: String = std::iter::once('"')
-                .chain(std::iter::repeat_n('#', hashes))
-                .collect();
-            j += 1;
-            while j < s.len() && !at(j, &close) {
-                j += 1;
-            }
-            i = j + close.len();
-            out.push_str("\"\"");
-        } else if s[i] == '"' {
-            i += 1;
-            while i < s.len() && s[i] != '"' {
-                i += if s[i] == '\\' { 2 } else { 1 };
-            }
-            i += 1;
-            out.push_str("\"\"");
-        } else if s[i] == '\'' {
-            // A character literal ('x', '\n', '\'', '\u{1F600}'); a lifetime has no closing quote.
-            let end = if s.get(i + 1) == Some(&'\\') {
-                (i + 2..s.len().min(i + 12)).find(|&k| s[k] == '\'' && k > i + 2)
-            } else {
-                (s.get(i + 2) == Some(&'\'')).then_some(i + 2)
-            };
-            match end {
-                Some(end) => {
-                    out.push_str("' '");
-                    i = end + 1;
-                }
-                None => {
-                    out.push('\'');
-                    i += 1;
-                }
-            }
-        } else {
-            out.push(s[i]);
-            i += 1;
-        }
     }
     out
 }

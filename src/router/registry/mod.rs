@@ -707,8 +707,8 @@ pub use crate::pg::PgUrl;
 pub use sqlite::SqliteRegistry;
 
 /// Where the registry lives: a SQLite file on this machine, or a PostgreSQL database shared by
-/// replicas. Parsed from `--registry` / `CALLID_REGISTRY`: `postgres://` or `postgresql://` is a
-/// database, anything else a file path.
+/// replicas. Parsed from `--registry` / `CALLID_REGISTRY` by the rule of
+/// [`crate::pg::database_url`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RegistryLocation {
     /// A SQLite file.
@@ -718,14 +718,13 @@ pub enum RegistryLocation {
 }
 
 impl RegistryLocation {
-    /// Reads `--registry`: a `postgres://` URL, or a file path.
+    /// Reads `--registry`: a PostgreSQL URL or a file path ([`crate::pg::database_url`]); a URL
+    /// of another scheme is refused.
     pub fn parse(text: &std::ffi::OsStr) -> Result<RegistryLocation, RegistryError> {
-        match text.to_str() {
-            Some(t) if t.starts_with("postgres://") || t.starts_with("postgresql://") => {
-                Ok(RegistryLocation::Postgres(PgUrl::parse(t)?))
-            }
-            _ => Ok(RegistryLocation::File(PathBuf::from(text))),
-        }
+        Ok(match crate::pg::database_url(text)? {
+            Some(url) => RegistryLocation::Postgres(url),
+            None => RegistryLocation::File(PathBuf::from(text)),
+        })
     }
 
     /// The location as shown to people and in messages (a database URL's password redacted).
@@ -1126,5 +1125,81 @@ pub(super) fn owner_alive(owner: &str) -> bool {
     match (recorded, process_start(pid)) {
         (Some(recorded), Some(now)) => recorded == now,
         _ => true,
+    }
+}
+
+#[cfg(test)]
+mod location_tests {
+    use super::RegistryLocation;
+
+    fn parse(text: &str) -> Result<RegistryLocation, String> {
+        RegistryLocation::parse(text.as_ref()).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn a_postgres_scheme_in_any_case_is_a_database_another_scheme_is_refused_the_rest_a_file() {
+        for db in [
+            "postgres://u:secret@127.0.0.1:1/db",
+            "postgresql://u:secret@127.0.0.1:1/db",
+            "Postgres://u:secret@127.0.0.1:1/db",
+            "POSTGRESQL://u:secret@127.0.0.1:1/db",
+            "  pOsTgReS://u:secret@127.0.0.1:1/db \n",
+        ] {
+            let Ok(RegistryLocation::Postgres(url)) = parse(db) else {
+                panic!("{db:?} is a database: {:?}", parse(db));
+            };
+            let shown = url.to_string();
+            assert!(
+                matches!(
+                    shown.split_once("://"),
+                    Some(("postgres" | "postgresql", "u:REDACTED@127.0.0.1:1/db"))
+                ),
+                "{db:?} shows as {shown}"
+            );
+        }
+        for (refused, scheme) in [
+            ("mysql://u:secret@h/db", "mysql"),
+            ("sqlite:///tmp/r.sqlite3", "sqlite"),
+            (" file:///tmp/r.sqlite3", "file"),
+            ("HTTP://u:secret@h:1/x?token=secret", "HTTP"),
+            ("postgres+tls://u:secret@h/db", "postgres+tls"),
+            ("redis://:secret@h", "redis"),
+        ] {
+            let text = parse(refused).unwrap_err();
+            assert_eq!(
+                text,
+                format!(
+                    "registry `{scheme}://…` names a scheme callid does not serve; pass a \
+                     SQLite file path (a relative one that holds `://` as `./PATH`) or \
+                     `postgres://USER@HOST:PORT/DATABASE` (`postgresql://` too, in any letter \
+                     case)"
+                ),
+                "{refused:?}"
+            );
+        }
+        for file in [
+            "registry.sqlite3",
+            "postgres-registry.sqlite3",
+            "/tmp/postgres:/x",
+            "./mysql://x",
+            "dir/postgres://x",
+            "C://registry.sqlite3",
+            "9p://x",
+            " spaced name.sqlite3",
+        ] {
+            assert_eq!(
+                parse(file),
+                Ok(RegistryLocation::File(file.into())),
+                "{file:?}"
+            );
+        }
+        // Two replicas given the URL in two spellings share one database.
+        assert_eq!(
+            parse(" Postgres://u:secret@127.0.0.1:1/db"),
+            parse("postgres://u:secret@127.0.0.1:1/db")
+        );
+        let text = parse("Postgres://bob:pw@db.example:5432/").unwrap_err();
+        assert!(text.contains("names no database"), "{text}");
+        assert!(!text.contains("pw@"), "{text}");
     }
 }
