@@ -10,6 +10,7 @@ mod conform_contract;
 mod conform_replicas;
 mod conform_upstream;
 mod gateway;
+mod gateway_everything;
 mod gateway_relay;
 mod hardening_money;
 mod hardening_transport;
