@@ -35,6 +35,25 @@ pub fn callid_ok(args: &[&str], envs: &[(&str, &str)]) -> Output {
     out
 }
 
+/// Whether `what` is installed (`needs` exists). When it is not, a test says why it skips
+/// (`install_hint`), or fails when the variable `required_by` is set: CI sets it once its install
+/// of the pinned programs succeeded, so a missing one fails there and never skips.
+pub fn installed_or_skip(what: &str, needs: &Path, install_hint: &str, required_by: &str) -> bool {
+    if needs.exists() {
+        return true;
+    }
+    assert!(
+        std::env::var_os(required_by).is_none(),
+        "{what} is required ({required_by} is set) but {} is not installed",
+        needs.display()
+    );
+    eprintln!(
+        "SKIP: {what} is not installed at {}; {install_hint}",
+        needs.display()
+    );
+    false
+}
+
 /// The handle of the operation of `call_id` in the SQLite registry at `registry`, if any.
 pub fn registry_handle(registry: &Path, call_id: &str) -> Option<String> {
     use rusqlite::OptionalExtension as _;

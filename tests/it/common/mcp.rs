@@ -53,7 +53,22 @@ impl Served {
         env: &[(String, String)],
         timeout: Option<Duration>,
     ) -> Served {
-        let (mut conn, child) = Connection::spawn_stdio(program, args, env).await.unwrap();
+        Served::start_in(label, program, args, env, timeout, false).await
+    }
+
+    /// [`start`](Self::start), with the server leading a new process group (its pid is the
+    /// group's id) when `own_group`, so that everything it starts can be found and ended.
+    pub async fn start_in(
+        label: &'static str,
+        program: &Path,
+        args: &[String],
+        env: &[(String, String)],
+        timeout: Option<Duration>,
+        own_group: bool,
+    ) -> Served {
+        let (mut conn, child) = Connection::spawn_stdio_in(program, args, env, own_group)
+            .await
+            .unwrap();
         if let Some(timeout) = timeout {
             conn.set_timeout(timeout);
         }

@@ -15,16 +15,7 @@ pub fn measure_check(
     required_by: &str,
     stdout_has: &str,
 ) {
-    if !needs.exists() {
-        assert!(
-            std::env::var_os(required_by).is_none(),
-            "{client} is required ({required_by} is set) but {} is not installed",
-            needs.display()
-        );
-        eprintln!(
-            "SKIP: {client} is not installed at {}; {install_hint}",
-            needs.display()
-        );
+    if !super::installed_or_skip(client, needs, install_hint, required_by) {
         return;
     }
     let out = Command::new(bin())
