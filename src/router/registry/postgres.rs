@@ -268,7 +268,7 @@ macro_rules! columns {
 
 const FIND: &str = concat!(
     columns!(),
-    "WHERE platform = $1 AND installation_id = $2 AND harness_call_id = $3
+    r"WHERE platform = $1 AND installation_id = $2 AND harness_call_id = $3
       AND source_installation = $4"
 );
 
@@ -372,7 +372,7 @@ const MARK_IN_DOUBT: &str = "UPDATE callid_operations SET status = 'in_doubt',
 /// still pending under its lease, or in doubt after a dispatch under it.
 macro_rules! fence {
     () => {
-        "((status = 'pending' AND lease_generation = $5)
+        r"((status = 'pending' AND lease_generation = $5)
           OR (status = 'in_doubt' AND dispatch_generation = $5))"
     };
 }

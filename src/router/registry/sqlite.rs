@@ -768,7 +768,7 @@ const RECORDING_RESULT: &str = "recording a result";
 /// nobody else dispatched since).
 macro_rules! fence {
     () => {
-        "((status = 'pending' AND lease_generation = ?5)
+        r"((status = 'pending' AND lease_generation = ?5)
           OR (status = 'in_doubt' AND dispatch_generation = ?5))"
     };
 }
