@@ -1,12 +1,14 @@
 //! `callid gateway` relays what its upstream sends on its own: progress under the agent's token,
 //! log messages, list changes (and lists the tools again, checked), the agent's cancellation and
-//! `logging/setLevel` going up. The upstream is `tests/fixtures/chatty_upstream.py`, a plain
-//! JSON-RPC server (no MCP SDK) that logs what reached it.
+//! `logging/setLevel` going up. A dead upstream is replaced at the next request. The upstream is
+//! `tests/fixtures/chatty_upstream.py`, a plain JSON-RPC server (no MCP SDK) that logs what
+//! reached it.
 
+use crate::common::mcp::codex;
 use crate::common::{bin, repo};
 use callid::jsonrpc::{Child, Connection};
 use serde_json::{Value, json};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 struct Relayed {
@@ -16,13 +18,16 @@ struct Relayed {
     _dir: tempfile::TempDir,
 }
 
-async fn start() -> Relayed {
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("upstream.jsonl");
-    let args: Vec<String> = vec![
+/// `callid gateway ... EXTRA --spend charge -- chatty_upstream.py --log LOG`, with its registry
+/// and log in `dir`.
+fn gateway_args(dir: &Path, log: &Path, extra: &[&str]) -> Vec<String> {
+    let mut args: Vec<String> = vec![
         "gateway".into(),
         "--registry".into(),
-        dir.path().join("gateway.sqlite3").display().to_string(),
+        dir.join("gateway.sqlite3").display().to_string(),
+    ];
+    args.extend(extra.iter().map(|a| a.to_string()));
+    args.extend([
         "--spend".into(),
         "charge".into(),
         "--".into(),
@@ -33,7 +38,31 @@ async fn start() -> Relayed {
             .to_string(),
         "--log".into(),
         log.display().to_string(),
-    ];
+    ]);
+    args
+}
+
+/// What the upstream logged in `log`, oldest first.
+fn upstream_log(log: &Path) -> Vec<Value> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// The values under `key` of the entries the upstream logged, oldest first.
+fn logged(log: &Path, key: &str) -> Vec<Value> {
+    upstream_log(log)
+        .into_iter()
+        .filter_map(|mut e| e.get_mut(key).map(Value::take))
+        .collect()
+}
+
+async fn start() -> Relayed {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("upstream.jsonl");
+    let args = gateway_args(dir.path(), &log, &[]);
     let (conn, child) = Connection::spawn_stdio(&bin(), &args, &[]).await.unwrap();
     let init = conn
         .initialize(json!(0), "2025-06-18", "callid-tests", "1")
@@ -79,11 +108,7 @@ impl Relayed {
 
     /// What the upstream logged, oldest first.
     fn upstream_log(&self) -> Vec<Value> {
-        std::fs::read_to_string(&self.log)
-            .unwrap_or_default()
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect()
+        upstream_log(&self.log)
     }
 
     /// Waits (at most 10 s) until the upstream logged an entry with key `key`.
@@ -275,5 +300,46 @@ async fn a_changed_tool_list_is_relayed_and_listed_again_with_the_start_up_check
     );
     // Still refused on the next request: the check is not a one-off.
     assert!(gw.tools().await.get("error").is_some());
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn after_the_upstream_dies_the_next_request_reaches_a_new_one_and_a_spend_is_sent_once() {
+    let gw = start().await;
+    let died = gw
+        .conn
+        .call_tool(json!("exit"), "exit", json!({}), None)
+        .await
+        .unwrap();
+    assert!(died.error.is_some(), "{}", died.raw);
+    // Nothing was sent on the dead connection: the spend reaches a new upstream and is answered.
+    let paid = gw
+        .conn
+        .call_tool(
+            json!(1),
+            "charge",
+            json!({"prompt": "fox"}),
+            Some(codex("after-exit-1")),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        paid.structured(),
+        Some(&json!({"ok": true})),
+        "{}",
+        paid.raw
+    );
+    assert_eq!(logged(&gw.log, "charge").len(), 1);
+    let counted = gw
+        .conn
+        .call_tool(json!(2), "count", json!({"n": 1}), None)
+        .await
+        .unwrap();
+    assert_eq!(
+        counted.structured(),
+        Some(&json!({"counted": 1})),
+        "{}",
+        counted.raw
+    );
     gw.stop().await;
 }
