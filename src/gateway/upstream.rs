@@ -103,7 +103,6 @@ impl Upstream {
                 let transport = Ordered::new(
                     rmcp::transport::TokioChildProcess::new(command)
                         .map_err(|e| err(e.to_string()))?,
-                    self.relay.clone(),
                 );
                 self.relay
                     .clone()
@@ -121,7 +120,6 @@ impl Upstream {
                             url.as_str(),
                         ),
                     ),
-                    self.relay.clone(),
                 );
                 self.relay
                     .clone()
