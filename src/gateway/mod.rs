@@ -13,7 +13,8 @@
 //! # Layout
 //! - [`spend`]: [`Gateway`], the upstream as the pipeline's spender, and the start-up checks.
 //! - [`upstream`]: [`Upstream`], the (re)connecting MCP client of the upstream.
-//! - [`relay`]: [`relay::Relay`], the upstream's progress, logs and list changes back to the agent.
+//! - [`relay`]: [`relay::Relay`], the upstream's progress, logs and list changes back to the agents,
+//!   in bounded queues no agent can stall.
 //! - [`keyed_http`]: the HTTP client that also sends a spend's key as `Idempotency-Key`.
 //! - [`server`]: the agent-facing rmcp `ServerHandler`.
 //! - [`guard`]: [`guard::Guard`], the same protection embedded in a Rust MCP server.

@@ -1,16 +1,34 @@
-//! [`Relay`]: what the upstream sends on its own, carried back to the agent.
+//! [`Relay`]: what the upstream sends on its own, carried back to the agents, without any agent
+//! slowing down the upstream or another agent.
 //!
-//! The gateway's MCP client of the upstream runs with a [`Relay`] as its handler. It guarantees:
+//! The gateway's MCP client of the upstream runs with a [`Relay`] as its handler and, for each
+//! connection it opens, an [`Ordered`] transport. They guarantee:
 //! - **Progress** of a request passed through unchanged reaches the agent that sent it, under the
-//!   agent's own `progressToken` (rmcp's client replaces the token on the way up, so the relay
-//!   maps the upstream's token back; a request without an agent token gets no progress), and
-//!   before the request's answer: [`Ordered`] relays it as it reads the upstream's stream, where
-//!   rmcp would hand notifications to tasks that can run after the answer. Progress of a spend
-//!   tool is not relayed: the upstream receives the same request on every continuation of an
-//!   operation, without the agent's token.
+//!   agent's own `progressToken`, and before the request's answer. rmcp's client replaces the
+//!   token on the way up, so the request carries a [`ProgressSink`] in its extensions (never sent
+//!   upstream): when the connection's [`Ordered`] transport sends the request it maps the token
+//!   rmcp wrote to that sink, and relays progress into it in stream order, so all of it is queued
+//!   before the answer is read. The mapping belongs to that connection and that request: it ends
+//!   with the request's answer, when the request's task drops its end (answered, cancelled, timed
+//!   out), and with the connection. Progress under any other token is dropped, never kept for
+//!   later: a spend tool's (the upstream receives the same request on every continuation of an
+//!   operation, without the agent's token), one that comes after its answer, and one that a new
+//!   connection's tokens, which start again, would otherwise give to an unrelated request.
 //! - **Logging messages**, `resources/updated` and the `list_changed` notifications go to every
-//!   agent connection that completed `initialize` and is still open (one over stdio; one per
+//!   agent connection that was answered `initialize` and is still open (one over stdio; one per
 //!   session over streamable HTTP).
+//! - **No agent delays the upstream or another agent.** The reader of the upstream's stream never
+//!   waits for an agent: it puts what it relays into bounded queues, one per forwarded request
+//!   (its progress, [`PROGRESS_QUEUE`]) and one per agent connection (logs and resource updates,
+//!   [`AGENT_QUEUE`]), each emptied by that request's or that agent's own task. Answers never
+//!   pass through these queues: each is written by its own request's task.
+//! - **A full queue drops what does not fit**, for that request or that agent only: an agent
+//!   that does not read its stream loses its own progress and log messages, nobody else's, and
+//!   gets what comes after once it reads again. Why drop and not end the agent's notifications:
+//!   what is dropped is advisory (progress, a log line, a resource that changed and can be read
+//!   again), while ending would also cut the list changes that tell the agent what it may call.
+//!   Those are never dropped: a list change is a flag per agent and list, sent once however often
+//!   the list changed meanwhile.
 //! - **`tools/list_changed`** marks the gateway's merged tool list stale: the next `tools/list`
 //!   lists and checks the upstream's tools again (the start-up checks; a failing check is
 //!   answered as an error naming the tool and field, never served).
@@ -18,20 +36,27 @@
 //! Requests the upstream sends to its client (sampling, roots, elicitation) are not relayed:
 //! the gateway answers them itself with rmcp's defaults.
 
+// Logging is deprecated from MCP 2026-07-28 on; relayed for the clients of older versions.
+#[allow(deprecated)]
+use rmcp::model::LoggingMessageNotificationParam;
 use rmcp::model::{
-    JsonRpcMessage, JsonRpcNotification, ProgressNotificationParam, ProgressToken,
-    ResourceUpdatedNotificationParam, ServerNotification,
+    GetExtensions, GetMeta, JsonRpcMessage, JsonRpcNotification, JsonRpcRequest,
+    ProgressNotificationParam, ProgressToken, RequestId, ResourceUpdatedNotificationParam,
+    ServerNotification,
 };
 use rmcp::service::{NotificationContext, Peer};
 use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
 use rmcp::transport::Transport;
 use rmcp::{ClientHandler, RoleClient, RoleServer};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
+use tokio::sync::mpsc::{self, error::TrySendError};
 
-/// How many progress notifications without a route yet are kept (oldest dropped first).
-const EARLY_PROGRESS: usize = 64;
+/// Progress notifications of one forwarded request waiting for its agent.
+pub const PROGRESS_QUEUE: usize = 64;
+/// Log messages and resource updates waiting for one agent connection.
+pub const AGENT_QUEUE: usize = 256;
 
 /// The upstream client's handler; cheap to clone (the clones share their state).
 #[derive(Clone, Default)]
@@ -41,10 +66,8 @@ pub struct Relay {
 
 #[derive(Default)]
 struct State {
-    /// Agent connections that completed `initialize`.
-    agents: Mutex<Vec<Peer<RoleServer>>>,
-    /// Where the upstream's progress goes.
-    progress: Mutex<Routes>,
+    /// Agent connections that were answered `initialize`.
+    agents: Mutex<Vec<Agent>>,
     /// The upstream said its tool list changed since the gateway last listed it.
     tools_stale: AtomicBool,
 }
@@ -55,26 +78,34 @@ impl std::fmt::Debug for Relay {
     }
 }
 
+/// One agent connection, fed by its own task ([`deliver`]).
+struct Agent {
+    peer: Peer<RoleServer>,
+    queue: mpsc::Sender<Notice>,
+    changed: Arc<Changed>,
+}
+
+/// A notification of the upstream on its way to one agent.
+#[allow(deprecated)] // logging: see the import
+#[derive(Clone)]
+enum Notice {
+    Log(LoggingMessageNotificationParam),
+    ResourceUpdated(ResourceUpdatedNotificationParam),
+}
+
+/// The lists whose change one agent has not been told yet (bits of [`List`]).
 #[derive(Default)]
-struct Routes {
-    /// Upstream progress token -> the agent and the agent's token.
-    to: HashMap<ProgressToken, (Peer<RoleServer>, ProgressToken)>,
-    /// Progress that arrived before its route (the token is known only once the request is
-    /// sent): kept for the route, at most [`EARLY_PROGRESS`] notifications.
-    early: Vec<ProgressNotificationParam>,
+struct Changed {
+    lists: AtomicU8,
+    wake: tokio::sync::Notify,
 }
 
-/// Routes the upstream's progress for one request to its agent while alive.
-#[must_use = "progress is routed only while the route is alive"]
-pub struct ProgressRoute {
-    state: Arc<State>,
-    upstream: ProgressToken,
-}
-
-impl Drop for ProgressRoute {
-    fn drop(&mut self) {
-        lock(&self.state.progress).to.remove(&self.upstream);
-    }
+/// A list the upstream can say changed.
+#[derive(Clone, Copy)]
+enum List {
+    Tools = 1,
+    Resources = 2,
+    Prompts = 4,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -82,50 +113,18 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Relay {
-    /// Remembers an agent connection (on `notifications/initialized`).
+    /// Remembers an agent connection (as it answers its `initialize`) and starts its task.
     pub fn add_agent(&self, peer: Peer<RoleServer>) {
+        let (queue, rx) = mpsc::channel(AGENT_QUEUE);
+        let changed = Arc::new(Changed::default());
+        tokio::spawn(deliver(peer.clone(), rx, changed.clone()));
         let mut agents = lock(&self.state.agents);
-        agents.retain(|p| !p.is_transport_closed());
-        agents.push(peer);
-    }
-
-    /// The open agent connections.
-    fn agents(&self) -> Vec<Peer<RoleServer>> {
-        let mut agents = lock(&self.state.agents);
-        agents.retain(|p| !p.is_transport_closed());
-        agents.clone()
-    }
-
-    /// Sends the upstream's progress under `upstream` to `agent` as `agent_token` (and any that
-    /// came before this call), until the returned route is dropped.
-    pub async fn route_progress(
-        &self,
-        upstream: ProgressToken,
-        agent: Peer<RoleServer>,
-        agent_token: ProgressToken,
-    ) -> ProgressRoute {
-        let early: Vec<ProgressNotificationParam> = {
-            let mut routes = lock(&self.state.progress);
-            routes
-                .to
-                .insert(upstream.clone(), (agent.clone(), agent_token.clone()));
-            let (mine, others) = routes
-                .early
-                .drain(..)
-                .partition(|p| p.progress_token == upstream);
-            routes.early = others;
-            mine
-        };
-        for mut params in early {
-            params.progress_token = agent_token.clone();
-            if let Err(e) = agent.notify_progress(params).await {
-                tracing::debug!(error = %e, "could not relay progress to the agent");
-            }
-        }
-        ProgressRoute {
-            state: self.state.clone(),
-            upstream,
-        }
+        agents.retain(|a| !a.peer.is_transport_closed());
+        agents.push(Agent {
+            peer,
+            queue,
+            changed,
+        });
     }
 
     /// Whether the upstream's tools changed since the last call (and clears the mark).
@@ -138,54 +137,169 @@ impl Relay {
         self.state.tools_stale.store(true, Ordering::Release);
     }
 
-    async fn broadcast<F, Fut>(&self, what: &str, send: F)
-    where
-        F: Fn(Peer<RoleServer>) -> Fut,
-        Fut: std::future::Future<Output = Result<(), rmcp::ServiceError>>,
-    {
-        for agent in self.agents() {
-            if let Err(e) = send(agent).await {
-                tracing::debug!(error = %e, "could not relay {what} to an agent");
+    /// Queues `notice` for every open agent; an agent whose queue is full does not get it.
+    fn broadcast(&self, notice: Notice) {
+        let mut agents = lock(&self.state.agents);
+        agents.retain(|a| !a.peer.is_transport_closed());
+        for agent in agents.iter() {
+            if let Err(TrySendError::Full(_)) = agent.queue.try_send(notice.clone()) {
+                tracing::debug!("an agent does not read its stream: a notification was dropped");
             }
+        }
+    }
+
+    /// Tells every open agent that `list` changed.
+    fn list_changed(&self, list: List) {
+        let mut agents = lock(&self.state.agents);
+        agents.retain(|a| !a.peer.is_transport_closed());
+        for agent in agents.iter() {
+            agent.changed.lists.fetch_or(list as u8, Ordering::AcqRel);
+            agent.changed.wake.notify_one();
         }
     }
 }
 
-impl Relay {
-    /// Sends one progress notification of the upstream to its agent now, or keeps it for the
-    /// route that is about to be made.
-    async fn progress(&self, params: ProgressNotificationParam) {
-        let (agent, token) = {
-            let mut routes = lock(&self.state.progress);
-            match routes.to.get(&params.progress_token) {
-                Some(route) => route.clone(),
-                None => {
-                    if routes.early.len() >= EARLY_PROGRESS {
-                        routes.early.remove(0);
-                    }
-                    routes.early.push(params);
-                    return;
-                }
-            }
+/// One agent's task: sends it what was queued for it, until its connection or its queue closes.
+#[allow(deprecated)] // logging: see the import
+async fn deliver(peer: Peer<RoleServer>, mut queue: mpsc::Receiver<Notice>, changed: Arc<Changed>) {
+    loop {
+        let notice = tokio::select! {
+            biased;
+            () = changed.wake.notified() => None,
+            notice = queue.recv() => match notice {
+                Some(notice) => Some(notice),
+                None => return,
+            },
         };
-        let mut relayed = params;
-        relayed.progress_token = token;
-        if let Err(e) = agent.notify_progress(relayed).await {
-            tracing::debug!(error = %e, "could not relay progress to the agent");
+        let mut sent = match notice {
+            Some(Notice::Log(params)) => peer.notify_logging_message(params).await,
+            Some(Notice::ResourceUpdated(params)) => peer.notify_resource_updated(params).await,
+            None => Ok(()),
+        };
+        let lists = changed.lists.swap(0, Ordering::AcqRel);
+        for list in [List::Tools, List::Resources, List::Prompts] {
+            if lists & list as u8 != 0 && sent.is_ok() {
+                sent = match list {
+                    List::Tools => peer.notify_tool_list_changed().await,
+                    List::Resources => peer.notify_resource_list_changed().await,
+                    List::Prompts => peer.notify_prompt_list_changed().await,
+                };
+            }
+        }
+        if let Err(e) = sent {
+            tracing::debug!(error = %e, "could not relay a notification to an agent");
+            if peer.is_transport_closed() {
+                return;
+            }
         }
     }
 }
 
-/// The upstream's transport, with its progress notifications relayed in stream order.
+/// Where one forwarded request's progress goes: put in the request's extensions before it is
+/// sent; the connection's [`Ordered`] transport takes it when it sends the request.
+#[derive(Clone, Debug)]
+pub struct ProgressSink(mpsc::Sender<ProgressNotificationParam>);
+
+/// A request's [`ProgressSink`] and the end its own task reads ([`with_progress`]).
+pub fn progress_queue() -> (ProgressSink, mpsc::Receiver<ProgressNotificationParam>) {
+    let (tx, rx) = mpsc::channel(PROGRESS_QUEUE);
+    (ProgressSink(tx), rx)
+}
+
+/// Waits for `answer` while sending the request's `progress` to `agent` under `agent_token`;
+/// the progress queued before the answer is sent before the answer is returned. `None` when
+/// `cancelled` resolves first. An agent that does not read its stream holds only this request
+/// (its answer would wait on the same stream anyway).
+pub async fn with_progress<T>(
+    mut progress: mpsc::Receiver<ProgressNotificationParam>,
+    agent: &Peer<RoleServer>,
+    agent_token: &ProgressToken,
+    answer: impl std::future::Future<Output = T>,
+    cancelled: impl std::future::Future<Output = ()>,
+) -> Option<T> {
+    let relay = |mut params: ProgressNotificationParam| {
+        params.progress_token = agent_token.clone();
+        agent.notify_progress(params)
+    };
+    let mut answer = std::pin::pin!(answer);
+    let mut cancelled = std::pin::pin!(cancelled);
+    let mut out = None;
+    loop {
+        let params = match out {
+            None => tokio::select! {
+                biased;
+                () = &mut cancelled => return None,
+                Some(params) = progress.recv() => params,
+                answered = &mut answer => {
+                    out = Some(answered);
+                    continue;
+                }
+            },
+            Some(_) => match progress.try_recv() {
+                Ok(params) => params,
+                Err(_) => return out,
+            },
+        };
+        tokio::select! {
+            biased;
+            () = &mut cancelled => return None,
+            sent = relay(params) => if let Err(e) = sent {
+                tracing::debug!(error = %e, "could not relay progress to the agent");
+            },
+        }
+    }
+}
+
+/// One connection's transport to the upstream: relays each forwarded request's progress into its
+/// [`ProgressSink`] in stream order, without waiting.
 pub struct Ordered<T> {
     inner: T,
-    relay: Relay,
+    /// This connection's requests in flight that want their progress: the token rmcp wrote ->
+    /// the request and its sink.
+    routes: HashMap<ProgressToken, (RequestId, ProgressSink)>,
 }
 
 impl<T> Ordered<T> {
-    /// Wraps `inner`; progress read from it goes through `relay`.
-    pub fn new(inner: T, relay: Relay) -> Self {
-        Ordered { inner, relay }
+    /// Wraps `inner`, one connection to the upstream.
+    pub fn new(inner: T) -> Self {
+        Ordered {
+            inner,
+            routes: HashMap::new(),
+        }
+    }
+
+    /// Maps the token of a request that carries a [`ProgressSink`] to the sink.
+    fn route(&mut self, item: &mut TxJsonRpcMessage<RoleClient>) {
+        let JsonRpcMessage::Request(JsonRpcRequest { id, request, .. }) = item else {
+            return;
+        };
+        let Some(sink) = request.extensions_mut().remove::<ProgressSink>() else {
+            return;
+        };
+        let Some(token) = request.get_meta().get_progress_token() else {
+            return;
+        };
+        self.routes.retain(|_, (_, sink)| !sink.0.is_closed());
+        self.routes.insert(token, (id.clone(), sink));
+    }
+
+    fn progress(&mut self, params: ProgressNotificationParam) {
+        let Some((_, sink)) = self.routes.get(&params.progress_token) else {
+            return;
+        };
+        match sink.0.try_send(params) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_)) => {
+                tracing::debug!("an agent does not read its stream: progress was dropped");
+            }
+            Err(TrySendError::Closed(params)) => {
+                self.routes.remove(&params.progress_token);
+            }
+        }
+    }
+
+    fn answered(&mut self, id: &RequestId) {
+        self.routes.retain(|_, (request, _)| request != id);
     }
 }
 
@@ -194,25 +308,40 @@ impl<T: Transport<RoleClient>> Transport<RoleClient> for Ordered<T> {
 
     fn send(
         &mut self,
-        item: TxJsonRpcMessage<RoleClient>,
+        mut item: TxJsonRpcMessage<RoleClient>,
     ) -> impl std::future::Future<Output = Result<(), Self::Error>> + Send + 'static {
+        self.route(&mut item);
         self.inner.send(item)
     }
 
     async fn receive(&mut self) -> Option<RxJsonRpcMessage<RoleClient>> {
         loop {
-            let message = self.inner.receive().await?;
+            let Some(message) = self.inner.receive().await else {
+                self.routes.clear();
+                return None;
+            };
             match message {
                 JsonRpcMessage::Notification(JsonRpcNotification {
                     notification: ServerNotification::ProgressNotification(n),
                     ..
-                }) => self.relay.progress(n.params).await,
+                }) => self.progress(n.params),
+                JsonRpcMessage::Response(ref r) => {
+                    self.answered(&r.id);
+                    return Some(message);
+                }
+                JsonRpcMessage::Error(ref e) => {
+                    if let Some(id) = &e.id {
+                        self.answered(id);
+                    }
+                    return Some(message);
+                }
                 other => return Some(other),
             }
         }
     }
 
     fn close(&mut self) -> impl std::future::Future<Output = Result<(), Self::Error>> + Send {
+        self.routes.clear();
         self.inner.close()
     }
 }
@@ -222,14 +351,10 @@ impl ClientHandler for Relay {
     #[allow(deprecated)]
     async fn on_logging_message(
         &self,
-        params: rmcp::model::LoggingMessageNotificationParam,
+        params: LoggingMessageNotificationParam,
         _context: NotificationContext<RoleClient>,
     ) {
-        self.broadcast("a log message", |agent| {
-            let params = params.clone();
-            async move { agent.notify_logging_message(params).await }
-        })
-        .await;
+        self.broadcast(Notice::Log(params));
     }
 
     async fn on_resource_updated(
@@ -237,32 +362,19 @@ impl ClientHandler for Relay {
         params: ResourceUpdatedNotificationParam,
         _context: NotificationContext<RoleClient>,
     ) {
-        self.broadcast("resources/updated", |agent| {
-            let params = params.clone();
-            async move { agent.notify_resource_updated(params).await }
-        })
-        .await;
+        self.broadcast(Notice::ResourceUpdated(params));
     }
 
     async fn on_resource_list_changed(&self, _context: NotificationContext<RoleClient>) {
-        self.broadcast("resources/list_changed", |agent| async move {
-            agent.notify_resource_list_changed().await
-        })
-        .await;
+        self.list_changed(List::Resources);
     }
 
     async fn on_prompt_list_changed(&self, _context: NotificationContext<RoleClient>) {
-        self.broadcast("prompts/list_changed", |agent| async move {
-            agent.notify_prompt_list_changed().await
-        })
-        .await;
+        self.list_changed(List::Prompts);
     }
 
     async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
         self.state.tools_stale.store(true, Ordering::Release);
-        self.broadcast("tools/list_changed", |agent| async move {
-            agent.notify_tool_list_changed().await
-        })
-        .await;
+        self.list_changed(List::Tools);
     }
 }

@@ -11,11 +11,12 @@ use super::spend::Gateway;
 use rmcp::model::{
     CallToolRequest, CallToolRequestParams, CallToolResponse, CallToolResult, ClientRequest,
     CompleteRequestParams, CompleteResult, GetPromptRequestParams, GetPromptResponse,
-    ListPromptsResult, ListResourceTemplatesResult, ListResourcesResult, ListToolsResult,
-    PaginatedRequestParams, ProgressToken, ReadResourceRequestParams, ReadResourceResponse,
-    ServerConfig, ServerResult, SubscribeRequestParams, UnsubscribeRequestParams,
+    InitializeRequestParams, InitializeResult, ListPromptsResult, ListResourceTemplatesResult,
+    ListResourcesResult, ListToolsResult, PaginatedRequestParams, ProgressToken,
+    ReadResourceRequestParams, ReadResourceResponse, ServerConfig, ServerResult,
+    SubscribeRequestParams, UnsubscribeRequestParams,
 };
-use rmcp::service::{NotificationContext, PeerRequestOptions, RequestContext};
+use rmcp::service::{PeerRequestOptions, RequestContext};
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler, ServiceError, ServiceExt};
 use std::sync::Arc;
 
@@ -49,26 +50,27 @@ impl GatewayServer {
         cancelled: impl std::future::Future<Output = ()>,
     ) -> Result<CallToolResponse, McpError> {
         let peer = self.upstream_peer().await?;
+        let (sink, progress) = super::relay::progress_queue();
+        let mut call = CallToolRequest::new(request);
+        if agent_token.is_some() {
+            call.extensions.insert(sink);
+        }
         let mut handle = peer
             .send_request_with_option(
-                ClientRequest::CallToolRequest(CallToolRequest::new(request)),
+                ClientRequest::CallToolRequest(call),
                 PeerRequestOptions::no_options(),
             )
             .await
             .map_err(forwarded)?;
-        let _route = match agent_token {
-            Some(token) => Some(
-                self.gateway
-                    .upstream()
-                    .relay()
-                    .route_progress(handle.progress_token.clone(), agent, token)
-                    .await,
-            ),
-            None => None,
-        };
-        let answer = tokio::select! {
-            answer = &mut handle.rx => Some(answer),
-            _ = cancelled => None,
+        let answer = match &agent_token {
+            Some(token) => {
+                super::relay::with_progress(progress, &agent, token, &mut handle.rx, cancelled)
+                    .await
+            }
+            None => tokio::select! {
+                answer = &mut handle.rx => Some(answer),
+                _ = cancelled => None,
+            },
         };
         let Some(answer) = answer else {
             let _ = handle
@@ -148,8 +150,17 @@ impl ServerHandler for GatewayServer {
         ))
     }
 
-    async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
+    async fn initialize(
+        &self,
+        request: InitializeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<InitializeResult, McpError> {
+        // Known before its first request, not at `notifications/initialized`: rmcp handles that
+        // notification and the agent's next request concurrently, so the upstream's log line for
+        // that request could come before the agent is known, and be lost.
+        context.peer.set_peer_info(request.clone());
         self.gateway.upstream().relay().add_agent(context.peer);
+        self.negotiate_initialize(&request)
     }
 
     // Logging is deprecated from MCP 2026-07-28 on; relayed for the clients of older versions.

@@ -103,7 +103,6 @@ impl Upstream {
                 let transport = Ordered::new(
                     rmcp::transport::TokioChildProcess::new(command)
                         .map_err(|e| err(e.to_string()))?,
-                    self.relay.clone(),
                 );
                 self.relay
                     .clone()
@@ -121,7 +120,6 @@ impl Upstream {
                             url.as_str(),
                         ),
                     ),
-                    self.relay.clone(),
                 );
                 self.relay
                     .clone()
@@ -134,7 +132,12 @@ impl Upstream {
 
     async fn service(&self) -> Result<Arc<Service>, UpstreamError> {
         let mut guard = self.conn.lock().await;
-        if let Some(s) = guard.as_ref().filter(|s| !s.is_closed()) {
+        // rmcp's `is_closed` stays false when the upstream ended the connection (EOF, a dead
+        // child): the closed transport says so.
+        if let Some(s) = guard
+            .as_ref()
+            .filter(|s| !s.is_closed() && !s.peer().is_transport_closed())
+        {
             return Ok(s.clone());
         }
         let service = Arc::new(self.open().await?);
