@@ -332,7 +332,10 @@ fn run_gateway(args: crate::cli::GatewayArgs) -> anyhow::Result<ExitCode> {
         anyhow::bail!("`--upstream-timeout` must be at least 1 second");
     }
     let upstream = match args.upstream_url {
-        Some(url) => UpstreamSpec::Url(url),
+        Some(url) => UpstreamSpec::Url(
+            url.parse::<crate::secret::SecretUrl>()
+                .context("invalid `--upstream-url`")?,
+        ),
         None => UpstreamSpec::Command(args.command),
     };
     let policy = match &args.policy {

@@ -37,6 +37,9 @@
 //! - An upstream result with `isError: true` is the tool's answer: recorded and replayed.
 //! - An upstream that dies, times out or drops the connection leaves the operation open
 //!   (`outcome_unknown`); redelivering the same call re-sends it with the same idempotency key.
+//! - No secret of an `--upstream-url` (user info, query values, fragment) reaches the agent or
+//!   standard error: the URL is shown redacted, and so is every URL in the HTTP client's and
+//!   rmcp's error texts ([`crate::secret::redact_urls`]).
 //! - The gateway refuses to start when the upstream has a tool named `operation_status` or
 //!   `resume_operation`, lacks a `--spend` tool, or a spend tool's input schema has an
 //!   identity-like field (naming the tool and the field).

@@ -4,6 +4,10 @@
 //! endpoint (`--upstream-url`). The connection is opened at start-up; when it breaks (the child
 //! died, the HTTP session dropped) the next request opens a new one, so a redelivery after an
 //! upstream crash reaches a fresh upstream.
+//!
+//! An `--upstream-url` is a [`crate::secret::SecretUrl`] from the command line on: shown
+//! redacted, and every error text of the HTTP client or rmcp (which quote the URL) is redacted
+//! ([`shown`]) before it goes into an [`UpstreamError`].
 
 use super::relay::{Ordered, Relay};
 use rmcp::model::{
@@ -19,15 +23,15 @@ use std::time::Duration;
 pub enum UpstreamSpec {
     /// A command started as a child process, spoken to over its stdin/stdout.
     Command(Vec<String>),
-    /// A streamable HTTP endpoint.
-    Url(String),
+    /// A streamable HTTP endpoint (its secrets redacted wherever it is shown).
+    Url(crate::secret::SecretUrl),
 }
 
 impl std::fmt::Display for UpstreamSpec {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             UpstreamSpec::Command(argv) => write!(f, "`{}`", argv.join(" ")),
-            UpstreamSpec::Url(url) => write!(f, "`{}`", crate::secret::redact_url(url)),
+            UpstreamSpec::Url(url) => write!(f, "`{url}`"),
         }
     }
 }
@@ -55,6 +59,21 @@ pub enum UpstreamError {
     /// The upstream answered with a JSON-RPC error.
     #[error("the upstream MCP server answered with an error: {0}")]
     Refused(rmcp::ErrorData),
+}
+
+/// An error text of the HTTP client or of rmcp as an agent or a log may see it: the URLs it
+/// quotes redacted ([`crate::secret::redact_urls`]).
+pub(super) fn shown(detail: &str) -> String {
+    crate::secret::redact_urls(detail).into_owned()
+}
+
+/// A JSON-RPC error of the upstream (or one rmcp made of an HTTP failure) with its message
+/// [`shown`].
+pub(super) fn shown_error(mut e: rmcp::ErrorData) -> rmcp::ErrorData {
+    if let std::borrow::Cow::Owned(redacted) = crate::secret::redact_urls(&e.message) {
+        e.message = redacted.into();
+    }
+    e
 }
 
 type Service = RunningService<RoleClient, Relay>;
@@ -91,7 +110,7 @@ impl Upstream {
     async fn open(&self) -> Result<Service, UpstreamError> {
         let err = |detail: String| UpstreamError::Connect {
             spec: self.spec.to_string(),
-            detail,
+            detail: shown(&detail),
         };
         match &self.spec {
             UpstreamSpec::Command(argv) => {
@@ -118,7 +137,7 @@ impl Upstream {
                     rmcp::transport::StreamableHttpClientTransport::with_client(
                         client,
                         rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig::with_uri(
-                            url.as_str(),
+                            url.expose().as_str(),
                         ),
                     ),
                     self.relay.clone(),
@@ -202,11 +221,11 @@ impl Upstream {
             tokio::time::timeout(self.timeout, service.peer().call_tool_once(params)).await;
         let no_answer = |detail: String| UpstreamError::NoAnswer {
             spec: self.spec.to_string(),
-            detail,
+            detail: shown(&detail),
         };
         match answer {
             Ok(Ok(response)) => Ok(response),
-            Ok(Err(ServiceError::McpError(e))) => Err(UpstreamError::Refused(e)),
+            Ok(Err(ServiceError::McpError(e))) => Err(UpstreamError::Refused(shown_error(e))),
             Ok(Err(e)) => {
                 self.drop_connection(&service).await;
                 Err(no_answer(e.to_string()))
@@ -223,12 +242,12 @@ impl Upstream {
         let service = self.service().await?;
         match tokio::time::timeout(self.timeout, service.peer().list_all_tools()).await {
             Ok(Ok(tools)) => Ok(tools),
-            Ok(Err(ServiceError::McpError(e))) => Err(UpstreamError::Refused(e)),
+            Ok(Err(ServiceError::McpError(e))) => Err(UpstreamError::Refused(shown_error(e))),
             Ok(Err(e)) => {
                 self.drop_connection(&service).await;
                 Err(UpstreamError::NoAnswer {
                     spec: self.spec.to_string(),
-                    detail: e.to_string(),
+                    detail: shown(&e.to_string()),
                 })
             }
             Err(_) => Err(UpstreamError::NoAnswer {

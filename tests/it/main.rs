@@ -11,6 +11,7 @@ mod conform_replicas;
 mod conform_upstream;
 mod gateway;
 mod gateway_relay;
+mod gateway_upstream;
 mod hardening_money;
 mod hardening_transport;
 mod identity_sources;
