@@ -3,7 +3,9 @@
 //! The upstream is a child process spoken to over stdio (`-- CMD ARGS...`) or a streamable HTTP
 //! endpoint (`--upstream-url`). The connection is opened at start-up; when it breaks (the child
 //! died, the HTTP session dropped) the next request opens a new one, so a redelivery after an
-//! upstream crash reaches a fresh upstream.
+//! upstream crash reaches a fresh upstream. A child is spoken to through
+//! [`super::child::ChildTransport`], whose too-long answer fails its request at once as
+//! [`UpstreamError::TooLarge`] (the upstream ran it), not at the timeout.
 //!
 //! An `--upstream-url` is a [`crate::secret::SecretUrl`] from the command line on: shown
 //! redacted, and every error text of the HTTP client or rmcp (which quote the URL) is redacted
@@ -59,6 +61,21 @@ pub enum UpstreamError {
     /// The upstream answered with a JSON-RPC error.
     #[error("the upstream MCP server answered with an error: {0}")]
     Refused(rmcp::ErrorData),
+    /// The upstream answered, but with a message longer than the gateway reads: it ran the
+    /// request (and may have charged for it), and its answer is lost.
+    #[error(
+        "the upstream MCP server {spec} answered with a message of {bytes} bytes, longer than \
+         the {limit} bytes the gateway reads in one message (`--upstream-max-message-bytes`), \
+         and the answer was dropped"
+    )]
+    TooLarge {
+        /// The upstream.
+        spec: String,
+        /// The answer's size.
+        bytes: usize,
+        /// The limit.
+        limit: usize,
+    },
 }
 
 /// An error text of the HTTP client or of rmcp as an agent or a log may see it: the URLs it
@@ -82,6 +99,7 @@ type Service = RunningService<RoleClient, Relay>;
 pub struct Upstream {
     spec: UpstreamSpec,
     timeout: Duration,
+    max_message_bytes: usize,
     conn: tokio::sync::Mutex<Option<Arc<Service>>>,
     relay: Relay,
 }
@@ -95,11 +113,18 @@ impl std::fmt::Debug for Upstream {
 }
 
 impl Upstream {
-    /// Connects to the upstream now (a failure is returned, nothing is kept).
-    pub async fn connect(spec: UpstreamSpec, timeout: Duration) -> Result<Upstream, UpstreamError> {
+    /// Connects to the upstream now (a failure is returned, nothing is kept). A child's message
+    /// longer than `max_message_bytes` is dropped and its request answered
+    /// [`UpstreamError::TooLarge`] ([`super::child`]).
+    pub async fn connect(
+        spec: UpstreamSpec,
+        timeout: Duration,
+        max_message_bytes: usize,
+    ) -> Result<Upstream, UpstreamError> {
         let up = Upstream {
             spec,
             timeout,
+            max_message_bytes,
             conn: tokio::sync::Mutex::new(None),
             relay: Relay::default(),
         };
@@ -120,7 +145,7 @@ impl Upstream {
                 let mut command = tokio::process::Command::new(program);
                 command.args(args);
                 let transport = Ordered::new(
-                    rmcp::transport::TokioChildProcess::new(command)
+                    super::child::ChildTransport::spawn(command, self.max_message_bytes)
                         .map_err(|e| err(e.to_string()))?,
                     self.relay.clone(),
                 );
@@ -211,6 +236,19 @@ impl Upstream {
         info
     }
 
+    /// The error for a JSON-RPC error answer: [`UpstreamError::TooLarge`] when it stands for an
+    /// answer that was too long, else [`UpstreamError::Refused`].
+    fn refused(&self, e: rmcp::ErrorData) -> UpstreamError {
+        match super::child::Oversized::of(&e) {
+            Some(over) => UpstreamError::TooLarge {
+                spec: self.spec.to_string(),
+                bytes: over.bytes,
+                limit: over.limit,
+            },
+            None => UpstreamError::Refused(shown_error(e)),
+        }
+    }
+
     /// Sends one `tools/call` and waits for its answer (at most the configured timeout).
     pub async fn call_tool(
         &self,
@@ -225,7 +263,7 @@ impl Upstream {
         };
         match answer {
             Ok(Ok(response)) => Ok(response),
-            Ok(Err(ServiceError::McpError(e))) => Err(UpstreamError::Refused(shown_error(e))),
+            Ok(Err(ServiceError::McpError(e))) => Err(self.refused(e)),
             Ok(Err(e)) => {
                 self.drop_connection(&service).await;
                 Err(no_answer(e.to_string()))
@@ -242,7 +280,7 @@ impl Upstream {
         let service = self.service().await?;
         match tokio::time::timeout(self.timeout, service.peer().list_all_tools()).await {
             Ok(Ok(tools)) => Ok(tools),
-            Ok(Err(ServiceError::McpError(e))) => Err(UpstreamError::Refused(shown_error(e))),
+            Ok(Err(ServiceError::McpError(e))) => Err(self.refused(e)),
             Ok(Err(e)) => {
                 self.drop_connection(&service).await;
                 Err(UpstreamError::NoAnswer {
