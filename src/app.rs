@@ -331,8 +331,17 @@ fn run_gateway(args: crate::cli::GatewayArgs) -> anyhow::Result<ExitCode> {
     if args.upstream_timeout == 0 {
         anyhow::bail!("`--upstream-timeout` must be at least 1 second");
     }
+    if args.upstream_max_message_bytes < crate::gateway::MIN_MAX_MESSAGE_BYTES {
+        anyhow::bail!(
+            "`--upstream-max-message-bytes` must be at least {} (an `initialize` answer must fit)",
+            crate::gateway::MIN_MAX_MESSAGE_BYTES
+        );
+    }
     let upstream = match args.upstream_url {
-        Some(url) => UpstreamSpec::Url(url),
+        Some(url) => UpstreamSpec::Url(
+            url.parse::<crate::secret::SecretUrl>()
+                .context("invalid `--upstream-url`")?,
+        ),
         None => UpstreamSpec::Command(args.command),
     };
     let mut policy: crate::gateway::policy::GatewayPolicy = match &args.policy {
@@ -355,6 +364,7 @@ fn run_gateway(args: crate::cli::GatewayArgs) -> anyhow::Result<ExitCode> {
         spend: args.spend.into_iter().collect(),
         upstream,
         upstream_timeout: std::time::Duration::from_secs(args.upstream_timeout),
+        upstream_max_message_bytes: args.upstream_max_message_bytes,
         key_prefix: crate::keys::DEFAULT_KEY_PREFIX.into(),
         handle_prefix: crate::keys::DEFAULT_HANDLE_PREFIX.into(),
         identity_sources: identity_sources(&args.sources)?,

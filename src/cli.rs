@@ -482,6 +482,11 @@ pub struct GatewayArgs {
     /// Lease.
     #[command(flatten)]
     pub lease: LeaseArg,
+    /// The longest message (one line) read from an upstream started with `-- CMD`, in bytes:
+    /// a longer answer fails its call at once, naming its size (the upstream ran the call and
+    /// may have charged for it). The default is rmcp's own, 16 MiB.
+    #[arg(long, value_name = "BYTES", default_value_t = crate::gateway::DEFAULT_MAX_MESSAGE_BYTES)]
+    pub upstream_max_message_bytes: usize,
     /// Serve the agent over streamable HTTP on this loopback address instead of stdio (e.g.
     /// 127.0.0.1:8766; port 0 picks one, printed on stderr).
     #[arg(long, value_name = "ADDR", value_parser = crate::http_guard::parse_listen_addr)]

@@ -13,6 +13,9 @@
 //!   wins when both are set ([`color`]).
 //! - `CALLID_LOG` filters the log with `tracing`'s env-filter syntax (default `warn`; e.g.
 //!   `info`, `debug`, `callid=debug,rmcp=warn`).
+//! - No URL's user info, query values or fragment reach standard error: every line, callid's
+//!   own and the libraries' (rmcp and reqwest quote the URL they failed to reach), passes
+//!   through [`crate::secret::redact_urls`].
 
 use std::io::{IsTerminal as _, Write};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -78,7 +81,9 @@ impl Write for Stderr {
     }
 
     fn write_all(&mut self, buf: &[u8]) -> std::io::Result<()> {
-        STDERR_DROPS.write(&mut std::io::stderr().lock(), buf);
+        let text = String::from_utf8_lossy(buf);
+        let shown = crate::secret::redact_urls(&text);
+        STDERR_DROPS.write(&mut std::io::stderr().lock(), shown.as_bytes());
         Ok(())
     }
 

@@ -3,10 +3,12 @@
 //!
 //! # Guarantees
 //! - [`Secret`] has no `Display` and a redacting `Debug`; reading it takes [`Secret::expose`].
-//! - [`SecretUrl`]'s `Display` and `Debug` show the redacted form ([`redact_url`]): the userinfo
+//! - [`SecretUrl`]'s `Display` and `Debug` show the redacted form: the userinfo
 //!   becomes `REDACTED`, every query value becomes `REDACTED` (keys stay), a fragment becomes
 //!   `REDACTED`. Only [`SecretUrl::expose`] gives the real URL, for the HTTP client.
 //! - Errors about a credential name where it came from, never its value.
+//! - [`redact_urls`] shows every http(s) URL in a text that way: what an HTTP client's or an MCP
+//!   library's error text passes through before it reaches an agent or standard error.
 
 use reqwest::Url;
 use std::path::{Path, PathBuf};
@@ -232,13 +234,67 @@ fn redacted(url: &Url) -> String {
     out
 }
 
-/// `text` with the secrets of any URL in it redacted: the form [`SecretUrl`] shows, or a
-/// placeholder when it does not parse as an http(s) URL.
-pub fn redact_url(text: &str) -> String {
-    match text.parse::<SecretUrl>() {
-        Ok(url) => url.redacted,
-        Err(_) => "<a URL that does not parse>".into(),
+/// `text` with every `http://` or `https://` URL in it shown as [`SecretUrl`] shows it: the one
+/// function every text that may quote a URL passes through before it leaves the process (an
+/// HTTP client's error quotes the URL it failed to reach, with its query and fragment).
+///
+/// A URL runs to the first white space, control or non-ASCII character, or one of `` "<>`\ ``
+/// (none of which a serialized URL holds); trailing `)`, `,`, `.`, `;`, `:`, `]` and `'` are
+/// taken as the surrounding sentence's. A URL without user info, query or fragment is left as
+/// written; one that does not parse but holds `@`, `?` or `#` becomes `SCHEME://REDACTED`.
+pub fn redact_urls(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.contains("://") {
+        return std::borrow::Cow::Borrowed(text);
     }
+    let bytes = text.as_bytes();
+    let mut out = String::with_capacity(text.len());
+    let mut copied = 0;
+    let mut search = 0;
+    while let Some(found) = text[search..].find("://") {
+        let sep = search + found;
+        let scheme_start = text[..sep]
+            .rfind(|c: char| !c.is_ascii_alphabetic())
+            .map_or(0, |i| i + 1);
+        let scheme = &text[scheme_start..sep];
+        search = sep + 3;
+        if !scheme.eq_ignore_ascii_case("http") && !scheme.eq_ignore_ascii_case("https") {
+            continue;
+        }
+        let end = bytes[search..]
+            .iter()
+            .position(|&b| {
+                !b.is_ascii()
+                    || b.is_ascii_whitespace()
+                    || b.is_ascii_control()
+                    || b"\"<>`\\".contains(&b)
+            })
+            .map_or(text.len(), |i| search + i);
+        let token = text[scheme_start..end].trim_end_matches([')', ',', '.', ';', ':', ']', '\'']);
+        let shown = match Url::parse(token) {
+            Ok(url)
+                if url.username().is_empty()
+                    && url.password().is_none()
+                    && url.query().is_none()
+                    && url.fragment().is_none() =>
+            {
+                None
+            }
+            Ok(url) => Some(redacted(&url)),
+            Err(_) if token.contains(['@', '?', '#']) => Some(format!("{scheme}://{REDACTED}")),
+            Err(_) => None,
+        };
+        if let Some(shown) = shown {
+            out.push_str(&text[copied..scheme_start]);
+            out.push_str(&shown);
+            copied = scheme_start + token.len();
+        }
+        search = scheme_start + token.len().max(scheme.len() + 3);
+    }
+    if copied == 0 {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    out.push_str(&text[copied..]);
+    std::borrow::Cow::Owned(out)
 }
 
 #[cfg(test)]
@@ -265,12 +321,45 @@ mod tests {
             assert_eq!(url.redacted(), shown);
             assert_eq!(url.to_string(), shown);
             assert_eq!(format!("{url:?}"), format!("SecretUrl({shown:?})"));
-            assert_eq!(redact_url(given), shown);
+            if url.expose().query().is_some() {
+                assert_eq!(redact_urls(given), shown);
+            }
         }
-        assert_eq!(
-            redact_url("not a url with sk-123"),
-            "<a URL that does not parse>"
-        );
+    }
+
+    #[test]
+    fn urls_in_text_show_no_secret() {
+        let table = [
+            ("no url here", "no url here"),
+            (
+                "error sending request for url (http://127.0.0.1:1/mcp?api_key=SECRET#frag), when \
+                 send initialize request",
+                "error sending request for url (http://127.0.0.1:1/mcp?api_key=REDACTED#REDACTED), \
+                 when send initialize request",
+            ),
+            (
+                "Client(reqwest::Error { url: \"https://u:pw@h.example/x?a=1&b\" })",
+                "Client(reqwest::Error { url: \"https://REDACTED@h.example/x?a=REDACTED&REDACTED\" })",
+            ),
+            (
+                "`HTTP://user:pw@127.0.0.1:9/mcp` and http://127.0.0.1:9/plain.",
+                "`http://REDACTED@127.0.0.1:9/mcp` and http://127.0.0.1:9/plain.",
+            ),
+            (
+                "write it as http://HOST:PORT; see ftp://u:p@x",
+                "write it as http://HOST:PORT; see ftp://u:p@x",
+            ),
+            ("http://u:pw@[bad/?k=SECRET", "http://REDACTED"),
+            ("https://", "https://"),
+            ("x://y http://a@b:c", "x://y http://REDACTED"),
+        ];
+        for (given, shown) in table {
+            assert_eq!(redact_urls(given), shown, "{given}");
+        }
+        assert!(matches!(
+            redact_urls("http://127.0.0.1:1/mcp"),
+            std::borrow::Cow::Borrowed(_)
+        ));
     }
 
     #[test]

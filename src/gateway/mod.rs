@@ -13,6 +13,7 @@
 //! # Layout
 //! - [`spend`]: [`Gateway`], the upstream as the pipeline's spender, and the start-up checks.
 //! - [`upstream`]: [`Upstream`], the (re)connecting MCP client of the upstream.
+//! - [`child`]: the stdio transport to an upstream child, whose too-long answer is reported.
 //! - [`relay`]: [`relay::Relay`], the upstream's progress, logs and list changes back to the agents,
 //!   in bounded queues no agent can stall.
 //! - [`keyed_http`]: the HTTP client that also sends a spend's key as `Idempotency-Key`.
@@ -59,11 +60,18 @@
 //! - An upstream that could not be reached at all leaves the operation open: nothing was sent.
 //! - `callid/*` keys in an upstream result's own `_meta` are dropped: those names are the
 //!   gateway's.
+//! - An upstream child's answer longer than `--upstream-max-message-bytes` fails its call at
+//!   once, naming its size and the limit, as an outcome that may have been charged ([`child`]):
+//!   in doubt, unless the tool is declared idempotent.
+//! - No secret of an `--upstream-url` (user info, query values, fragment) reaches the agent or
+//!   standard error: the URL is shown redacted, and so is every URL in the HTTP client's and
+//!   rmcp's error texts ([`crate::secret::redact_urls`]).
 //! - The gateway refuses to start when the upstream has a tool named `operation_status` or
 //!   `resume_operation`, lacks a `--spend` tool, or a spend tool's input schema has an
 //!   identity-like field (naming the tool and the field), by the same rule as the calls: the
 //!   built-in names and every `--identity-sources` key.
 
+mod child;
 pub mod guard;
 mod keyed_http;
 pub(crate) mod policy;
@@ -72,6 +80,7 @@ mod server;
 pub(crate) mod spend;
 mod upstream;
 
+pub(crate) use child::{DEFAULT_MAX_MESSAGE_BYTES, MIN_MAX_MESSAGE_BYTES};
 pub(crate) use spend::{Gateway, StartError};
 pub(crate) use upstream::{Upstream, UpstreamSpec};
 
@@ -93,6 +102,8 @@ pub(crate) struct GatewayOptions {
     pub upstream: UpstreamSpec,
     /// How long to wait for an upstream answer.
     pub upstream_timeout: Duration,
+    /// The longest message read from an upstream child (`--upstream-max-message-bytes`).
+    pub upstream_max_message_bytes: usize,
     /// Prefix of private keys.
     pub key_prefix: String,
     /// Prefix of public handles.
@@ -118,9 +129,13 @@ pub(crate) async fn run(
         ),
         None => None,
     };
-    let upstream = Upstream::connect(options.upstream.clone(), options.upstream_timeout)
-        .await
-        .map_err(StartError::from)?;
+    let upstream = Upstream::connect(
+        options.upstream.clone(),
+        options.upstream_timeout,
+        options.upstream_max_message_bytes,
+    )
+    .await
+    .map_err(StartError::from)?;
     let info = upstream.info().await;
     let core = Core::new(CoreOptions {
         registry: options.registry.clone(),

@@ -112,15 +112,19 @@ impl GatewayServer {
     }
 }
 
+/// The agent's error for a request passed through that failed; the URLs it quotes redacted.
 fn forwarded(e: ServiceError) -> McpError {
     match e {
-        ServiceError::McpError(e) => e,
-        other => McpError::internal_error(format!("the upstream did not answer: {other}"), None),
+        ServiceError::McpError(e) => super::upstream::shown_error(e),
+        other => McpError::internal_error(
+            super::upstream::shown(&format!("the upstream did not answer: {other}")),
+            None,
+        ),
     }
 }
 
 fn unreachable_upstream(e: super::upstream::UpstreamError) -> McpError {
-    McpError::internal_error(e.to_string(), None)
+    McpError::internal_error(super::upstream::shown(&e.to_string()), None)
 }
 
 impl ServerHandler for GatewayServer {

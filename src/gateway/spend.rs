@@ -440,13 +440,15 @@ impl Spender for Gateway {
                     op.tool, e.code.0, e.message
                 ),
             },
-            Err(e @ UpstreamError::Connect { .. }) => Outcome::NotSent(ToolError::new(
-                ToolCode::UpstreamUnavailable,
-                format!(
-                    "{e}; nothing was sent upstream for this delivery: redeliver this same call \
+            Err(e @ (UpstreamError::Connect { .. } | UpstreamError::NotSent { .. })) => {
+                Outcome::NotSent(ToolError::new(
+                    ToolCode::UpstreamUnavailable,
+                    format!(
+                        "{e}; nothing was sent upstream for this delivery: redeliver this same call \
                      once the upstream is back"
-                ),
-            )),
+                    ),
+                ))
+            }
             Err(e) => Outcome::Open(unknown_outcome(op, &e)),
         }
     }

@@ -3,7 +3,13 @@
 //! The upstream is a child process spoken to over stdio (`-- CMD ARGS...`) or a streamable HTTP
 //! endpoint (`--upstream-url`). The connection is opened at start-up; when it breaks (the child
 //! died, the HTTP session dropped) the next request opens a new one, so a redelivery after an
-//! upstream crash reaches a fresh upstream.
+//! upstream crash reaches a fresh upstream. A child is spoken to through
+//! [`super::child::ChildTransport`], whose too-long answer fails its request at once as
+//! [`UpstreamError::TooLarge`] (the upstream ran it), not at the timeout.
+//!
+//! An `--upstream-url` is a [`crate::secret::SecretUrl`] from the command line on: shown
+//! redacted, and every error text of the HTTP client or rmcp (which quote the URL) is redacted
+//! ([`shown`]) before it goes into an [`UpstreamError`].
 
 use super::relay::{Ordered, Relay};
 use rmcp::model::{
@@ -19,15 +25,15 @@ use std::time::Duration;
 pub enum UpstreamSpec {
     /// A command started as a child process, spoken to over its stdin/stdout.
     Command(Vec<String>),
-    /// A streamable HTTP endpoint.
-    Url(String),
+    /// A streamable HTTP endpoint (its secrets redacted wherever it is shown).
+    Url(crate::secret::SecretUrl),
 }
 
 impl std::fmt::Display for UpstreamSpec {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             UpstreamSpec::Command(argv) => write!(f, "`{}`", argv.join(" ")),
-            UpstreamSpec::Url(url) => write!(f, "`{}`", crate::secret::redact_url(url)),
+            UpstreamSpec::Url(url) => write!(f, "`{url}`"),
         }
     }
 }
@@ -52,9 +58,81 @@ pub enum UpstreamError {
         /// What happened.
         detail: String,
     },
+    /// The request could not be sent: the connection was refused or the pipe to the upstream
+    /// was already broken, so nothing reached it ([`never_sent`]).
+    #[error("the request could not be sent to the upstream MCP server {spec}: {detail}")]
+    NotSent {
+        /// The upstream.
+        spec: String,
+        /// What failed.
+        detail: String,
+    },
     /// The upstream answered with a JSON-RPC error.
     #[error("the upstream MCP server answered with an error: {0}")]
     Refused(rmcp::ErrorData),
+    /// The upstream answered, but with a message longer than the gateway reads: it ran the
+    /// request (and may have charged for it), and its answer is lost.
+    #[error(
+        "the upstream MCP server {spec} answered with a message of {bytes} bytes, longer than \
+         the {limit} bytes the gateway reads in one message (`--upstream-max-message-bytes`), \
+         and the answer was dropped"
+    )]
+    TooLarge {
+        /// The upstream.
+        spec: String,
+        /// The answer's size.
+        bytes: usize,
+        /// The limit.
+        limit: usize,
+    },
+}
+
+/// Whether `e` proves that a request never reached the upstream: sending it failed because the
+/// connection was refused (the HTTP client could not connect) or the pipe to the upstream child
+/// was already broken. Any other failure, a send error after the connection was made (an HTTP
+/// 500, a stream cut mid-answer) included, may follow the upstream acting on the request, and
+/// is not this.
+pub(super) fn never_sent(e: &ServiceError) -> bool {
+    let ServiceError::TransportSend(sent) = e else {
+        return false;
+    };
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(sent.error.as_ref());
+    while let Some(c) = cause {
+        // rmcp's HTTP transport error wraps the client's without naming it as its source.
+        use rmcp::transport::streamable_http_client::StreamableHttpError;
+        let http = match c.downcast_ref::<StreamableHttpError<reqwest::Error>>() {
+            Some(StreamableHttpError::Client(e)) => Some(e),
+            _ => c.downcast_ref::<reqwest::Error>(),
+        };
+        if http.is_some_and(reqwest::Error::is_connect) {
+            return true;
+        }
+        if let Some(io) = c.downcast_ref::<std::io::Error>()
+            && matches!(
+                io.kind(),
+                std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::BrokenPipe
+            )
+        {
+            return true;
+        }
+        cause = c.source();
+    }
+    false
+}
+
+/// An error text of the HTTP client or of rmcp as an agent or a log may see it: the URLs it
+/// quotes redacted ([`crate::secret::redact_urls`]).
+pub(super) fn shown(detail: &str) -> String {
+    crate::secret::redact_urls(detail).into_owned()
+}
+
+/// A JSON-RPC error of the upstream (or one rmcp made of an HTTP failure) with its message
+/// [`shown`].
+pub(super) fn shown_error(mut e: rmcp::ErrorData) -> rmcp::ErrorData {
+    if let std::borrow::Cow::Owned(redacted) = crate::secret::redact_urls(&e.message) {
+        e.message = redacted.into();
+    }
+    e
 }
 
 type Service = RunningService<RoleClient, Relay>;
@@ -63,6 +141,7 @@ type Service = RunningService<RoleClient, Relay>;
 pub struct Upstream {
     spec: UpstreamSpec,
     timeout: Duration,
+    max_message_bytes: usize,
     conn: tokio::sync::Mutex<Option<Arc<Service>>>,
     relay: Relay,
 }
@@ -76,11 +155,18 @@ impl std::fmt::Debug for Upstream {
 }
 
 impl Upstream {
-    /// Connects to the upstream now (a failure is returned, nothing is kept).
-    pub async fn connect(spec: UpstreamSpec, timeout: Duration) -> Result<Upstream, UpstreamError> {
+    /// Connects to the upstream now (a failure is returned, nothing is kept). A child's message
+    /// longer than `max_message_bytes` is dropped and its request answered
+    /// [`UpstreamError::TooLarge`] ([`super::child`]).
+    pub async fn connect(
+        spec: UpstreamSpec,
+        timeout: Duration,
+        max_message_bytes: usize,
+    ) -> Result<Upstream, UpstreamError> {
         let up = Upstream {
             spec,
             timeout,
+            max_message_bytes,
             conn: tokio::sync::Mutex::new(None),
             relay: Relay::default(),
         };
@@ -91,7 +177,7 @@ impl Upstream {
     async fn open(&self) -> Result<Service, UpstreamError> {
         let err = |detail: String| UpstreamError::Connect {
             spec: self.spec.to_string(),
-            detail,
+            detail: shown(&detail),
         };
         match &self.spec {
             UpstreamSpec::Command(argv) => {
@@ -101,7 +187,7 @@ impl Upstream {
                 let mut command = tokio::process::Command::new(program);
                 command.args(args);
                 let transport = Ordered::new(
-                    rmcp::transport::TokioChildProcess::new(command)
+                    super::child::ChildTransport::spawn(command, self.max_message_bytes)
                         .map_err(|e| err(e.to_string()))?,
                 );
                 self.relay
@@ -117,7 +203,7 @@ impl Upstream {
                     rmcp::transport::StreamableHttpClientTransport::with_client(
                         client,
                         rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig::with_uri(
-                            url.as_str(),
+                            url.expose().as_str(),
                         ),
                     ),
                 );
@@ -195,6 +281,19 @@ impl Upstream {
         info
     }
 
+    /// The error for a JSON-RPC error answer: [`UpstreamError::TooLarge`] when it stands for an
+    /// answer that was too long, else [`UpstreamError::Refused`].
+    fn refused(&self, e: rmcp::ErrorData) -> UpstreamError {
+        match super::child::Oversized::of(&e) {
+            Some(over) => UpstreamError::TooLarge {
+                spec: self.spec.to_string(),
+                bytes: over.bytes,
+                limit: over.limit,
+            },
+            None => UpstreamError::Refused(shown_error(e)),
+        }
+    }
+
     /// Sends one `tools/call` and waits for its answer (at most the configured timeout).
     pub async fn call_tool(
         &self,
@@ -205,11 +304,18 @@ impl Upstream {
             tokio::time::timeout(self.timeout, service.peer().call_tool_once(params)).await;
         let no_answer = |detail: String| UpstreamError::NoAnswer {
             spec: self.spec.to_string(),
-            detail,
+            detail: shown(&detail),
         };
         match answer {
             Ok(Ok(response)) => Ok(response),
-            Ok(Err(ServiceError::McpError(e))) => Err(UpstreamError::Refused(e)),
+            Ok(Err(ServiceError::McpError(e))) => Err(self.refused(e)),
+            Ok(Err(e)) if never_sent(&e) => {
+                self.drop_connection(&service).await;
+                Err(UpstreamError::NotSent {
+                    spec: self.spec.to_string(),
+                    detail: shown(&e.to_string()),
+                })
+            }
             Ok(Err(e)) => {
                 self.drop_connection(&service).await;
                 Err(no_answer(e.to_string()))
@@ -226,12 +332,12 @@ impl Upstream {
         let service = self.service().await?;
         match tokio::time::timeout(self.timeout, service.peer().list_all_tools()).await {
             Ok(Ok(tools)) => Ok(tools),
-            Ok(Err(ServiceError::McpError(e))) => Err(UpstreamError::Refused(e)),
+            Ok(Err(ServiceError::McpError(e))) => Err(self.refused(e)),
             Ok(Err(e)) => {
                 self.drop_connection(&service).await;
                 Err(UpstreamError::NoAnswer {
                     spec: self.spec.to_string(),
-                    detail: e.to_string(),
+                    detail: shown(&e.to_string()),
                 })
             }
             Err(_) => Err(UpstreamError::NoAnswer {
