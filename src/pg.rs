@@ -41,6 +41,8 @@
 //!   offer TLS is refused before anything (user name, password, query) is sent, and so is a
 //!   certificate that fails the mode's checks. [`PgUrl::explain`] names the cause and the fix
 //!   (and the `sslrootcert` path: a CA certificate is no secret).
+//! - A session the server ended while it sat idle (a restart) is found and replaced before a
+//!   statement is sent on it ([`session_gone`]), so the first calls after a restart succeed.
 
 use postgres::Config;
 use postgres::config::SslMode;
@@ -665,6 +667,33 @@ fn redact(url: &reqwest::Url) -> String {
     }
     shown.set_fragment(None);
     shown.to_string()
+}
+
+/// How long a session may sit idle before [`session_gone`] checks it with a round trip: shorter
+/// than any server restart (stopping and starting a server takes longer than this).
+pub const IDLE_CHECK: Duration = Duration::from_millis(100);
+
+/// How long [`session_gone`]'s round trip may take before the session counts as gone.
+const CHECK_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Whether `client`'s session is gone, `idle` after it last answered; every session of callid is
+/// checked so before it is used, and one that is gone is replaced by a new one.
+///
+/// callid's sync client reads the socket only while it runs a statement, so a session the server
+/// ended while it sat idle (a restart, `pg_terminate_backend`, an idle timeout) still looks open,
+/// and the next statement sent on it would fail. So: a session idle for [`IDLE_CHECK`] or more
+/// runs an empty query first (it changes nothing, so it is safe whatever happens to it); a
+/// session used more recently than that is only polled for what already arrived. A statement that
+/// fails once it was sent is never retried here: it may have committed.
+pub fn session_gone(client: &mut postgres::Client, idle: Duration) -> bool {
+    use postgres::fallible_iterator::FallibleIterator as _;
+    // Polls once without waiting (callid's sessions never `LISTEN`, so no notification is
+    // taken); an error is the session ending, which `is_closed` then says.
+    let _ = client.notifications().iter().next();
+    if client.is_closed() {
+        return true;
+    }
+    idle >= IDLE_CHECK && (client.is_valid(CHECK_TIMEOUT).is_err() || client.is_closed())
 }
 
 /// Drops a sync PostgreSQL client (or anything holding one) on a plain thread: the client owns a

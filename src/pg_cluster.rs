@@ -190,6 +190,27 @@ impl Cluster {
         )
     }
 
+    /// `pg_ctl -m fast restart`, returning once the new server accepts connections (60 s at
+    /// most): every session is ended by the server (it tells each client so) and must reconnect.
+    pub fn restart_server(&self) -> Result<(), ClusterError> {
+        let log = self.dir.path().join("server.log").display().to_string();
+        self.run(
+            "pg_ctl",
+            &[
+                "-D",
+                &self.data(),
+                "-l",
+                &log,
+                "-m",
+                "fast",
+                "-w",
+                "-t",
+                "60",
+                "restart",
+            ],
+        )
+    }
+
     /// `pg_ctl -m immediate stop`: the server dies as in a crash (its clients' connections
     /// drop). It waits for the postmaster's PID file, not for the process entry, so a server
     /// left as an unreaped zombie does not hang it. A server already stopped is no error.

@@ -29,14 +29,22 @@
 //! migrations are append-only and run in one `EXCLUSIVE` transaction. A file whose
 //! `application_id` belongs to someone else, a non-empty database without one, a file that is not
 //! SQLite, or a file from a newer callid is refused and never modified: it is inspected through a
-//! read-only connection (which cannot checkpoint a `-wal` into it) before any connection that could
-//! write is opened.
+//! read-only connection (which cannot checkpoint a `-wal` into it) before any statement runs on a
+//! connection that could write (the writability check below opens one and runs nothing on it).
 //!
 //! ## Permissions
 //! These files hold private operation keys and idempotency keys. A file callid creates is `0600`
 //! (missing parent directories `0700`), and SQLite gives its `-wal` and `-shm` the same mode. An
 //! existing file (an empty one included) or a leftover `-wal`, `-shm` or `-journal` that other users
-//! may read or write is refused before anything is written, with the `chmod 600` to run.
+//! may read or write is refused before SQLite opens it (so no `-wal` or `-shm` is created with its
+//! mode), with the `chmod 600` to run; only a file that already has its `-wal` is inspected first,
+//! so that a file that is not ours says so.
+//!
+//! A file opened to be written ([`Create::IfMissing`]) that this process cannot write, or whose
+//! directory it cannot write, is refused too, before SQLite runs anything on it, with the fix
+//! (`chmod u+w`); once open, a real write (rolled back) proves it: SQLite opens a file it may
+//! only read without an error and grants it `BEGIN IMMEDIATE`, and fails only at the first
+//! write. Nothing is created or changed beside a refused file.
 
 use rusqlite::{Connection, ErrorCode, OpenFlags, TransactionBehavior};
 use std::path::{Path, PathBuf};
@@ -185,6 +193,22 @@ pub enum StoreError {
         path: PathBuf,
         /// Each offending file with its mode.
         files: Vec<(PathBuf, u32)>,
+    },
+    /// The file, or the directory SQLite keeps its journals in, cannot be written by this
+    /// process; it was left untouched.
+    #[error(
+        "{kind} `{path}` cannot be written: {problem}; it was left unmodified: {fix}, then try \
+         again"
+    )]
+    ReadOnly {
+        /// File kind.
+        kind: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// What cannot be written, and the operating system's reason.
+        problem: String,
+        /// What to run or change.
+        fix: String,
     },
     /// SQLite failed while opening, migrating, reading or writing the file.
     #[error("{kind} `{path}` cannot be read or written: {cause}")]
@@ -340,20 +364,132 @@ pub fn open_connection(
         }
         create_private_file(path).map_err(io)?;
     }
-    // Modes are read before the inspection: SQLite gives an empty journal it opens the database
-    // file's mode, and the refusal must describe the files as the operator left them.
+    // Modes, then writability, are checked before SQLite opens the file: even a read-only
+    // connection to a WAL file creates its `-shm` and `-wal` when the directory allows it (with the
+    // file's mode), and the refusal must describe the files as the operator left them.
     let exposed = exposed_files(path);
-    inspect(path, spec)?;
     if !exposed.is_empty() {
+        // With a `-wal` (and so a `-shm`) already there, the inspection creates nothing, and a
+        // file that is not ours says so first: a `chmod` would not make it usable.
+        if side_file(path, "-wal").exists() {
+            inspect(path, spec)?;
+        }
         return Err(StoreError::Permissions {
             kind: spec.kind,
             path: path.to_path_buf(),
             files: exposed,
         });
     }
+    if create == Create::IfMissing {
+        writable(path, spec)?;
+    }
+    inspect(path, spec)?;
     let mut conn = connect(path, spec)?;
     retry_busy(|| migrate(&mut conn, spec)).map_err(|e| sqlite(spec, path, e))?;
+    if create == Create::IfMissing {
+        retry_busy(|| probe_write(&mut conn)).map_err(|e| match e.sqlite_error_code() {
+            Some(ErrorCode::ReadOnly) => {
+                read_only(spec, path, format!("a write failed ({e})"), chmod_fix(path))
+            }
+            _ => sqlite(spec, path, e),
+        })?;
+    }
     Ok(conn)
+}
+
+/// Refuses a file this process cannot write, or one whose directory it cannot write (SQLite
+/// creates the `-wal`, `-shm` and `-journal` beside the file), before any statement that could
+/// create those runs. Both are asked of the operating system by doing it: SQLite opens the file
+/// for writing (it falls back to reading when the system refuses, which it reports) and runs
+/// nothing on it; a probe file is created in the directory and removed at once. The file itself
+/// is never opened outside SQLite: closing such a descriptor would drop the POSIX locks of this
+/// process's own connections to it.
+fn writable(path: &Path, spec: &StoreSpec) -> Result<(), StoreError> {
+    let conn = Connection::open_with_flags(
+        plain(path),
+        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(|e| sqlite(spec, path, e))?;
+    let read_only_file = conn
+        .is_readonly(rusqlite::MAIN_DB)
+        .map_err(|e| sqlite(spec, path, e))?;
+    drop(conn);
+    if read_only_file {
+        return Err(read_only(
+            spec,
+            path,
+            "the file can only be opened for reading".to_owned(),
+            chmod_fix(path),
+        ));
+    }
+    let dir = match path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        Some(dir) => dir.to_path_buf(),
+        None => PathBuf::from("."),
+    };
+    if let Err(e) = tempfile::Builder::new()
+        .prefix(".callid-write-probe-")
+        .tempfile_in(&dir)
+    {
+        let fix = match e.kind() {
+            std::io::ErrorKind::ReadOnlyFilesystem => {
+                "point at a file on a writable file system".to_owned()
+            }
+            _ => format!(
+                "run `chmod u+w {}` (SQLite writes its journal beside the file)",
+                shell_word(&dir.display().to_string())
+            ),
+        };
+        // The operating system's reason, without the probe's random name.
+        let reason = e.raw_os_error().map_or_else(
+            || e.kind().to_string(),
+            |code| std::io::Error::from_raw_os_error(code).to_string(),
+        );
+        return Err(read_only(
+            spec,
+            path,
+            format!(
+                "its directory `{}` is not writable ({reason})",
+                dir.display()
+            ),
+            fix,
+        ));
+    }
+    Ok(())
+}
+
+/// Writes one header field of `conn`'s file with the value it already has, then rolls back:
+/// SQLite opens a file it may only read without an error, and even grants it `BEGIN
+/// IMMEDIATE`; only a write fails.
+fn probe_write(conn: &mut Connection) -> rusqlite::Result<()> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let version: i64 = tx.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    tx.pragma_update(None, "user_version", version)?;
+    tx.rollback()
+}
+
+fn read_only(spec: &StoreSpec, path: &Path, problem: String, fix: String) -> StoreError {
+    StoreError::ReadOnly {
+        kind: spec.kind,
+        path: path.to_path_buf(),
+        problem,
+        fix,
+    }
+}
+
+/// The fix for a file this user may not write: its owner's write permission when it lacks it,
+/// else the other causes.
+fn chmod_fix(path: &Path) -> String {
+    use std::os::unix::fs::PermissionsExt as _;
+    let owner_writes = std::fs::metadata(path).is_ok_and(|m| m.permissions().mode() & 0o200 != 0);
+    if owner_writes {
+        "start callid as the user who owns the file, or move it off a read-only file system"
+            .to_owned()
+    } else {
+        format!(
+            "run `chmod u+w {}` as its owner",
+            shell_word(&path.display().to_string())
+        )
+    }
 }
 
 /// A migrated in-memory database of kind `spec` (unit tests).
@@ -412,16 +548,19 @@ fn create_private_file(path: &Path) -> std::io::Result<()> {
     }
 }
 
+/// The file SQLite keeps beside `path` with `suffix` (one of [`SIDE_FILES`]).
+fn side_file(path: &Path, suffix: &str) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(suffix);
+    PathBuf::from(name)
+}
+
 /// The file and the journals beside it that grant any permission to group or others, with their
 /// modes.
 fn exposed_files(path: &Path) -> Vec<(PathBuf, u32)> {
     use std::os::unix::fs::PermissionsExt as _;
     let mut files = vec![path.to_path_buf()];
-    files.extend(SIDE_FILES.iter().map(|suffix| {
-        let mut name = path.as_os_str().to_owned();
-        name.push(suffix);
-        PathBuf::from(name)
-    }));
+    files.extend(SIDE_FILES.iter().map(|suffix| side_file(path, suffix)));
     files
         .into_iter()
         .filter_map(|f| {

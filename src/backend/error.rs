@@ -142,12 +142,14 @@ impl BackendError {
     }
 }
 
-/// Whether a store error needs an operator (a bad, foreign, newer or exposed file), not a retry.
+/// Whether a store error needs an operator (a bad, foreign, newer, exposed or unwritable file),
+/// not a retry.
 fn store_corrupt(err: &StoreError) -> bool {
     match err {
-        StoreError::Foreign { .. } | StoreError::TooNew { .. } | StoreError::Permissions { .. } => {
-            true
-        }
+        StoreError::Foreign { .. }
+        | StoreError::TooNew { .. }
+        | StoreError::Permissions { .. }
+        | StoreError::ReadOnly { .. } => true,
         StoreError::Sqlite { cause, .. } => matches!(
             cause.sqlite_error_code(),
             Some(rusqlite::ErrorCode::DatabaseCorrupt | rusqlite::ErrorCode::NotADatabase)

@@ -59,7 +59,9 @@ impl std::fmt::Debug for SharedState {
 /// A bounded pool: up to [`POOL_SIZE`] connections, each opened on first need with the
 /// session settings the guarantees rest on, reused while healthy; a connection that failed
 /// without a server error code (network, server gone) or is closed is dropped, so the next
-/// checkout opens a fresh one once the database is back. A caller finding every connection
+/// checkout opens a fresh one once the database is back. An idle connection is checked before it
+/// is handed out ([`crate::pg::session_gone`]): one the server ended meanwhile (a restart) is
+/// replaced, so a restart fails no call that comes after it. A caller finding every connection
 /// busy waits up to [`CHECKOUT_WAIT`].
 struct Pool {
     state: Mutex<PoolState>,
@@ -68,7 +70,8 @@ struct Pool {
 
 #[derive(Default)]
 struct PoolState {
-    idle: Vec<Client>,
+    /// Each idle connection with when it was returned (see [`crate::pg::session_gone`]).
+    idle: Vec<(Client, std::time::Instant)>,
     open: usize,
 }
 
@@ -90,7 +93,7 @@ impl Drop for Checkout<'_> {
             drop(state);
             drop_off_runtime(client);
         } else {
-            state.idle.push(client);
+            state.idle.push((client, std::time::Instant::now()));
             drop(state);
         }
         self.pool.freed.notify_one();
@@ -189,14 +192,20 @@ impl SharedState {
         let deadline = std::time::Instant::now() + CHECKOUT_WAIT;
         let mut state = self.pool.state.lock().unwrap_or_else(|p| p.into_inner());
         loop {
-            if let Some(client) = state.idle.pop() {
-                if client.is_closed() {
+            if let Some((mut client, returned)) = state.idle.pop() {
+                // Checked outside the lock: the check may take a round trip.
+                drop(state);
+                let gone = crate::pg::session_gone(&mut client, returned.elapsed());
+                state = self.pool.state.lock().unwrap_or_else(|p| p.into_inner());
+                if gone {
                     state.open -= 1;
                     drop(state);
                     drop_off_runtime(client);
+                    self.pool.freed.notify_one();
                     state = self.pool.state.lock().unwrap_or_else(|p| p.into_inner());
                     continue;
                 }
+                drop(state);
                 return Ok(Checkout {
                     pool: &self.pool,
                     client: Some(client),
@@ -676,5 +685,55 @@ enum Failure {
 impl From<postgres::Error> for Failure {
     fn from(e: postgres::Error) -> Self {
         Failure::Db(e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every pooled session dies in a server restart while it sits idle: each must be replaced
+    /// when it is checked out, so the first calls after the restart succeed (defect 11 of the
+    /// gateway money issue). All of the pool is checked out at once, so every stale session is
+    /// reached, not only the one on top of the idle list.
+    #[test]
+    fn pooled_sessions_ended_by_a_restart_are_replaced_before_use() {
+        use crate::pg_cluster::{Cluster, bindir};
+        let Some(bindir) = bindir() else {
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "CI=true: this test never skips; install PostgreSQL"
+            );
+            eprintln!("SKIP: no PostgreSQL server binaries (/usr/lib/postgresql/*/bin/initdb)");
+            return;
+        };
+        let cluster = Cluster::start(bindir).expect("a throwaway cluster");
+        cluster
+            .sql("postgres", "CREATE DATABASE callid")
+            .expect("a database");
+        let url = PgUrl::parse(&cluster.url("callid")).expect("the cluster's URL");
+        let state = SharedState::new(url);
+        let all = |round: usize| {
+            let mut held = vec![];
+            for i in 0..POOL_SIZE {
+                let mut checkout = state.checkout("checking a session").unwrap_or_else(|e| {
+                    panic!("round {round}, session {i}: {e}");
+                });
+                let one: i32 = checkout
+                    .client
+                    .as_mut()
+                    .expect("checked out")
+                    .query_one("SELECT 1", &[])
+                    .and_then(|r| r.try_get(0))
+                    .unwrap_or_else(|e| panic!("round {round}, session {i}: {e}"));
+                assert_eq!(one, 1);
+                held.push(checkout);
+            }
+        };
+        all(0);
+        for round in 1..=10 {
+            cluster.restart_server().expect("a restart");
+            all(round);
+        }
     }
 }

@@ -66,6 +66,8 @@
 //! - No secret of an `--upstream-url` (user info, query values, fragment) reaches the agent or
 //!   standard error: the URL is shown redacted, and so is every URL in the HTTP client's and
 //!   rmcp's error texts ([`crate::secret::redact_urls`]).
+//! - The gateway refuses to start (exit 2) on a registry it cannot use, before the upstream is
+//!   started or connected to (see [`crate::router`]'s guarantees for what is refused).
 //! - The gateway refuses to start when the upstream has a tool named `operation_status` or
 //!   `resume_operation`, lacks a `--spend` tool, or a spend tool's input schema has an
 //!   identity-like field (naming the tool and the field), by the same rule as the calls: the
@@ -116,7 +118,9 @@ pub(crate) struct GatewayOptions {
 
 /// Connects to the upstream, checks its tools, then serves the agent on stdio until it goes
 /// away, or over streamable HTTP (`http`, loopback only) until Ctrl-C. Over HTTP it binds before
-/// it starts anything, so a refused address leaves no registry and no upstream behind.
+/// it starts anything, so a refused address leaves no registry and no upstream behind; then it
+/// checks the registry ([`crate::router::check_registry`]) before it starts the upstream, so a
+/// refused registry leaves no upstream process behind.
 pub(crate) async fn run(
     options: GatewayOptions,
     http: Option<std::net::SocketAddr>,
@@ -129,6 +133,7 @@ pub(crate) async fn run(
         ),
         None => None,
     };
+    crate::router::check_registry("gateway", &options.registry).await?;
     let upstream = Upstream::connect(
         options.upstream.clone(),
         options.upstream_timeout,

@@ -24,8 +24,15 @@
 //! - [`operator`]: `approve`, `deny`, `status`, `keys`.
 //!
 //! # Guarantees
-//! - No spend is dispatched before its registry row is committed; a registry that cannot be
-//!   opened or written makes every spend fail closed with `registry_unavailable`.
+//! - No spend is dispatched before its registry row is committed.
+//! - `callid router` and `callid gateway` open their registry before they serve anything
+//!   ([`check_registry`]) and refuse to start (exit 2, naming the registry, the problem and the
+//!   fix, the file left as it was) when it cannot be used: a file that cannot be written (it, or
+//!   its directory), is open to other users, or is not a registry of this callid (not SQLite,
+//!   another application's, a newer schema), and a PostgreSQL database that cannot be reached
+//!   (a registry must be reachable at start-up: a router that served while it was down could
+//!   only refuse every spend). A registry that fails later makes every spend fail closed with
+//!   `registry_unavailable` until it answers again.
 //! - A call id answers one operation: redelivery returns the recorded result (marked
 //!   `_meta["callid/replayed"] = true`) or continues the same operation under the same key, so a
 //!   crash at any boundary never yields a second charge.
@@ -63,7 +70,8 @@ use std::sync::Arc;
 
 /// Runs the router until its client goes away (stdio) or Ctrl-C (`http`). Over HTTP it binds
 /// (loopback only, see [`crate::http_guard`]) before it opens anything, so a refused address or a
-/// port in use leaves no registry behind.
+/// port in use leaves no registry behind. A registry that cannot be used stops it before it
+/// serves ([`check_registry`]).
 pub async fn run(
     options: RouterOptions,
     http: Option<SocketAddr>,
@@ -74,8 +82,52 @@ pub async fn run(
             let bound =
                 crate::http_guard::bind(crate::http_guard::Server::Router, addr, allow_origins)
                     .await?;
+            check_registry("router", &options.registry).await?;
             server::serve_http(Arc::new(Router::new(options)), bound).await
         }
-        None => server::serve_stdio(Arc::new(Router::new(options))).await,
+        None => {
+            check_registry("router", &options.registry).await?;
+            server::serve_stdio(Arc::new(Router::new(options))).await
+        }
+    }
+}
+
+/// A registry that `callid router` or `callid gateway` cannot start on.
+#[derive(Debug, thiserror::Error)]
+#[error("callid {server} did not start: {cause}{}", fix(cause))]
+pub(crate) struct RegistryRefused {
+    /// `router` or `gateway`.
+    server: &'static str,
+    /// Why the registry cannot be used (its message names the registry; it is written into this
+    /// message, not chained).
+    cause: registry::RegistryError,
+}
+
+/// What to do about a registry that could not be opened, when its own message does not say.
+fn fix(cause: &registry::RegistryError) -> &'static str {
+    match cause {
+        registry::RegistryError::Postgres { .. } => {
+            "; the registry must answer when callid starts: start the database (or correct \
+             `--registry`), then start callid again"
+        }
+        _ => "",
+    }
+}
+
+/// Opens `location` as the registry would be opened to serve (creating and migrating it when it
+/// is new), proves it can be written (see [`crate::store`]; on PostgreSQL the installation id is
+/// written), and closes it again; the first thing `callid router` and `callid gateway` do, so a
+/// registry that cannot be used stops them before anything is served or started.
+pub(crate) async fn check_registry(
+    server: &'static str,
+    location: &registry::RegistryLocation,
+) -> Result<(), RegistryRefused> {
+    let location = location.clone();
+    // Off the async threads: the PostgreSQL client runs a runtime of its own.
+    let opened =
+        tokio::task::spawn_blocking(move || registry::Registry::open(&location).map(drop)).await;
+    match opened {
+        Ok(result) => result.map_err(|cause| RegistryRefused { server, cause }),
+        Err(join) => std::panic::resume_unwind(join.into_panic()),
     }
 }

@@ -110,6 +110,8 @@ fn refused_unmodified(prepare: impl FnOnce(&Path)) -> StoreError {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("f.sqlite3");
     prepare(&path);
+    // Private, so that what is refused is the content (a file open to others is refused first).
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     let before = snapshot(&path);
     let err = open_connection(&path, &SPEC, Create::IfMissing).unwrap_err();
     assert_eq!(snapshot(&path), before, "file or -wal was modified");

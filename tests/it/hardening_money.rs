@@ -145,6 +145,8 @@ async fn a_corrupt_backend_state_file_fails_closed_with_its_own_code() {
         b"not a database at all, somebody overwrote it\n".repeat(200),
     )
     .unwrap();
+    // Private, as callid leaves it: a file open to other users is refused for that first.
+    std::fs::set_permissions(&auth, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     let r = w.router(&[], &[]).await;
     for _ in 0..2 {
         let resp = r.spend(fox(), codex("corrupt-1")).await;

@@ -27,6 +27,7 @@ mod probe;
 mod probe_perf;
 mod probe_protocol;
 mod provider;
+mod registry_startup;
 mod replicas;
 mod replicas_gateway;
 mod router;

@@ -39,6 +39,13 @@ impl PgCluster {
             .unwrap_or_else(|e| panic!("restarting PostgreSQL: {e:?}"));
     }
 
+    /// `pg_ctl -m fast restart`, waiting until the new server accepts connections.
+    pub fn restart_server(&self) {
+        self.0
+            .restart_server()
+            .unwrap_or_else(|e| panic!("restarting PostgreSQL: {e:?}"));
+    }
+
     /// `pg_ctl -m immediate stop`: the server dies as in a crash (see
     /// [`Cluster::stop_server`]).
     pub fn stop_server(&self) {

@@ -251,6 +251,49 @@ async fn a_database_restart_fails_spends_closed_then_recovers() {
     b.stop().await;
 }
 
+/// Defect 11 of the gateway money issue: after a restart every session of a replica (its
+/// registry's writers, its liveness lock, its layers' pool) is dead while it looks open; each
+/// must be replaced before it is used, so the first spends after the restart already succeed.
+#[tokio::test]
+async fn the_first_spends_after_a_database_restart_succeed() {
+    let Some(w) = World::new("the_first_spends_after_a_database_restart_succeed").await else {
+        return;
+    };
+    let a = w.replica("a", &[]).await;
+    let b = w.replica("b", &[]).await;
+    completed(&spend(&a, "before").await);
+    completed(&spend(&b, "before-b").await);
+    let conns = [a.conn.clone(), b.conn.clone()];
+    // More distinct calls than a replica has sessions, spread over both replicas.
+    let calls = 6;
+    for round in 0..10 {
+        w.pg.restart_server();
+        let replies = concurrent_spends(&conns, calls, |i| codex(&format!("r{round}-{i}"))).await;
+        for r in &replies {
+            assert!(!r.is_tool_error(), "round {round}: {}", r.raw);
+            completed(r);
+        }
+        assert_eq!(
+            w.charges(),
+            2 + (round + 1) * calls as u64,
+            "round {round}: one charge per call"
+        );
+    }
+    // Each replica took its liveness lock again on a fresh session.
+    assert_eq!(
+        w.pg.sql(
+            "callid",
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted"
+        ),
+        "2"
+    );
+    let again = spend(&a, "before").await;
+    assert!(replayed(&again), "{}", again.raw);
+    assert_eq!(w.charges(), 2 + 10 * calls as u64);
+    a.stop().await;
+    b.stop().await;
+}
+
 #[test]
 fn operator_commands_and_refusals_on_a_database() {
     let Some(pg) = PgCluster::start("operator_commands_and_refusals_on_a_database") else {

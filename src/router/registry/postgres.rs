@@ -21,7 +21,7 @@ use serde_json::Value;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The application marker in `callid_schema`.
 pub const APPLICATION: &str = "callid-registry";
@@ -204,6 +204,8 @@ pub const MIGRATIONS: &[&str] = &[
 pub struct PgRegistry {
     url: PgUrl,
     conn: Option<Client>,
+    /// When `conn` last answered ([`crate::pg::session_gone`]).
+    answered: Instant,
     liveness: Arc<Liveness>,
     statements: HashMap<&'static str, Statement>,
     /// The liveness lock's key as of the last statement: the leases this registry takes and
@@ -224,6 +226,8 @@ struct Liveness {
 #[derive(Default)]
 struct LiveState {
     client: Option<Client>,
+    /// When `client` was last found alive ([`crate::pg::session_gone`]).
+    checked: Option<Instant>,
     key: i32,
 }
 
@@ -446,6 +450,7 @@ impl PgRegistry {
         let mut registry = PgRegistry {
             url: url.clone(),
             conn: None,
+            answered: Instant::now(),
             liveness: Arc::new(Liveness::default()),
             statements: HashMap::new(),
             lock_key: 0,
@@ -489,6 +494,7 @@ impl PgRegistry {
         PgRegistry {
             url: self.url.clone(),
             conn: None,
+            answered: Instant::now(),
             liveness: self.liveness.clone(),
             statements: HashMap::new(),
             lock_key: self.lock_key,
@@ -521,6 +527,7 @@ impl PgRegistry {
         }
         self.migrate(&mut conn)?;
         self.conn = Some(conn);
+        self.answered = Instant::now();
         self.lock_key = self.live()?;
         Ok(())
     }
@@ -532,7 +539,13 @@ impl PgRegistry {
             .state
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        if state.client.as_ref().is_some_and(|c| !c.is_closed()) {
+        let idle = state.checked.map_or(Duration::MAX, |at| at.elapsed());
+        if state
+            .client
+            .as_mut()
+            .is_some_and(|c| !crate::pg::session_gone(c, idle))
+        {
+            state.checked = Some(Instant::now());
             return Ok(state.key);
         }
         if let Some(gone) = state.client.take() {
@@ -563,6 +576,7 @@ impl PgRegistry {
             state.key = fresh_key();
         }
         state.client = Some(liveness);
+        state.checked = Some(Instant::now());
         Ok(state.key)
     }
 
@@ -653,7 +667,12 @@ impl PgRegistry {
         doing: &'static str,
         f: impl FnOnce(&mut Client, &mut Prepared<'_>) -> Result<T, postgres::Error>,
     ) -> Result<T, RegistryError> {
-        if self.conn.as_ref().is_none_or(Client::is_closed) {
+        let idle = self.answered.elapsed();
+        if self
+            .conn
+            .as_mut()
+            .is_none_or(|c| crate::pg::session_gone(c, idle))
+        {
             self.connect()?;
         } else {
             self.lock_key = self.live()?;
@@ -663,7 +682,9 @@ impl PgRegistry {
             cache: &mut self.statements,
             key: self.lock_key,
         };
-        match f(conn, &mut prepared) {
+        let outcome = f(conn, &mut prepared);
+        self.answered = Instant::now();
+        match outcome {
             Ok(v) => Ok(v),
             Err(source) => {
                 if source.code().is_none() || conn.is_closed() {
