@@ -348,12 +348,13 @@ async fn in_process_target_keeps_its_ledger_beside_the_state() {
 
 #[test]
 fn a_foreign_state_file_is_backend_state_unavailable() {
+    use std::os::unix::fs::PermissionsExt as _;
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(
-        dir.path().join(EXECUTION_FILE),
-        b"not a database, not at all",
-    )
-    .unwrap();
+    let file = dir.path().join(EXECUTION_FILE);
+    std::fs::write(&file, b"not a database, not at all").unwrap();
+    // Private, as callid's own files are: a file open to other users is refused for its mode
+    // before its content is read.
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
     let err = Backend::open(
         dir.path(),
         ProviderTarget::InProcess,
