@@ -182,8 +182,9 @@ pub enum StoreError {
     },
     /// The file (or a journal beside it) is readable or writable by other users.
     #[error(
-        "{kind} `{path}` is open to other users ({}); it holds private keys, so callid does not \
-         use it: run `chmod 600 {}`, then try again",
+        "{kind} `{path}` is open to other users ({}); a {kind} holds private keys, so callid \
+         does not use it (nor reads it): if it is callid's, run `chmod 600 {}`, then try again; \
+         if it belongs to another program, leave it as it is and point callid at a new file",
         modes(.files), shell_words(.files)
     )]
     Permissions {
