@@ -257,7 +257,7 @@ fn a_typo_in_a_placeholder_is_an_error_naming_it_and_the_known_ones() {
     assert_eq!(code(&output), 2, "{}", stdout(&output));
     assert_eq!(
         stderr(&output).trim(),
-        "error: typo.yaml: args[2]: unknown placeholder `{regsitry}`; the known ones are `{callid}`, `{state_dir}`, `{registry}`, `{provider_url}`, `{port}`, `{profile_dir}`, `{handle}`, `{upstream_url}`, `{upstream_command}`, `{upstream_argv}`, `{check_slug}`, `{env:NAME}`"
+        "error: typo.yaml: args[2]: unknown placeholder `{regsitry}`; the known ones are `{callid}`, `{state_dir}`, `{registry}`, `{provider_url}`, `{port}`, `{profile_dir}`, `{upstream_url}`, `{upstream_command}`, `{upstream_argv}`, `{check_slug}`, `{env:NAME}`"
     );
     assert_eq!(
         std::fs::read_dir(dir.path()).unwrap().count(),
