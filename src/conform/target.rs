@@ -362,26 +362,35 @@ pub fn template() -> String {
         ("statuses", mappable_statuses().collect()),
     ] {
         let first = format!("#   {label}: ");
-        let mut line = first.clone();
-        for (i, name) in names.iter().enumerate() {
-            let word = if i + 1 < names.len() {
-                format!("{name},")
-            } else {
-                name.to_string()
-            };
-            if line.len() + word.len() > 99 && line.len() > first.len() {
-                text.push_str(line.trim_end());
-                text.push('\n');
-                line = format!("#{}", " ".repeat(first.len() - 1));
-            }
-            line.push_str(&word);
-            line.push(' ');
-        }
-        text.push_str(line.trim_end());
-        text.push('\n');
+        let indent = format!("#{}", " ".repeat(first.len() - 1));
+        text.push_str(&wrap_list(&first, &indent, &names));
     }
     text.push_str("error_codes:");
     text.push_str(tail);
+    text
+}
+
+/// `words` after `first`, separated by `, `, in lines of at most 100 characters that go on
+/// after `indent`; ends with a line break.
+fn wrap_list(first: &str, indent: &str, words: &[&str]) -> String {
+    let mut text = String::new();
+    let mut line = first.to_string();
+    for (i, word) in words.iter().enumerate() {
+        let word = if i + 1 < words.len() {
+            format!("{word},")
+        } else {
+            word.to_string()
+        };
+        if line.len() + word.len() > 99 && line.len() > first.len() {
+            text.push_str(line.trim_end());
+            text.push('\n');
+            line = indent.to_string();
+        }
+        line.push_str(&word);
+        line.push(' ');
+    }
+    text.push_str(line.trim_end());
+    text.push('\n');
     text
 }
 
@@ -1355,6 +1364,30 @@ mod tests {
         assert!(
             text == REFERENCE_PROFILE,
             "scenarios/targets/reference.yaml must equal `callid conform --print-profile`; write it as:\n{text}"
+        );
+    }
+
+    /// ROUTER-CONTRACT.md lists exactly the statuses and error codes a profile may map.
+    #[test]
+    fn the_contract_lists_every_mappable_name() {
+        let ticked = |names: Vec<&str>| names.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>();
+        let codes = ticked(mappable_error_codes().collect());
+        let statuses = ticked(mappable_statuses().collect());
+        let list = |first: &str, names: &[String]| {
+            wrap_list(first, "  ", &names.iter().map(String::as_str).collect::<Vec<_>>())
+        };
+        let want = format!(
+            "{}{}",
+            list("- error codes: ", &codes),
+            list("- statuses: ", &statuses)
+        );
+        let contract = crate::conform::ROUTER_CONTRACT;
+        let at = contract
+            .find("- error codes: ")
+            .expect("the contract lists the error codes a profile may map");
+        assert!(
+            contract[at..].starts_with(&want),
+            "ROUTER-CONTRACT.md must list the mappable names as:\n{want}"
         );
     }
 
