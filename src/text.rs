@@ -90,7 +90,11 @@ pub fn nearest<'a>(name: &str, valid: impl IntoIterator<Item = &'a str>) -> Opti
         .into_iter()
         .map(|candidate| {
             let other: Vec<char> = candidate.chars().collect();
-            (edit_distance(&name, &other), candidate, name.len().max(other.len()))
+            (
+                edit_distance(&name, &other),
+                candidate,
+                name.len().max(other.len()),
+            )
         })
         .filter(|(distance, _, longer)| *distance <= (longer / 3).max(1))
         .min_by_key(|(distance, _, _)| *distance)
@@ -191,7 +195,13 @@ mod tests {
 
     #[test]
     fn nearest_finds_a_misspelling_and_nothing_far() {
-        let statuses = ["pending", "awaiting_approval", "completed", "denied", "failed"];
+        let statuses = [
+            "pending",
+            "awaiting_approval",
+            "completed",
+            "denied",
+            "failed",
+        ];
         for (name, want) in [
             ("complete", Some("completed")),
             ("compelted", Some("completed")),
@@ -209,6 +219,10 @@ mod tests {
         );
         assert_eq!(nearest("restat", ["restart", "kill"]), Some("restart"));
         assert_eq!(nearest("stdoi", ["stdio", "http"]), Some("stdio"));
-        assert_eq!(nearest("b", ["a", "c"]), Some("a"), "a tie goes to the first");
+        assert_eq!(
+            nearest("b", ["a", "c"]),
+            Some("a"),
+            "a tie goes to the first"
+        );
     }
 }

@@ -344,7 +344,8 @@ pub fn mappable_error_codes() -> impl Iterator<Item = &'static str> {
 }
 
 /// The line of [`REFERENCE_PROFILE`] after which [`template`] lists the names a profile may map.
-const MAPPABLE_MARKER: &str = "# other key is an error naming the nearest valid one. The keys a profile may map:\n";
+const MAPPABLE_MARKER: &str =
+    "# other key is an error naming the nearest valid one. The keys a profile may map:\n";
 
 /// `callid conform --print-profile`: the reference profile, its comment on `error_codes` and
 /// `statuses` listing every name they may map ([`mappable_error_codes`], [`mappable_statuses`]).
@@ -543,17 +544,18 @@ impl Profile {
             path,
             message,
         };
-        let mut profile: Profile = crate::yaml::from_str(text).map_err(|e| match e.unknown_name() {
-            Some(unknown) => TargetError::unknown_name(
-                name,
-                e.path.clone(),
-                unknown.what,
-                unknown.name,
-                unknown.valid,
-                unknown.location,
-            ),
-            None => invalid(e.path, e.message),
-        })?;
+        let mut profile: Profile =
+            crate::yaml::from_str(text).map_err(|e| match e.unknown_name() {
+                Some(unknown) => TargetError::unknown_name(
+                    name,
+                    e.path.clone(),
+                    unknown.what,
+                    unknown.name,
+                    unknown.valid,
+                    unknown.location,
+                ),
+                None => invalid(e.path, e.message),
+            })?;
         profile.dir = dir;
         profile.check_mapped_names(name)?;
         match profile.transport {
@@ -935,7 +937,8 @@ impl TargetError {
         valid: Vec<String>,
         location: Option<String>,
     ) -> TargetError {
-        let nearest = crate::text::nearest(&name, valid.iter().map(String::as_str)).map(str::to_owned);
+        let nearest =
+            crate::text::nearest(&name, valid.iter().map(String::as_str)).map(str::to_owned);
         TargetError::UnknownName {
             file: file.to_string(),
             path,
@@ -1374,7 +1377,11 @@ mod tests {
         let codes = ticked(mappable_error_codes().collect());
         let statuses = ticked(mappable_statuses().collect());
         let list = |first: &str, names: &[String]| {
-            wrap_list(first, "  ", &names.iter().map(String::as_str).collect::<Vec<_>>())
+            wrap_list(
+                first,
+                "  ",
+                &names.iter().map(String::as_str).collect::<Vec<_>>(),
+            )
         };
         let want = format!(
             "{}{}",
@@ -1397,13 +1404,21 @@ mod tests {
     #[test]
     fn unknown_keys_anywhere_are_refused_with_the_valid_ones_and_the_nearest() {
         let cases: &[(&str, &str, &str)] = &[
-            ("a misspelt status", "statuses: {}", "statuses: {complete: done}"),
+            (
+                "a misspelt status",
+                "statuses: {}",
+                "statuses: {complete: done}",
+            ),
             (
                 "a misspelt error code",
                 "error_codes: {}",
                 "error_codes: {missing_identiy: no_call_id}",
             ),
-            ("a status far from any", "statuses: {}", "statuses: {done: ok}"),
+            (
+                "a status far from any",
+                "statuses: {}",
+                "statuses: {done: ok}",
+            ),
             (
                 "a capability",
                 "capabilities: {restart: true",
@@ -1414,22 +1429,18 @@ mod tests {
                 "  resume: resume_operation",
                 "  resume: resume_operation\n  statsu: x",
             ),
-            (
-                "a pointer",
-                "  replayed: /_meta",
-                "  replay: /_meta",
-            ),
-            (
-                "an argument set",
-                "  other: {prompt",
-                "  othr: {prompt",
-            ),
+            ("a pointer", "  replayed: /_meta", "  replay: /_meta"),
+            ("an argument set", "  other: {prompt", "  othr: {prompt"),
             (
                 "an operator command",
                 "approve: {command: \"{callid}\", args",
                 "approve: {comand: \"{callid}\", args",
             ),
-            ("a top-level key", "private_key_prefix:", "private_key_prefx:"),
+            (
+                "a top-level key",
+                "private_key_prefix:",
+                "private_key_prefx:",
+            ),
             ("a transport", "transport: stdio", "transport: stdoi"),
             ("a backend", "backend: provider", "backend: upstrem"),
             (
@@ -1460,10 +1471,18 @@ mod tests {
     #[test]
     fn every_mappable_name_is_accepted() {
         let statuses: Vec<String> = mappable_statuses().map(|s| format!("{s}: x_{s}")).collect();
-        let codes: Vec<String> = mappable_error_codes().map(|c| format!("{c}: x_{c}")).collect();
+        let codes: Vec<String> = mappable_error_codes()
+            .map(|c| format!("{c}: x_{c}"))
+            .collect();
         let text = REFERENCE_PROFILE
-            .replace("statuses: {}", &format!("statuses: {{{}}}", statuses.join(", ")))
-            .replace("error_codes: {}", &format!("error_codes: {{{}}}", codes.join(", ")));
+            .replace(
+                "statuses: {}",
+                &format!("statuses: {{{}}}", statuses.join(", ")),
+            )
+            .replace(
+                "error_codes: {}",
+                &format!("error_codes: {{{}}}", codes.join(", ")),
+            );
         let p = Profile::parse(&text, "p.yaml", PathBuf::new()).unwrap();
         assert_eq!(p.status_word("in_doubt"), "x_in_doubt");
         assert_eq!(p.error_code("outcome_in_doubt"), "x_outcome_in_doubt");
