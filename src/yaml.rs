@@ -7,6 +7,8 @@
 //! (`clients[1].verdict`, `.` for the whole document) the caller prints beside the message. The
 //! YAML parser starts its own message with the same path, so printing both said it twice
 //! (`transport: transport: unknown variant`); [`message`] is the parser's message without it.
+//! [`YamlError::unknown_name`] reads an unknown key or value back out of it, with every valid
+//! name, so a loader can name the nearest one.
 //!
 //! # Duplicate keys
 //! A key given twice in one mapping, at any depth, is refused, naming the key, the mapping's path

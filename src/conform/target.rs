@@ -466,28 +466,8 @@ pub enum TargetError {
     },
     /// A key or a word outside its closed set (a misspelt field, status or error code would
     /// otherwise be ignored, and every check that needs it fail for another reason).
-    #[error(
-        "{file}: {path}: unknown {what} `{name}`{}{}; the valid ones are {}",
-        location.as_ref().map(|l| format!(" at {l}")).unwrap_or_default(),
-        nearest.as_ref().map(|n| format!(" (did you mean `{n}`?)")).unwrap_or_default(),
-        ticked(valid)
-    )]
-    UnknownName {
-        /// The file.
-        file: String,
-        /// Where (the unknown key's own path).
-        path: String,
-        /// `key`, `value`, `status` or `error code`.
-        what: &'static str,
-        /// The name as written.
-        name: String,
-        /// Every valid name.
-        valid: Vec<String>,
-        /// The valid name nearest to it, when one is near.
-        nearest: Option<String>,
-        /// Where the parser saw it (`line 3 column 5`), when it said.
-        location: Option<String>,
-    },
+    #[error(transparent)]
+    UnknownName(Box<UnknownName>),
     /// An `{env:NAME}` placeholder names a variable that is not set.
     #[error(
         "{file}: {path}: the environment variable `{name}` (placeholder `{{env:{name}}}`) is not set; set it before running conform"
@@ -505,6 +485,31 @@ pub enum TargetError {
     Split(String),
 }
 
+/// What [`TargetError::UnknownName`] says.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{file}: {path}: unknown {what} `{name}`{}{}; the valid ones are {}",
+    location.as_ref().map(|l| format!(" at {l}")).unwrap_or_default(),
+    nearest.as_ref().map(|n| format!(" (did you mean `{n}`?)")).unwrap_or_default(),
+    ticked(valid)
+)]
+pub struct UnknownName {
+    /// The file.
+    pub file: String,
+    /// Where (the unknown key's own path).
+    pub path: String,
+    /// `key`, `value`, `status` or `error code`.
+    pub what: &'static str,
+    /// The name as written.
+    pub name: String,
+    /// Every valid name.
+    pub valid: Vec<String>,
+    /// The valid name nearest to it, when one is near.
+    pub nearest: Option<String>,
+    /// Where the parser saw it (`line 3 column 5`), when it said.
+    pub location: Option<String>,
+}
+
 impl TargetError {
     /// Stable machine code.
     pub fn code(&self) -> &'static str {
@@ -514,7 +519,7 @@ impl TargetError {
             TargetError::UnknownPlaceholder { .. } | TargetError::HandleOutsideOperator { .. } => {
                 "target_unknown_placeholder"
             }
-            TargetError::UnknownName { .. } => "target_unknown_name",
+            TargetError::UnknownName(_) => "target_unknown_name",
             TargetError::Split(_) => "target_command_invalid",
             TargetError::EnvUnset { .. } => "target_env_unset",
         }
@@ -939,7 +944,7 @@ impl TargetError {
     ) -> TargetError {
         let nearest =
             crate::text::nearest(&name, valid.iter().map(String::as_str)).map(str::to_owned);
-        TargetError::UnknownName {
+        TargetError::UnknownName(Box::new(UnknownName {
             file: file.to_string(),
             path,
             what,
@@ -947,7 +952,7 @@ impl TargetError {
             valid,
             nearest,
             location,
-        }
+        }))
     }
 }
 
