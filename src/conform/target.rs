@@ -17,10 +17,11 @@
 //! # Placeholders (in command, args, env, url, registry, setup and the operator commands)
 //! `{callid}` this binary, `{state_dir}` a fresh directory per scenario, `{registry}`
 //! (`{state_dir}/registry.sqlite3`, or the profile's `registry`), `{provider_url}` the runner's
-//! provider, `{port}` a free loopback port picked per scenario (and router process),
-//! `{handle}` (operator commands only: [`OPERATOR_COMMANDS`]), `{profile_dir}` the profile's directory, `{check_slug}` a
-//! unique SQL-identifier-safe name per check run, `{env:NAME}` the environment variable `NAME`
-//! (a profile file naming an unset one is refused on load).
+//! provider, `{port}` a free loopback port picked per scenario (and router process), `{handle}`
+//! (the operator commands only, [`OPERATOR_COMMANDS`]; anywhere else an error saying so),
+//! `{profile_dir}` the profile's directory, `{check_slug}` a unique SQL-identifier-safe name per
+//! check run, `{env:NAME}` the environment variable `NAME` (a profile file naming an unset one is
+//! refused on load).
 //!
 //! # Per-check state beyond a directory
 //! `setup` commands run before each check's router starts (e.g. `createdb {check_slug}`), and
