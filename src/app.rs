@@ -165,9 +165,9 @@ fn conform(args: crate::cli::ConformArgs) -> anyhow::Result<ExitCode> {
     use std::io::Write as _;
     if args.print_profile || args.contract {
         let text = if args.contract {
-            crate::conform::ROUTER_CONTRACT
+            crate::conform::ROUTER_CONTRACT.to_owned()
         } else {
-            crate::conform::target::REFERENCE_PROFILE
+            crate::conform::target::template()
         };
         std::io::stdout()
             .lock()

@@ -1,7 +1,7 @@
 //! Text helpers every renderer and message shares: cutting a string to a byte budget without
 //! splitting a character ([`cut`], [`clip`]), GitHub-flavoured Markdown table cells
 //! ([`markdown_cell`], [`markdown_code`]), and the end of a program's output on one line
-//! ([`last_lines`]).
+//! ([`last_lines`]), and the valid name nearest to a misspelt one ([`nearest`]).
 //!
 //! # Guarantees
 //! - [`cut`] and [`clip`] never panic and never split a UTF-8 character: they keep the longest
@@ -81,6 +81,49 @@ pub fn last_lines(text: &str, n: usize) -> String {
     lines[lines.len().saturating_sub(n)..].join(" | ")
 }
 
+/// The name in `valid` nearest to `name` (fewest single-character edits), when it is near
+/// enough to be a misspelling: at most a third of the longer name's characters, and at least one
+/// edit allowed (`complete` finds `completed`, `restat` finds `restart`). Ties go to the first.
+pub fn nearest<'a>(name: &str, valid: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+    let name: Vec<char> = name.chars().collect();
+    valid
+        .into_iter()
+        .map(|candidate| {
+            let other: Vec<char> = candidate.chars().collect();
+            (
+                edit_distance(&name, &other),
+                candidate,
+                name.len().max(other.len()),
+            )
+        })
+        .filter(|(distance, _, longer)| *distance <= (longer / 3).max(1))
+        .min_by_key(|(distance, _, _)| *distance)
+        .map(|(_, candidate, _)| candidate)
+}
+
+/// Edits (insert, delete, replace, or swap two neighbours) that turn `a` into `b`: the optimal
+/// string alignment distance, so `stdoi` is one edit from `stdio`.
+fn edit_distance(a: &[char], b: &[char]) -> usize {
+    let mut d = vec![vec![0usize; b.len() + 1]; a.len() + 1];
+    for (i, row) in d.iter_mut().enumerate() {
+        row[0] = i;
+    }
+    for (j, cell) in d[0].iter_mut().enumerate() {
+        *cell = j;
+    }
+    for i in 1..=a.len() {
+        for j in 1..=b.len() {
+            let replace = d[i - 1][j - 1] + usize::from(a[i - 1] != b[j - 1]);
+            let mut best = replace.min(d[i - 1][j] + 1).min(d[i][j - 1] + 1);
+            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
+                best = best.min(d[i - 2][j - 2] + 1);
+            }
+            d[i][j] = best;
+        }
+    }
+    d[a.len()][b.len()]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -148,5 +191,38 @@ mod tests {
         ] {
             assert_eq!(last_lines(text, n), want, "last_lines({text:?}, {n})");
         }
+    }
+
+    #[test]
+    fn nearest_finds_a_misspelling_and_nothing_far() {
+        let statuses = [
+            "pending",
+            "awaiting_approval",
+            "completed",
+            "denied",
+            "failed",
+        ];
+        for (name, want) in [
+            ("complete", Some("completed")),
+            ("compelted", Some("completed")),
+            ("denied", Some("denied")),
+            ("fail", Some("failed")),
+            ("done", None),
+            ("", None),
+            ("x", None),
+        ] {
+            assert_eq!(nearest(name, statuses), want, "{name:?}");
+        }
+        assert_eq!(
+            nearest("missing_identiy", ["invalid_identity", "missing_identity"]),
+            Some("missing_identity")
+        );
+        assert_eq!(nearest("restat", ["restart", "kill"]), Some("restart"));
+        assert_eq!(nearest("stdoi", ["stdio", "http"]), Some("stdio"));
+        assert_eq!(
+            nearest("b", ["a", "c"]),
+            Some("a"),
+            "a tie goes to the first"
+        );
     }
 }

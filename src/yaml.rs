@@ -7,6 +7,8 @@
 //! (`clients[1].verdict`, `.` for the whole document) the caller prints beside the message. The
 //! YAML parser starts its own message with the same path, so printing both said it twice
 //! (`transport: transport: unknown variant`); [`message`] is the parser's message without it.
+//! [`YamlError::unknown_name`] reads an unknown key or value back out of it, with every valid
+//! name, so a loader can name the nearest one.
 //!
 //! # Duplicate keys
 //! A key given twice in one mapping, at any depth, is refused, naming the key, the mapping's path
@@ -29,6 +31,51 @@ pub struct YamlError {
     pub path: String,
     /// What is wrong, without the path.
     pub message: String,
+}
+
+/// A key or value outside a closed set, read back from the parser's message (``unknown field
+/// `restat`, expected one of `restart`, `kill` at line 3 column 5``), so a loader can say which
+/// valid name is nearest ([`crate::text::nearest`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnknownName {
+    /// `key` (a field of a strict mapping) or `value` (a variant of a closed set of words).
+    pub what: &'static str,
+    /// The name as written.
+    pub name: String,
+    /// Every valid name, in the type's order.
+    pub valid: Vec<String>,
+    /// Where the parser saw it (`line 3 column 5`), when it said.
+    pub location: Option<String>,
+}
+
+impl YamlError {
+    /// The unknown key or value this error is about, if it is about one.
+    pub fn unknown_name(&self) -> Option<UnknownName> {
+        let (what, rest) = if let Some(rest) = self.message.strip_prefix("unknown field `") {
+            ("key", rest)
+        } else {
+            ("value", self.message.strip_prefix("unknown variant `")?)
+        };
+        let (name, rest) = rest.split_once("`, ")?;
+        let (expected, location) = match rest.rsplit_once(" at line ") {
+            Some((expected, at)) => (expected, Some(format!("line {at}"))),
+            None => (rest, None),
+        };
+        // `expected one of `a`, `b``, `expected `a` or `b``, `expected `a``, or `there are no
+        // fields`: the valid names are the backticked words.
+        let valid = expected
+            .split('`')
+            .skip(1)
+            .step_by(2)
+            .map(str::to_owned)
+            .collect();
+        Some(UnknownName {
+            what,
+            name: name.to_owned(),
+            valid,
+            location,
+        })
+    }
 }
 
 /// Loads a `T` from YAML text; a key given twice in one mapping is refused (see the module doc).
@@ -518,5 +565,25 @@ mod tests {
             message.starts_with("invalid type: integer `-1`"),
             "{message}"
         );
+    }
+
+    #[test]
+    fn an_unknown_key_or_value_is_read_back_with_every_valid_name() {
+        let err = super::from_str::<Doc>("transport: stdio\nsteps:\n- charges: 1\n  chargs: 2\n")
+            .unwrap_err();
+        let unknown = err.unknown_name().unwrap();
+        assert_eq!(unknown.what, "key");
+        assert_eq!(unknown.name, "chargs");
+        assert_eq!(unknown.valid, ["charges"]);
+        assert_eq!(unknown.location.as_deref(), Some("line 4 column 3"));
+        let err = super::from_str::<Doc>("transport: carrier-pigeon\nsteps: []\n").unwrap_err();
+        let unknown = err.unknown_name().unwrap();
+        assert_eq!(unknown.what, "value");
+        assert_eq!(unknown.name, "carrier-pigeon");
+        assert_eq!(unknown.valid, ["stdio"]);
+        let err = super::from_str::<Doc>("transport: stdio\nsteps: []\nextra: 1\n").unwrap_err();
+        assert_eq!(err.unknown_name().unwrap().valid, ["transport", "steps"]);
+        let err = super::from_str::<Doc>("transport: stdio\nsteps:\n- charges: x\n").unwrap_err();
+        assert_eq!(err.unknown_name(), None);
     }
 }

@@ -6,13 +6,22 @@
 //! key pattern to scan for, the operator commands, and the capabilities the runner may use. What a
 //! target cannot do makes the scenarios that need it not applicable, never passed.
 //!
+//! # Strictness
+//! Every key of a profile is checked: a key of a fixed mapping (`tools`, `pointers`,
+//! `capabilities`, ...) or a word of a closed set (`transport`, `backend`) that is not known, and
+//! a key of `statuses` or `error_codes` that is not one of the names a profile may map
+//! ([`mappable_statuses`], [`mappable_error_codes`]: the router's own catalogues), is refused
+//! with every valid name and the nearest one ([`TargetError::UnknownName`]). Only `env` maps and
+//! the argument sets take any key.
+//!
 //! # Placeholders (in command, args, env, url, registry, setup and the operator commands)
 //! `{callid}` this binary, `{state_dir}` a fresh directory per scenario, `{registry}`
 //! (`{state_dir}/registry.sqlite3`, or the profile's `registry`), `{provider_url}` the runner's
-//! provider, `{port}` a free loopback port picked per scenario (and router process),
-//! `{handle}` (operator commands), `{profile_dir}` the profile's directory, `{check_slug}` a
-//! unique SQL-identifier-safe name per check run, `{env:NAME}` the environment variable `NAME`
-//! (a profile file naming an unset one is refused on load).
+//! provider, `{port}` a free loopback port picked per scenario (and router process), `{handle}`
+//! (the operator commands only, [`OPERATOR_COMMANDS`]; anywhere else an error saying so),
+//! `{profile_dir}` the profile's directory, `{check_slug}` a unique SQL-identifier-safe name per
+//! check run, `{env:NAME}` the environment variable `NAME` (a profile file naming an unset one is
+//! refused on load).
 //!
 //! # Per-check state beyond a directory
 //! `setup` commands run before each check's router starts (e.g. `createdb {check_slug}`), and
@@ -75,10 +84,11 @@ pub struct Profile {
     #[serde(default)]
     pub capabilities: Capabilities,
     /// The router's own error codes, by the contract's name (`missing_identity: no_call_id`);
-    /// a code not listed is the contract's own name.
+    /// a code not listed is the contract's own name. Keys: [`mappable_error_codes`].
     #[serde(default)]
     pub error_codes: BTreeMap<String, String>,
-    /// The router's own status words, by the contract's name (`completed: done`).
+    /// The router's own status words, by the contract's name (`completed: done`). Keys:
+    /// [`mappable_statuses`].
     #[serde(default)]
     pub statuses: BTreeMap<String, String>,
     /// For a router the runner does not start: the address the runner's provider listens on
@@ -316,6 +326,94 @@ pub const PLACEHOLDERS: &[&str] = &[
     "env:NAME",
 ];
 
+/// The operator commands of a profile: the only fields where `{handle}` is known.
+pub const OPERATOR_COMMANDS: [&str; 2] = ["approve", "deny"];
+
+/// Every status name a profile's `statuses` may map: the router's catalogue, in lifecycle order.
+pub fn mappable_statuses() -> impl Iterator<Item = &'static str> {
+    crate::router::registry::Status::ALL
+        .into_iter()
+        .map(|s| s.name())
+}
+
+/// Every error code a profile's `error_codes` may map: the catalogue of every code a tool call
+/// of the router or the gateway can answer.
+pub fn mappable_error_codes() -> impl Iterator<Item = &'static str> {
+    crate::router::reply::ToolCode::ALL
+        .into_iter()
+        .map(|c| c.code())
+}
+
+/// The line of [`REFERENCE_PROFILE`] after which [`template`] lists the names a profile may map.
+const MAPPABLE_MARKER: &str =
+    "# other key is an error naming the nearest valid one. The keys a profile may map:\n";
+
+/// `callid conform --print-profile`: the reference profile, its comment on `error_codes` and
+/// `statuses` listing every name they may map ([`mappable_error_codes`], [`mappable_statuses`]).
+/// The shipped file holds the same text (a test keeps them equal).
+pub fn template() -> String {
+    let (head, rest) = REFERENCE_PROFILE
+        .split_once(MAPPABLE_MARKER)
+        .expect("the reference profile has the marker line");
+    let (_, tail) = rest
+        .split_once("\nerror_codes:")
+        .expect("the reference profile maps error codes");
+    let mut text = format!("{head}{MAPPABLE_MARKER}");
+    for (label, names) in [
+        ("error codes", mappable_error_codes().collect::<Vec<_>>()),
+        ("statuses", mappable_statuses().collect()),
+    ] {
+        let first = format!("#   {label}: ");
+        let indent = format!("#{}", " ".repeat(first.len() - 1));
+        text.push_str(&wrap_list(&first, &indent, &names));
+    }
+    text.push_str("error_codes:");
+    text.push_str(tail);
+    text
+}
+
+/// `words` after `first`, separated by `, `, in lines of at most 100 characters that go on
+/// after `indent`; ends with a line break.
+fn wrap_list(first: &str, indent: &str, words: &[&str]) -> String {
+    let mut text = String::new();
+    let mut line = first.to_string();
+    for (i, word) in words.iter().enumerate() {
+        let word = if i + 1 < words.len() {
+            format!("{word},")
+        } else {
+            word.to_string()
+        };
+        if line.len() + word.len() > 99 && line.len() > first.len() {
+            text.push_str(line.trim_end());
+            text.push('\n');
+            line = indent.to_string();
+        }
+        line.push_str(&word);
+        line.push(' ');
+    }
+    text.push_str(line.trim_end());
+    text.push('\n');
+    text
+}
+
+/// `{a}`, `{b}`: placeholders as a message lists them.
+fn braced(names: &[&str]) -> String {
+    names
+        .iter()
+        .map(|p| format!("`{{{p}}}`"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// `a`, `b`: names as a message lists them.
+fn ticked<S: AsRef<str>>(names: &[S]) -> String {
+    names
+        .iter()
+        .map(|n| format!("`{}`", n.as_ref()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// Why a target could not be set up.
 #[derive(Debug, thiserror::Error)]
 pub enum TargetError {
@@ -342,7 +440,7 @@ pub enum TargetError {
     /// literally and, say, put every scenario's state in one directory).
     #[error(
         "{file}: {path}: unknown placeholder `{{{name}}}`; the known ones are {}",
-        PLACEHOLDERS.iter().map(|p| format!("`{{{p}}}`")).collect::<Vec<_>>().join(", ")
+        braced(&known_placeholders(*operator))
     )]
     UnknownPlaceholder {
         /// The file.
@@ -351,7 +449,26 @@ pub enum TargetError {
         path: String,
         /// The placeholder, without braces.
         name: String,
+        /// Whether the field is an operator command's (where `{handle}` is known too).
+        operator: bool,
     },
+    /// `{handle}` outside the operator commands (there is no operation to name when a router
+    /// starts).
+    #[error(
+        "{file}: {path}: `{{handle}}` is the public handle of an operation, known only in the operator commands ({}); the known ones here are {}",
+        ticked(&OPERATOR_COMMANDS),
+        braced(&known_placeholders(false))
+    )]
+    HandleOutsideOperator {
+        /// The file.
+        file: String,
+        /// Where.
+        path: String,
+    },
+    /// A key or a word outside its closed set (a misspelt field, status or error code would
+    /// otherwise be ignored, and every check that needs it fail for another reason).
+    #[error(transparent)]
+    UnknownName(Box<UnknownName>),
     /// An `{env:NAME}` placeholder names a variable that is not set.
     #[error(
         "{file}: {path}: the environment variable `{name}` (placeholder `{{env:{name}}}`) is not set; set it before running conform"
@@ -369,13 +486,41 @@ pub enum TargetError {
     Split(String),
 }
 
+/// What [`TargetError::UnknownName`] says.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{file}: {path}: unknown {what} `{name}`{}{}; the valid ones are {}",
+    location.as_ref().map(|l| format!(" at {l}")).unwrap_or_default(),
+    nearest.as_ref().map(|n| format!(" (did you mean `{n}`?)")).unwrap_or_default(),
+    ticked(valid)
+)]
+pub struct UnknownName {
+    /// The file.
+    pub file: String,
+    /// Where (the unknown key's own path).
+    pub path: String,
+    /// `key`, `value`, `status` or `error code`.
+    pub what: &'static str,
+    /// The name as written.
+    pub name: String,
+    /// Every valid name.
+    pub valid: Vec<String>,
+    /// The valid name nearest to it, when one is near.
+    pub nearest: Option<String>,
+    /// Where the parser saw it (`line 3 column 5`), when it said.
+    pub location: Option<String>,
+}
+
 impl TargetError {
     /// Stable machine code.
     pub fn code(&self) -> &'static str {
         match self {
             TargetError::Read { .. } => "target_unreadable",
             TargetError::Invalid { .. } => "target_invalid",
-            TargetError::UnknownPlaceholder { .. } => "target_unknown_placeholder",
+            TargetError::UnknownPlaceholder { .. } | TargetError::HandleOutsideOperator { .. } => {
+                "target_unknown_placeholder"
+            }
+            TargetError::UnknownName(_) => "target_unknown_name",
             TargetError::Split(_) => "target_command_invalid",
             TargetError::EnvUnset { .. } => "target_env_unset",
         }
@@ -406,8 +551,19 @@ impl Profile {
             message,
         };
         let mut profile: Profile =
-            crate::yaml::from_str(text).map_err(|e| invalid(e.path, e.message))?;
+            crate::yaml::from_str(text).map_err(|e| match e.unknown_name() {
+                Some(unknown) => TargetError::unknown_name(
+                    name,
+                    e.path.clone(),
+                    unknown.what,
+                    unknown.name,
+                    unknown.valid,
+                    unknown.location,
+                ),
+                None => invalid(e.path, e.message),
+            })?;
         profile.dir = dir;
+        profile.check_mapped_names(name)?;
         match profile.transport {
             Transport::Stdio if profile.command.is_none() => {
                 return Err(invalid(
@@ -465,6 +621,37 @@ impl Profile {
         Ok(profile)
     }
 
+    /// Refuses a key of `statuses` or `error_codes` that names no status or code of the
+    /// catalogue.
+    fn check_mapped_names(&self, file: &str) -> Result<(), TargetError> {
+        for (field, what, map, valid) in [
+            (
+                "statuses",
+                "status",
+                &self.statuses,
+                mappable_statuses().collect::<Vec<_>>(),
+            ),
+            (
+                "error_codes",
+                "error code",
+                &self.error_codes,
+                mappable_error_codes().collect(),
+            ),
+        ] {
+            if let Some(name) = map.keys().find(|k| !valid.contains(&k.as_str())) {
+                return Err(TargetError::unknown_name(
+                    file,
+                    format!("{field}.{name}"),
+                    what,
+                    name.clone(),
+                    valid.iter().map(|v| v.to_string()).collect(),
+                    None,
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Refuses any `{name}` in the command, arguments, environment, URL or operator commands
     /// that is not a known placeholder (`{handle}` only in operator commands).
     fn check_placeholders(&self, file: &str) -> Result<(), TargetError> {
@@ -474,11 +661,16 @@ impl Profile {
         };
         for (path, text, operator) in self.placeholder_fields() {
             for name in placeholders_in(text) {
+                if name == "handle" && !operator {
+                    return Err(TargetError::HandleOutsideOperator {
+                        file: file.to_string(),
+                        path,
+                    });
+                }
                 let known = if let Some(var) = name.strip_prefix("env:") {
                     is_env_name(var)
                 } else {
-                    PLACEHOLDERS.contains(&name)
-                        && (operator || name != "handle")
+                    known_placeholders(operator).contains(&name)
                         && !(path == "registry" && name == "registry")
                 };
                 if !known {
@@ -486,6 +678,7 @@ impl Profile {
                         file: file.to_string(),
                         path,
                         name: name.to_string(),
+                        operator,
                     });
                 }
                 let invalid = |message: String| TargetError::Invalid {
@@ -552,8 +745,8 @@ impl Profile {
         if let Some(u) = &self.url {
             fields.push(("url".into(), u, false));
         }
-        for (verb, op) in [("approve", &self.approve), ("deny", &self.deny)] {
-            if let Some(op) = op {
+        for verb in OPERATOR_COMMANDS {
+            if let Some(op) = self.operator_command(verb) {
                 fields.push((format!("{verb}.command"), &op.command, true));
                 for (i, a) in op.args.iter().enumerate() {
                     fields.push((format!("{verb}.args[{i}]"), a, true));
@@ -576,6 +769,15 @@ impl Profile {
             }
         }
         fields
+    }
+
+    /// The operator command named `verb` (one of [`OPERATOR_COMMANDS`]), if the profile has it.
+    fn operator_command(&self, verb: &str) -> Option<&OperatorCommand> {
+        match verb {
+            "approve" => self.approve.as_ref(),
+            "deny" => self.deny.as_ref(),
+            _ => None,
+        }
     }
 
     /// The router's own name for the contract's error code `code`.
@@ -729,6 +931,40 @@ impl Profile {
     pub fn has_ledger(&self) -> bool {
         self.runner_starts() || self.provider_listen.is_some()
     }
+}
+
+impl TargetError {
+    /// An [`TargetError::UnknownName`], with the valid name nearest to `name`.
+    fn unknown_name(
+        file: &str,
+        path: String,
+        what: &'static str,
+        name: String,
+        valid: Vec<String>,
+        location: Option<String>,
+    ) -> TargetError {
+        let nearest =
+            crate::text::nearest(&name, valid.iter().map(String::as_str)).map(str::to_owned);
+        TargetError::UnknownName(Box::new(UnknownName {
+            file: file.to_string(),
+            path,
+            what,
+            name,
+            valid,
+            nearest,
+            location,
+        }))
+    }
+}
+
+/// The placeholders known in a field: every one but `{handle}`, which only an operator command
+/// knows.
+fn known_placeholders(operator: bool) -> Vec<&'static str> {
+    PLACEHOLDERS
+        .iter()
+        .copied()
+        .filter(|p| operator || *p != "handle")
+        .collect()
 }
 
 /// Whether `name` can name an environment variable (`{env:NAME}`): a letter or `_`, then
@@ -1001,10 +1237,12 @@ mod tests {
             PathBuf::new(),
         )
         .unwrap_err();
+        assert_eq!(bad.code(), "target_unknown_placeholder");
         assert!(
-            bad.to_string().contains("unknown placeholder `{handle}`"),
+            bad.to_string().starts_with("p.yaml: args[2]: `{handle}` is the public handle of an operation, known only in the operator commands (`approve`, `deny`); the known ones here are `{callid}`"),
             "{bad}"
         );
+        assert!(!bad.to_string().contains(", `{handle}`"), "{bad}");
         assert_eq!(
             placeholders_in("a {x} {y_1}{ {} }z {a b} {env:HOME} {env:a-b}"),
             ["x", "y_1", "env:HOME"]
@@ -1020,7 +1258,7 @@ mod tests {
             ),
             (
                 "setup: [{command: x, args: [\"{handle}\"]}]",
-                "setup[0].args[0]: unknown placeholder `{handle}`",
+                "setup[0].args[0]: `{handle}` is the public handle of an operation, known only in the operator commands",
             ),
         ] {
             let text = format!("{REFERENCE_PROFILE}\n{field}\n");
@@ -1120,6 +1358,142 @@ mod tests {
         );
     }
 
+    /// `--print-profile` lists every status and error code of the router's catalogues, and the
+    /// shipped reference profile is that text (`in_doubt` and `outcome_in_doubt` included).
+    #[test]
+    fn the_template_lists_every_mappable_name_and_is_the_shipped_profile() {
+        let text = template();
+        for name in mappable_error_codes().chain(mappable_statuses()) {
+            assert!(
+                text.contains(&format!(" {name},")) || text.contains(&format!(" {name}\n")),
+                "`{name}` missing from the template"
+            );
+        }
+        assert!(text.contains(" outcome_in_doubt,") && text.contains(" in_doubt\n"));
+        assert!(
+            text == REFERENCE_PROFILE,
+            "scenarios/targets/reference.yaml must equal `callid conform --print-profile`; write it as:\n{text}"
+        );
+    }
+
+    /// ROUTER-CONTRACT.md lists exactly the statuses and error codes a profile may map.
+    #[test]
+    fn the_contract_lists_every_mappable_name() {
+        let ticked = |names: Vec<&str>| names.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>();
+        let codes = ticked(mappable_error_codes().collect());
+        let statuses = ticked(mappable_statuses().collect());
+        let list = |first: &str, names: &[String]| {
+            wrap_list(
+                first,
+                "  ",
+                &names.iter().map(String::as_str).collect::<Vec<_>>(),
+            )
+        };
+        let want = format!(
+            "{}{}",
+            list("- error codes: ", &codes),
+            list("- statuses: ", &statuses)
+        );
+        let contract = crate::conform::ROUTER_CONTRACT;
+        let at = contract
+            .find("- error codes: ")
+            .expect("the contract lists the error codes a profile may map");
+        assert!(
+            contract[at..].starts_with(&want),
+            "ROUTER-CONTRACT.md must list the mappable names as:\n{want}"
+        );
+    }
+
+    /// Every refusal of an unknown name, in one labelled snapshot: a key of a fixed mapping at
+    /// any depth, a word of a closed set, a status or error code a profile cannot map, and
+    /// `{handle}` outside the operator commands.
+    #[test]
+    fn unknown_keys_anywhere_are_refused_with_the_valid_ones_and_the_nearest() {
+        let cases: &[(&str, &str, &str)] = &[
+            (
+                "a misspelt status",
+                "statuses: {}",
+                "statuses: {complete: done}",
+            ),
+            (
+                "a misspelt error code",
+                "error_codes: {}",
+                "error_codes: {missing_identiy: no_call_id}",
+            ),
+            (
+                "a status far from any",
+                "statuses: {}",
+                "statuses: {done: ok}",
+            ),
+            (
+                "a capability",
+                "capabilities: {restart: true",
+                "capabilities: {restat: true",
+            ),
+            (
+                "a tool",
+                "  resume: resume_operation",
+                "  resume: resume_operation\n  statsu: x",
+            ),
+            ("a pointer", "  replayed: /_meta", "  replay: /_meta"),
+            ("an argument set", "  other: {prompt", "  othr: {prompt"),
+            (
+                "an operator command",
+                "approve: {command: \"{callid}\", args",
+                "approve: {comand: \"{callid}\", args",
+            ),
+            (
+                "a top-level key",
+                "private_key_prefix:",
+                "private_key_prefx:",
+            ),
+            ("a transport", "transport: stdio", "transport: stdoi"),
+            ("a backend", "backend: provider", "backend: upstrem"),
+            (
+                "{handle} in args",
+                "\"{registry}\", --provider-url",
+                "\"{handle}\", --provider-url",
+            ),
+            (
+                "a typo in an operator command",
+                "approve, \"{handle}\"",
+                "approve, \"{handel}\"",
+            ),
+        ];
+        let mut shown = String::new();
+        for (label, from, to) in cases {
+            assert!(REFERENCE_PROFILE.contains(from), "{label}: `{from}`");
+            let err = Profile::parse(
+                &REFERENCE_PROFILE.replacen(from, to, 1),
+                "p.yaml",
+                PathBuf::new(),
+            )
+            .unwrap_err();
+            shown.push_str(&format!("{label} ({}):\n  {err}\n", err.code()));
+        }
+        insta::assert_snapshot!(shown);
+    }
+
+    #[test]
+    fn every_mappable_name_is_accepted() {
+        let statuses: Vec<String> = mappable_statuses().map(|s| format!("{s}: x_{s}")).collect();
+        let codes: Vec<String> = mappable_error_codes()
+            .map(|c| format!("{c}: x_{c}"))
+            .collect();
+        let text = REFERENCE_PROFILE
+            .replace(
+                "statuses: {}",
+                &format!("statuses: {{{}}}", statuses.join(", ")),
+            )
+            .replace(
+                "error_codes: {}",
+                &format!("error_codes: {{{}}}", codes.join(", ")),
+            );
+        let p = Profile::parse(&text, "p.yaml", PathBuf::new()).unwrap();
+        assert_eq!(p.status_word("in_doubt"), "x_in_doubt");
+        assert_eq!(p.error_code("outcome_in_doubt"), "x_outcome_in_doubt");
+    }
+
     #[test]
     fn invalid_profiles_name_the_path() {
         let bad = Profile::parse(
@@ -1130,8 +1504,8 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(
-            bad.starts_with("p.yaml: capabilitie: unknown field")
-                || bad.starts_with("p.yaml: .: unknown field `capabilitie`"),
+            bad.starts_with("p.yaml: capabilitie: unknown key `capabilitie` at line ")
+                && bad.contains(" (did you mean `capabilities`?); the valid ones are `name`, "),
             "{bad}"
         );
         let bad = Profile::parse(

@@ -85,6 +85,8 @@ fn print_profile_writes_a_commented_template_that_runs_as_is() {
         "{provider_url}",
         "error_codes:",
         "capabilities:",
+        "#   statuses: pending, awaiting_approval, completed, denied, failed, in_doubt\n",
+        " outcome_in_doubt,",
     ] {
         assert!(template.contains(want), "{want} missing:\n{template}");
     }
@@ -257,7 +259,27 @@ fn a_typo_in_a_placeholder_is_an_error_naming_it_and_the_known_ones() {
     assert_eq!(code(&output), 2, "{}", stdout(&output));
     assert_eq!(
         stderr(&output).trim(),
-        "error: typo.yaml: args[2]: unknown placeholder `{regsitry}`; the known ones are `{callid}`, `{state_dir}`, `{registry}`, `{provider_url}`, `{port}`, `{profile_dir}`, `{handle}`, `{upstream_url}`, `{upstream_command}`, `{upstream_argv}`, `{check_slug}`, `{env:NAME}`"
+        "error: typo.yaml: args[2]: unknown placeholder `{regsitry}`; the known ones are `{callid}`, `{state_dir}`, `{registry}`, `{provider_url}`, `{port}`, `{profile_dir}`, `{upstream_url}`, `{upstream_command}`, `{upstream_argv}`, `{check_slug}`, `{env:NAME}`"
+    );
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        1,
+        "nothing was started"
+    );
+}
+
+#[test]
+fn a_misspelt_status_is_an_error_naming_the_nearest_before_anything_starts() {
+    let dir = empty_dir();
+    let text = std::fs::read_to_string(repo().join("scenarios/targets/reference.yaml"))
+        .unwrap()
+        .replace("statuses: {}", "statuses: {complete: done}");
+    std::fs::write(dir.path().join("typo.yaml"), text).unwrap();
+    let output = conform_in(dir.path(), &["--target", "typo.yaml"]);
+    assert_eq!(code(&output), 2, "{}", stdout(&output));
+    assert_eq!(
+        stderr(&output).trim(),
+        "error: typo.yaml: statuses.complete: unknown status `complete` (did you mean `completed`?); the valid ones are `pending`, `awaiting_approval`, `completed`, `denied`, `failed`, `in_doubt`"
     );
     assert_eq!(
         std::fs::read_dir(dir.path()).unwrap().count(),

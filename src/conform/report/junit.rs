@@ -1,9 +1,16 @@
 //! JUnit XML: one `<testsuite>` for the required checks (named after the target) and one for the
 //! recommended ones, one `<testcase>` per check. A failure is `<failure>`, an error `<error>`, a
 //! check skipped by the profile `<skipped>`, and a check not run `<error type="not-run">` (or
-//! `<skipped>` under `--allow-incomplete`). An expected failure is reported as passed with a
-//! `<system-out>` note, a stale one as a failure, and a recommended check that failed as
-//! `<skipped>` with its reason, so CI agrees with the exit code.
+//! `<skipped>` under `--allow-incomplete`). A stale expected failure is a failure.
+//!
+//! # Agreement with the exit code and the summary
+//! A check that was run and does not fail the run is a passed `<testcase>`, with a `<system-out>`
+//! note when it did not pass: an expected failure, and a recommended check that failed, errored or
+//! is a stale expected failure (recommended checks never fail the run). JUnit has no "passed with
+//! a warning"; `<skipped>` tells every reader the check was not run, and `<failure>` turns a CI
+//! check red although the run exits 0. So the counts are the summary's
+//! ([`super::Summary`]): `failures + errors` = `unexpected + stale` (+ `not_run` unless
+//! `--allow-incomplete`), and `skipped` = `skipped` (+ `not_run` under `--allow-incomplete`).
 
 use super::{Baseline, CheckResult, Level, Report, Verdict};
 use std::io::Write;
@@ -22,7 +29,7 @@ fn kind(c: &CheckResult, allow_incomplete: bool) -> Kind {
         (_, _, Verdict::Skipped) => Kind::Skipped,
         (_, _, Verdict::NotRun) if allow_incomplete => Kind::Skipped,
         (_, _, Verdict::NotRun) => Kind::Error,
-        (Level::Recommended, _, Verdict::Fail | Verdict::Error) => Kind::Skipped,
+        (Level::Recommended, _, _) => Kind::Passed,
         (_, Baseline::Stale, _) => Kind::Failure,
         (_, Baseline::Expected, _) | (_, _, Verdict::Pass) => Kind::Passed,
         (_, _, Verdict::Fail) => Kind::Failure,
@@ -83,7 +90,21 @@ fn testcase(c: &CheckResult, allow_incomplete: bool, out: &mut dyn Write) -> std
         c.duration.as_secs_f64()
     )?;
     let body = match (kind(c, allow_incomplete), c.verdict, c.baseline) {
-        (Kind::Passed, Verdict::Pass, _) => None,
+        (Kind::Passed, Verdict::Pass, Baseline::Ok) => None,
+        (Kind::Passed, Verdict::Pass, _) => Some(format!(
+            "<system-out>{}</system-out>",
+            xml(
+                "recommended check listed as an expected failure but passed: remove it from the expected-failures file (it does not fail the run)"
+            )
+        )),
+        (Kind::Passed, v, _) if c.level == Level::Recommended => Some(format!(
+            "<system-out>{}</system-out>",
+            xml(&format!(
+                "recommended convention not followed (verdict {}, which does not fail the run): {}",
+                v.word(),
+                c.reason
+            ))
+        )),
         (Kind::Passed, v, _) => Some(format!(
             "<system-out>{}</system-out>",
             xml(&format!("expected {}: {}", v.word(), c.reason))
@@ -109,8 +130,7 @@ fn testcase(c: &CheckResult, allow_incomplete: bool, out: &mut dyn Write) -> std
         (Kind::Skipped, v, _) => {
             let what = match v {
                 Verdict::Skipped => "skipped by profile",
-                Verdict::NotRun => "not run (allowed by --allow-incomplete)",
-                _ => "recommended convention not followed",
+                _ => "not run (allowed by --allow-incomplete)",
             };
             Some(format!(
                 r#"<skipped message="{}"/>"#,
@@ -158,6 +178,58 @@ mod tests {
         let mut out = Vec::new();
         super::render(&crate::conform::report::tests::sample(), &mut out).unwrap();
         insta::assert_snapshot!(String::from_utf8(out).unwrap());
+    }
+
+    /// The counts of `<testsuites>` and of each `<testsuite>` are the summary's, with and
+    /// without `--allow-incomplete`: a failed recommended check is neither skipped nor a failure.
+    #[test]
+    fn the_counts_agree_with_the_summary() {
+        use crate::conform::report::{Baseline, Level, Verdict};
+        let mut report = crate::conform::report::tests::sample();
+        let mut stale = report.checks[4].clone();
+        stale.id = "convention.status-returns-result".into();
+        stale.verdict = Verdict::Pass;
+        stale.baseline = Baseline::Stale;
+        report.checks.push(stale);
+        let mut errored = report.checks[4].clone();
+        errored.id = "convention.error-code-names".into();
+        errored.verdict = Verdict::Error;
+        report.checks.push(errored);
+        assert_eq!(report.level(Level::Recommended).count(), 3);
+        for allow_incomplete in [false, true] {
+            report.allow_incomplete = allow_incomplete;
+            let mut out = Vec::new();
+            super::render(&report, &mut out).unwrap();
+            let text = String::from_utf8(out).unwrap();
+            let attr = |tag: &str, name: &str| -> usize {
+                let at = text.find(&format!("<{tag} ")).unwrap();
+                let rest = &text[at..];
+                let value = rest.split(&format!(" {name}=\"")).nth(1).unwrap();
+                value[..value.find('"').unwrap()].parse().unwrap()
+            };
+            let s = report.summary();
+            let not_run = if allow_incomplete { 0 } else { s.not_run };
+            assert_eq!(attr("testsuites", "tests"), report.checks.len());
+            assert_eq!(
+                attr("testsuites", "failures") + attr("testsuites", "errors"),
+                s.unexpected + s.stale + not_run,
+                "{text}"
+            );
+            let skipped = s.skipped + if allow_incomplete { s.not_run } else { 0 };
+            assert_eq!(attr("testsuites", "skipped"), skipped, "{text}");
+            assert_eq!(s.recommended_failed, 2);
+            let recommended = &text[text.find("(recommended)").unwrap()..];
+            assert!(
+                recommended.contains(r#"tests="3" failures="0" errors="0" skipped="0""#),
+                "{recommended}"
+            );
+            assert!(!recommended.contains("<skipped"), "{recommended}");
+            assert_eq!(
+                recommended.matches("<system-out>").count(),
+                3,
+                "{recommended}"
+            );
+        }
     }
 
     #[test]
