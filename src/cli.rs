@@ -5,6 +5,15 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+mod suggest;
+pub use suggest::try_parse_from;
+
+/// Parses the process's command line into a [`Cli`], or prints clap's error (with callid's tips,
+/// see [`try_parse_from`]) and exits.
+pub fn parse() -> Cli {
+    try_parse_from(std::env::args_os()).unwrap_or_else(|err| err.exit())
+}
+
 /// Trusted per-call IDs for paid MCP tool calls: measure which clients send one, route paid calls
 /// by it, and check that a router tells "the same call again" from "a new call that looks the
 /// same".

