@@ -115,3 +115,39 @@ fn a_near_miss_of_a_known_flag_is_offered_the_flag() {
     assert!(!text.contains("use '-- --lgo'"), "{text}");
     insta::assert_snapshot!(text);
 }
+
+/// A loopback port that nothing listens on (bound, then released).
+fn closed_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().port()
+}
+
+#[test]
+fn a_closed_upstream_url_is_named_redacted_with_its_cause_and_fix() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = closed_port();
+    let url = format!("http://user:hunter2@127.0.0.1:{port}/mcp?api_key=sk-123");
+    let registry = dir.path().join("registry.sqlite3");
+    let (code, stderr) = callid_in(
+        dir.path(),
+        &[
+            "gateway",
+            "--registry",
+            registry.to_str().unwrap(),
+            "--spend",
+            "generate_image",
+            "--upstream-url",
+            &url,
+        ],
+    );
+    assert_eq!(code, Some(2), "{stderr}");
+    for secret in ["hunter2", "sk-123"] {
+        assert!(!stderr.contains(secret), "{stderr}");
+    }
+    // No Rust path (`rmcp::transport::…`, `reqwest::Error`), no "start" for a URL.
+    assert!(!stderr.contains("::"), "{stderr}");
+    assert!(!stderr.contains("start the upstream MCP"), "{stderr}");
+    assert!(stderr.contains("connection refused"), "{stderr}");
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    insta::assert_snapshot!(stderr.replace(&port.to_string(), "PORT"));
+}
