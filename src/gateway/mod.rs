@@ -103,9 +103,10 @@ pub(crate) struct GatewayOptions {
     pub lease_ttl: Duration,
 }
 
-/// Connects to the upstream, checks its tools, then serves the agent on stdio until it goes
-/// away, or over streamable HTTP (`http`, loopback only) until Ctrl-C. Over HTTP it binds before
-/// it starts anything, so a refused address leaves no registry and no upstream behind.
+/// Connects to the upstream, checks its tools, opens the registry (so a refusal creates
+/// nothing), then serves the agent on stdio until it goes away, or over streamable HTTP (`http`,
+/// loopback only) until Ctrl-C. Over HTTP it binds before it starts anything, so a refused
+/// address leaves no registry and no upstream behind.
 pub(crate) async fn run(
     options: GatewayOptions,
     http: Option<std::net::SocketAddr>,
@@ -122,14 +123,16 @@ pub(crate) async fn run(
         .await
         .map_err(StartError::from)?;
     let info = upstream.info().await;
-    let core = Core::new(CoreOptions {
-        registry: options.registry.clone(),
-        preallocated_keys: None,
-        key_prefix: options.key_prefix.clone(),
-        handle_prefix: options.handle_prefix.clone(),
-        identity_sources: options.identity_sources.clone(),
-        lease_ttl: options.lease_ttl,
-    });
+    let core = || {
+        Core::new(CoreOptions {
+            registry: options.registry.clone(),
+            preallocated_keys: None,
+            key_prefix: options.key_prefix.clone(),
+            handle_prefix: options.handle_prefix.clone(),
+            identity_sources: options.identity_sources.clone(),
+            lease_ttl: options.lease_ttl,
+        })
+    };
     let gateway = Gateway::start(
         core,
         upstream,

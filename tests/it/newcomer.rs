@@ -151,3 +151,34 @@ fn a_closed_upstream_url_is_named_redacted_with_its_cause_and_fix() {
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
     insta::assert_snapshot!(stderr.replace(&port.to_string(), "PORT"));
 }
+
+#[test]
+fn an_unknown_spend_tool_refuses_the_start_and_creates_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let upstream = tempfile::tempdir().unwrap();
+    let ledger = upstream.path().join("ledger");
+    let callid = bin();
+    let (code, stderr) = callid_in(
+        dir.path(),
+        &[
+            "gateway",
+            "--registry",
+            "registry.sqlite3",
+            "--spend",
+            "no-such-tool",
+            "--",
+            callid.to_str().unwrap(),
+            "provider",
+            "--mcp",
+            "--ledger",
+            ledger.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(code, Some(2), "{stderr}");
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(left.is_empty(), "a refused start created {left:?}");
+    insta::assert_snapshot!(stderr);
+}
