@@ -182,3 +182,11 @@ fn an_unknown_spend_tool_refuses_the_start_and_creates_nothing() {
     assert!(left.is_empty(), "a refused start created {left:?}");
     insta::assert_snapshot!(stderr);
 }
+
+#[test]
+fn an_unknown_check_id_names_the_nearest_and_the_list() {
+    insta::assert_snapshot!(transcript(&[
+        &["conform", "--only", "no.such-check"],
+        &["conform", "--only", "approval.deny-refuse"],
+    ]));
+}
