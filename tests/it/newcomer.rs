@@ -190,3 +190,29 @@ fn an_unknown_check_id_names_the_nearest_and_the_list() {
         &["conform", "--only", "approval.deny-refuse"],
     ]));
 }
+
+#[test]
+fn a_missing_identity_source_preset_says_how_to_write_it() {
+    let first = transcript(&[
+        &["identity-sources", "--identity-sources", "goose.yaml"],
+        &["probe", "--identity-sources", "sources/mine.yaml"],
+    ]);
+    // The command the message gives works from an empty directory, and its file loads.
+    let dir = tempfile::tempdir().unwrap();
+    let written = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "{} identity-sources --print-preset goose > goose.yaml",
+            bin().display()
+        ))
+        .current_dir(dir.path())
+        .status()
+        .unwrap();
+    assert!(written.success());
+    let (code, stderr) = callid_in(
+        dir.path(),
+        &["identity-sources", "--identity-sources", "goose.yaml"],
+    );
+    assert_eq!(code, Some(0), "{stderr}");
+    insta::assert_snapshot!(first);
+}
