@@ -142,10 +142,20 @@ fn identity_sources(
     )?))
 }
 
-/// `callid identity-sources`: prints the table in force.
+/// `callid identity-sources`: prints the table in force, or a preset (`--print-preset`).
 fn identity_sources_command(args: crate::cli::IdentitySourcesArgs) -> anyhow::Result<ExitCode> {
     use crate::cli::SourcesFormatArg;
     use std::io::Write as _;
+    if let Some(name) = &args.print_preset {
+        let (_, text) = crate::identity::PRESETS
+            .iter()
+            .find(|(preset, _)| preset == name)
+            .expect("clap accepts only preset names");
+        stdout()
+            .write_all(text.as_bytes())
+            .context("failed to write to standard output")?;
+        return Ok(ExitCode::from(exit_codes::SUCCESS));
+    }
     let table = identity_sources(&args.sources)?;
     let text = match args.format {
         SourcesFormatArg::Table => table.render_text(),

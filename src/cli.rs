@@ -5,6 +5,15 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+mod suggest;
+pub use suggest::try_parse_from;
+
+/// Parses the process's command line into a [`Cli`], or prints clap's error (with callid's tips,
+/// see [`try_parse_from`]) and exits.
+pub fn parse() -> Cli {
+    try_parse_from(std::env::args_os()).unwrap_or_else(|err| err.exit())
+}
+
 /// Trusted per-call IDs for paid MCP tool calls: measure which clients send one, route paid calls
 /// by it, and check that a router tells "the same call again" from "a new call that looks the
 /// same".
@@ -145,9 +154,9 @@ pub struct CompletionsArgs {
 /// `--identity-sources`, shared by probe, classify and router.
 #[derive(Debug, Clone, Default, Args)]
 pub struct IdentitySourcesArg {
-    /// Also accept the sources of this YAML table (repeatable; e.g.
-    /// `identity-sources/goose.yaml`). A key is only as trustworthy as the harness that sets it:
-    /// see `callid identity-sources` and the README.
+    /// Also accept the sources of this YAML table (repeatable; e.g. the goose preset, written by
+    /// `callid identity-sources --print-preset goose > goose.yaml`). A key is only as trustworthy
+    /// as the harness that sets it: see `callid identity-sources` and the README.
     #[arg(long = "identity-sources", value_name = "FILE")]
     pub identity_sources: Vec<PathBuf>,
 }
@@ -161,6 +170,17 @@ pub struct IdentitySourcesArgs {
     /// Output format: table or json.
     #[arg(long, value_enum, default_value = "table")]
     pub format: SourcesFormatArg,
+    /// Print the YAML table of a preset that ships with callid (off until passed to
+    /// `--identity-sources`), and exit.
+    #[arg(
+        long,
+        value_name = "NAME",
+        value_parser = clap::builder::PossibleValuesParser::new(
+            crate::identity::PRESETS.iter().map(|(name, _)| *name)
+        ),
+        conflicts_with = "format"
+    )]
+    pub print_preset: Option<String>,
 }
 
 /// `callid probe`

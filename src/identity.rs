@@ -14,8 +14,9 @@
 //! | `claudecode/toolUseId` | `claude-code` | the string itself |
 //! | `hubu.dev/platform-invocation` | the envelope's `platform` | the envelope's `invocation_id` |
 //!
-//! An operator extends it without code ([`IdentitySources::load`], `--identity-sources FILE`,
-//! presets in `identity-sources/`): each entry is a `_meta` key, a platform, a length bound and a
+//! An operator extends it without code ([`IdentitySources::load`], `--identity-sources FILE`;
+//! the [`PRESETS`] ship in the binary, printed by `callid identity-sources --print-preset NAME`):
+//! each entry is a `_meta` key, a platform, a length bound and a
 //! trust note (a key is only as trustworthy as the harness that sets it). Loading refuses unknown
 //! fields, a key or platform listed twice, bad key names, reserved keys (`progressToken`, which
 //! is per attempt; `io.modelcontextprotocol/*`; `callid/*`) and a built-in platform name, naming
@@ -56,6 +57,14 @@ pub const MAX_ID_BYTES: usize = 512;
 pub const MAX_PLATFORM_BYTES: usize = 64;
 /// Platform names of the built-in sources, which an envelope may not claim.
 pub const BUILT_IN_PLATFORMS: [&str; 2] = ["codex", "claude-code"];
+
+/// The identity-source tables that ship with callid, off by default: (name, YAML text of
+/// `identity-sources/NAME.yaml`). `callid identity-sources --print-preset NAME` prints one, so an
+/// installed user has the file to pass to `--identity-sources`.
+pub const PRESETS: &[(&str, &str)] = &[
+    ("goose", include_str!("../identity-sources/goose.yaml")),
+    ("gsd-pi", include_str!("../identity-sources/gsd-pi.yaml")),
+];
 /// Fields the envelope may carry; any other is refused.
 pub const ENVELOPE_FIELDS: [&str; 4] = ["platform", "invocation_id", "installation_id", "task_id"];
 
@@ -646,7 +655,8 @@ impl IdentitySources {
         for path in paths {
             let text = std::fs::read_to_string(path).map_err(|source| SourcesError::Read {
                 path: path.clone(),
-                source,
+                hint: read_hint(path, &source),
+                cause: source.to_string(),
             })?;
             table.extend_from_yaml(&text, &path.display().to_string())?;
         }
@@ -877,6 +887,33 @@ fn check_source_key(key: &str) -> Result<(), String> {
 }
 
 /// An identity-source file: `sources:` and a list of entries.
+/// For a file that does not exist: how to write a preset's (named after the file when its name
+/// is a preset's, `goose.yaml`), since the repository's `identity-sources/` is not installed.
+fn read_hint(path: &std::path::Path, e: &std::io::Error) -> String {
+    if e.kind() != std::io::ErrorKind::NotFound {
+        return String::new();
+    }
+    let stem = path
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .unwrap_or_default();
+    match PRESETS.iter().find(|(name, _)| *name == stem) {
+        Some((name, _)) => format!(
+            "; the preset `{name}` ships in the binary: write it with `callid identity-sources \
+             --print-preset {name} > {}`",
+            path.display()
+        ),
+        None => {
+            let names: Vec<String> = PRESETS.iter().map(|(n, _)| format!("`{n}`")).collect();
+            format!(
+                "; the presets ({}) ship in the binary: write one with `callid identity-sources \
+                 --print-preset NAME > FILE`",
+                names.join(", ")
+            )
+        }
+    }
+}
+
 #[derive(Debug, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 struct SourcesFile {
@@ -884,7 +921,10 @@ struct SourcesFile {
 }
 
 #[derive(Debug, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a mapping with `key`, `platform` and `trust`"
+)]
 struct SourceFileEntry {
     key: String,
     platform: String,
@@ -898,18 +938,20 @@ struct SourceFileEntry {
 #[derive(Debug, thiserror::Error)]
 pub enum SourcesError {
     /// The file could not be read.
-    #[error("failed to read the identity-source table `{}`", .path.display())]
+    #[error("failed to read the identity-source table `{}`: {cause}{hint}", .path.display())]
     Read {
         /// The file.
         path: std::path::PathBuf,
-        /// The cause.
-        #[source]
-        source: std::io::Error,
+        /// The operating system's reason.
+        cause: String,
+        /// How to get a preset's file when it does not exist (else empty).
+        hint: String,
     },
     /// Not YAML of the expected shape.
     #[error(
         "identity-source table `{path}`: `{at}`: {message}; the format is \
-         `sources: [{{key, platform, trust, max_bytes?}}]` (see `identity-sources/*.yaml`)"
+         `sources: [{{key, platform, trust, max_bytes?}}]` (`callid identity-sources \
+         --print-preset goose` prints an example)"
     )]
     Parse {
         /// The file.
@@ -1328,6 +1370,25 @@ mod tests {
         insta::assert_snapshot!(text);
         let missing = IdentitySources::load(&["/nonexistent/sources.yaml".into()]).unwrap_err();
         assert_eq!(missing.code(), "unreadable_identity_sources");
+    }
+
+    #[test]
+    fn every_preset_is_its_repository_file_and_loads() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("identity-sources");
+        let mut files: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        files.sort();
+        let names: Vec<String> = PRESETS.iter().map(|(n, _)| format!("{n}.yaml")).collect();
+        assert_eq!(names, files);
+        for (name, text) in PRESETS {
+            let file = std::fs::read_to_string(dir.join(format!("{name}.yaml"))).unwrap();
+            assert_eq!(*text, file, "{name}");
+            IdentitySources::built_in()
+                .extend_from_yaml(text, name)
+                .unwrap();
+        }
     }
 
     #[test]

@@ -11,8 +11,8 @@
 //! - ANSI colour only when standard error is a terminal. `NO_COLOR` (set and not empty) turns it
 //!   off, `CLICOLOR_FORCE` (set, not empty and not `0`) turns it on for any stream; `NO_COLOR`
 //!   wins when both are set ([`color`]).
-//! - `CALLID_LOG` filters the log with `tracing`'s env-filter syntax (default `warn`; e.g.
-//!   `info`, `debug`, `callid=debug,rmcp=warn`).
+//! - `CALLID_LOG` filters the log with `tracing`'s env-filter syntax (default [`DEFAULT_FILTER`];
+//!   e.g. `info`, `debug`, `callid=debug,rmcp=warn`).
 //! - No URL's user info, query values or fragment reach standard error: every line, callid's
 //!   own and the libraries' (rmcp and reqwest quote the URL they failed to reach), passes
 //!   through [`crate::secret::redact_urls`].
@@ -23,6 +23,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// Environment variable that sets the log filter.
 pub const LOG_ENV: &str = "CALLID_LOG";
 
+/// The log filter when [`LOG_ENV`] is unset: warnings, except rmcp's transport worker, whose
+/// fatal error (a `Debug` dump of the HTTP client's error, with its Rust types and the URL
+/// unredacted) is also the error of the request that met it, which callid reports in words.
+pub const DEFAULT_FILTER: &str = "warn,rmcp::transport::worker=off";
+
 /// Lines dropped because standard error could not be written, since the process started.
 static STDERR_DROPS: Drops = Drops::new();
 
@@ -30,7 +35,7 @@ static STDERR_DROPS: Drops = Drops::new();
 /// [`LOG_ENV`], coloured only as [`color`] decides. Calling it again does nothing.
 pub fn init() {
     let filter = tracing_subscriber::EnvFilter::try_from_env(LOG_ENV)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_FILTER));
     let ansi = color(
         std::env::var_os("NO_COLOR").as_deref(),
         std::env::var_os("CLICOLOR_FORCE").as_deref(),

@@ -427,9 +427,36 @@ fn writable(path: &Path, spec: &StoreSpec) -> Result<(), StoreError> {
         Some(dir) => dir.to_path_buf(),
         None => PathBuf::from("."),
     };
+    directory_writable(&dir, path, spec)
+}
+
+/// Whether a store file that does not exist yet could be created at `path`, asked without
+/// creating it: a probe file is created and removed in the nearest directory of `path` that
+/// exists (the missing ones would be created under it). A start-up check, so that a refusal
+/// leaves nothing behind.
+pub(crate) fn creatable(path: &Path, spec: &StoreSpec) -> Result<(), StoreError> {
+    let mut dir = match path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        Some(dir) => dir.to_path_buf(),
+        None => PathBuf::from("."),
+    };
+    while !dir.is_dir() {
+        match dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+            Some(up) => dir = up.to_path_buf(),
+            None => {
+                dir = PathBuf::from(".");
+                break;
+            }
+        }
+    }
+    directory_writable(&dir, path, spec)
+}
+
+/// A probe file created in `dir` and removed at once: the operating system's answer to whether
+/// the store file `path` (or its journals) can be written there.
+fn directory_writable(dir: &Path, path: &Path, spec: &StoreSpec) -> Result<(), StoreError> {
     if let Err(e) = tempfile::Builder::new()
         .prefix(".callid-write-probe-")
-        .tempfile_in(&dir)
+        .tempfile_in(dir)
     {
         let fix = match e.kind() {
             std::io::ErrorKind::ReadOnlyFilesystem => {

@@ -1,7 +1,8 @@
 //! Text helpers every renderer and message shares: cutting a string to a byte budget without
 //! splitting a character ([`cut`], [`clip`]), GitHub-flavoured Markdown table cells
-//! ([`markdown_cell`], [`markdown_code`]), and the end of a program's output on one line
-//! ([`last_lines`]), and the valid name nearest to a misspelt one ([`nearest`]).
+//! ([`markdown_cell`], [`markdown_code`]), the end of a program's output on one line
+//! ([`last_lines`]), and the nearest of several names to a mistyped one ([`edits`],
+//! [`nearest`], and [`misspelling_of`] when only a near one will do).
 //!
 //! # Guarantees
 //! - [`cut`] and [`clip`] never panic and never split a UTF-8 character: they keep the longest
@@ -81,29 +82,11 @@ pub fn last_lines(text: &str, n: usize) -> String {
     lines[lines.len().saturating_sub(n)..].join(" | ")
 }
 
-/// The name in `valid` nearest to `name` (fewest single-character edits), when it is near
-/// enough to be a misspelling: at most a third of the longer name's characters, and at least one
-/// edit allowed (`complete` finds `completed`, `restat` finds `restart`). Ties go to the first.
-pub fn nearest<'a>(name: &str, valid: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
-    let name: Vec<char> = name.chars().collect();
-    valid
-        .into_iter()
-        .map(|candidate| {
-            let other: Vec<char> = candidate.chars().collect();
-            (
-                edit_distance(&name, &other),
-                candidate,
-                name.len().max(other.len()),
-            )
-        })
-        .filter(|(distance, _, longer)| *distance <= (longer / 3).max(1))
-        .min_by_key(|(distance, _, _)| *distance)
-        .map(|(_, candidate, _)| candidate)
-}
-
-/// Edits (insert, delete, replace, or swap two neighbours) that turn `a` into `b`: the optimal
-/// string alignment distance, so `stdoi` is one edit from `stdio`.
-fn edit_distance(a: &[char], b: &[char]) -> usize {
+/// Optimal string alignment distance: insertions, deletions, substitutions and transpositions of
+/// adjacent characters, each one edit (so `stdoi` is one edit from `stdio`).
+pub fn edits(a: &str, b: &str) -> usize {
+    let a: Vec<char> = a.chars().collect();
+    let b: Vec<char> = b.chars().collect();
     let mut d = vec![vec![0usize; b.len() + 1]; a.len() + 1];
     for (i, row) in d.iter_mut().enumerate() {
         row[0] = i;
@@ -113,8 +96,10 @@ fn edit_distance(a: &[char], b: &[char]) -> usize {
     }
     for i in 1..=a.len() {
         for j in 1..=b.len() {
-            let replace = d[i - 1][j - 1] + usize::from(a[i - 1] != b[j - 1]);
-            let mut best = replace.min(d[i - 1][j] + 1).min(d[i][j - 1] + 1);
+            let cost = usize::from(a[i - 1] != b[j - 1]);
+            let mut best = (d[i - 1][j] + 1)
+                .min(d[i][j - 1] + 1)
+                .min(d[i - 1][j - 1] + cost);
             if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
                 best = best.min(d[i - 2][j - 2] + 1);
             }
@@ -124,9 +109,48 @@ fn edit_distance(a: &[char], b: &[char]) -> usize {
     d[a.len()][b.len()]
 }
 
+/// The candidate with the fewest [`edits`] from `given` (the first of equals), if any.
+pub fn nearest<'a>(given: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+    candidates
+        .into_iter()
+        .enumerate()
+        .min_by_key(|(i, c)| (edits(given, c), *i))
+        .map(|(_, c)| c)
+}
+
+/// The [`nearest`] candidate when it is near enough to be a misspelling of `given`: at most a
+/// third of the longer name's characters away, and at least one edit allowed (`complete` finds
+/// `completed`, `restat` finds `restart`).
+pub fn misspelling_of<'a>(
+    given: &str,
+    candidates: impl IntoIterator<Item = &'a str>,
+) -> Option<&'a str> {
+    nearest(given, candidates).filter(|near| {
+        let longer = given.chars().count().max(near.chars().count());
+        edits(given, near) <= (longer / 3).max(1)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn edits_count_a_transposition_as_one_and_nearest_takes_the_first_of_equals() {
+        for (a, b, n) in [
+            ("lgo", "log", 1),
+            ("log", "log", 0),
+            ("lo", "log", 1),
+            ("lgoo", "log", 2),
+            ("", "ab", 2),
+            ("registyr", "registry", 1),
+            ("é", "e", 1),
+        ] {
+            assert_eq!(edits(a, b), n, "{a} -> {b}");
+        }
+        assert_eq!(nearest("ab", ["xy", "ac", "ad"]), Some("ac"));
+        assert_eq!(nearest("ab", []), None);
+    }
 
     #[test]
     fn cut_keeps_whole_characters_within_the_budget() {
@@ -194,7 +218,7 @@ mod tests {
     }
 
     #[test]
-    fn nearest_finds_a_misspelling_and_nothing_far() {
+    fn misspelling_of_finds_a_misspelling_and_nothing_far() {
         let statuses = [
             "pending",
             "awaiting_approval",
@@ -211,16 +235,19 @@ mod tests {
             ("", None),
             ("x", None),
         ] {
-            assert_eq!(nearest(name, statuses), want, "{name:?}");
+            assert_eq!(misspelling_of(name, statuses), want, "{name:?}");
         }
         assert_eq!(
-            nearest("missing_identiy", ["invalid_identity", "missing_identity"]),
+            misspelling_of("missing_identiy", ["invalid_identity", "missing_identity"]),
             Some("missing_identity")
         );
-        assert_eq!(nearest("restat", ["restart", "kill"]), Some("restart"));
-        assert_eq!(nearest("stdoi", ["stdio", "http"]), Some("stdio"));
         assert_eq!(
-            nearest("b", ["a", "c"]),
+            misspelling_of("restat", ["restart", "kill"]),
+            Some("restart")
+        );
+        assert_eq!(misspelling_of("stdoi", ["stdio", "http"]), Some("stdio"));
+        assert_eq!(
+            misspelling_of("b", ["a", "c"]),
             Some("a"),
             "a tie goes to the first"
         );

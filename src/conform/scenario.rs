@@ -552,8 +552,16 @@ pub enum ScenarioError {
         second: PathBuf,
     },
     /// `--only` named an id no file declares.
-    #[error("no scenario has the check id `{0}`; run without `--only` to list every id")]
-    UnknownId(String),
+    #[error(
+        "no scenario has the check id `{id}` (the nearest is `{nearest}`); `callid conform \
+         --list` prints every id"
+    )]
+    UnknownId {
+        /// The id given.
+        id: String,
+        /// The declared id with the fewest edits from it.
+        nearest: String,
+    },
     /// The directory has no scenario.
     #[error("no scenario file (`*.yaml`) in `{0}`")]
     Empty(PathBuf),
@@ -567,7 +575,7 @@ impl ScenarioError {
             ScenarioError::Read { .. } => "scenario_unreadable",
             ScenarioError::Invalid { .. } => "scenario_invalid",
             ScenarioError::DuplicateId { .. } => "scenario_duplicate_id",
-            ScenarioError::UnknownId(_) => "scenario_unknown_id",
+            ScenarioError::UnknownId { .. } => "scenario_unknown_id",
             ScenarioError::Empty(_) => "scenario_dir_empty",
         }
     }
@@ -654,7 +662,13 @@ pub fn select(scenarios: Vec<Scenario>, only: &[String]) -> Result<Vec<Scenario>
         .iter()
         .find(|id| !scenarios.iter().any(|s| &&s.id == id))
     {
-        return Err(ScenarioError::UnknownId(unknown.clone()));
+        let ids = scenarios.iter().map(|s| s.id.as_str());
+        return Err(ScenarioError::UnknownId {
+            id: unknown.clone(),
+            nearest: crate::text::nearest(unknown, ids)
+                .unwrap_or_default()
+                .to_owned(),
+        });
     }
     Ok(scenarios
         .into_iter()

@@ -944,7 +944,7 @@ impl TargetError {
         location: Option<String>,
     ) -> TargetError {
         let nearest =
-            crate::text::nearest(&name, valid.iter().map(String::as_str)).map(str::to_owned);
+            crate::text::misspelling_of(&name, valid.iter().map(String::as_str)).map(str::to_owned);
         TargetError::UnknownName(Box::new(UnknownName {
             file: file.to_string(),
             path,

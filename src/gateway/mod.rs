@@ -116,11 +116,11 @@ pub(crate) struct GatewayOptions {
     pub lease_ttl: Duration,
 }
 
-/// Connects to the upstream, checks its tools, then serves the agent on stdio until it goes
-/// away, or over streamable HTTP (`http`, loopback only) until Ctrl-C. Over HTTP it binds before
-/// it starts anything, so a refused address leaves no registry and no upstream behind; then it
-/// checks the registry ([`crate::router::check_registry`]) before it starts the upstream, so a
-/// refused registry leaves no upstream process behind.
+/// Checks the registry ([`crate::router::check_registry`]; a new registry file is checked
+/// without being created), connects to the upstream and checks its tools, and only then opens
+/// the registry for serving, so a refused start leaves no registry and no upstream process
+/// behind; then serves the agent on stdio until it goes away, or over streamable HTTP (`http`,
+/// loopback only) until Ctrl-C. Over HTTP it binds before it starts anything.
 pub(crate) async fn run(
     options: GatewayOptions,
     http: Option<std::net::SocketAddr>,
@@ -142,14 +142,16 @@ pub(crate) async fn run(
     .await
     .map_err(StartError::from)?;
     let info = upstream.info().await;
-    let core = Core::new(CoreOptions {
-        registry: options.registry.clone(),
-        preallocated_keys: None,
-        key_prefix: options.key_prefix.clone(),
-        handle_prefix: options.handle_prefix.clone(),
-        identity_sources: options.identity_sources.clone(),
-        lease_ttl: options.lease_ttl,
-    });
+    let core = || {
+        Core::new(CoreOptions {
+            registry: options.registry.clone(),
+            preallocated_keys: None,
+            key_prefix: options.key_prefix.clone(),
+            handle_prefix: options.handle_prefix.clone(),
+            identity_sources: options.identity_sources.clone(),
+            lease_ttl: options.lease_ttl,
+        })
+    };
     let gateway = Gateway::start(
         core,
         upstream,

@@ -222,9 +222,10 @@ impl std::fmt::Debug for Gateway {
 
 impl Gateway {
     /// A gateway over a connected upstream; lists and checks the upstream's tools. The spend
-    /// tools are `spend` and every tool the policy prices.
+    /// tools are `spend` and every tool the policy prices. `core` is made (the registry opened,
+    /// its file created) only once every check has passed: a refusal creates nothing.
     pub async fn start(
-        core: Core,
+        core: impl FnOnce() -> Core,
         upstream: Upstream,
         mut spend: BTreeSet<String>,
         policy: GatewayPolicy,
@@ -233,7 +234,7 @@ impl Gateway {
         spend.extend(policy.tools.keys().cloned());
         let tools = merged_tools(&upstream, &spend, sources).await?;
         Ok(Gateway {
-            core,
+            core: core(),
             upstream,
             spend,
             policy,

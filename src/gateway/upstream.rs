@@ -41,8 +41,8 @@ impl std::fmt::Display for UpstreamSpec {
 /// Why the upstream could not be reached or did not answer.
 #[derive(Debug, thiserror::Error)]
 pub enum UpstreamError {
-    /// The connection could not be opened.
-    #[error("cannot start the upstream MCP server {spec}: {detail}")]
+    /// The connection could not be opened: nothing was sent.
+    #[error("cannot {} the upstream MCP server {spec}: {detail}", opening(spec))]
     Connect {
         /// The upstream.
         spec: String,
@@ -211,7 +211,7 @@ impl Upstream {
                     .clone()
                     .serve(transport)
                     .await
-                    .map_err(|e| err(e.to_string()))
+                    .map_err(|e| err(url_failure(&e)))
             }
         }
     }
@@ -346,4 +346,67 @@ impl Upstream {
             }),
         }
     }
+}
+
+/// The verb of [`UpstreamError::Connect`] for an upstream as shown ([`UpstreamSpec`]'s
+/// `Display`): a URL is connected to, a command is started.
+fn opening(spec: &str) -> &'static str {
+    if spec.starts_with("`http://") || spec.starts_with("`https://") {
+        "connect to"
+    } else {
+        "start"
+    }
+}
+
+/// Why an `--upstream-url` could not be connected to, in words and with the fix. rmcp's own text
+/// names its transport's Rust types and the HTTP client's quotes the URL unredacted, so neither
+/// is shown: the operating system's reason is, when the error chain holds one, else the causes
+/// that quote no URL.
+fn url_failure(e: &rmcp::service::ClientInitializeError) -> String {
+    use rmcp::service::ClientInitializeError as E;
+    use std::io::ErrorKind as K;
+    const FIX: &str = "check that the upstream server is running and that `--upstream-url` is its \
+                       MCP endpoint";
+    let error = match e {
+        E::TransportError { error, .. } => error,
+        E::JsonRpcError(refusal) => {
+            return format!(
+                "it refused the MCP initialization: {}; {FIX}",
+                refusal.message
+            );
+        }
+        E::ConnectionClosed(_) => {
+            return format!("the connection closed during the MCP initialization; {FIX}");
+        }
+        _ => return format!("its answer to the MCP initialization was not one; {FIX}"),
+    };
+    // The HTTP client's error is not the `source` of rmcp's, whose chain would end there.
+    type HttpError = rmcp::transport::streamable_http_client::StreamableHttpError<reqwest::Error>;
+    let mut next: Option<&(dyn std::error::Error + 'static)> =
+        match error.error.downcast_ref::<HttpError>() {
+            Some(HttpError::Client(client)) => Some(client),
+            _ => Some(error.error.as_ref()),
+        };
+    let mut causes = Vec::new();
+    while let Some(cause) = next {
+        if let Some(io) = cause.downcast_ref::<std::io::Error>() {
+            return match io.kind() {
+                K::ConnectionRefused => "connection refused (nothing listens on that port); start \
+                                         the upstream server, or point `--upstream-url` at the \
+                                         address it listens on"
+                    .into(),
+                K::TimedOut => format!("the connection timed out; {FIX}"),
+                _ => format!("{io}; {FIX}"),
+            };
+        }
+        let text = cause.to_string();
+        if !text.contains("://") {
+            causes.push(text);
+        }
+        next = cause.source();
+    }
+    if causes.is_empty() {
+        causes.push("the HTTP request failed".into());
+    }
+    format!("{}; {FIX}", causes.join(": "))
 }

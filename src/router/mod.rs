@@ -122,6 +122,16 @@ pub(crate) async fn check_registry(
     server: &'static str,
     location: &registry::RegistryLocation,
 ) -> Result<(), RegistryRefused> {
+    if let registry::RegistryLocation::File(path) = location
+        && !path.exists()
+    {
+        // A new registry: checked without creating it, so a start refused later (an unknown
+        // spend tool, say) leaves nothing behind.
+        return crate::store::creatable(path, &registry::SPEC).map_err(|e| RegistryRefused {
+            server,
+            cause: e.into(),
+        });
+    }
     let location = location.clone();
     // Off the async threads: the PostgreSQL client runs a runtime of its own.
     let opened =

@@ -753,6 +753,7 @@ fn the_package_holds_what_the_binary_needs_and_nothing_else() {
         "src/lib.rs",
         "scenarios/targets/reference.yaml",
         "scenarios/identity-missing.yaml",
+        "identity-sources/goose.yaml",
         "benches/python_probe.py",
     ] {
         assert!(
@@ -761,9 +762,14 @@ fn the_package_holds_what_the_binary_needs_and_nothing_else() {
         );
     }
     for file in &files {
-        let allowed = ["src/", "scenarios/", "benches/python_probe.py"]
-            .iter()
-            .any(|p| file.starts_with(p))
+        let allowed = [
+            "src/",
+            "scenarios/",
+            "identity-sources/",
+            "benches/python_probe.py",
+        ]
+        .iter()
+        .any(|p| file.starts_with(p))
             || !file.contains('/');
         assert!(
             allowed,

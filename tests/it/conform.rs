@@ -469,7 +469,9 @@ fn usage_and_setup_errors_exit_2_naming_the_problem() {
         ),
         (
             vec!["--only".into(), "no.such-check".into()],
-            "error: no scenario has the check id `no.such-check`; run without `--only` to list every id".into(),
+            "error: no scenario has the check id `no.such-check` (the nearest is \
+             `status.public-handle`); `callid conform --list` prints every id"
+                .into(),
         ),
         (
             vec!["--scenarios".into(), dir.path().join("missing").display().to_string()],

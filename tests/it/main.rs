@@ -21,6 +21,7 @@ mod matrix;
 mod measure_clients;
 mod message_text;
 mod module_graph;
+mod newcomer;
 mod pg;
 mod pg_tls;
 mod probe;

@@ -103,7 +103,7 @@ use std::time::Duration;
 pub const APPLICATION_ID: i32 = 0x634c_6944;
 
 /// What a registry file is, for [`crate::store`].
-pub(super) static SPEC: StoreSpec = StoreSpec {
+pub(crate) static SPEC: StoreSpec = StoreSpec {
     kind: "registry",
     application_id: APPLICATION_ID,
     migrations: MIGRATIONS,
