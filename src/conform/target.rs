@@ -363,7 +363,8 @@ pub fn template() -> String {
         ("error codes", mappable_error_codes().collect::<Vec<_>>()),
         ("statuses", mappable_statuses().collect()),
     ] {
-        let first = format!("#   {label}: ");
+        // The profile's comment layout: the list indented under its label.
+        let first = format!(r"#   {label}: ");
         let indent = format!("#{}", " ".repeat(first.len() - 1));
         text.push_str(&wrap_list(&first, &indent, &names));
     }

@@ -87,14 +87,15 @@ pub enum UpstreamError {
     },
 }
 
-/// Whether `e` proves that a request never reached the upstream: sending it failed because the
-/// connection was refused (the HTTP client could not connect) or the pipe to the upstream child
-/// was already broken. Any other failure, a send error after the connection was made (an HTTP
-/// 500, a stream cut mid-answer) included, may follow the upstream acting on the request, and
-/// is not this.
-pub(super) fn never_sent(e: &ServiceError) -> bool {
+/// Why `e` proves that a request never reached the upstream, in words for a person: sending it
+/// failed because the connection was refused (the HTTP client could not connect) or the pipe to
+/// the upstream child was already broken. `None` for any other failure: a send error after the
+/// connection was made (an HTTP 500, a stream cut mid-answer) may follow the upstream acting on
+/// the request.
+pub(super) fn never_sent(e: &ServiceError) -> Option<&'static str> {
+    const REFUSED: &str = "connection refused (nothing listens on that port now)";
     let ServiceError::TransportSend(sent) = e else {
-        return false;
+        return None;
     };
     let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(sent.error.as_ref());
     while let Some(c) = cause {
@@ -105,19 +106,18 @@ pub(super) fn never_sent(e: &ServiceError) -> bool {
             _ => c.downcast_ref::<reqwest::Error>(),
         };
         if http.is_some_and(reqwest::Error::is_connect) {
-            return true;
+            return Some(REFUSED);
         }
-        if let Some(io) = c.downcast_ref::<std::io::Error>()
-            && matches!(
-                io.kind(),
-                std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::BrokenPipe
-            )
-        {
-            return true;
+        match c.downcast_ref::<std::io::Error>().map(std::io::Error::kind) {
+            Some(std::io::ErrorKind::ConnectionRefused) => return Some(REFUSED),
+            Some(std::io::ErrorKind::BrokenPipe) => {
+                return Some("the upstream process no longer reads its input (it exited)");
+            }
+            _ => {}
         }
         cause = c.source();
     }
-    false
+    None
 }
 
 /// An error text of the HTTP client or of rmcp as an agent or a log may see it: the URLs it
@@ -309,11 +309,11 @@ impl Upstream {
         match answer {
             Ok(Ok(response)) => Ok(response),
             Ok(Err(ServiceError::McpError(e))) => Err(self.refused(e)),
-            Ok(Err(e)) if never_sent(&e) => {
+            Ok(Err(e)) if let Some(why) = never_sent(&e) => {
                 self.drop_connection(&service).await;
                 Err(UpstreamError::NotSent {
                     spec: self.spec.to_string(),
-                    detail: shown(&e.to_string()),
+                    detail: why.to_owned(),
                 })
             }
             Ok(Err(e)) => {

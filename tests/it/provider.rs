@@ -308,6 +308,9 @@ fn a_foreign_or_newer_ledger_is_refused_and_left_unmodified() {
             .unwrap()
             .execute_batch(setup)
             .unwrap();
+        // Private, so what is refused is the content (an open file is refused for its mode
+        // before its content is read: tests/it/registry_startup.rs).
+        private(&path);
         let before = std::fs::read(&path).unwrap();
         let entries = std::fs::read_dir(dir.path()).unwrap().count();
         let (code, stdout, stderr) =
@@ -329,6 +332,7 @@ fn a_foreign_or_newer_ledger_is_refused_and_left_unmodified() {
     }
     let text_file = dir.path().join("notes.txt");
     std::fs::write(&text_file, "shopping list\n".repeat(400)).unwrap();
+    private(&text_file);
     let (code, _, stderr) =
         run_provider_expecting_failure(&["--listen", "127.0.0.1:0"], &text_file);
     assert_eq!(
@@ -390,4 +394,10 @@ async fn the_backend_spends_through_the_real_provider_binary() {
     let other = OperationKey::generate(DEFAULT_KEY_PREFIX, "codex");
     let err = backend.spend(&other, &req, &hash).await.unwrap_err();
     assert_eq!(err.code(), "provider_unavailable");
+}
+
+/// Makes `path` readable and writable by its owner only.
+fn private(path: &std::path::Path) {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
 }
