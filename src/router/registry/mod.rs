@@ -953,7 +953,26 @@ impl Registry {
         result: Option<&Value>,
         by: &str,
     ) -> Result<Operation, RegistryError> {
-        each!(self, r => r.resolve(handle, charged, result, by))
+        let unknown = |r: &Registry| RegistryError::UnknownHandle {
+            handle: handle.to_string(),
+            path: each!(r, b => b.location()),
+        };
+        let op = self.find_by_handle(handle)?.ok_or_else(|| unknown(self))?;
+        if op.status != Status::InDoubt {
+            return Err(RegistryError::NotInDoubt {
+                handle: handle.to_string(),
+                status: op.status.name(),
+            });
+        }
+        // Conditional on the row still being in doubt: a second person's resolution, or the
+        // late answer of the only dispatch, may have settled it meanwhile.
+        if !each!(self, r => r.resolve_row(handle, charged, result, by))? {
+            return Err(RegistryError::NotInDoubt {
+                handle: handle.to_string(),
+                status: "changed meanwhile",
+            });
+        }
+        self.find_by_handle(handle)?.ok_or_else(|| unknown(self))
     }
 
     /// A person's decision on an operation waiting for approval.

@@ -708,7 +708,7 @@ impl PgRegistry {
         }
     }
 
-    fn location(&self) -> PathBuf {
+    pub(super) fn location(&self) -> PathBuf {
         PathBuf::from(self.url.to_string())
     }
 
@@ -962,27 +962,14 @@ impl PgRegistry {
         .map(|n| n == 1)
     }
 
-    /// See [`super::Registry::resolve`].
-    pub fn resolve(
+    /// The row write of [`super::Registry::resolve`]: `true` when an `in_doubt` row changed.
+    pub(super) fn resolve_row(
         &mut self,
         handle: &str,
         charged: bool,
         result: Option<&Value>,
         by: &str,
-    ) -> Result<Operation, RegistryError> {
-        let unknown = |at: PathBuf| RegistryError::UnknownHandle {
-            handle: handle.to_string(),
-            path: at,
-        };
-        let op = self
-            .find_by_handle(handle)?
-            .ok_or_else(|| unknown(self.location()))?;
-        if op.status != Status::InDoubt {
-            return Err(RegistryError::NotInDoubt {
-                handle: handle.to_string(),
-                status: op.status.name(),
-            });
-        }
+    ) -> Result<bool, RegistryError> {
         let installation = self.installation_id.clone();
         let text = result.unwrap_or(&Value::Null).to_string();
         let changed = self.run("recording a resolution", |c, _| {
@@ -998,14 +985,7 @@ impl PgRegistry {
                 )
             }
         })?;
-        if changed == 0 {
-            return Err(RegistryError::NotInDoubt {
-                handle: handle.to_string(),
-                status: "changed meanwhile",
-            });
-        }
-        self.find_by_handle(handle)?
-            .ok_or_else(|| unknown(self.location()))
+        Ok(changed == 1)
     }
 
     /// Gives up a dispatch lease without recording a result.

@@ -339,27 +339,14 @@ impl SqliteRegistry {
         .map(|n| n == 1)
     }
 
-    /// See [`super::Registry::resolve`].
-    pub fn resolve(
+    /// The row write of [`super::Registry::resolve`]: `true` when an `in_doubt` row changed.
+    pub(super) fn resolve_row(
         &mut self,
         handle: &str,
         charged: bool,
         result: Option<&Value>,
         by: &str,
-    ) -> Result<Operation, RegistryError> {
-        let path = self.path.clone();
-        let op = self
-            .find_by_handle(handle)?
-            .ok_or_else(|| RegistryError::UnknownHandle {
-                handle: handle.to_string(),
-                path: path.clone(),
-            })?;
-        if op.status != Status::InDoubt {
-            return Err(RegistryError::NotInDoubt {
-                handle: handle.to_string(),
-                status: op.status.name(),
-            });
-        }
+    ) -> Result<bool, RegistryError> {
         let changed = if charged {
             self.write(
                 "recording a resolution",
@@ -385,17 +372,12 @@ impl SqliteRegistry {
                 params![handle, by, now_ms()],
             )?
         };
-        if changed == 0 {
-            return Err(RegistryError::NotInDoubt {
-                handle: handle.to_string(),
-                status: "changed meanwhile",
-            });
-        }
-        self.find_by_handle(handle)?
-            .ok_or_else(|| RegistryError::UnknownHandle {
-                handle: handle.to_string(),
-                path,
-            })
+        Ok(changed == 1)
+    }
+
+    /// The file, as messages name it.
+    pub(super) fn location(&self) -> PathBuf {
+        self.path.clone()
     }
 
     /// See [`super::Registry::release_lease`].
@@ -1223,6 +1205,24 @@ mod tests {
         assert!(matches!(err, RegistryError::UnknownHandle { .. }));
     }
 
+    /// [`super::super::Registry::resolve`] on a SQLite registry of a test.
+    fn resolve(
+        reg: &mut SqliteRegistry,
+        handle: &str,
+        charged: bool,
+        result: Option<&Value>,
+        by: &str,
+    ) -> Result<Operation, RegistryError> {
+        let open = std::mem::replace(reg, SqliteRegistry::open_in_memory().unwrap());
+        let mut registry = super::super::Registry::Sqlite(open);
+        let done = registry.resolve(handle, charged, result, by);
+        let super::super::Registry::Sqlite(back) = registry else {
+            unreachable!()
+        };
+        *reg = back;
+        done
+    }
+
     fn at_most_once(call: &str) -> NewOperation {
         NewOperation {
             at_most_once: true,
@@ -1279,7 +1279,7 @@ mod tests {
                 .unwrap()
         );
         assert!(!reg.mark_in_doubt(&b.handle, generation, "again").unwrap());
-        let err = reg.resolve(a.handle.as_str(), true, None, "x").unwrap_err();
+        let err = resolve(&mut reg, a.handle.as_str(), true, None, "x").unwrap_err();
         assert!(matches!(
             err,
             RegistryError::NotInDoubt {
@@ -1287,7 +1287,7 @@ mod tests {
                 ..
             }
         ));
-        let op = reg.resolve(b.handle.as_str(), false, None, "bob").unwrap();
+        let op = resolve(&mut reg, b.handle.as_str(), false, None, "bob").unwrap();
         assert_eq!(op.status, Status::Pending);
         assert_eq!(op.dispatched_ms, None);
         let resolution = op.resolution.unwrap();
@@ -1302,9 +1302,7 @@ mod tests {
         ));
         assert!(reg.mark_in_doubt(&b.handle, 2, "no answer").unwrap());
         let result = json!({"result": {"content": []}});
-        let op = reg
-            .resolve(b.handle.as_str(), true, Some(&result), "alice")
-            .unwrap();
+        let op = resolve(&mut reg, b.handle.as_str(), true, Some(&result), "alice").unwrap();
         assert_eq!(op.status, Status::Completed);
         assert_eq!(op.result, Some(result));
         assert_eq!(op.charged_cents, Some(op.amount_cents));
