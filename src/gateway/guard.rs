@@ -183,8 +183,10 @@ impl Spender for Handoff<'_> {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .take();
+        // Until the ticket is in the caller's hands nothing has run: the operation stays open and
+        // a redelivery hands it out again, whether or not its tool is idempotent.
         let (Some(sender), Some(reply)) = (sender, reply) else {
-            return Outcome::Open(lost());
+            return Outcome::NotSent(lost());
         };
         let ticket = Ticket {
             handle: op.handle.clone(),
@@ -193,7 +195,8 @@ impl Spender for Handoff<'_> {
             reply,
         };
         if sender.send(ticket).is_err() {
-            return Outcome::Open(lost());
+            // The caller of `begin` went away before it got the ticket.
+            return Outcome::NotSent(lost());
         }
         orx.await.unwrap_or_else(|_| {
             Outcome::Open(ToolError::new(
@@ -297,5 +300,42 @@ impl Guard {
                 answer.unwrap_or_else(|_| Reply::Err(lost()).to_value()),
             ),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn call(id: &str) -> (Map<String, Value>, Map<String, Value>) {
+        let args = json!({"prompt": "fox"}).as_object().unwrap().clone();
+        let meta = json!({"callId": id}).as_object().unwrap().clone();
+        (args, meta)
+    }
+
+    /// A `begin` abandoned before its ticket was handed out ran nothing: the operation stays
+    /// open (not in doubt, though the tool is not idempotent) and the next delivery runs it.
+    #[tokio::test]
+    async fn a_ticket_never_handed_out_leaves_the_operation_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let guard = Guard::open(dir.path().join("registry.sqlite3"));
+        let (args, meta) = call("abandoned");
+        let abandoned =
+            tokio::time::timeout(std::time::Duration::ZERO, guard.begin("pay", &args, &meta)).await;
+        assert!(abandoned.is_err(), "begin answered at once: {abandoned:?}");
+        let again = tokio::time::timeout(
+            std::time::Duration::from_secs(30),
+            guard.begin("pay", &args, &meta),
+        )
+        .await
+        .expect("the second delivery is answered");
+        let ticket = match again {
+            Decision::Run(ticket) => ticket,
+            Decision::Answer(reply) => panic!("the operation must stay open: {reply}"),
+        };
+        let reply = ticket
+            .finish(json!({"content": [{"type": "text", "text": "ran once"}]}))
+            .await;
+        assert_eq!(reply["_meta"]["callid/replayed"], false, "{reply}");
     }
 }
