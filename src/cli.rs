@@ -392,7 +392,8 @@ pub enum RouterCommand {
         not_charged: bool,
         /// With `--charged`: the backend's result, as the `CallToolResult` JSON the agent should
         /// be answered (`{"content": [...]}`), read from this file (`-` for standard input).
-        #[arg(long, value_name = "FILE", requires = "charged")]
+        // Not `requires = "charged"`: a flag always has a value (false), so that holds anyway.
+        #[arg(long, value_name = "FILE", conflicts_with = "not_charged")]
         result: Option<PathBuf>,
         /// Who checked (recorded; default: the `USER` environment variable).
         #[arg(long, value_name = "NAME")]

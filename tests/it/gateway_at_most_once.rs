@@ -250,6 +250,13 @@ async fn a_timed_out_spend_is_in_doubt_and_never_sent_again_until_resolved_in(w:
         row["charged_cents"], row["amount_cents"],
         "charged at its price: {row}"
     );
+    // A result belongs to `--charged` only: refused by the command line, nothing read.
+    let (code_, _, err) = w.operator(&["resolve", &h, "--not-charged", "--result", &result]);
+    assert_eq!(code_, 2, "{err}");
+    assert!(
+        err.contains("the argument '--not-charged' cannot be used with '--result <FILE>'"),
+        "{err}"
+    );
     // Only an in-doubt operation can be resolved; nothing changes.
     let (code_, _, err) = w.operator(&["resolve", &h, "--not-charged"]);
     assert_eq!(code_, 2, "{err}");
