@@ -1,5 +1,10 @@
 //! Test-only crash points: stop the process dead at a named boundary of a spend.
 //!
+//! Compiled in only with the `test-hooks` feature (which `bench` and the integration tests turn
+//! on): in a binary built without it, as `cargo install` builds it, [`hit`] is an empty inline
+//! function and the variables below are never read, so no environment can make a production
+//! router kill or pause itself.
+//!
 //! Setting `CALLID_CRASH_AT=<boundary>` in a router's environment makes it kill itself with
 //! SIGKILL the first time it reaches that boundary, exactly as `kill -9` would: no destructor,
 //! no flush, no reply. Crash-safety tests restart the router on the same registry and redeliver,
@@ -11,6 +16,7 @@
 //! registry's write lock after the provider charged) and then lets the spend go on. Without the
 //! variables, [`hit`] is two relaxed atomic loads.
 
+#[cfg(feature = "test-hooks")]
 use std::sync::OnceLock;
 
 /// The boundaries of one spend, in the order a new operation passes them.
@@ -28,6 +34,7 @@ pub enum Boundary {
     BeforeReply,
 }
 
+#[cfg_attr(not(feature = "test-hooks"), allow(dead_code))]
 impl Boundary {
     /// Every boundary, in order.
     pub const ALL: [Boundary; 5] = [
@@ -51,8 +58,10 @@ impl Boundary {
 }
 
 /// Environment variable that arms a crash point.
+#[cfg(feature = "test-hooks")]
 pub const ENV: &str = "CALLID_CRASH_AT";
 
+#[cfg(feature = "test-hooks")]
 fn armed() -> Option<&'static str> {
     static ARMED: OnceLock<Option<String>> = OnceLock::new();
     ARMED
@@ -61,8 +70,10 @@ fn armed() -> Option<&'static str> {
 }
 
 /// Environment variable that arms a pause point: `<boundary>:<gate file>`.
+#[cfg(feature = "test-hooks")]
 pub const PAUSE_ENV: &str = "CALLID_PAUSE_AT";
 
+#[cfg(feature = "test-hooks")]
 fn pause_armed() -> Option<&'static (String, std::path::PathBuf)> {
     static ARMED: OnceLock<Option<(String, std::path::PathBuf)>> = OnceLock::new();
     ARMED
@@ -75,6 +86,7 @@ fn pause_armed() -> Option<&'static (String, std::path::PathBuf)> {
 }
 
 /// Pauses at `boundary` if `CALLID_PAUSE_AT` names it (the first time only).
+#[cfg(feature = "test-hooks")]
 fn pause(boundary: Boundary) {
     static PAUSED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
     let Some((name, gate)) = pause_armed() else {
@@ -100,6 +112,7 @@ fn pause(boundary: Boundary) {
 
 /// Kills this process with SIGKILL if `CALLID_CRASH_AT` names `boundary`; pauses it there if
 /// `CALLID_PAUSE_AT` does.
+#[cfg(feature = "test-hooks")]
 pub fn hit(boundary: Boundary) {
     pause(boundary);
     if armed() == Some(boundary.name()) {
@@ -114,3 +127,8 @@ pub fn hit(boundary: Boundary) {
         std::process::abort();
     }
 }
+
+/// Without the `test-hooks` feature a crash point is nothing at all.
+#[cfg(not(feature = "test-hooks"))]
+#[inline(always)]
+pub fn hit(_boundary: Boundary) {}

@@ -22,7 +22,8 @@
 //! - [`logging`]: best-effort standard error and the log set-up: a failed write never costs a
 //!   reply.
 //! - [`http_guard`]: the loopback, `Host` and `Origin` policy of every HTTP server of callid.
-//! - [`crashpoint`]: test-only crash points that kill the process at a named spend boundary.
+//! - [`crashpoint`]: test-only crash points that kill the process at a named spend boundary
+//!   (armed only with the `test-hooks` feature; empty in an installed binary).
 //! - [`jsonrpc`]: a hand-written MCP client over stdio lines and streamable HTTP with exact
 //!   control of ids and `_meta`, used by the conformance runner, `measure` and `bench`.
 //! - [`probe`]: an MCP server (and a transparent proxy) that records the shape of every request.
@@ -31,7 +32,8 @@
 //!   [`classify`]'s verdicts.
 //! - [`store`]: how every SQLite file of callid is opened, inspected, protected and migrated.
 //! - [`pg`]: PostgreSQL connection URLs, redacted wherever shown, and their session settings.
-//! - `pg_cluster` (hidden): a throwaway PostgreSQL cluster for the integration tests and `bench`.
+//! - `pg_cluster` (hidden, `test-hooks` feature): a throwaway PostgreSQL cluster for the
+//!   integration tests and `bench`.
 //! - [`provider`]: the paid image provider with a durable ledger that charges once per key.
 //! - [`backend`]: the authorization and execution layers, each idempotent on its own.
 //! - [`router`]: the reference router: identity, request hash, registry, keys, scrubbing,
@@ -71,6 +73,7 @@ pub mod identity;
 pub mod jsonrpc;
 pub mod keys;
 #[doc(hidden)]
+#[cfg(any(test, feature = "test-hooks"))]
 pub mod pg_cluster;
 pub mod probe;
 pub mod provider;
@@ -104,6 +107,7 @@ pub mod testing {
     pub use crate::demo::http_url;
 
     /// The crash points a test arms in a child process.
+    #[cfg(feature = "test-hooks")]
     pub mod crashpoint {
         pub use crate::crashpoint::{Boundary, ENV, PAUSE_ENV};
     }

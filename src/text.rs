@@ -77,6 +77,7 @@ fn one_line(text: &str) -> String {
 
 /// The last `n` non-empty lines of `text` (a program's standard error), joined with ` | ` so
 /// they stay on one line of a message.
+#[cfg(any(test, feature = "test-hooks"))]
 pub fn last_lines(text: &str, n: usize) -> String {
     let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
     lines[lines.len().saturating_sub(n)..].join(" | ")
