@@ -11,7 +11,9 @@
 //! [`report::Report`] that every format renders.
 //!
 //! # Guarantees
-//! - A check passes only if every expectation of every step held. A check not run is never a
+//! - A check passes only if every expectation of every step that the target can show held, and
+//!   the rule's core was among them (`runner/judge.rs`: a profile may declare that results
+//!   carry no handle or status; nothing core checked is `not run`). A check not run is never a
 //!   pass: it is `skipped` only when the profile declares the capability absent, and otherwise
 //!   `not run`, which fails the run unless `--allow-incomplete`.
 //! - Required checks (the article's rules) decide the exit code; recommended ones (callid's

@@ -13,16 +13,21 @@
 //! - `runner/process.rs`: the router process lifecycle (start, restart, kill, `{port}` leases,
 //!   `initialize`, stderr tails).
 //! - `runner/expect.rs`: the expectation checks of a step and the reasons they give.
+//! - `runner/judge.rs`: which expectations a target can show, which are a rule's core, and when
+//!   a run that broke nothing may pass.
 //! - `runner/second.rs`: the second router process, `setup` commands, `{check_slug}`.
 //!
 //! # Verdicts
-//! - `pass`: every expectation held.
-//! - `fail`: an expectation did not hold; the reason names the step and what differed.
+//! - `pass`: every expectation that could be checked held, and the rule's core was among them
+//!   (`runner/judge.rs`).
+//! - `fail`: an expectation did not hold; the reason names the step and what differed, a broken
+//!   core expectation (a charge count, a refusal, the result) before a status or a handle.
 //! - `skipped`: the profile declares absent what the scenario needs (`capabilities: {approval:
 //!   false}`); never counted as passed.
 //! - `not run`: the runner cannot run it against this target (it does not start the router, cannot
-//!   count charges, the profile leaves a capability undeclared); never counted as passed, and the
-//!   run is incomplete.
+//!   count charges, the profile leaves a capability undeclared), or nothing of the rule's core
+//!   could be checked (the profile declares absent every field it reads); never counted as
+//!   passed, and the run is incomplete.
 //! - `error`: the scenario could not finish (the router died outside a planned kill, a request
 //!   timed out, an operator command failed); the run goes on with the next scenario.
 
@@ -39,6 +44,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 mod expect;
+mod judge;
 mod process;
 mod second;
 pub use second::{check_slug, router_of};
@@ -142,6 +148,16 @@ pub fn not_runnable(profile: &Profile, scenario: &Scenario) -> Option<Outcome> {
             )),
             Step::Status(_) | Step::Resume(_) | Step::Redeliver(_) | Step::ListTools(_) => {}
         }
+        let names_a_handle = match step {
+            Step::Status(s) | Step::Resume(s) => s.of.is_some(),
+            Step::Approve(_) | Step::Deny(_) => true,
+            _ => false,
+        };
+        if names_a_handle && profile.pointers.handle.is_none() {
+            need(Can::DeclaredAbsent(
+                "an operation's public handle to name it by: the profile declares `pointers.handle: null`".into(),
+            ));
+        }
         if step.expect().is_some_and(Expect::needs_ledger) {
             need(profile.ledger());
         }
@@ -181,14 +197,19 @@ pub struct ScenarioRun<'a> {
     baseline: u64,
     /// The second router process (`router: second`), started on first use.
     second: second::Second,
+    /// What the run could check so far.
+    judge: judge::Judge,
     _state: tempfile::TempDir,
     _port: PortLease,
 }
 
-/// A step's failure: a broken rule, a convention not followed (reported only when no rule
-/// breaks later: the money leads), or a scenario that could not go on.
+/// A step's failure: a broken rule, a broken expectation that is not the rule's core or a
+/// convention not followed (both reported only when no core expectation breaks later: the money
+/// leads), or a scenario that could not go on.
 enum StepError {
     Fail(String),
+    /// A broken expectation that is not core ([`judge::Kind::is_core`]): the scenario goes on.
+    Presentation(String),
     Cosmetic(String),
     Error(String),
     /// The target is set up wrong for this check (a wrapper survived SIGKILL): a setup error.
@@ -243,6 +264,7 @@ impl<'a> ScenarioRun<'a> {
             done: HashMap::new(),
             baseline: 0,
             second: second::Second::default(),
+            judge: judge::Judge::new(scenario),
             _state: state,
             _port: port,
         })
@@ -269,7 +291,7 @@ impl<'a> ScenarioRun<'a> {
             Err(StepError::Error(e) | StepError::Setup(e)) => {
                 Outcome::Error(format!("{START_FAILED}: {e}"))
             }
-            Err(StepError::Fail(e) | StepError::Cosmetic(e)) => {
+            Err(StepError::Fail(e) | StepError::Presentation(e) | StepError::Cosmetic(e)) => {
                 Outcome::Fail(format!("{START_FAILED}: {e}"))
             }
             Ok(()) => self.steps(progress).await,
@@ -281,28 +303,45 @@ impl<'a> ScenarioRun<'a> {
 
     async fn steps(&mut self, progress: &dyn ProgressSink) -> Outcome {
         let scenario = self.scenario;
+        let profile = self.profile;
+        let pointers = &profile.pointers;
+        // The first broken expectation that is not core, and the first convention not followed:
+        // each the reason only when nothing core breaks in a later step.
+        let mut presentation: Option<String> = None;
         let mut cosmetic: Option<String> = None;
         for (i, step) in scenario.steps.iter().enumerate() {
             progress.step(i, step.kind());
             let label = step_label(i, step);
-            if let Err(e) = self.step_on(step).await {
-                let also = |m: String| match &cosmetic {
+            let result = self.step_on(step).await;
+            if matches!(result, Ok(()) | Err(StepError::Cosmetic(_)))
+                && let Some(expect) = step.expect()
+            {
+                self.judge.held(expect, pointers);
+            }
+            if let Err(e) = result {
+                let also = |m: String| match presentation.as_ref().or(cosmetic.as_ref()) {
                     Some(c) => format!("{label}: {m} (also {c})"),
                     None => format!("{label}: {m}"),
                 };
                 match e {
                     StepError::Setup(m) => return Outcome::Setup(format!("{label}: {m}")),
                     StepError::Fail(m) => return Outcome::Fail(also(m)),
+                    StepError::Error(_) if presentation.is_some() => break,
                     StepError::Error(m) => return Outcome::Error(also(m)),
+                    StepError::Presentation(m) => {
+                        presentation.get_or_insert(format!("{label}: {m}"));
+                    }
                     StepError::Cosmetic(m) => {
                         cosmetic.get_or_insert(format!("{label}: {m}"));
                     }
                 }
             }
         }
-        match cosmetic {
-            Some(c) => Outcome::Fail(c),
-            None => Outcome::Pass,
+        match (presentation, cosmetic, self.judge.not_run()) {
+            (Some(p), _, _) => Outcome::Fail(p),
+            (None, Some(c), _) => Outcome::Fail(c),
+            (None, None, Some(reason)) => Outcome::NotRun(reason),
+            (None, None, None) => Outcome::Pass,
         }
     }
 
@@ -590,7 +629,7 @@ impl<'a> ScenarioRun<'a> {
                     describe(r, &pointers.error)
                 ));
             }
-            let handle = pointer_str(r, &pointers.handle);
+            let handle = pointers.handle.as_deref().and_then(|at| pointer_str(r, at));
             if r.is_tool_error() {
                 let code = pointer_str(r, &pointers.error).unwrap_or_default();
                 if s.expect.one_operation == Some(true)
@@ -683,7 +722,10 @@ impl<'a> ScenarioRun<'a> {
         expect: &Expect,
     ) -> StepResult {
         let pointers = &self.profile.pointers;
-        let handle = response.and_then(|r| pointer_str(r, &pointers.handle));
+        let handle = pointers
+            .handle
+            .as_deref()
+            .and_then(|at| response.and_then(|r| pointer_str(r, at)));
         let result = response.and_then(|r| pointer(r, &pointers.result).cloned());
         // Money first: a double charge is the reason, not a missing marker.
         self.check_ledger_with(expect, response)?;

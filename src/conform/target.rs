@@ -4,7 +4,9 @@
 //! an optional start command), the spend, status and resume tools, three argument sets, the JSON
 //! pointers of the handle, error code, status, result and charge id in a tool result, the private
 //! key pattern to scan for, the operator commands, and the capabilities the runner may use. What a
-//! target cannot do makes the scenarios that need it not applicable, never passed.
+//! target cannot do makes the scenarios that need it not applicable, never passed; a pointer set to
+//! `null` (`handle`, `status`, `replayed`: a transparent proxy's results carry none) makes the
+//! expectations that read it not checked, and each check is judged on the rest.
 //!
 //! # Strictness
 //! Every key of a profile is checked: a key of a fixed mapping (`tools`, `pointers`,
@@ -197,15 +199,17 @@ pub struct ArgumentSets {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Pointers {
-    /// The public handle.
+    /// The public handle (`null`: the router's results carry none, as a transparent proxy's;
+    /// the expectations about handles are then not checked, see `runner/judge.rs`).
     #[serde(default = "p_handle")]
-    pub handle: String,
+    pub handle: Option<String>,
     /// The error code of a tool error.
     #[serde(default = "p_error")]
     pub error: String,
-    /// The operation status.
+    /// The operation status (`null`: the router's results carry none; the expectations about
+    /// a status are then not checked).
     #[serde(default = "p_status")]
-    pub status: String,
+    pub status: Option<String>,
     /// The part of a result that a replay must reproduce exactly.
     #[serde(default = "p_result")]
     pub result: String,
@@ -218,14 +222,14 @@ pub struct Pointers {
     pub replayed: Option<String>,
 }
 
-fn p_handle() -> String {
-    "/structuredContent/handle".into()
+fn p_handle() -> Option<String> {
+    Some("/structuredContent/handle".into())
 }
 fn p_error() -> String {
     "/structuredContent/error".into()
 }
-fn p_status() -> String {
-    "/structuredContent/status".into()
+fn p_status() -> Option<String> {
+    Some("/structuredContent/status".into())
 }
 fn p_result() -> String {
     "/structuredContent".into()
@@ -595,15 +599,22 @@ impl Profile {
                 "approval needs `approve`, `deny`, `arguments.approval` and `tools.resume`".into(),
             ));
         }
+        let absent = String::new();
         for (field, pointer) in [
-            ("pointers.handle", &profile.pointers.handle),
+            (
+                "pointers.handle",
+                profile.pointers.handle.as_ref().unwrap_or(&absent),
+            ),
             ("pointers.error", &profile.pointers.error),
-            ("pointers.status", &profile.pointers.status),
+            (
+                "pointers.status",
+                profile.pointers.status.as_ref().unwrap_or(&absent),
+            ),
             ("pointers.result", &profile.pointers.result),
             ("pointers.charge_id", &profile.pointers.charge_id),
             (
                 "pointers.replayed",
-                profile.pointers.replayed.as_ref().unwrap_or(&String::new()),
+                profile.pointers.replayed.as_ref().unwrap_or(&absent),
             ),
         ] {
             if !(pointer.is_empty() || pointer.starts_with('/')) {

@@ -274,3 +274,72 @@ fn every_shipped_target_profile_loads() {
     }
     assert!(seen >= 10, "only {seen} profiles found");
 }
+
+/// A pure pass-through proxy (`proxy.py --transparent`: no handle, no status, nothing kept or
+/// refused) is judged on what it can show: `pass` where forwarding everything keeps the rule,
+/// `fail` with the upstream's charge count where it breaks it, `not run` where nothing of the
+/// rule could be checked; never a failure for the handle or status its profile declares absent.
+#[test]
+fn a_transparent_proxy_is_judged_on_what_it_can_show() {
+    let profile = repo().join("tests/fixtures/broken_routers/profile-transparent.yaml");
+    let output = conform(&[
+        "--target",
+        profile.to_str().unwrap(),
+        "--allow-incomplete",
+        "--format",
+        "json",
+    ]);
+    let verdicts = verdicts(&output);
+    for keeps in ["identity.same-id-two-platforms", "schema.no-identity-field"] {
+        assert_eq!(verdicts[keeps].0, "pass", "{keeps}: {}", verdicts[keeps].1);
+    }
+    assert_eq!(
+        verdicts["redelivery.same-connection"],
+        (
+            "fail".to_string(),
+            "steps[1] (redeliver `first`): the upstream recorded 2 charge(s) in this scenario, expected 1".to_string(),
+            "required".to_string()
+        )
+    );
+    for (id, (verdict, reason, _)) in &verdicts {
+        assert!(
+            !reason.contains("expected status") && !reason.contains("handle ("),
+            "{id} is judged on a field its profile declares absent: {verdict}: {reason}"
+        );
+    }
+    let table: String = verdicts
+        .iter()
+        .map(|(id, (verdict, reason, _))| format!("{id}: {verdict}: {reason}\n"))
+        .collect();
+    insta::with_settings!({filters => vec![(r"127\.0\.0\.1:\d+", "127.0.0.1:[PORT]")]}, {
+        insta::assert_snapshot!(table);
+    });
+}
+
+/// A profile that names a status the router never sends (the transparent proxy judged as if it
+/// had one): the missing status at the first call does not end the check, and the reason leads
+/// with the broken core expectation, the upstream's second charge at the redelivery.
+#[test]
+fn a_broken_charge_count_leads_a_missing_status() {
+    let fixture = repo().join("tests/fixtures/broken_routers");
+    let base = std::fs::read_to_string(fixture.join("profile-transparent.yaml")).unwrap();
+    let text = base
+        .replace("status: null", "status: /structuredContent/status")
+        .replace("{profile_dir}", fixture.to_str().unwrap());
+    assert_ne!(text, base);
+    let dir = tempfile::tempdir().unwrap();
+    let profile = dir.path().join("transparent.yaml");
+    std::fs::write(&profile, text).unwrap();
+    let output = conform(&[
+        "--target",
+        profile.to_str().unwrap(),
+        "--format",
+        "json",
+        "--only",
+        "redelivery.same-connection",
+    ]);
+    assert_eq!(
+        verdicts(&output)["redelivery.same-connection"].1,
+        "steps[1] (redeliver `first`): the upstream recorded 2 charge(s) in this scenario, expected 1 (also steps[0] (call `first`): expected status `completed`, got none at `/structuredContent/status`)"
+    );
+}

@@ -4,10 +4,14 @@
 //! # Guarantees
 //! - The checks only read: the response, the profile's pointers and names, what earlier steps
 //!   left behind, and the runner's ledger and hooks; nothing here sends a request.
-//! - Within a response, a broken rule is a failure at once; a convention not followed (callid's
-//!   name for an error code, the replay marker) is a [`StepError::Cosmetic`], which the
-//!   step interpreter reports only when no rule breaks. The ledger checks are separate
-//!   ([`ScenarioRun::check_ledger_with`]) so the interpreter can run them first: money leads.
+//! - Within a response, the rule's core (success or refusal, the error code, the replayed
+//!   result) is checked first and a broken one is a failure at once; then a status or a handle,
+//!   whose breach is a [`StepError::Presentation`], and is not checked when the profile declares
+//!   the field absent (`pointers.status: null`, `pointers.handle: null`); a convention not
+//!   followed (callid's name for an error code, the replay marker) is a
+//!   [`StepError::Cosmetic`]. The step interpreter reports those two only when nothing core
+//!   breaks later. The ledger checks are separate ([`ScenarioRun::check_ledger_with`]) so the
+//!   interpreter can run them first: money leads.
 //! - A reason names the value it saw: [`describe`] renders a tool error with its code and text,
 //!   [`first_difference`] the first JSON path where two results differ.
 //! - [`ScenarioRun::scan`] fails a step when any byte the router sent, including messages no
@@ -164,8 +168,8 @@ impl ScenarioRun<'_> {
     ) -> StepResult {
         let pointers = &self.profile.pointers;
         let profile = self.profile;
-        // Conventions (a code's name, a status word, the replay marker) are checked after the
-        // rules, so a broken rule is the reason whenever both break.
+        // Conventions (a code's name, the replay marker) are checked after the rules, so a
+        // broken rule is the reason whenever both break.
         let mut cosmetic: Option<String> = None;
         if let Some(error) = &r.error {
             return fail(format!(
@@ -217,14 +221,35 @@ impl ScenarioRun<'_> {
                 }
             }
         }
-        if let Some(want) = &expect.status {
+        if let Some(other) = &expect.result_equals {
+            let theirs = self.done.get(other).and_then(|d| d.result.as_ref());
+            match (result, theirs) {
+                (Some(a), Some(b)) if a == b => {}
+                (Some(a), Some(b)) => {
+                    return fail(format!(
+                        "the result differs from `{other}`'s: {}",
+                        first_difference(b, a, "")
+                    ));
+                }
+                _ => {
+                    return fail(format!(
+                        "no result at `{}` to compare with `{other}`'s",
+                        pointers.result
+                    ));
+                }
+            }
+        }
+        // Not the rule's core (`judge.rs`): a broken status or handle lets the scenario go on,
+        // and a field the profile declares absent is not checked at all.
+        let presentation = |message: String| Err(StepError::Presentation(message));
+        if let (Some(want), Some(at)) = (&expect.status, &pointers.status) {
             let want = profile.status_word(want);
-            let got = pointer_str(r, &pointers.status);
+            let got = pointer_str(r, at);
             if got.as_deref() != Some(want) {
-                return fail(format!(
+                return presentation(format!(
                     "expected status `{want}`, got {}",
                     got.map(|g| format!("`{g}`"))
-                        .unwrap_or_else(|| format!("none at `{}`", pointers.status))
+                        .unwrap_or_else(|| format!("none at `{at}`"))
                 ));
             }
         }
@@ -247,14 +272,14 @@ impl ScenarioRun<'_> {
                 }
             }
         }
+        let Some(handle_at) = &pointers.handle else {
+            return cosmetic.map_or(Ok(()), |c| Err(StepError::Cosmetic(c)));
+        };
         if let Some(want) = expect.has_handle
             && want != handle.is_some()
         {
-            return fail(if want {
-                format!(
-                    "expected a public handle at `{}`, found none",
-                    pointers.handle
-                )
+            return presentation(if want {
+                format!("expected a public handle at `{handle_at}`, found none")
             } else {
                 format!("expected no handle, got `{}`", handle.unwrap_or_default())
             });
@@ -264,18 +289,18 @@ impl ScenarioRun<'_> {
             match (handle, theirs) {
                 (Some(a), Some(b)) if a == b => {}
                 (Some(a), Some(b)) => {
-                    return fail(format!(
+                    return presentation(format!(
                         "expected the handle of `{other}` (`{b}`), got `{a}`: a second operation"
                     ));
                 }
                 (None, _) => {
-                    return fail(format!(
+                    return presentation(format!(
                         "expected the handle of `{other}`, got no handle ({})",
                         describe(r, &pointers.error)
                     ));
                 }
                 (Some(_), None) => {
-                    return fail(format!("step `{other}` has no handle to compare with"));
+                    return presentation(format!("step `{other}` has no handle to compare with"));
                 }
             }
         }
@@ -283,37 +308,19 @@ impl ScenarioRun<'_> {
             let theirs = self.done.get(other).and_then(|d| d.handle.as_deref());
             match (handle, theirs) {
                 (Some(a), Some(b)) if a == b => {
-                    return fail(format!(
+                    return presentation(format!(
                         "expected a new operation, got the handle of `{other}` (`{a}`): two calls collapsed into one"
                     ));
                 }
                 (Some(_), Some(_)) => {}
                 (None, _) => {
-                    return fail(format!(
+                    return presentation(format!(
                         "expected a new operation with its own handle, got no handle ({})",
                         describe(r, &pointers.error)
                     ));
                 }
                 (Some(_), None) => {
-                    return fail(format!("step `{other}` has no handle to compare with"));
-                }
-            }
-        }
-        if let Some(other) = &expect.result_equals {
-            let theirs = self.done.get(other).and_then(|d| d.result.as_ref());
-            match (result, theirs) {
-                (Some(a), Some(b)) if a == b => {}
-                (Some(a), Some(b)) => {
-                    return fail(format!(
-                        "the result differs from `{other}`'s: {}",
-                        first_difference(b, a, "")
-                    ));
-                }
-                _ => {
-                    return fail(format!(
-                        "no result at `{}` to compare with `{other}`'s",
-                        pointers.result
-                    ));
+                    return presentation(format!("step `{other}` has no handle to compare with"));
                 }
             }
         }
