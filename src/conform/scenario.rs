@@ -42,6 +42,10 @@ pub struct Scenario {
     pub protocol: String,
     /// The steps, in order.
     pub steps: Vec<Step>,
+    /// Which backend the check is written for: `Some(true)` one that honours idempotency keys,
+    /// `Some(false)` one that charges every request; `None` either. A check whose backend is not
+    /// the profile's (`idempotent_backend`) is skipped.
+    pub idempotent_backend: Option<bool>,
     /// The file it was read from.
     pub file: PathBuf,
 }
@@ -60,6 +64,8 @@ struct RawScenario {
     level: super::report::Level,
     #[serde(default)]
     protocol: Option<String>,
+    #[serde(default)]
+    idempotent_backend: Option<bool>,
     steps: Vec<serde_yaml::Value>,
 }
 
@@ -80,6 +86,9 @@ pub enum Step {
     Approve(OperatorStep),
     /// `do: deny`: the target's deny command with the handle of step `of`.
     Deny(OperatorStep),
+    /// `do: resolve`: the target's resolve command with the handle of step `of` and what a
+    /// person found (`charged: true|false`).
+    Resolve(ResolveStep),
     /// `do: restart`: stop the router (kill -9 unless `graceful`) and start it on the same state.
     Restart(RestartStep),
     /// `do: reconnect`: drop the connection and open a new one (a new process on the same state
@@ -100,6 +109,7 @@ impl Step {
             Step::Resume(_) => "resume",
             Step::Approve(_) => "approve",
             Step::Deny(_) => "deny",
+            Step::Resolve(_) => "resolve",
             Step::Restart(_) => "restart",
             Step::Reconnect(_) => "reconnect",
             Step::ListTools(_) => "list_tools",
@@ -117,7 +127,7 @@ impl Step {
             Step::Restart(s) => s.router,
             Step::Reconnect(s) => s.router,
             Step::ListTools(s) => s.router,
-            Step::Approve(_) | Step::Deny(_) => RouterChoice::First,
+            Step::Approve(_) | Step::Deny(_) | Step::Resolve(_) => RouterChoice::First,
         }
     }
 
@@ -129,7 +139,11 @@ impl Step {
             Step::Concurrent(s) => Some(&s.expect),
             Step::Status(s) | Step::Resume(s) => Some(&s.expect),
             Step::ListTools(s) => Some(&s.expect),
-            Step::Approve(_) | Step::Deny(_) | Step::Restart(_) | Step::Reconnect(_) => None,
+            Step::Approve(_)
+            | Step::Deny(_)
+            | Step::Resolve(_)
+            | Step::Restart(_)
+            | Step::Reconnect(_) => None,
         }
     }
 }
@@ -172,6 +186,10 @@ pub struct CallStep {
     /// The provider answers the next request with this HTTP status (charging nothing).
     #[serde(default)]
     pub provider_fails: Option<u16>,
+    /// The backend holds its answer to this call this long before charging (a slow backend: a
+    /// router's own timeout may end its wait first).
+    #[serde(default)]
+    pub hold_ms: u64,
     /// Which router process takes this step (`first`, the default; `second`, a second process
     /// of the same profile on the same state, started on first use).
     #[serde(default)]
@@ -257,6 +275,17 @@ pub struct HandleStep {
 pub struct OperatorStep {
     /// The step whose handle is approved or denied.
     pub of: String,
+}
+
+/// `do: resolve`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResolveStep {
+    /// The step whose handle (an operation in doubt) is resolved.
+    pub of: String,
+    /// What a person found at the backend: it charged (`{outcome}` is `charged`) or not
+    /// (`not-charged`).
+    pub charged: bool,
 }
 
 /// `do: restart`.
@@ -478,6 +507,10 @@ pub struct Expect {
     /// Charges the runner's provider recorded since the scenario started.
     #[serde(default)]
     pub charges: Option<u64>,
+    /// Requests for the paid tool the runner's provider received since the scenario started
+    /// (dispatches, charged or not).
+    #[serde(default)]
+    pub dispatches: Option<u64>,
     /// The result's charge id is a charge in the runner's ledger.
     #[serde(default)]
     pub charge_in_ledger: Option<bool>,
@@ -504,6 +537,7 @@ impl Expect {
     /// Whether this expectation reads the runner's ledger.
     pub fn needs_ledger(&self) -> bool {
         self.charges.is_some()
+            || self.dispatches.is_some()
             || self.charge_in_ledger.is_some()
             || self.provider_keys_not_private.is_some()
             || self.provider_one_key.is_some()
@@ -729,6 +763,7 @@ pub fn parse(text: &str, file: &Path) -> Result<Scenario, ScenarioError> {
         level: raw.level,
         protocol: raw.protocol.unwrap_or_else(|| DEFAULT_PROTOCOL.to_string()),
         steps,
+        idempotent_backend: raw.idempotent_backend,
         file: file.to_path_buf(),
     };
     validate(&scenario)?;
@@ -757,7 +792,7 @@ fn parse_step(value: serde_yaml::Value, file: &Path, at: &str) -> Result<Step, S
             return Err(invalid(
                 file,
                 at,
-                "missing `do:` (call, redeliver, concurrent, status, resume, approve, deny, restart, reconnect, list_tools)",
+                "missing `do:` (call, redeliver, concurrent, status, resume, approve, deny, resolve, restart, reconnect, list_tools)",
             ));
         }
     };
@@ -770,6 +805,7 @@ fn parse_step(value: serde_yaml::Value, file: &Path, at: &str) -> Result<Step, S
         "resume" => Step::Resume(from_value(rest, file, at)?),
         "approve" => Step::Approve(from_value(rest, file, at)?),
         "deny" => Step::Deny(from_value(rest, file, at)?),
+        "resolve" => Step::Resolve(from_value(rest, file, at)?),
         "restart" => Step::Restart(from_value(rest, file, at)?),
         "reconnect" => Step::Reconnect(from_value(rest, file, at)?),
         "list_tools" => Step::ListTools(from_value(rest, file, at)?),
@@ -778,7 +814,7 @@ fn parse_step(value: serde_yaml::Value, file: &Path, at: &str) -> Result<Step, S
                 file,
                 format!("{at}.do"),
                 format!(
-                    "unknown step `{other}`, expected one of call, redeliver, concurrent, status, resume, approve, deny, restart, reconnect, list_tools"
+                    "unknown step `{other}`, expected one of call, redeliver, concurrent, status, resume, approve, deny, resolve, restart, reconnect, list_tools"
                 ),
             ));
         }
@@ -807,6 +843,7 @@ fn validate(scenario: &Scenario) -> Result<(), ScenarioError> {
                     }
                 },
                 Step::Approve(s) | Step::Deny(s) => r.push(("of", &s.of)),
+                Step::Resolve(s) => r.push(("of", &s.of)),
                 _ => {}
             }
             if let Some(expect) = step.expect() {

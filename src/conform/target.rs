@@ -19,7 +19,8 @@
 //! (`{state_dir}/registry.sqlite3`, or the profile's `registry`), `{provider_url}` the runner's
 //! provider, `{port}` a free loopback port picked per scenario (and router process), `{handle}`
 //! (the operator commands only, [`OPERATOR_COMMANDS`]; anywhere else an error saying so),
-//! `{profile_dir}` the profile's directory, `{check_slug}` a unique SQL-identifier-safe name per
+//! `{outcome}` (the `resolve` command only: `charged` or `not-charged`), `{profile_dir}` the
+//! profile's directory, `{check_slug}` a unique SQL-identifier-safe name per
 //! check run, `{env:NAME}` the environment variable `NAME` (a profile file naming an unset one is
 //! refused on load).
 //!
@@ -80,6 +81,16 @@ pub struct Profile {
     /// Operator command that denies `{handle}`.
     #[serde(default)]
     pub deny: Option<OperatorCommand>,
+    /// Operator command that resolves the in-doubt operation `{handle}`: `{outcome}` is
+    /// `charged` or `not-charged` (what a person found at the backend).
+    #[serde(default)]
+    pub resolve: Option<OperatorCommand>,
+    /// Which backend the router is built for: `true` (one that honours idempotency keys: an
+    /// unknown outcome is continued under the same key), `false` (one that charges every
+    /// request: at most one dispatch, `in_doubt` until `resolve`). Left out, `true`: the
+    /// `at-most-once.*` checks are skipped, saying this key turns them on.
+    #[serde(default)]
+    pub idempotent_backend: Option<bool>,
     /// What the runner may do to this target.
     #[serde(default)]
     pub capabilities: Capabilities,
@@ -327,7 +338,10 @@ pub const PLACEHOLDERS: &[&str] = &[
 ];
 
 /// The operator commands of a profile: the only fields where `{handle}` is known.
-pub const OPERATOR_COMMANDS: [&str; 2] = ["approve", "deny"];
+pub const OPERATOR_COMMANDS: [&str; 3] = ["approve", "deny", "resolve"];
+
+/// The operator command where `{outcome}` (`charged` or `not-charged`) is known too.
+pub const RESOLVE_COMMAND: &str = "resolve";
 
 /// Every status name a profile's `statuses` may map: the router's catalogue, in lifecycle order.
 pub fn mappable_statuses() -> impl Iterator<Item = &'static str> {
@@ -662,6 +676,9 @@ impl Profile {
         };
         for (path, text, operator) in self.placeholder_fields() {
             for name in placeholders_in(text) {
+                if name == "outcome" && path.starts_with(&format!("{RESOLVE_COMMAND}.")) {
+                    continue;
+                }
                 if name == "handle" && !operator {
                     return Err(TargetError::HandleOutsideOperator {
                         file: file.to_string(),
@@ -777,6 +794,7 @@ impl Profile {
         match verb {
             "approve" => self.approve.as_ref(),
             "deny" => self.deny.as_ref(),
+            "resolve" => self.resolve.as_ref(),
             _ => None,
         }
     }
@@ -850,6 +868,7 @@ impl Profile {
         profile.args.clear();
         profile.approve = None;
         profile.deny = None;
+        profile.resolve = None;
         profile.capabilities = Capabilities::default();
         profile
     }
@@ -908,6 +927,38 @@ impl Profile {
             ),
             None => Can::Cannot(
                 "an approval policy: the profile does not declare `capabilities.approval`; set it to true (with `approve`, `deny`, `arguments.approval`, `tools.resume`), or to false to skip these checks".into(),
+            ),
+        }
+    }
+
+    /// Whether the router is judged against a backend that honours idempotency keys (the
+    /// default) or one that charges every request (`idempotent_backend: false`).
+    pub fn backend_idempotent(&self) -> bool {
+        self.idempotent_backend != Some(false)
+    }
+
+    /// Whether a check written for a backend that is (`want`) or is not idempotent applies.
+    pub fn backend_is(&self, want: bool) -> Can {
+        match (want, self.idempotent_backend) {
+            (true, Some(false)) => Can::DeclaredAbsent(
+                "a backend that honours idempotency keys: the profile declares `idempotent_backend: false` (this check re-sends an operation under its key; the `at-most-once.*` checks judge this router instead)".into(),
+            ),
+            (false, None) => Can::DeclaredAbsent(
+                "a backend that charges every request: the profile does not declare `idempotent_backend`, so its router is judged against an idempotent one; set `idempotent_backend: false` (with `resolve`) to judge a router built for backends that ignore idempotency keys".into(),
+            ),
+            (false, Some(true)) => Can::DeclaredAbsent(
+                "a backend that charges every request: the profile declares `idempotent_backend: true`".into(),
+            ),
+            _ => Can::Yes,
+        }
+    }
+
+    /// Whether an in-doubt operation can be resolved (the profile's `resolve` command).
+    pub fn resolve(&self) -> Can {
+        match &self.resolve {
+            Some(_) => Can::Yes,
+            None => Can::Cannot(
+                "resolving an operation in doubt: the profile names no `resolve` command (e.g. `{command: \"{callid}\", args: [router, resolve, \"{handle}\", \"--{outcome}\", --registry, \"{registry}\"]}`)".into(),
             ),
         }
     }
@@ -1016,6 +1067,8 @@ pub struct Vars {
     pub profile_dir: String,
     /// `{handle}`.
     pub handle: String,
+    /// `{outcome}` (the `resolve` command only): `charged` or `not-charged`.
+    pub outcome: String,
     /// `{check_slug}`.
     pub check_slug: String,
     /// `{upstream_url}`.
@@ -1061,6 +1114,7 @@ impl Vars {
             .replace("{port}", &self.port)
             .replace("{profile_dir}", &self.profile_dir)
             .replace("{handle}", &self.handle)
+            .replace("{outcome}", &self.outcome)
             .replace("{check_slug}", &self.check_slug);
         for name in placeholders_in(&text.clone()) {
             if let Some(var) = name.strip_prefix("env:") {
