@@ -396,3 +396,52 @@ impl RunnerProvider {
             .collect())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Posts one image request with `key` (none: no header) and returns the HTTP status.
+    async fn post(url: &str, key: Option<&str>) -> u16 {
+        let mut request = reqwest::Client::new()
+            .post(format!("{url}/v1/images"))
+            .json(&serde_json::json!({"prompt": "an origami fox"}));
+        if let Some(key) = key {
+            request = request.header("Idempotency-Key", key);
+        }
+        request.send().await.unwrap().status().as_u16()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_provider_logs_every_dispatch_and_can_ignore_keys() {
+        let provider = RunnerProvider::start("127.0.0.1:0").await.unwrap();
+        let url = provider.url();
+        // Honouring keys: one charge for a key sent twice, no request without a key.
+        assert_eq!(post(&url, Some("k1")).await, 200);
+        assert_eq!(post(&url, Some("k1")).await, 200);
+        assert_eq!(post(&url, None).await, 400);
+        assert_eq!(provider.charge_count().unwrap(), 1);
+        let dispatches = provider.hooks().dispatches();
+        assert_eq!(dispatches.len(), 2, "{dispatches:?}");
+        assert!(dispatches.iter().all(|d| d.operation == "k1" && d.end.is_some()));
+        // Ignoring keys: every request is charged, with a key or without one.
+        provider.hooks().reset();
+        provider.hooks().ignore_keys();
+        assert_eq!(post(&url, Some("k1")).await, 200);
+        assert_eq!(post(&url, Some("k1")).await, 200);
+        assert_eq!(post(&url, None).await, 200);
+        assert_eq!(provider.charge_count().unwrap(), 4);
+        let operations: Vec<String> = provider
+            .hooks()
+            .dispatches()
+            .into_iter()
+            .map(|d| d.operation)
+            .collect();
+        assert_eq!(operations.len(), 3);
+        assert!(operations[2].starts_with(NO_KEY), "{operations:?}");
+        // A reset honours keys again.
+        provider.hooks().reset();
+        assert_eq!(post(&url, Some("k1")).await, 200);
+        assert_eq!(provider.charge_count().unwrap(), 4);
+    }
+}

@@ -92,8 +92,15 @@ pub trait ProgressSink: Send + Sync {
 }
 
 /// Why the scenario cannot be run against this target, if it cannot: [`Outcome::Skipped`] when
-/// every missing capability is one the profile declares absent, [`Outcome::NotRun`] otherwise.
+/// the check is written for the other kind of backend ([`Profile::backend_is`]) or every missing
+/// capability is one the profile declares absent, [`Outcome::NotRun`] otherwise.
 pub fn not_runnable(profile: &Profile, scenario: &Scenario) -> Option<Outcome> {
+    // A check written for the other kind of backend does not apply, whatever else it needs.
+    if let Some(want) = scenario.idempotent_backend
+        && let Can::DeclaredAbsent(reason) = profile.backend_is(want)
+    {
+        return Some(Outcome::Skipped(reason));
+    }
     let mut skipped: Vec<String> = Vec::new();
     let mut not_run: Vec<String> = Vec::new();
     let mut need = |can: Can| match can {
@@ -109,9 +116,6 @@ pub fn not_runnable(profile: &Profile, scenario: &Scenario) -> Option<Outcome> {
             }
         }
     };
-    if let Some(want) = scenario.idempotent_backend {
-        need(profile.backend_is(want));
-    }
     for step in &scenario.steps {
         if router_of(profile, step) != super::scenario::RouterChoice::First {
             need(profile.shared_registry());

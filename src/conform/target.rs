@@ -1230,6 +1230,35 @@ mod tests {
     }
 
     #[test]
+    fn the_backend_key_says_which_checks_apply_and_resolve_knows_the_outcome() {
+        let reference = Profile::reference();
+        assert!(reference.backend_idempotent());
+        assert_eq!(reference.backend_is(true), Can::Yes);
+        assert!(
+            matches!(reference.backend_is(false), Can::DeclaredAbsent(r) if r.contains("set `idempotent_backend: false` (with `resolve`)"))
+        );
+        assert!(matches!(reference.resolve(), Can::Cannot(_)));
+        let text = format!(
+            "{REFERENCE_PROFILE}\nresolve: {{command: x, args: [\"{{handle}}\", \"--{{outcome}}\"]}}\nidempotent_backend: false\n"
+        );
+        let at_most_once = Profile::parse(&text, "p.yaml", PathBuf::new()).unwrap();
+        assert!(!at_most_once.backend_idempotent());
+        assert_eq!(at_most_once.backend_is(false), Can::Yes);
+        assert!(matches!(at_most_once.backend_is(true), Can::DeclaredAbsent(_)));
+        assert_eq!(at_most_once.resolve(), Can::Yes);
+        let vars = Vars {
+            handle: "h".into(),
+            outcome: "not-charged".into(),
+            ..Vars::default()
+        };
+        let resolve = at_most_once.resolve.unwrap();
+        assert_eq!(
+            resolve.args.iter().map(|a| vars.apply(a)).collect::<Vec<_>>(),
+            ["h", "--not-charged"]
+        );
+    }
+
+    #[test]
     fn reference_profile_is_valid_and_fully_capable() {
         let p = Profile::reference();
         for can in [p.restart(), p.kill(), p.approval(), p.ledger()] {
@@ -1294,7 +1323,7 @@ mod tests {
         .unwrap_err();
         assert_eq!(bad.code(), "target_unknown_placeholder");
         assert!(
-            bad.to_string().starts_with("p.yaml: args[2]: `{handle}` is the public handle of an operation, known only in the operator commands (`approve`, `deny`); the known ones here are `{callid}`"),
+            bad.to_string().starts_with("p.yaml: args[2]: `{handle}` is the public handle of an operation, known only in the operator commands (`approve`, `deny`, `resolve`); the known ones here are `{callid}`"),
             "{bad}"
         );
         assert!(!bad.to_string().contains(", `{handle}`"), "{bad}");
@@ -1310,6 +1339,10 @@ mod tests {
             (
                 "registry: \"{env:1X}\"",
                 "registry: unknown placeholder `{env:1X}`",
+            ),
+            (
+                "setup: [{command: x, args: [\"--{outcome}\"]}]",
+                "setup[0].args[0]: unknown placeholder `{outcome}`",
             ),
             (
                 "setup: [{command: x, args: [\"{handle}\"]}]",

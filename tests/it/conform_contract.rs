@@ -426,7 +426,7 @@ const NEW_CHECK_FLAWS: &[(&str, &str, &str)] = &[
     (
         "char-bounds",
         "identity-bounds.counted-in-bytes",
-        "steps[0] (call): the provider recorded 1 charge(s) in this scenario, expected 0",
+        "steps[0] (call): the provider saw 1 dispatch, 1 charge in this scenario; expected 0 charges",
     ),
     (
         "private-provider-key",
@@ -480,13 +480,13 @@ fn when_money_and_a_convention_both_fail_the_money_leads() {
     assert_eq!(verdict, "fail");
     assert_eq!(
         reason,
-        "steps[1] (redeliver `first`): the provider recorded 2 charge(s) in this scenario, expected 1 (also steps[0] (call `first`): expected the replay flag at `/_meta/callid~1replayed` to be true, got `false`)"
+        "steps[1] (redeliver `first`): the provider saw 2 dispatches, 2 charges in this scenario; expected 1 charge (also steps[0] (call `first`): expected the replay flag at `/_meta/callid~1replayed` to be true, got `false`)"
     );
     let (verdict, reason, level) = &verdicts["convention.replay-marker"];
     assert_eq!((verdict.as_str(), level.as_str()), ("fail", "recommended"));
     assert!(
         reason.starts_with(
-            "steps[1] (redeliver `first`): the provider recorded 2 charge(s) in this scenario"
+            "steps[1] (redeliver `first`): the provider saw 2 dispatches, 2 charges in this scenario"
         ),
         "{reason}"
     );
