@@ -49,7 +49,12 @@ fn the_binary_runs_the_full_suite_from_an_empty_directory() {
     let verdicts = verdicts(&output);
     let ids: Vec<String> = scenario_files().into_iter().map(|(id, ..)| id).collect();
     assert_eq!(verdicts.keys().cloned().collect::<Vec<_>>(), ids);
-    let not_passed: Vec<_> = verdicts.iter().filter(|(_, v)| v.0 != "pass").collect();
+    let not_passed: Vec<_> = verdicts
+        .iter()
+        .filter(|(id, v)| {
+            v.0 != "pass" && !crate::common::conform::skipped_for_its_backend(id, &v.0, &v.1, true)
+        })
+        .collect();
     assert!(not_passed.is_empty(), "{not_passed:#?}");
     assert_eq!(
         std::fs::read_dir(dir.path()).unwrap().count(),
@@ -410,6 +415,10 @@ fn a_router_with_other_names_passes_every_required_check() {
     assert_eq!(verdicts.len(), scenario_files().len());
     for (id, (verdict, reason, level)) in &verdicts {
         match level.as_str() {
+            "required" if id.starts_with("at-most-once.") => assert!(
+                crate::common::conform::skipped_for_its_backend(id, verdict, reason, true),
+                "{id}: {verdict}: {reason}"
+            ),
             "required" => assert_eq!(verdict, "pass", "{id}: {reason}"),
             _ => assert_eq!(verdict, "fail", "{id}: the dialect breaks every convention"),
         }
