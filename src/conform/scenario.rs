@@ -13,6 +13,12 @@
 //! `redeliver` step that names no router goes to the second process when the profile sets
 //! `redeliver_on_second` (a replicated target).
 //!
+//! # Backends
+//! A scenario with `idempotent_backend: true` is written for a backend that honours idempotency
+//! keys (it re-sends under the key), one with `false` for a backend that charges every request
+//! (`at-most-once.*`: `dispatches:` counts, `do: resolve` runs the profile's resolve command);
+//! against a profile declaring the other kind it is skipped ([`Scenario::idempotent_backend`]).
+//!
 //! # Placeholders in `_meta` and argument strings
 //! - `{call:NAME}`: a fresh ID, the same for every use of `NAME` within one run of the scenario and
 //!   different in every run (so a router with a long-lived registry never sees an old ID).

@@ -291,3 +291,32 @@ fn every_shipped_target_profile_loads() {
     }
     assert!(seen >= 10, "only {seen} profiles found");
 }
+
+/// The gateway with `generate_image` declared idempotent re-sends an operation under its key
+/// after a crash: right against an upstream that honours the key, a second charge against one
+/// that charges every request, which the at-most-once profile's upstream plays.
+#[test]
+fn a_gateway_that_re_sends_under_its_key_fails_against_an_upstream_that_charges_every_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let targets = repo().join("scenarios/targets");
+    let base = std::fs::read_to_string(targets.join("gateway-at-most-once.yaml")).unwrap();
+    let text = base.replace(
+        "{profile_dir}/gateway-at-most-once-policy.yaml",
+        &targets.join("gateway-policy.yaml").display().to_string(),
+    );
+    assert_ne!(text, base);
+    let profile = dir.path().join("profile.yaml");
+    std::fs::write(&profile, text).unwrap();
+    let verdicts = verdicts(&conform(&[
+        "--target",
+        profile.to_str().unwrap(),
+        "--format",
+        "json",
+        "--only",
+        "at-most-once.crash-after-charge",
+    ]));
+    assert_eq!(
+        verdicts["at-most-once.crash-after-charge"].1,
+        "steps[2] (redeliver `again`): the upstream saw 2 dispatches, 2 charges in this scenario; expected 1 charge"
+    );
+}
