@@ -423,7 +423,11 @@ mod tests {
         assert_eq!(provider.charge_count().unwrap(), 1);
         let dispatches = provider.hooks().dispatches();
         assert_eq!(dispatches.len(), 2, "{dispatches:?}");
-        assert!(dispatches.iter().all(|d| d.operation == "k1" && d.end.is_some()));
+        assert!(
+            dispatches
+                .iter()
+                .all(|d| d.operation == "k1" && d.end.is_some())
+        );
         // Ignoring keys: every request is charged, with a key or without one.
         provider.hooks().reset();
         provider.hooks().ignore_keys();

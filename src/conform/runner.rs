@@ -388,7 +388,11 @@ impl<'a> ScenarioRun<'a> {
             }
             Step::Resolve(s) => {
                 let handle = self.handle_of(&s.of)?;
-                let command = self.profile.resolve.clone().expect("checked by not_runnable");
+                let command = self
+                    .profile
+                    .resolve
+                    .clone()
+                    .expect("checked by not_runnable");
                 let outcome = if s.charged { "charged" } else { "not-charged" };
                 self.operator(step.kind(), &command, &handle, outcome).await
             }

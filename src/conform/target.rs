@@ -1244,7 +1244,10 @@ mod tests {
         let at_most_once = Profile::parse(&text, "p.yaml", PathBuf::new()).unwrap();
         assert!(!at_most_once.backend_idempotent());
         assert_eq!(at_most_once.backend_is(false), Can::Yes);
-        assert!(matches!(at_most_once.backend_is(true), Can::DeclaredAbsent(_)));
+        assert!(matches!(
+            at_most_once.backend_is(true),
+            Can::DeclaredAbsent(_)
+        ));
         assert_eq!(at_most_once.resolve(), Can::Yes);
         let vars = Vars {
             handle: "h".into(),
@@ -1253,7 +1256,11 @@ mod tests {
         };
         let resolve = at_most_once.resolve.unwrap();
         assert_eq!(
-            resolve.args.iter().map(|a| vars.apply(a)).collect::<Vec<_>>(),
+            resolve
+                .args
+                .iter()
+                .map(|a| vars.apply(a))
+                .collect::<Vec<_>>(),
             ["h", "--not-charged"]
         );
     }
