@@ -27,6 +27,22 @@ pub const SCENARIOS: &[(&str, &str)] = &[
         include_str!("../../scenarios/arguments-top-level.yaml"),
     ),
     (
+        "at-most-once-crash-after-charge.yaml",
+        include_str!("../../scenarios/at-most-once-crash-after-charge.yaml"),
+    ),
+    (
+        "at-most-once-crash-before-charge.yaml",
+        include_str!("../../scenarios/at-most-once-crash-before-charge.yaml"),
+    ),
+    (
+        "at-most-once-provider-failure.yaml",
+        include_str!("../../scenarios/at-most-once-provider-failure.yaml"),
+    ),
+    (
+        "at-most-once-timeout.yaml",
+        include_str!("../../scenarios/at-most-once-timeout.yaml"),
+    ),
+    (
         "bounds-bytes.yaml",
         include_str!("../../scenarios/bounds-bytes.yaml"),
     ),

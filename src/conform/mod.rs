@@ -18,8 +18,12 @@
 //!   `not run`, which fails the run unless `--allow-incomplete`.
 //! - Required checks (the article's rules) decide the exit code; recommended ones (callid's
 //!   conventions) are reported in their own section.
-//! - Charge counts come from the provider's (or upstream's) ledger, never from what the router
-//!   says, and every count message names the role that counted.
+//! - Charge counts come from the provider's (or upstream's) ledger and dispatch counts from its
+//!   request log, never from what the router says; every count message names the role that
+//!   counted, and its dispatches and charges apart. Two dispatches of one operation in flight at
+//!   once fail any check that counts charges.
+//! - A profile's `idempotent_backend: false` makes the provider (or upstream) charge every
+//!   request; the checks written for the other kind of backend are skipped, never passed.
 //! - Every byte of every response is scanned for the private key pattern.
 //! - A router that dies mid-scenario is an `error` for that scenario; the run goes on.
 //! - Check ids are stable: they are the `id:` of the scenario files, each citing its article rule.

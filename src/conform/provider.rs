@@ -7,15 +7,22 @@
 //! its request reaches the provider (nothing charged, answered 503 to a dead socket) or right
 //! after the charge is committed and before the reply is sent.
 //!
+//! The hooks also log every request the backend received, as a [`Dispatch`] (its operation, its
+//! start and its end), so a check can count dispatches apart from charges and see two
+//! dispatches of one operation in flight at once; and with [`RunnerHooks::ignore_keys`] the
+//! backend plays one that ignores idempotency keys and charges every request.
+//!
 //! The same ledger and hooks serve the runner's other role, the upstream MCP server
 //! ([`super::upstream`], `backend: upstream`): [`RunnerProvider::start_upstream`]. The role is
 //! named in every charge-count message ("the upstream recorded 0 charge(s)").
 
 use super::scenario::KillTrigger;
 use super::target::Backend;
-use crate::provider::{HookAction, Ledger, ProviderError, ProviderHandle, ProviderHooks};
+use crate::provider::{
+    HookAction, ImageRequest, Ledger, NO_KEY, ProviderError, ProviderHandle, ProviderHooks,
+};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Why the runner's provider could not start.
 #[derive(Debug, thiserror::Error)]
@@ -59,18 +66,102 @@ struct Plan {
     fail_next: Option<u16>,
     killed: bool,
     keys_seen: Vec<String>,
+    ignore_keys: bool,
 }
 
-/// The runner's hooks: record every idempotency key, hold once, kill once.
+/// One request the backend received for the paid tool: a dispatch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Dispatch {
+    /// The operation it belongs to: its idempotency key, or for a request without one, the
+    /// request's fingerprint (the same arguments sent again count as the same operation).
+    pub operation: String,
+    /// When the request reached the backend.
+    pub start: Instant,
+    /// When the backend was done with it (answered, failed, or abandoned by its client);
+    /// `None` while it is in flight.
+    pub end: Option<Instant>,
+}
+
+#[derive(Debug, Default)]
+struct DispatchLog {
+    next: u64,
+    entries: Vec<(u64, Dispatch)>,
+}
+
+/// Ends its [`Dispatch`] when dropped: the backend holds it while it works on the request.
+pub struct DispatchEnd {
+    log: Arc<Mutex<DispatchLog>>,
+    id: u64,
+}
+
+impl Drop for DispatchEnd {
+    fn drop(&mut self) {
+        let mut log = self.log.lock().expect("dispatch log lock");
+        if let Some((_, d)) = log.entries.iter_mut().find(|(id, _)| *id == self.id) {
+            d.end.get_or_insert_with(Instant::now);
+        }
+    }
+}
+
+/// The runner's hooks: record every idempotency key and dispatch, hold once, kill once.
 #[derive(Debug, Default)]
 pub struct RunnerHooks {
     plan: Mutex<Plan>,
+    dispatches: Arc<Mutex<DispatchLog>>,
 }
 
 impl RunnerHooks {
-    /// Forgets the keys seen and disarms everything.
+    /// Forgets the keys and dispatches seen, disarms everything and honours keys again.
     pub fn reset(&self) {
         *self.plan.lock().expect("plan lock") = Plan::default();
+        *self.dispatches.lock().expect("dispatch log lock") = DispatchLog::default();
+    }
+
+    /// Until the next reset, the backend ignores idempotency keys: every request is charged
+    /// (under a fresh key), with a key or without one.
+    pub fn ignore_keys(&self) {
+        self.plan.lock().expect("plan lock").ignore_keys = true;
+    }
+
+    /// Whether the backend ignores idempotency keys now.
+    pub fn ignores_keys(&self) -> bool {
+        self.plan.lock().expect("plan lock").ignore_keys
+    }
+
+    /// Logs a dispatch of the request under `key` ([`NO_KEY`] when it has none); it ends when
+    /// the returned value is dropped.
+    pub fn dispatch_started(&self, key: &str, request: &ImageRequest) -> DispatchEnd {
+        let operation = if key == NO_KEY {
+            format!("{NO_KEY} {}", request.fingerprint())
+        } else {
+            key.to_string()
+        };
+        let mut log = self.dispatches.lock().expect("dispatch log lock");
+        let id = log.next;
+        log.next += 1;
+        log.entries.push((
+            id,
+            Dispatch {
+                operation,
+                start: Instant::now(),
+                end: None,
+            },
+        ));
+        DispatchEnd {
+            log: self.dispatches.clone(),
+            id,
+        }
+    }
+
+    /// Every dispatch since the last reset, in the order they started.
+    pub fn dispatches(&self) -> Vec<Dispatch> {
+        self.dispatches
+            .lock()
+            .expect("dispatch log lock")
+            .entries
+            .iter()
+            .map(|(_, d)| d.clone())
+            .collect()
     }
 
     /// Kills process `pid` with SIGKILL the next time `trigger` happens.
@@ -140,6 +231,14 @@ pub fn sigkill(pid: u32) -> bool {
 }
 
 impl ProviderHooks for RunnerHooks {
+    fn dispatch(&self, key: &str, request: &ImageRequest) -> Option<Box<dyn Send>> {
+        Some(Box::new(self.dispatch_started(key, request)))
+    }
+
+    fn ignores_keys(&self) -> bool {
+        RunnerHooks::ignores_keys(self)
+    }
+
     fn before_charge(&self, key: &str) -> HookAction {
         let (hold, fail) = {
             let mut plan = self.plan.lock().expect("plan lock");
@@ -295,5 +394,58 @@ impl RunnerProvider {
             .into_iter()
             .map(|c| c.charge_id)
             .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Posts one image request with `key` (none: no header) and returns the HTTP status.
+    async fn post(url: &str, key: Option<&str>) -> u16 {
+        let mut request = reqwest::Client::new()
+            .post(format!("{url}/v1/images"))
+            .json(&serde_json::json!({"prompt": "an origami fox"}));
+        if let Some(key) = key {
+            request = request.header("Idempotency-Key", key);
+        }
+        request.send().await.unwrap().status().as_u16()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_provider_logs_every_dispatch_and_can_ignore_keys() {
+        let provider = RunnerProvider::start("127.0.0.1:0").await.unwrap();
+        let url = provider.url();
+        // Honouring keys: one charge for a key sent twice, no request without a key.
+        assert_eq!(post(&url, Some("k1")).await, 200);
+        assert_eq!(post(&url, Some("k1")).await, 200);
+        assert_eq!(post(&url, None).await, 400);
+        assert_eq!(provider.charge_count().unwrap(), 1);
+        let dispatches = provider.hooks().dispatches();
+        assert_eq!(dispatches.len(), 2, "{dispatches:?}");
+        assert!(
+            dispatches
+                .iter()
+                .all(|d| d.operation == "k1" && d.end.is_some())
+        );
+        // Ignoring keys: every request is charged, with a key or without one.
+        provider.hooks().reset();
+        provider.hooks().ignore_keys();
+        assert_eq!(post(&url, Some("k1")).await, 200);
+        assert_eq!(post(&url, Some("k1")).await, 200);
+        assert_eq!(post(&url, None).await, 200);
+        assert_eq!(provider.charge_count().unwrap(), 4);
+        let operations: Vec<String> = provider
+            .hooks()
+            .dispatches()
+            .into_iter()
+            .map(|d| d.operation)
+            .collect();
+        assert_eq!(operations.len(), 3);
+        assert!(operations[2].starts_with(NO_KEY), "{operations:?}");
+        // A reset honours keys again.
+        provider.hooks().reset();
+        assert_eq!(post(&url, Some("k1")).await, 200);
+        assert_eq!(provider.charge_count().unwrap(), 4);
     }
 }

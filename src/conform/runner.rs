@@ -15,6 +15,8 @@
 //! - `runner/expect.rs`: the expectation checks of a step and the reasons they give.
 //! - `runner/judge.rs`: which expectations a target can show, which are a rule's core, and when
 //!   a run that broke nothing may pass.
+//! - `runner/dispatches.rs`: dispatches counted apart from charges, and never two of one
+//!   operation in flight at once.
 //! - `runner/second.rs`: the second router process, `setup` commands, `{check_slug}`.
 //!
 //! # Verdicts
@@ -43,6 +45,7 @@ use serde_json::{Map, Value, json};
 use std::collections::HashMap;
 use std::time::Duration;
 
+mod dispatches;
 mod expect;
 mod judge;
 mod process;
@@ -95,8 +98,15 @@ pub trait ProgressSink: Send + Sync {
 }
 
 /// Why the scenario cannot be run against this target, if it cannot: [`Outcome::Skipped`] when
-/// every missing capability is one the profile declares absent, [`Outcome::NotRun`] otherwise.
+/// the check is written for the other kind of backend ([`Profile::backend_is`]) or every missing
+/// capability is one the profile declares absent, [`Outcome::NotRun`] otherwise.
 pub fn not_runnable(profile: &Profile, scenario: &Scenario) -> Option<Outcome> {
+    // A check written for the other kind of backend does not apply, whatever else it needs.
+    if let Some(want) = scenario.idempotent_backend
+        && let Can::DeclaredAbsent(reason) = profile.backend_is(want)
+    {
+        return Some(Outcome::Skipped(reason));
+    }
     let mut skipped: Vec<String> = Vec::new();
     let mut not_run: Vec<String> = Vec::new();
     let mut need = |can: Can| match can {
@@ -130,7 +140,7 @@ pub fn not_runnable(profile: &Profile, scenario: &Scenario) -> Option<Outcome> {
                 if c.arguments.set == Some(ArgumentSet::Approval) {
                     need(profile.approval());
                 }
-                if c.provider_fails.is_some() {
+                if c.provider_fails.is_some() || c.hold_ms > 0 {
                     need(profile.ledger());
                 }
             }
@@ -140,6 +150,7 @@ pub fn not_runnable(profile: &Profile, scenario: &Scenario) -> Option<Outcome> {
                 }
             }
             Step::Approve(_) | Step::Deny(_) => need(profile.approval()),
+            Step::Resolve(_) => need(profile.resolve()),
             Step::Status(_) if profile.tools.status.is_none() => need(Can::Cannot(
                 "a status tool: the profile names none (`tools.status`)".into(),
             )),
@@ -244,6 +255,7 @@ impl<'a> ScenarioRun<'a> {
             port: port.port.to_string(),
             profile_dir: profile.dir.display().to_string(),
             handle: String::new(),
+            outcome: String::new(),
             check_slug: check_slug(&scenario.id),
             upstream_url: provider
                 .map(RunnerProvider::upstream_url)
@@ -274,6 +286,9 @@ impl<'a> ScenarioRun<'a> {
     pub async fn run(mut self, progress: &dyn ProgressSink) -> Result<Outcome, StartError> {
         if let Some(provider) = self.provider {
             provider.hooks().reset();
+            if !self.profile.backend_idempotent() {
+                provider.hooks().ignore_keys();
+            }
             self.baseline = provider.charge_count().unwrap_or(0);
         }
         if let Err(reason) = self.setup().await {
@@ -353,6 +368,9 @@ impl<'a> ScenarioRun<'a> {
                 if let (Some(status), Some(provider)) = (s.provider_fails, self.provider) {
                     provider.hooks().fail_next(status);
                 }
+                if let (true, Some(provider)) = (s.hold_ms > 0, self.provider) {
+                    provider.hooks().hold_next(Duration::from_millis(s.hold_ms));
+                }
                 let response = match s.kill {
                     Some(trigger) => self.call_killed(trigger, id, &params).await?,
                     None => Some(self.call(id, &params).await?),
@@ -405,7 +423,17 @@ impl<'a> ScenarioRun<'a> {
                     _ => self.profile.deny.clone(),
                 }
                 .expect("checked by not_runnable");
-                self.operator(step.kind(), &command, &handle).await
+                self.operator(step.kind(), &command, &handle, "").await
+            }
+            Step::Resolve(s) => {
+                let handle = self.handle_of(&s.of)?;
+                let command = self
+                    .profile
+                    .resolve
+                    .clone()
+                    .expect("checked by not_runnable");
+                let outcome = if s.charged { "charged" } else { "not-charged" };
+                self.operator(step.kind(), &command, &handle, outcome).await
             }
             Step::Restart(s) => {
                 self.stop_router(s.graceful).await;
@@ -690,9 +718,11 @@ impl<'a> ScenarioRun<'a> {
         verb: &str,
         command: &super::target::OperatorCommand,
         handle: &str,
+        outcome: &str,
     ) -> StepResult {
         let mut vars = self.vars.clone();
         vars.handle = handle.to_string();
+        vars.outcome = outcome.to_string();
         let program = vars.apply(&command.command);
         let output = tokio::process::Command::new(&program)
             .args(command.args.iter().map(|a| vars.apply(a)))
@@ -764,6 +794,7 @@ fn step_label(i: usize, step: &Step) -> String {
         Step::Concurrent(s) => s.name.as_deref(),
         Step::Status(s) | Step::Resume(s) => s.name.as_deref().or(s.of.as_deref()),
         Step::Approve(s) | Step::Deny(s) => Some(s.of.as_str()),
+        Step::Resolve(s) => Some(s.of.as_str()),
         _ => None,
     };
     match name {

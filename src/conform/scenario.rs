@@ -13,6 +13,12 @@
 //! `redeliver` step that names no router goes to the second process when the profile sets
 //! `redeliver_on_second` (a replicated target).
 //!
+//! # Backends
+//! A scenario with `idempotent_backend: true` is written for a backend that honours idempotency
+//! keys (it re-sends under the key), one with `false` for a backend that charges every request
+//! (`at-most-once.*`: `dispatches:` counts, `do: resolve` runs the profile's resolve command);
+//! against a profile declaring the other kind it is skipped ([`Scenario::idempotent_backend`]).
+//!
 //! # Placeholders in `_meta` and argument strings
 //! - `{call:NAME}`: a fresh ID, the same for every use of `NAME` within one run of the scenario and
 //!   different in every run (so a router with a long-lived registry never sees an old ID).
@@ -42,6 +48,10 @@ pub struct Scenario {
     pub protocol: String,
     /// The steps, in order.
     pub steps: Vec<Step>,
+    /// Which backend the check is written for: `Some(true)` one that honours idempotency keys,
+    /// `Some(false)` one that charges every request; `None` either. A check whose backend is not
+    /// the profile's (`idempotent_backend`) is skipped.
+    pub idempotent_backend: Option<bool>,
     /// The file it was read from.
     pub file: PathBuf,
 }
@@ -60,6 +70,8 @@ struct RawScenario {
     level: super::report::Level,
     #[serde(default)]
     protocol: Option<String>,
+    #[serde(default)]
+    idempotent_backend: Option<bool>,
     steps: Vec<serde_yaml::Value>,
 }
 
@@ -80,6 +92,9 @@ pub enum Step {
     Approve(OperatorStep),
     /// `do: deny`: the target's deny command with the handle of step `of`.
     Deny(OperatorStep),
+    /// `do: resolve`: the target's resolve command with the handle of step `of` and what a
+    /// person found (`charged: true|false`).
+    Resolve(ResolveStep),
     /// `do: restart`: stop the router (kill -9 unless `graceful`) and start it on the same state.
     Restart(RestartStep),
     /// `do: reconnect`: drop the connection and open a new one (a new process on the same state
@@ -100,6 +115,7 @@ impl Step {
             Step::Resume(_) => "resume",
             Step::Approve(_) => "approve",
             Step::Deny(_) => "deny",
+            Step::Resolve(_) => "resolve",
             Step::Restart(_) => "restart",
             Step::Reconnect(_) => "reconnect",
             Step::ListTools(_) => "list_tools",
@@ -117,7 +133,7 @@ impl Step {
             Step::Restart(s) => s.router,
             Step::Reconnect(s) => s.router,
             Step::ListTools(s) => s.router,
-            Step::Approve(_) | Step::Deny(_) => RouterChoice::First,
+            Step::Approve(_) | Step::Deny(_) | Step::Resolve(_) => RouterChoice::First,
         }
     }
 
@@ -129,7 +145,11 @@ impl Step {
             Step::Concurrent(s) => Some(&s.expect),
             Step::Status(s) | Step::Resume(s) => Some(&s.expect),
             Step::ListTools(s) => Some(&s.expect),
-            Step::Approve(_) | Step::Deny(_) | Step::Restart(_) | Step::Reconnect(_) => None,
+            Step::Approve(_)
+            | Step::Deny(_)
+            | Step::Resolve(_)
+            | Step::Restart(_)
+            | Step::Reconnect(_) => None,
         }
     }
 }
@@ -172,6 +192,10 @@ pub struct CallStep {
     /// The provider answers the next request with this HTTP status (charging nothing).
     #[serde(default)]
     pub provider_fails: Option<u16>,
+    /// The backend holds its answer to this call this long before charging (a slow backend: a
+    /// router's own timeout may end its wait first).
+    #[serde(default)]
+    pub hold_ms: u64,
     /// Which router process takes this step (`first`, the default; `second`, a second process
     /// of the same profile on the same state, started on first use).
     #[serde(default)]
@@ -257,6 +281,17 @@ pub struct HandleStep {
 pub struct OperatorStep {
     /// The step whose handle is approved or denied.
     pub of: String,
+}
+
+/// `do: resolve`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResolveStep {
+    /// The step whose handle (an operation in doubt) is resolved.
+    pub of: String,
+    /// What a person found at the backend: it charged (`{outcome}` is `charged`) or not
+    /// (`not-charged`).
+    pub charged: bool,
 }
 
 /// `do: restart`.
@@ -478,6 +513,10 @@ pub struct Expect {
     /// Charges the runner's provider recorded since the scenario started.
     #[serde(default)]
     pub charges: Option<u64>,
+    /// Requests for the paid tool the runner's provider received since the scenario started
+    /// (dispatches, charged or not).
+    #[serde(default)]
+    pub dispatches: Option<u64>,
     /// The result's charge id is a charge in the runner's ledger.
     #[serde(default)]
     pub charge_in_ledger: Option<bool>,
@@ -504,6 +543,7 @@ impl Expect {
     /// Whether this expectation reads the runner's ledger.
     pub fn needs_ledger(&self) -> bool {
         self.charges.is_some()
+            || self.dispatches.is_some()
             || self.charge_in_ledger.is_some()
             || self.provider_keys_not_private.is_some()
             || self.provider_one_key.is_some()
@@ -729,6 +769,7 @@ pub fn parse(text: &str, file: &Path) -> Result<Scenario, ScenarioError> {
         level: raw.level,
         protocol: raw.protocol.unwrap_or_else(|| DEFAULT_PROTOCOL.to_string()),
         steps,
+        idempotent_backend: raw.idempotent_backend,
         file: file.to_path_buf(),
     };
     validate(&scenario)?;
@@ -757,7 +798,7 @@ fn parse_step(value: serde_yaml::Value, file: &Path, at: &str) -> Result<Step, S
             return Err(invalid(
                 file,
                 at,
-                "missing `do:` (call, redeliver, concurrent, status, resume, approve, deny, restart, reconnect, list_tools)",
+                "missing `do:` (call, redeliver, concurrent, status, resume, approve, deny, resolve, restart, reconnect, list_tools)",
             ));
         }
     };
@@ -770,6 +811,7 @@ fn parse_step(value: serde_yaml::Value, file: &Path, at: &str) -> Result<Step, S
         "resume" => Step::Resume(from_value(rest, file, at)?),
         "approve" => Step::Approve(from_value(rest, file, at)?),
         "deny" => Step::Deny(from_value(rest, file, at)?),
+        "resolve" => Step::Resolve(from_value(rest, file, at)?),
         "restart" => Step::Restart(from_value(rest, file, at)?),
         "reconnect" => Step::Reconnect(from_value(rest, file, at)?),
         "list_tools" => Step::ListTools(from_value(rest, file, at)?),
@@ -778,7 +820,7 @@ fn parse_step(value: serde_yaml::Value, file: &Path, at: &str) -> Result<Step, S
                 file,
                 format!("{at}.do"),
                 format!(
-                    "unknown step `{other}`, expected one of call, redeliver, concurrent, status, resume, approve, deny, restart, reconnect, list_tools"
+                    "unknown step `{other}`, expected one of call, redeliver, concurrent, status, resume, approve, deny, resolve, restart, reconnect, list_tools"
                 ),
             ));
         }
@@ -807,6 +849,7 @@ fn validate(scenario: &Scenario) -> Result<(), ScenarioError> {
                     }
                 },
                 Step::Approve(s) | Step::Deny(s) => r.push(("of", &s.of)),
+                Step::Resolve(s) => r.push(("of", &s.of)),
                 _ => {}
             }
             if let Some(expect) = step.expect() {

@@ -21,7 +21,8 @@
 //! (`{state_dir}/registry.sqlite3`, or the profile's `registry`), `{provider_url}` the runner's
 //! provider, `{port}` a free loopback port picked per scenario (and router process), `{handle}`
 //! (the operator commands only, [`OPERATOR_COMMANDS`]; anywhere else an error saying so),
-//! `{profile_dir}` the profile's directory, `{check_slug}` a unique SQL-identifier-safe name per
+//! `{outcome}` (the `resolve` command only: `charged` or `not-charged`), `{profile_dir}` the
+//! profile's directory, `{check_slug}` a unique SQL-identifier-safe name per
 //! check run, `{env:NAME}` the environment variable `NAME` (a profile file naming an unset one is
 //! refused on load).
 //!
@@ -82,6 +83,16 @@ pub struct Profile {
     /// Operator command that denies `{handle}`.
     #[serde(default)]
     pub deny: Option<OperatorCommand>,
+    /// Operator command that resolves the in-doubt operation `{handle}`: `{outcome}` is
+    /// `charged` or `not-charged` (what a person found at the backend).
+    #[serde(default)]
+    pub resolve: Option<OperatorCommand>,
+    /// Which backend the router is built for: `true` (one that honours idempotency keys: an
+    /// unknown outcome is continued under the same key), `false` (one that charges every
+    /// request: at most one dispatch, `in_doubt` until `resolve`). Left out, `true`: the
+    /// `at-most-once.*` checks are skipped, saying this key turns them on.
+    #[serde(default)]
+    pub idempotent_backend: Option<bool>,
     /// What the runner may do to this target.
     #[serde(default)]
     pub capabilities: Capabilities,
@@ -331,7 +342,10 @@ pub const PLACEHOLDERS: &[&str] = &[
 ];
 
 /// The operator commands of a profile: the only fields where `{handle}` is known.
-pub const OPERATOR_COMMANDS: [&str; 2] = ["approve", "deny"];
+pub const OPERATOR_COMMANDS: [&str; 3] = ["approve", "deny", "resolve"];
+
+/// The operator command where `{outcome}` (`charged` or `not-charged`) is known too.
+pub const RESOLVE_COMMAND: &str = "resolve";
 
 /// Every status name a profile's `statuses` may map: the router's catalogue, in lifecycle order.
 pub fn mappable_statuses() -> impl Iterator<Item = &'static str> {
@@ -673,6 +687,9 @@ impl Profile {
         };
         for (path, text, operator) in self.placeholder_fields() {
             for name in placeholders_in(text) {
+                if name == "outcome" && path.starts_with(&format!("{RESOLVE_COMMAND}.")) {
+                    continue;
+                }
                 if name == "handle" && !operator {
                     return Err(TargetError::HandleOutsideOperator {
                         file: file.to_string(),
@@ -788,6 +805,7 @@ impl Profile {
         match verb {
             "approve" => self.approve.as_ref(),
             "deny" => self.deny.as_ref(),
+            "resolve" => self.resolve.as_ref(),
             _ => None,
         }
     }
@@ -861,6 +879,7 @@ impl Profile {
         profile.args.clear();
         profile.approve = None;
         profile.deny = None;
+        profile.resolve = None;
         profile.capabilities = Capabilities::default();
         profile
     }
@@ -919,6 +938,38 @@ impl Profile {
             ),
             None => Can::Cannot(
                 "an approval policy: the profile does not declare `capabilities.approval`; set it to true (with `approve`, `deny`, `arguments.approval`, `tools.resume`), or to false to skip these checks".into(),
+            ),
+        }
+    }
+
+    /// Whether the router is judged against a backend that honours idempotency keys (the
+    /// default) or one that charges every request (`idempotent_backend: false`).
+    pub fn backend_idempotent(&self) -> bool {
+        self.idempotent_backend != Some(false)
+    }
+
+    /// Whether a check written for a backend that is (`want`) or is not idempotent applies.
+    pub fn backend_is(&self, want: bool) -> Can {
+        match (want, self.idempotent_backend) {
+            (true, Some(false)) => Can::DeclaredAbsent(
+                "a backend that honours idempotency keys: the profile declares `idempotent_backend: false` (this check re-sends an operation under its key; the `at-most-once.*` checks judge this router instead)".into(),
+            ),
+            (false, None) => Can::DeclaredAbsent(
+                "a backend that charges every request: the profile does not declare `idempotent_backend`, so its router is judged against an idempotent one; set `idempotent_backend: false` (with `resolve`) to judge a router built for backends that ignore idempotency keys".into(),
+            ),
+            (false, Some(true)) => Can::DeclaredAbsent(
+                "a backend that charges every request: the profile declares `idempotent_backend: true`".into(),
+            ),
+            _ => Can::Yes,
+        }
+    }
+
+    /// Whether an in-doubt operation can be resolved (the profile's `resolve` command).
+    pub fn resolve(&self) -> Can {
+        match &self.resolve {
+            Some(_) => Can::Yes,
+            None => Can::Cannot(
+                "resolving an operation in doubt: the profile names no `resolve` command (e.g. `{command: \"{callid}\", args: [router, resolve, \"{handle}\", \"--{outcome}\", --registry, \"{registry}\"]}`)".into(),
             ),
         }
     }
@@ -1027,6 +1078,8 @@ pub struct Vars {
     pub profile_dir: String,
     /// `{handle}`.
     pub handle: String,
+    /// `{outcome}` (the `resolve` command only): `charged` or `not-charged`.
+    pub outcome: String,
     /// `{check_slug}`.
     pub check_slug: String,
     /// `{upstream_url}`.
@@ -1072,6 +1125,7 @@ impl Vars {
             .replace("{port}", &self.port)
             .replace("{profile_dir}", &self.profile_dir)
             .replace("{handle}", &self.handle)
+            .replace("{outcome}", &self.outcome)
             .replace("{check_slug}", &self.check_slug);
         for name in placeholders_in(&text.clone()) {
             if let Some(var) = name.strip_prefix("env:") {
@@ -1187,6 +1241,42 @@ mod tests {
     }
 
     #[test]
+    fn the_backend_key_says_which_checks_apply_and_resolve_knows_the_outcome() {
+        let reference = Profile::reference();
+        assert!(reference.backend_idempotent());
+        assert_eq!(reference.backend_is(true), Can::Yes);
+        assert!(
+            matches!(reference.backend_is(false), Can::DeclaredAbsent(r) if r.contains("set `idempotent_backend: false` (with `resolve`)"))
+        );
+        assert!(matches!(reference.resolve(), Can::Cannot(_)));
+        let text = format!(
+            "{REFERENCE_PROFILE}\nresolve: {{command: x, args: [\"{{handle}}\", \"--{{outcome}}\"]}}\nidempotent_backend: false\n"
+        );
+        let at_most_once = Profile::parse(&text, "p.yaml", PathBuf::new()).unwrap();
+        assert!(!at_most_once.backend_idempotent());
+        assert_eq!(at_most_once.backend_is(false), Can::Yes);
+        assert!(matches!(
+            at_most_once.backend_is(true),
+            Can::DeclaredAbsent(_)
+        ));
+        assert_eq!(at_most_once.resolve(), Can::Yes);
+        let vars = Vars {
+            handle: "h".into(),
+            outcome: "not-charged".into(),
+            ..Vars::default()
+        };
+        let resolve = at_most_once.resolve.unwrap();
+        assert_eq!(
+            resolve
+                .args
+                .iter()
+                .map(|a| vars.apply(a))
+                .collect::<Vec<_>>(),
+            ["h", "--not-charged"]
+        );
+    }
+
+    #[test]
     fn reference_profile_is_valid_and_fully_capable() {
         let p = Profile::reference();
         for can in [p.restart(), p.kill(), p.approval(), p.ledger()] {
@@ -1251,7 +1341,7 @@ mod tests {
         .unwrap_err();
         assert_eq!(bad.code(), "target_unknown_placeholder");
         assert!(
-            bad.to_string().starts_with("p.yaml: args[2]: `{handle}` is the public handle of an operation, known only in the operator commands (`approve`, `deny`); the known ones here are `{callid}`"),
+            bad.to_string().starts_with("p.yaml: args[2]: `{handle}` is the public handle of an operation, known only in the operator commands (`approve`, `deny`, `resolve`); the known ones here are `{callid}`"),
             "{bad}"
         );
         assert!(!bad.to_string().contains(", `{handle}`"), "{bad}");
@@ -1267,6 +1357,10 @@ mod tests {
             (
                 "registry: \"{env:1X}\"",
                 "registry: unknown placeholder `{env:1X}`",
+            ),
+            (
+                "setup: [{command: x, args: [\"--{outcome}\"]}]",
+                "setup[0].args[0]: unknown placeholder `{outcome}`",
             ),
             (
                 "setup: [{command: x, args: [\"{handle}\"]}]",

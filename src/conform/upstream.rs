@@ -23,6 +23,10 @@
 //!   refused (`idempotency_key_reused`), nothing charged.
 //! - No key at all: charged every time, as a non-idempotent upstream would (this is how a proxy
 //!   that forwards a redelivery twice shows a double charge). Recorded as [`NO_KEY`].
+//! - Playing a non-idempotent upstream ([`RunnerHooks::ignore_keys`], for a profile with
+//!   `idempotent_backend: false`): every call is charged, whatever its key.
+//! - Every `generate_image` call is logged as a dispatch from its arrival to its answer
+//!   ([`RunnerHooks::dispatch_started`]).
 //!
 //! # Crash points and failures ([`super::provider::RunnerHooks`], the same triggers as the
 //! provider's)
@@ -46,8 +50,8 @@ use serde_json::{Map, Value, json};
 use std::sync::Arc;
 
 /// How a paid call without any idempotency key is recorded among the keys received (it holds a
-/// space, so no valid key can look like it).
-pub const NO_KEY: &str = "(no idempotency key)";
+/// space, so no valid key can look like it): the provider's own name for it.
+pub use crate::provider::NO_KEY;
 /// The HTTP header an upstream key may also come in.
 pub const IDEMPOTENCY_HEADER: &str = "idempotency-key";
 /// The hidden subcommand that bridges stdio to the upstream's HTTP endpoint.
@@ -297,11 +301,16 @@ async fn generate_image(
     {
         state.hooks.record_key(h);
     }
+    let _dispatch = state
+        .hooks
+        .dispatch_started(key.as_deref().unwrap_or(NO_KEY), &request);
     run_hook(state.hooks.before_charge(key.as_deref().unwrap_or(NO_KEY))).await?;
-    // Without a key every call is a new charge: a fresh key nobody else can send.
-    let charged_key = key
-        .clone()
-        .unwrap_or_else(|| format!("unkeyed-{}", uuid::Uuid::new_v4().simple()));
+    // Without a key (or when the upstream plays one that ignores keys) every call is a new
+    // charge: a fresh key nobody else can send.
+    let charged_key = match &key {
+        Some(k) if !state.hooks.ignores_keys() => k.clone(),
+        _ => format!("unkeyed-{}", uuid::Uuid::new_v4().simple()),
+    };
     let ledger = state.ledger.clone();
     let charged = tokio::task::spawn_blocking(move || ledger.charge(&charged_key, &request)).await;
     let outcome = match charged {

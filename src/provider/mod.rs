@@ -59,7 +59,7 @@ pub use client::Client;
 pub(crate) use client::{Endpoint, ProviderApi};
 pub use error::ProviderError;
 pub use ledger::Ledger;
-pub use server::{HookAction, ProviderHandle, ProviderHooks, spawn};
+pub use server::{HookAction, NO_KEY, ProviderHandle, ProviderHooks, spawn};
 pub(crate) use server::{require_token, router, spawn_app};
 pub use types::{ChargeOutcome, ChargeRecord, ImageRequest};
 pub(crate) use types::{ChargesPage, Image, Receipt};

@@ -18,6 +18,9 @@ use std::time::Duration;
 pub const REPLAYED_HEADER: &str = "idempotent-replayed";
 /// Header that carries the idempotency key.
 pub const KEY_HEADER: &str = "idempotency-key";
+/// How hooks see a request without any idempotency key (it holds a space, so no valid key can
+/// look like it).
+pub const NO_KEY: &str = "(no idempotency key)";
 
 /// What a hook tells the server to do at its point of a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,9 +35,24 @@ pub enum HookAction {
 }
 
 /// Test hooks on `POST /v1/images`, used by the conformance runner to play a slow, failing or
-/// crashing world around a router. Both run on the request's task; keep them short or return
-/// [`HookAction::Hold`] rather than sleeping.
+/// crashing world around a router, or a provider that ignores idempotency keys. They run on the
+/// request's task; keep them short or return [`HookAction::Hold`] rather than sleeping.
 pub trait ProviderHooks: Send + Sync {
+    /// Called for a valid request before [`ProviderHooks::before_charge`]; the value returned
+    /// is dropped when the provider is done with the request (answered, failed, or abandoned by
+    /// its client), so a test can tell which requests were in flight at once.
+    fn dispatch(&self, key: &str, request: &ImageRequest) -> Option<Box<dyn Send>> {
+        let _ = (key, request);
+        None
+    }
+
+    /// Whether the provider ignores idempotency keys, as most real paid backends do: every
+    /// request is charged under a fresh key, and a request without a key is served (the hooks
+    /// see it as [`NO_KEY`]).
+    fn ignores_keys(&self) -> bool {
+        false
+    }
+
     /// Called for a valid request, before the ledger is touched.
     fn before_charge(&self, key: &str) -> HookAction {
         let _ = key;
@@ -256,13 +274,22 @@ async fn charge(
     headers: &HeaderMap,
     body: &[u8],
 ) -> Result<(String, bool), ProviderError> {
-    let key = key_from(headers)?;
+    let ignores_keys = state.hooks.as_ref().is_some_and(|h| h.ignores_keys());
+    let key = match key_from(headers) {
+        Err(ProviderError::MissingKey) if ignores_keys => NO_KEY.to_string(),
+        other => other?,
+    };
     let req = request_from(body)?;
+    let _dispatch = state.hooks.as_ref().and_then(|h| h.dispatch(&key, &req));
     if let Some(hooks) = &state.hooks {
         run_hook(hooks.before_charge(&key), "nothing was charged").await?;
     }
     let ledger = state.ledger.clone();
-    let blocking_key = key.clone();
+    let blocking_key = if ignores_keys {
+        format!("charge-{}", uuid::Uuid::new_v4().simple())
+    } else {
+        key.clone()
+    };
     let (outcome, body) =
         tokio::task::spawn_blocking(move || ledger.charge_with_body(&blocking_key, &req))
             .await

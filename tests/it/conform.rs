@@ -48,9 +48,23 @@ fn python_command(flaw: Option<&str>) -> String {
     command
 }
 
+/// Every check passes but the `at-most-once.*` ones, skipped: these profiles leave
+/// `idempotent_backend` out, and the reason says which key turns them on.
 fn assert_all_pass(output: &Output) {
     let verdicts = verdicts(output);
-    let not_passed: Vec<_> = verdicts.iter().filter(|(_, (v, _))| v != "pass").collect();
+    let not_passed: Vec<_> = verdicts
+        .iter()
+        .filter(|(id, (v, r))| {
+            v != "pass" && !crate::common::conform::skipped_for_its_backend(id, v, r, true)
+        })
+        .collect();
+    assert_eq!(
+        verdicts
+            .keys()
+            .filter(|id| id.starts_with("at-most-once."))
+            .count(),
+        4
+    );
     assert!(
         not_passed.is_empty(),
         "checks that did not pass: {not_passed:#?}"
@@ -157,11 +171,9 @@ fn bare_url_target_reports_what_it_cannot_check_as_not_run_and_fails() {
         reason.contains("killing the router (kill -9): the runner does not start this router"),
         "{reason}"
     );
-    assert!(
-        verdicts
-            .values()
-            .all(|(v, _)| v == "pass" || v == "not-run")
-    );
+    assert!(verdicts.iter().all(|(id, (v, r))| v == "pass"
+        || v == "not-run"
+        || crate::common::conform::skipped_for_its_backend(id, v, r, true)));
 
     assert_eq!(code(&table), 1);
     assert!(
@@ -509,4 +521,76 @@ fn usage_and_setup_errors_exit_2_naming_the_problem() {
     }
     let clash = conform(&["--target", "x.yaml", "--url", "http://127.0.0.1:9/mcp"]);
     assert_eq!(code(&clash), 2);
+}
+
+/// The Python router (built for a backend that honours idempotency keys: it sends an operation
+/// again after a failure) with a 1 s provider timeout, judged as a router for a backend that
+/// charges every request (`idempotent_backend: false`).
+fn re_dispatching_profile(dir: &Path) -> PathBuf {
+    let fixture = repo().join("tests/fixtures/broken_routers");
+    let text = std::fs::read_to_string(fixture.join("profile.yaml"))
+        .unwrap()
+        .replace("{profile_dir}", &fixture.display().to_string())
+        .replace(
+            "name: broken-router fixture (python, no flaw)",
+            "name: python router, 1 s timeout, backend charges every request",
+        )
+        .replace(
+            "/router.py\", --registry",
+            "/router.py\", --provider-timeout, \"1\", --registry",
+        );
+    assert!(text.contains("--provider-timeout"), "{text}");
+    let file = dir.join("profile.yaml");
+    std::fs::write(&file, format!("{text}idempotent_backend: false\n")).unwrap();
+    file
+}
+
+/// A router that sends an operation again after its request to a backend that charges every
+/// request timed out fails `at-most-once.after-timeout`, the count naming dispatches and charges
+/// apart; the checks written for an idempotent backend are skipped saying why, and those that
+/// need `resolve` are not run.
+#[test]
+fn a_router_that_re_dispatches_after_a_timeout_to_a_backend_that_charges_every_request_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let profile = re_dispatching_profile(dir.path());
+    let args = [
+        "--target",
+        profile.to_str().unwrap(),
+        "--only",
+        "at-most-once.after-timeout",
+        "--only",
+        "crash.after-charge-before-reply",
+        "--only",
+        "at-most-once.crash-after-charge",
+    ];
+    let mut json = args.to_vec();
+    json.extend(["--format", "json"]);
+    let output = conform(&json);
+    assert_eq!(code(&output), 1, "{}", stderr(&output));
+    let verdicts = verdicts(&output);
+    assert_eq!(
+        verdicts["at-most-once.after-timeout"],
+        (
+            "fail".to_string(),
+            "steps[1] (redeliver `first`): the provider saw 2 dispatches, 1 charge in this scenario; expected 1 dispatch (the profile declares `idempotent_backend: false`: an operation whose outcome is unknown is sent again only after `resolve`)".to_string()
+        )
+    );
+    assert_eq!(verdicts["crash.after-charge-before-reply"].0, "skipped");
+    assert_eq!(verdicts["at-most-once.crash-after-charge"].0, "not-run");
+    let table = conform(&args);
+    insta::assert_snapshot!("at_most_once_re_dispatch", redact(&stdout(&table)));
+}
+
+/// A profile written before `idempotent_backend` keeps its exit code: the `at-most-once.*`
+/// checks are skipped, and the report names the key that turns them on.
+#[test]
+fn a_profile_without_the_backend_key_skips_the_at_most_once_checks_and_names_the_key() {
+    let output = conform(&[
+        "--only",
+        "at-most-once.provider-failure",
+        "--only",
+        "redelivery.after-provider-failure",
+    ]);
+    assert_eq!(code(&output), 0, "{}", stderr(&output));
+    insta::assert_snapshot!("at_most_once_off", redact(&stdout(&output)));
 }

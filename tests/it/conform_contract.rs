@@ -49,7 +49,12 @@ fn the_binary_runs_the_full_suite_from_an_empty_directory() {
     let verdicts = verdicts(&output);
     let ids: Vec<String> = scenario_files().into_iter().map(|(id, ..)| id).collect();
     assert_eq!(verdicts.keys().cloned().collect::<Vec<_>>(), ids);
-    let not_passed: Vec<_> = verdicts.iter().filter(|(_, v)| v.0 != "pass").collect();
+    let not_passed: Vec<_> = verdicts
+        .iter()
+        .filter(|(id, v)| {
+            v.0 != "pass" && !crate::common::conform::skipped_for_its_backend(id, &v.0, &v.1, true)
+        })
+        .collect();
     assert!(not_passed.is_empty(), "{not_passed:#?}");
     assert_eq!(
         std::fs::read_dir(dir.path()).unwrap().count(),
@@ -410,6 +415,10 @@ fn a_router_with_other_names_passes_every_required_check() {
     assert_eq!(verdicts.len(), scenario_files().len());
     for (id, (verdict, reason, level)) in &verdicts {
         match level.as_str() {
+            "required" if id.starts_with("at-most-once.") => assert!(
+                crate::common::conform::skipped_for_its_backend(id, verdict, reason, true),
+                "{id}: {verdict}: {reason}"
+            ),
             "required" => assert_eq!(verdict, "pass", "{id}: {reason}"),
             _ => assert_eq!(verdict, "fail", "{id}: the dialect breaks every convention"),
         }
@@ -426,7 +435,7 @@ const NEW_CHECK_FLAWS: &[(&str, &str, &str)] = &[
     (
         "char-bounds",
         "identity-bounds.counted-in-bytes",
-        "steps[0] (call): the provider recorded 1 charge(s) in this scenario, expected 0",
+        "steps[0] (call): the provider saw 1 dispatch, 1 charge in this scenario; expected 0 charges",
     ),
     (
         "private-provider-key",
@@ -480,13 +489,13 @@ fn when_money_and_a_convention_both_fail_the_money_leads() {
     assert_eq!(verdict, "fail");
     assert_eq!(
         reason,
-        "steps[1] (redeliver `first`): the provider recorded 2 charge(s) in this scenario, expected 1 (also steps[0] (call `first`): expected the replay flag at `/_meta/callid~1replayed` to be true, got `false`)"
+        "steps[1] (redeliver `first`): the provider saw 2 dispatches, 2 charges in this scenario; expected 1 charge (also steps[0] (call `first`): expected the replay flag at `/_meta/callid~1replayed` to be true, got `false`)"
     );
     let (verdict, reason, level) = &verdicts["convention.replay-marker"];
     assert_eq!((verdict.as_str(), level.as_str()), ("fail", "recommended"));
     assert!(
         reason.starts_with(
-            "steps[1] (redeliver `first`): the provider recorded 2 charge(s) in this scenario"
+            "steps[1] (redeliver `first`): the provider saw 2 dispatches, 2 charges in this scenario"
         ),
         "{reason}"
     );

@@ -4,6 +4,7 @@
 //! # Guarantees
 //! - The checks only read: the response, the profile's pointers and names, what earlier steps
 //!   left behind, and the runner's ledger and hooks; nothing here sends a request.
+//! - Dispatches are judged beside charges, in their own file (`runner/dispatches.rs`).
 //! - Within a response, the rule's core (success or refusal, the error code, the replayed
 //!   result) is checked first and a broken one is a failure at once; then a status or a handle,
 //!   whose breach is a [`StepError::Presentation`], and is not checked when the profile declares
@@ -348,15 +349,10 @@ impl ScenarioRun<'_> {
         let ledger_error = |e: LedgerReadError| {
             StepError::Error(format!("reading the runner's ledger failed: {}", e.source))
         };
-        if let Some(want) = expect.charges {
-            let got = provider.charge_count().map_err(ledger_error)? - self.baseline;
-            if got != want {
-                return fail(format!(
-                    "the {} recorded {got} charge(s) in this scenario, expected {want}",
-                    provider.role().name()
-                ));
-            }
-        }
+        let charges = provider.charge_count().map_err(ledger_error)? - self.baseline;
+        let tally = self.tally(charges);
+        self.check_charges(expect, tally)?;
+        self.check_dispatches(expect, tally)?;
         if expect.charge_in_ledger == Some(true) {
             let pointer_at = &self.profile.pointers.charge_id;
             let Some(charge) = response.and_then(|r| pointer_str(r, pointer_at)) else {

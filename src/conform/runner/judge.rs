@@ -39,7 +39,7 @@ pub(super) enum Kind {
     NoReply,
     OneOperation,
     NoIdentityFields,
-    // Dispatches counted at the provider or upstream join here as a core kind.
+    Dispatches,
 }
 
 impl Kind {
@@ -48,6 +48,7 @@ impl Kind {
         let e = expect;
         [
             (e.charges.is_some(), Kind::Charges),
+            (e.dispatches.is_some(), Kind::Dispatches),
             (e.charge_in_ledger.is_some(), Kind::ChargeInLedger),
             (
                 e.provider_keys_not_private.is_some(),

@@ -57,6 +57,29 @@ pub fn verdicts(output: &Output) -> BTreeMap<String, (String, String, String)> {
         .collect()
 }
 
+/// Whether a check is skipped only because it is written for the other kind of backend: an
+/// `at-most-once.*` check against a profile without `idempotent_backend: false` (the reason
+/// names the key that turns it on), or a check that re-sends under the key against a profile
+/// with it.
+pub fn skipped_for_its_backend(id: &str, verdict: &str, reason: &str, idempotent: bool) -> bool {
+    verdict == "skipped"
+        && if idempotent {
+            id.starts_with("at-most-once.")
+                && reason.contains("set `idempotent_backend: false` (with `resolve`)")
+        } else {
+            ID_KEYED_RESEND.contains(&id)
+                && reason.contains("the profile declares `idempotent_backend: false`")
+        }
+}
+
+/// The checks that continue an operation under its key after an unknown outcome: written for a
+/// backend that honours the key.
+pub const ID_KEYED_RESEND: &[&str] = &[
+    "crash.after-charge-before-reply",
+    "crash.after-dispatch-before-charge",
+    "redelivery.after-provider-failure",
+];
+
 /// The independent Python router with its deliberate flaws.
 pub fn router_py() -> String {
     repo()
