@@ -8,6 +8,7 @@ mod common;
 mod conform;
 mod conform_contract;
 mod conform_replicas;
+mod conform_signals;
 mod conform_upstream;
 mod gateway;
 mod gateway_at_most_once;
