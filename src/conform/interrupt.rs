@@ -11,8 +11,8 @@
 //!   registered here from its spawn ([`started`]) until it is reaped ([`reaped`]); a router
 //!   process dropped before that (a check cancelled by a signal) sends SIGKILL to its group
 //!   ([`kill_group`]). [`end_all`] kills every group still registered and returns once none of
-//!   them has a living member (a zombie, which holds nothing, does not count), or after
-//!   [`END_TIMEOUT`].
+//!   them has a living member (a zombie whose threads have all exited holds nothing, and does not
+//!   count), or after [`END_TIMEOUT`].
 //! - A router the runner starts also dies when conform is killed with SIGKILL, as far as Linux
 //!   allows: its group leader asks for SIGKILL when its parent dies (`PR_SET_PDEATHSIG`, set
 //!   between fork and exec). Linux ties that to the *thread* that forked: routers are spawned by
@@ -95,7 +95,9 @@ impl Signals {
 static GROUPS: Mutex<BTreeSet<u32>> = Mutex::new(BTreeSet::new());
 
 fn groups() -> std::sync::MutexGuard<'static, BTreeSet<u32>> {
-    GROUPS.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    GROUPS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Makes `command` start a router: the leader of a new process group, killed by the kernel when
@@ -159,7 +161,7 @@ pub async fn end_all() {
     }
 }
 
-/// The processes (not zombies) whose process group is one of `groups`, from `/proc`.
+/// The living processes whose process group is one of `groups`, from `/proc`.
 fn living_members(groups: &[u32]) -> Vec<u32> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
@@ -170,9 +172,25 @@ fn living_members(groups: &[u32]) -> Vec<u32> {
             std::fs::read_to_string(format!("/proc/{pid}/stat"))
                 .ok()
                 .and_then(|stat| stat_group(&stat))
-                .is_some_and(|(state, group)| state != 'Z' && groups.contains(&group))
+                .is_some_and(|(_, group)| groups.contains(&group))
+                && living(*pid)
         })
         .collect()
+}
+
+/// Whether a thread of process `pid` still runs. Its main thread alone says too little: killed
+/// with its threads, a router's main thread can be a zombie while another thread is still
+/// exiting and holds the process's files (its listening socket) open.
+fn living(pid: u32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.filter_map(Result::ok).any(|task| {
+        std::fs::read_to_string(task.path().join("stat"))
+            .ok()
+            .and_then(|stat| stat_group(&stat))
+            .is_some_and(|(state, _)| !matches!(state, 'Z' | 'X'))
+    })
 }
 
 /// The state and the process group of a `/proc/PID/stat` line: `PID (COMM) STATE PPID PGRP ...`,

@@ -224,7 +224,12 @@ pub(crate) async fn run(options: &Options) -> Result<Report, ConformError> {
         );
         for (index, scenario) in selected.into_iter().enumerate() {
             if !results.iter().any(|(done, ..)| *done == index) {
-                results.push((index, scenario, Outcome::NotRun(reason.clone()), Duration::ZERO));
+                results.push((
+                    index,
+                    scenario,
+                    Outcome::NotRun(reason.clone()),
+                    Duration::ZERO,
+                ));
             }
         }
     }

@@ -164,14 +164,15 @@ impl ScenarioRun<'_> {
                     .args(&args)
                     .envs(env.iter().map(|(k, v)| (k, v)))
                     .stderr(std::process::Stdio::piped());
-                let (mut conn, child) = Connection::spawn_command(command)
-                    .await
-                    .map_err(|e| match e {
-                        RpcError::Spawn { program, source } => {
-                            StepError::Error(format!("spawn: `{program}`: {source}"))
-                        }
-                        other => StepError::Error(other.to_string()),
-                    })?;
+                let (mut conn, child) =
+                    Connection::spawn_command(command)
+                        .await
+                        .map_err(|e| match e {
+                            RpcError::Spawn { program, source } => {
+                                StepError::Error(format!("spawn: `{program}`: {source}"))
+                            }
+                            other => StepError::Error(other.to_string()),
+                        })?;
                 interrupt::started(child.pid());
                 conn.set_timeout(REQUEST_TIMEOUT);
                 Router {
