@@ -246,6 +246,13 @@ fn interrupted_run_leaves_nothing(target: &Path, signal: i32, name: &str, exit: 
         "TMPDIR still holds {left:?}"
     );
     let report: Value = serde_json::from_slice(&std::fs::read(&run.out).unwrap()).unwrap();
+    let mut schemas = boon::Schemas::new();
+    let schema = boon::Compiler::new()
+        .compile(repo().join("schemas/conform.json").to_str().unwrap(), &mut schemas)
+        .unwrap();
+    if let Err(e) = schemas.validate(&report, schema) {
+        panic!("the partial report does not match schemas/conform.json: {e:#}");
+    }
     assert_eq!(report["interrupted"], name);
     assert_eq!(report["success"], false);
     assert_eq!(report["version"], 1);
@@ -267,6 +274,23 @@ fn interrupted_run_leaves_nothing(target: &Path, signal: i32, name: &str, exit: 
         report["summary"]["not_run"].as_u64().unwrap() as usize,
         checks.iter().filter(|c| c["verdict"] == "not-run").count()
     );
+    // A partial report says nothing of the router's support: the matrix refuses it.
+    let matrix = tempfile::tempdir().unwrap();
+    let added = Command::new(bin())
+        .args(["matrix", "add", "--dir"])
+        .arg(matrix.path())
+        .arg(&run.out)
+        .output()
+        .unwrap();
+    assert_eq!(added.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&added.stderr).contains(&format!(
+            "at `interrupted`: the run was interrupted by {name}"
+        )),
+        "{}",
+        String::from_utf8_lossy(&added.stderr)
+    );
+    assert_eq!(contents(matrix.path()), Vec::<String>::new());
 }
 
 #[test]

@@ -300,6 +300,21 @@ pub(crate) mod tests {
         }
     }
 
+    #[test]
+    fn an_interrupted_run_never_succeeds_and_says_by_what() {
+        let mut report = sample();
+        report
+            .checks
+            .retain(|c| c.verdict == Verdict::Pass && c.baseline == Baseline::Ok);
+        assert!(report.success());
+        report.interrupted = Some(crate::conform::interrupt::Signal::Terminate);
+        assert!(!report.success());
+        assert_eq!(
+            report.summary_line(),
+            "1 checks: 1 pass, 0 fail, 0 skipped by profile, 0 not run, 0 error (interrupted by SIGTERM)"
+        );
+    }
+
     /// A report with every verdict and every baseline outcome, for the snapshot tests.
     pub fn sample() -> Report {
         let check = |id: &str, verdict, reason: &str, baseline, ms| CheckResult {
