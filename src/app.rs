@@ -193,6 +193,7 @@ fn conform(args: crate::cli::ConformArgs) -> anyhow::Result<ExitCode> {
     }
     let target = match (args.target, args.stdio, args.url) {
         (Some(file), None, None) => TargetSpec::Profile(file),
+        (Some(file), None, Some(url)) => TargetSpec::ProfileAt(file, url),
         (None, Some(command), None) => TargetSpec::Stdio(command),
         (None, None, Some(url)) => TargetSpec::Url(url),
         (None, None, None) => TargetSpec::Reference,

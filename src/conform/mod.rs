@@ -59,6 +59,8 @@ pub(crate) enum TargetSpec {
     Stdio(String),
     /// `--url URL`.
     Url(String),
+    /// `--target FILE --url URL`: the profile's names, for a router already running at the URL.
+    ProfileAt(PathBuf, String),
 }
 
 /// Everything a run needs.
@@ -157,6 +159,7 @@ pub(crate) async fn run(options: &Options) -> Result<Report, ConformError> {
         TargetSpec::Profile(file) => target::Profile::load(file)?,
         TargetSpec::Stdio(command) => target::Profile::stdio_command(command)?,
         TargetSpec::Url(url) => target::Profile::url(url),
+        TargetSpec::ProfileAt(file, url) => target::Profile::load(file)?.at_url(url),
     });
     let callid = std::env::current_exe()?.display().to_string();
     // A router the runner does not start is pointed at one fixed provider address: its charges

@@ -7,6 +7,7 @@ mod cli;
 mod common;
 mod conform;
 mod conform_contract;
+mod conform_contract_gaps;
 mod conform_replicas;
 mod conform_signals;
 mod conform_upstream;
