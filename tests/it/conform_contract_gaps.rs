@@ -27,16 +27,33 @@ fn a_provider_failure_is_judged_on_its_error_code() {
     let right = python_profile(dir.path(), "");
     let output = conform_in(
         dir.path(),
-        &["--target", right.to_str().unwrap(), "--format", "json", "--only", id],
+        &[
+            "--target",
+            right.to_str().unwrap(),
+            "--format",
+            "json",
+            "--only",
+            id,
+        ],
         &[],
     );
     assert_eq!(code(&output), 0, "{}", stderr(&output));
     let renamed = dir.path().join("renamed");
     std::fs::create_dir(&renamed).unwrap();
-    let wrong = python_profile(&renamed, "error_codes: {provider_unavailable: E_PROVIDER_DOWN}\n");
+    let wrong = python_profile(
+        &renamed,
+        "error_codes: {provider_unavailable: E_PROVIDER_DOWN}\n",
+    );
     let output = conform_in(
         dir.path(),
-        &["--target", wrong.to_str().unwrap(), "--format", "json", "--only", id],
+        &[
+            "--target",
+            wrong.to_str().unwrap(),
+            "--format",
+            "json",
+            "--only",
+            id,
+        ],
         &[],
     );
     assert_eq!(code(&output), 1, "{}", stderr(&output));
@@ -66,7 +83,12 @@ impl HttpRouter {
             .unwrap()
             .port();
         let child = Command::new(bin())
-            .args(["router", "--http", &format!("127.0.0.1:{port}"), "--registry"])
+            .args([
+                "router",
+                "--http",
+                &format!("127.0.0.1:{port}"),
+                "--registry",
+            ])
             .arg(state.path().join("registry.sqlite3"))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -110,7 +132,10 @@ fn url_with_a_target_drives_the_router_there_with_the_profiles_names() {
     // Its own URL points where nothing listens, and its command would fail: neither is used.
     let shipped = std::fs::read_to_string(repo().join("scenarios/targets/reference-http.yaml"))
         .unwrap()
-        .replace("url: \"http://127.0.0.1:{port}/mcp\"", "url: \"http://127.0.0.1:9/mcp\"")
+        .replace(
+            "url: \"http://127.0.0.1:{port}/mcp\"",
+            "url: \"http://127.0.0.1:9/mcp\"",
+        )
         .replace("command: \"{callid}\"", "command: /nonexistent/router");
     assert!(shipped.contains("127.0.0.1:9/mcp") && shipped.contains("/nonexistent/router"));
     let run = |profile: &str| {
@@ -136,7 +161,10 @@ fn url_with_a_target_drives_the_router_there_with_the_profiles_names() {
     let output = run(&shipped);
     assert_eq!(code(&output), 0, "{}", stderr(&output));
     let doc: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
-    assert_eq!(doc["target"], "callid reference router over streamable HTTP");
+    assert_eq!(
+        doc["target"],
+        "callid reference router over streamable HTTP"
+    );
     let renamed = run(&format!(
         "{shipped}error_codes: {{missing_identity: no_call_id}}\n"
     ));
@@ -144,7 +172,9 @@ fn url_with_a_target_drives_the_router_there_with_the_profiles_names() {
     let (verdict, reason, _) = &verdicts(&renamed)["own.missing-identity-named"];
     assert_eq!(verdict, "fail");
     assert!(
-        reason.contains("expected the tool error `no_call_id`, got the tool error `missing_identity`"),
+        reason.contains(
+            "expected the tool error `no_call_id`, got the tool error `missing_identity`"
+        ),
         "{reason}"
     );
 }

@@ -248,7 +248,10 @@ fn interrupted_run_leaves_nothing(target: &Path, signal: i32, name: &str, exit: 
     let report: Value = serde_json::from_slice(&std::fs::read(&run.out).unwrap()).unwrap();
     let mut schemas = boon::Schemas::new();
     let schema = boon::Compiler::new()
-        .compile(repo().join("schemas/conform.json").to_str().unwrap(), &mut schemas)
+        .compile(
+            repo().join("schemas/conform.json").to_str().unwrap(),
+            &mut schemas,
+        )
         .unwrap();
     if let Err(e) = schemas.validate(&report, schema) {
         panic!("the partial report does not match schemas/conform.json: {e:#}");
