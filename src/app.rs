@@ -193,6 +193,7 @@ fn conform(args: crate::cli::ConformArgs) -> anyhow::Result<ExitCode> {
     }
     let target = match (args.target, args.stdio, args.url) {
         (Some(file), None, None) => TargetSpec::Profile(file),
+        (Some(file), None, Some(url)) => TargetSpec::ProfileAt(file, url),
         (None, Some(command), None) => TargetSpec::Stdio(command),
         (None, None, Some(url)) => TargetSpec::Url(url),
         (None, None, None) => TargetSpec::Reference,
@@ -211,6 +212,9 @@ fn conform(args: crate::cli::ConformArgs) -> anyhow::Result<ExitCode> {
         .build()
         .context("failed to start the async runtime")?;
     let report = runtime.block_on(crate::conform::run(&options))?;
+    if let Some(signal) = report.interrupted {
+        return conform_interrupted(&report, signal, args.out.as_deref(), args.format, runtime);
+    }
     if let Some(path) = &args.write_expected_failures {
         std::fs::write(path, crate::conform::expected::baseline_text(&report))
             .with_context(|| format!("failed to write `{}`", path.display()))?;
@@ -234,6 +238,28 @@ fn conform(args: crate::cli::ConformArgs) -> anyhow::Result<ExitCode> {
     } else {
         exit_codes::CHECK_FAILED
     }))
+}
+
+/// The end of a `callid conform` run interrupted by `signal` (whatever it started is already
+/// ended): the partial report goes to `--out` only (standard output may be a pipe the same signal
+/// closed), no expected-failures baseline is written from it, and the exit code is the signal's.
+fn conform_interrupted(
+    report: &crate::conform::report::Report,
+    signal: crate::conform::interrupt::Signal,
+    out: Option<&std::path::Path>,
+    format: crate::cli::FormatArg,
+    runtime: tokio::runtime::Runtime,
+) -> anyhow::Result<ExitCode> {
+    use crate::conform::report;
+    if let Some(path) = out {
+        let mut file = std::fs::File::create(path)
+            .with_context(|| format!("failed to create `{}`", path.display()))?;
+        report::render(report, report::Format::from(format), &mut file)
+            .with_context(|| format!("failed to write `{}`", path.display()))?;
+    }
+    eprintln!("{}", report.summary_line());
+    runtime.shutdown_background();
+    Ok(ExitCode::from(signal.exit_code()))
 }
 
 fn run_probe(args: crate::cli::ProbeArgs) -> anyhow::Result<ExitCode> {

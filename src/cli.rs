@@ -540,16 +540,20 @@ MCP-native router spends through the runner's upstream MCP server instead of its
 pub struct ConformArgs {
     /// A target profile (YAML) saying how to start and drive the router
     /// (`--print-profile` writes a commented template).
-    #[arg(long, value_name = "FILE", conflicts_with_all = ["stdio", "url"])]
+    #[arg(long, value_name = "FILE", conflicts_with = "stdio")]
     pub target: Option<PathBuf>,
     /// A router started as this command over stdio, driven like the reference router: the
     /// runner appends `--registry FILE --provider-url URL --approval-above-cents 10`, and runs
     /// `CMD ARGS approve|deny HANDLE --registry FILE` as the operator commands.
     #[arg(long, value_name = "'CMD ARGS'", conflicts_with = "url")]
     pub stdio: Option<String>,
-    /// A router already running at this streamable HTTP URL. The runner neither starts it nor
-    /// sees its charges, so most checks are not run and the run exits 1 unless
-    /// `--allow-incomplete`.
+    /// A router already running at this streamable HTTP URL. Alone, it is driven with the
+    /// reference router's names: the tools `generate_image`, `operation_status` and
+    /// `resume_operation`, its argument sets, result pointers, statuses and the contract's error
+    /// codes (`--print-profile` shows them all). With `--target FILE`, the profile's names are
+    /// used and URL replaces its `url` (its `command` and `setup` are not run). The runner does
+    /// not start the router, and sees its charges only through the profile's `provider_listen`,
+    /// so most checks are not run and the run exits 1 unless `--allow-incomplete`.
     #[arg(long, value_name = "URL")]
     pub url: Option<String>,
     /// Directory of scenario files added to the built-in ones (a file with a built-in check's id

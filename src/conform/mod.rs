@@ -27,9 +27,13 @@
 //! - Every byte of every response is scanned for the private key pattern.
 //! - A router that dies mid-scenario is an `error` for that scenario; the run goes on.
 //! - Check ids are stable: they are the `id:` of the scenario files, each citing its article rule.
+//! - A run interrupted by SIGINT, SIGTERM or SIGHUP ends every process group it started, removes
+//!   its temporary directories and returns a report marked interrupted, where every check that
+//!   did not finish is `not run` ([`interrupt`]).
 
 mod builtin;
 pub(crate) mod expected;
+pub(crate) mod interrupt;
 mod provider;
 pub(crate) mod report;
 mod runner;
@@ -61,6 +65,8 @@ pub(crate) enum TargetSpec {
     Stdio(String),
     /// `--url URL`.
     Url(String),
+    /// `--target FILE --url URL`: the profile's names, for a router already running at the URL.
+    ProfileAt(PathBuf, String),
 }
 
 /// Everything a run needs.
@@ -146,6 +152,7 @@ pub(crate) const DEFAULT_JOBS: usize = 4;
 /// Runs the selected scenarios against the target and returns the report.
 pub(crate) async fn run(options: &Options) -> Result<Report, ConformError> {
     let started = Instant::now();
+    let mut signals = interrupt::Signals::install()?;
     let all = load_scenarios(options.scenarios.as_deref())?;
     let known: Vec<&str> = all.iter().map(|s| s.id.as_str()).collect();
     let expected = match &options.expected_failures {
@@ -158,6 +165,7 @@ pub(crate) async fn run(options: &Options) -> Result<Report, ConformError> {
         TargetSpec::Profile(file) => target::Profile::load(file)?,
         TargetSpec::Stdio(command) => target::Profile::stdio_command(command)?,
         TargetSpec::Url(url) => target::Profile::url(url),
+        TargetSpec::ProfileAt(file, url) => target::Profile::load(file)?.at_url(url),
     });
     let callid = std::env::current_exe()?.display().to_string();
     // A router the runner does not start is pointed at one fixed provider address: its charges
@@ -179,9 +187,11 @@ pub(crate) async fn run(options: &Options) -> Result<Report, ConformError> {
         options.progress && std::io::stderr().is_terminal(),
         scenarios.len(),
     ));
+    let selected = scenarios.clone();
     let mut pending = scenarios.into_iter().enumerate();
     let mut running = tokio::task::JoinSet::new();
     let mut results: Vec<(usize, Scenario, Outcome, Duration)> = Vec::new();
+    let mut interrupted = None;
     loop {
         while running.len() < jobs {
             let Some((index, scenario)) = pending.next() else {
@@ -197,17 +207,47 @@ pub(crate) async fn run(options: &Options) -> Result<Report, ConformError> {
                 outcome.map(|o| (index, scenario, o, begun.elapsed()))
             });
         }
-        let Some(joined) = running.join_next().await else {
+        let joined = tokio::select! {
+            biased;
+            signal = signals.recv() => {
+                interrupted = Some(signal);
+                break;
+            }
+            joined = running.join_next() => joined,
+        };
+        let Some(joined) = joined else {
             break;
         };
         let done = joined.map_err(|e| ConformError::Io(std::io::Error::other(e)))??;
         progress.done();
         results.push(done);
     }
+    if let Some(signal) = interrupted {
+        // Dropping a check's future kills its routers, then removes its state and provider.
+        running.abort_all();
+        while running.join_next().await.is_some() {}
+        interrupt::end_all().await;
+        let reason = format!(
+            "the run was interrupted by {} before this check finished",
+            signal.name()
+        );
+        for (index, scenario) in selected.into_iter().enumerate() {
+            if !results.iter().any(|(done, ..)| *done == index) {
+                results.push((
+                    index,
+                    scenario,
+                    Outcome::NotRun(reason.clone()),
+                    Duration::ZERO,
+                ));
+            }
+        }
+    }
     results.sort_by_key(|(index, ..)| *index);
-    if let Some((_, scenario, Outcome::Setup(reason), _)) = results
-        .iter()
-        .find(|(_, _, o, _)| matches!(o, Outcome::Setup(_)))
+    // An interrupted run is reported as it stands: its exit code is the signal's.
+    if interrupted.is_none()
+        && let Some((_, scenario, Outcome::Setup(reason), _)) = results
+            .iter()
+            .find(|(_, _, o, _)| matches!(o, Outcome::Setup(_)))
     {
         return Err(ConformError::Setup {
             id: scenario.id.clone(),
@@ -219,7 +259,8 @@ pub(crate) async fn run(options: &Options) -> Result<Report, ConformError> {
         .map(|(_, _, o, _)| o)
         .filter(|o| !matches!(o, Outcome::Skipped(_) | Outcome::NotRun(_)))
         .collect();
-    if let Some(Outcome::Error(first)) = ran.first()
+    if interrupted.is_none()
+        && let Some(Outcome::Error(first)) = ran.first()
         && ran
             .iter()
             .all(|o| matches!(o, Outcome::Error(r) if r.starts_with(runner::START_FAILED)))
@@ -262,6 +303,7 @@ pub(crate) async fn run(options: &Options) -> Result<Report, ConformError> {
         checks,
         duration: started.elapsed(),
         allow_incomplete: options.allow_incomplete,
+        interrupted,
     })
 }
 

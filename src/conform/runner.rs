@@ -728,6 +728,7 @@ impl<'a> ScenarioRun<'a> {
             .args(command.args.iter().map(|a| vars.apply(a)))
             .envs(command.env.iter().map(|(k, v)| (k, vars.apply(v))))
             .stdin(std::process::Stdio::null())
+            .kill_on_drop(true)
             .output()
             .await
             .map_err(|e| {

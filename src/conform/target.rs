@@ -884,6 +884,18 @@ impl Profile {
         profile
     }
 
+    /// This profile for a router already running at `url` (`--target FILE --url URL`): its
+    /// names, pointers and capabilities, over streamable HTTP at `url`, started by nobody (no
+    /// `command`, no `setup`).
+    pub fn at_url(mut self, url: &str) -> Profile {
+        self.transport = Transport::Http;
+        self.url = Some(url.to_string());
+        self.command = None;
+        self.args.clear();
+        self.setup.clear();
+        self
+    }
+
     fn capability(&self, declared: Option<bool>, field: &str, what: &str) -> Can {
         match declared {
             Some(false) => Can::DeclaredAbsent(format!(

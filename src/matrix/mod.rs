@@ -157,6 +157,9 @@ pub fn add_logs(
 struct ConformReport {
     target: String,
     checks: Vec<ConformCheck>,
+    /// The signal that cut the run short (reports of a finished run have `null` or no field).
+    #[serde(default)]
+    interrupted: Option<String>,
 }
 
 #[derive(Debug, serde::Deserialize)]
@@ -193,6 +196,16 @@ pub fn add_conform_report(
             path: e.path().to_string(),
             message: e.into_inner().to_string(),
         })?;
+    if let Some(signal) = &parsed.interrupted {
+        return Err(MatrixError::Parse {
+            file: report.to_owned(),
+            path: "interrupted".into(),
+            message: format!(
+                "the run was interrupted by {signal}, so its unfinished checks say nothing about \
+                 the router; add the report of a run that went to the end"
+            ),
+        });
+    }
     let row = data::RouterRow {
         id: data::slug(&[&parsed.target]),
         router: parsed.target.clone(),

@@ -519,7 +519,7 @@ fn usage_and_setup_errors_exit_2_naming_the_problem() {
             stderr(&output)
         );
     }
-    let clash = conform(&["--target", "x.yaml", "--url", "http://127.0.0.1:9/mcp"]);
+    let clash = conform(&["--target", "x.yaml", "--stdio", "router"]);
     assert_eq!(code(&clash), 2);
 }
 

@@ -1,5 +1,7 @@
-//! JSON: `{version, target, duration_ms, success, allow_incomplete, summary, checks: [{id, title,
-//! rule, article, level, verdict, reason, baseline, duration_ms}]}`, pretty-printed. `verdict` is
+//! JSON: `{version, target, duration_ms, success, allow_incomplete, interrupted, summary, checks:
+//! [{id, title, rule, article, level, verdict, reason, baseline, duration_ms}]}`, pretty-printed.
+//! `interrupted` is `null`, or the signal that ended the run (`SIGINT`, `SIGTERM`, `SIGHUP`:
+//! every check it did not let finish is `not-run`; a field added within version 1). `verdict` is
 //! one of `pass`, `fail`, `skipped` (the profile declares the capability absent), `not-run`,
 //! `error`; `level` is `required` or `recommended`. The required checks come first, each level in
 //! id order.
@@ -37,6 +39,7 @@ pub fn render(report: &Report, out: &mut dyn Write) -> std::io::Result<()> {
         "duration_ms": report.duration.as_millis() as u64,
         "success": report.success(),
         "allow_incomplete": report.allow_incomplete,
+        "interrupted": report.interrupted,
         "summary": report.summary(),
         "checks": checks,
     });

@@ -110,6 +110,9 @@ pub struct Report {
     pub duration: Duration,
     /// `--allow-incomplete`: checks not run do not fail the run.
     pub allow_incomplete: bool,
+    /// The signal that interrupted the run, if one did: the checks it did not let finish are
+    /// `not run`, and the run does not succeed.
+    pub interrupted: Option<crate::conform::interrupt::Signal>,
 }
 
 /// Counts by verdict and baseline.
@@ -163,11 +166,15 @@ impl Report {
         s
     }
 
-    /// Whether the run succeeds: no unexpected failure of a required check, no stale expected
-    /// failure, and every check run (or skipped by the profile) unless `--allow-incomplete`.
+    /// Whether the run succeeds: not interrupted, no unexpected failure of a required check, no
+    /// stale expected failure, and every check run (or skipped by the profile) unless
+    /// `--allow-incomplete`.
     pub fn success(&self) -> bool {
         let s = self.summary();
-        s.unexpected == 0 && s.stale == 0 && (s.not_run == 0 || self.allow_incomplete)
+        self.interrupted.is_none()
+            && s.unexpected == 0
+            && s.stale == 0
+            && (s.not_run == 0 || self.allow_incomplete)
     }
 
     /// The checks of one level, in id order.
@@ -189,6 +196,9 @@ impl Report {
         );
         // The rules come first: a broken rule (money) leads, a convention comes last.
         let mut notes = Vec::new();
+        if let Some(signal) = self.interrupted {
+            notes.push(format!("interrupted by {}", signal.name()));
+        }
         if s.unexpected > 0 {
             notes.push(format!("{} unexpected", s.unexpected));
         }
@@ -290,6 +300,21 @@ pub(crate) mod tests {
         }
     }
 
+    #[test]
+    fn an_interrupted_run_never_succeeds_and_says_by_what() {
+        let mut report = sample();
+        report
+            .checks
+            .retain(|c| c.verdict == Verdict::Pass && c.baseline == Baseline::Ok);
+        assert!(report.success());
+        report.interrupted = Some(crate::conform::interrupt::Signal::Terminate);
+        assert!(!report.success());
+        assert_eq!(
+            report.summary_line(),
+            "1 checks: 1 pass, 0 fail, 0 skipped by profile, 0 not run, 0 error (interrupted by SIGTERM)"
+        );
+    }
+
     /// A report with every verdict and every baseline outcome, for the snapshot tests.
     pub fn sample() -> Report {
         let check = |id: &str, verdict, reason: &str, baseline, ms| CheckResult {
@@ -308,6 +333,7 @@ pub(crate) mod tests {
             duration: Duration::from_millis(ms),
         };
         Report {
+            interrupted: None,
             target: "callid reference router".to_string(),
             checks: vec![
                 check(

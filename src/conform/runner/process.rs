@@ -9,14 +9,20 @@
 //! - A connection is usable only after `initialize` with the scenario's protocol succeeded; an
 //!   HTTP router the runner started gets [`HTTP_START_TIMEOUT`] to answer it, every request then
 //!   [`REQUEST_TIMEOUT`].
-//! - A graceful stop closes stdin and waits [`GRACEFUL_EXIT`] before the kill; [`ScenarioRun::stop`]
-//!   never leaves a process the runner started running.
+//! - A graceful stop closes stdin and waits [`GRACEFUL_EXIT`] (3 s) for the router to exit, then
+//!   sends SIGKILL to its process group (what it left behind, or the router itself when it did not
+//!   exit); [`ScenarioRun::stop`] never leaves a process the runner started running. No other
+//!   signal is sent: no SIGTERM, no SIGINT.
+//! - Every router process is registered with [`interrupt`] from its spawn until it is reaped, and
+//!   asks the kernel for SIGKILL when the runner dies; a router dropped unreaped (its check
+//!   cancelled by a signal) sends SIGKILL to its group.
 //! - Every transport error names what happened (exited, timed out) and, when the router is a
 //!   stdio child, ends with the last lines of its stderr ([`tail`]).
 //! - A `{port}` is held by a [`PortLease`] for the whole scenario, against every other conform
 //!   process on the machine.
 
 use super::{ScenarioRun, StepError, StepResult, fail};
+use crate::conform::interrupt;
 use crate::conform::target::{Profile, Transport, Vars};
 use crate::jsonrpc::{Child, Connection, RpcError};
 use crate::text::clip;
@@ -53,19 +59,33 @@ impl Process {
 
     /// SIGKILL to its whole process group, then to it (and reaped).
     pub(super) async fn kill9(&mut self) {
-        if let Some(pid) = self.pid() {
+        let pid = self.pid();
+        if let Some(pid) = pid {
             crate::conform::provider::sigkill(pid);
         }
-        let _ = match self {
+        let reaped = match self {
             Process::Stdio(c) => c.kill9().await,
             Process::Http(c) => c.kill().await,
         };
+        if let (Some(pid), Ok(())) = (pid, reaped) {
+            interrupt::reaped(pid);
+        }
     }
 
     fn stderr_tail(&self) -> String {
         match self {
             Process::Stdio(c) => tail(&c.stderr_text()),
             Process::Http(_) => String::new(),
+        }
+    }
+}
+
+impl Drop for Process {
+    /// A router not reaped yet (its check was cancelled by a signal) dies with its whole group
+    /// before the check's state directory is removed.
+    fn drop(&mut self) {
+        if let Some(pid) = self.pid() {
+            interrupt::kill_group(pid);
         }
     }
 }
@@ -138,14 +158,22 @@ impl ScenarioRun<'_> {
         let router = match (profile.transport, &profile.command) {
             (Transport::Stdio, Some(command)) => {
                 let program = PathBuf::from(vars.apply(command));
-                let (mut conn, child) = Connection::spawn_stdio_in(&program, &args, &env, true)
-                    .await
-                    .map_err(|e| match e {
-                        RpcError::Spawn { program, source } => {
-                            StepError::Error(format!("spawn: `{program}`: {source}"))
-                        }
-                        other => StepError::Error(other.to_string()),
-                    })?;
+                let mut command = tokio::process::Command::new(&program);
+                interrupt::own_group(&mut command);
+                command
+                    .args(&args)
+                    .envs(env.iter().map(|(k, v)| (k, v)))
+                    .stderr(std::process::Stdio::piped());
+                let (mut conn, child) =
+                    Connection::spawn_command(command)
+                        .await
+                        .map_err(|e| match e {
+                            RpcError::Spawn { program, source } => {
+                                StepError::Error(format!("spawn: `{program}`: {source}"))
+                            }
+                            other => StepError::Error(other.to_string()),
+                        })?;
+                interrupt::started(child.pid());
                 conn.set_timeout(REQUEST_TIMEOUT);
                 Router {
                     conn,
@@ -156,16 +184,18 @@ impl ScenarioRun<'_> {
                 let process = match command {
                     Some(command) => {
                         let program = vars.apply(command);
-                        let child = tokio::process::Command::new(&program)
+                        let mut command = tokio::process::Command::new(&program);
+                        interrupt::own_group(&mut command);
+                        let child = command
                             .args(&args)
                             .envs(env.iter().map(|(k, v)| (k, v)))
                             .stdin(std::process::Stdio::null())
                             .stdout(std::process::Stdio::null())
                             .stderr(std::process::Stdio::null())
-                            .process_group(0)
                             .kill_on_drop(true)
                             .spawn()
                             .map_err(|e| StepError::Error(format!("spawn: `{program}`: {e}")))?;
+                        interrupt::started(child.id());
                         Some(Process::Http(child))
                     }
                     None => None,
@@ -218,10 +248,14 @@ impl ScenarioRun<'_> {
         if graceful {
             router.conn.close().await;
             if let Some(Process::Stdio(child)) = &mut router.process
+                && let Some(pid) = child.pid()
                 && tokio::time::timeout(GRACEFUL_EXIT, child.wait())
                     .await
                     .is_ok()
             {
+                // What the router left behind in its group goes with it.
+                interrupt::kill_group(pid);
+                interrupt::reaped(pid);
                 return;
             }
         }
