@@ -671,8 +671,8 @@ pub struct MeasureArgs {
     /// The client program to measure.
     #[arg(long, value_enum)]
     pub client: ClientArg,
-    /// Measure this binary of the agent client (codex and claude-code only) instead of the one in
-    /// `DIR/clients/node_modules/.bin`, else on PATH.
+    /// Measure this binary of the agent client instead of the one in
+    /// `DIR/clients/node_modules/.bin` (or the venv `DIR/clients/.venv`), else on PATH.
     #[arg(long, value_name = "PATH")]
     pub bin: Option<PathBuf>,
     /// Write the row to `matrices/clients.yaml` and the evidence files, and render SUPPORT.md.

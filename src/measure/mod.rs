@@ -1,12 +1,15 @@
 //! Measures real agent clients offline: the real client program, a scripted model endpoint on
 //! loopback instead of the vendor's API, and `callid probe` as its MCP server.
 //!
-//! [`measure`] runs every [`Scenario`](run::Scenario) in a fresh temporary home, classifies the
-//! main probe log with [`crate::classify`], reads the ID stability findings from all three, and
-//! returns the matrix row with the exact client version and the evidence logs.
+//! [`measure`] runs every [`Scenario`](run::Scenario) in a fresh temporary home (two tool calls in
+//! two turns, one id repeated in two turns, the server frozen or killed mid-call, two tool calls
+//! in one answer, two calls sharing one id in one answer), classifies the main probe log with
+//! [`crate::classify`], reads the ID stability findings from every run, and returns the matrix
+//! row with the exact client version and the evidence logs. It says which run starts, and every
+//! [`run::HEARTBEAT`] that a run is still going; [`answer`] words the row in one line.
 //!
-//! - [`endpoint`]: the scripted model (Responses API SSE for Codex, Messages API SSE for Claude
-//!   Code).
+//! - [`endpoint`]: the scripted model, in four wire formats (Responses API, Messages API, Chat
+//!   Completions, Gemini API), one tool call per answer or several in one.
 //! - [`client`]: how to run each client non-interactively with a temporary home and config.
 //! - [`run`]: one bounded scenario run, leaving the probe's shape log.
 //! - [`sdk`]: MCP client libraries and tools without a model (Inspector CLI, TypeScript and
