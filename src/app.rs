@@ -681,9 +681,15 @@ fn measure_command(args: crate::cli::MeasureArgs) -> anyhow::Result<ExitCode> {
         }
         ClientsFile::load(&clients_path)?;
     }
-    if let Some(out) = &args.out {
-        std::fs::create_dir_all(out.join(crate::matrix::data::EVIDENCE_DIR))
-            .with_context(|| format!("creating the evidence directory `{}`", out.display()))?;
+    if let Some(out) = args
+        .out
+        .as_ref()
+        .filter(|out| out.exists() && !out.is_dir())
+    {
+        anyhow::bail!(
+            "`--out {}` is a file, not a directory; give a directory to keep the evidence in",
+            out.display()
+        );
     }
     let callid = std::env::current_exe().context("locating the `callid` binary for the probe")?;
     let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
@@ -717,6 +723,8 @@ fn measure_command(args: crate::cli::MeasureArgs) -> anyhow::Result<ExitCode> {
             .context("failed to write the row")?;
     }
     if let Some(out) = &args.out {
+        std::fs::create_dir_all(out.join(crate::matrix::data::EVIDENCE_DIR))
+            .with_context(|| format!("creating the evidence directory `{}`", out.display()))?;
         for (name, bytes) in &measurement.evidence {
             let path = out.join(name);
             std::fs::write(&path, bytes)

@@ -224,3 +224,67 @@ fn measure_from_an_installed_binary_keeps_the_evidence_and_answers_first() {
     want.sort();
     assert_eq!(listing(&work), want, "{stderr}");
 }
+
+/// A stand-in for a client that starts, stays busy for `secs` seconds without ever calling a
+/// tool, and exits: it says its version like Codex does.
+fn slow_client(dir: &Path, secs: u32) -> PathBuf {
+    let path = dir.join("codex");
+    std::fs::write(
+        &path,
+        format!(
+            "#!/bin/sh\nif [ \"$1\" = --version ]; then echo 'codex-cli 0.171.0'; exit 0; fi\n\
+             echo 'thinking'; sleep {secs}; echo 'gave up'; exit 3\n"
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path
+}
+
+#[test]
+fn a_long_run_reports_progress_and_a_failed_measurement_keeps_nothing() {
+    let (tmp, callid, work) = installed();
+    let client = slow_client(tmp.path(), 14);
+    let out = run(
+        &callid,
+        &work,
+        "/usr/local/bin:/usr/bin:/bin",
+        &[
+            "measure",
+            "--client",
+            "codex",
+            "--bin",
+            client.to_str().unwrap(),
+            "--out",
+            "kept",
+        ],
+    );
+    let stderr =
+        String::from_utf8_lossy(&out.stderr).replace(&tmp.path().display().to_string(), "[TMP]");
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(out.stdout.is_empty(), "{stderr}");
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(
+        lines[..2],
+        [
+            "measuring Codex CLI 0.171.0 (`[TMP]/codex`): 6 runs of at most 180 s each",
+            "run 1 of 6: two tool calls in two turns",
+        ],
+        "{stderr}"
+    );
+    // While the client runs (14 s), a line every 10 s says so.
+    assert!(
+        lines[2].starts_with("  still running (1") && lines[2].ends_with(" s of at most 180 s)"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(
+            "codex 0.171.0 made no `tools/call` to the probe in the run with two tool calls in \
+             two turns (exit code 3, in time); its last output:\nthinking\ngave up"
+        ),
+        "{stderr}"
+    );
+    // The measurement failed: no evidence directory, nothing in the working directory.
+    assert_eq!(listing(&work), Vec::<String>::new(), "{stderr}");
+}
