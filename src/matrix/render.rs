@@ -145,7 +145,8 @@ fn render_stability(out: &mut String, rows: &[ClientRow]) {
          its own call ID. (e) One model answer asks for two tool calls that share one id but \
          carry different arguments, as a buggy or replayed model answer can: the column says how \
          many calls reached the server and with which call IDs, and \"silently drops the other\" \
-         means a requested call never reached the server and nothing said so. The (c) columns compare the per-call ID of each attempt, \
+         means one requested call never reached the server, which had no way to know it was \
+         asked for. The (c) columns compare the per-call ID of each attempt, \
          never the JSON-RPC id: a retry must carry a new JSON-RPC id (MCP 2026-07-28 requires \
          it), so only the call ID can say it is the same call. A finding holds for \
          the version shown and the protocol of its row. A client that sends no per-call ID is listed too: its columns count \
@@ -211,7 +212,7 @@ fn one_answer(finding: OneAnswer, same_id: bool) -> &'static str {
         OneAnswer::BothThenMore => "runs both, then two or more further calls",
         // Runs neither of two calls with one id, yet both of two with distinct ids: the shared
         // id, not the second call, is what it cannot take.
-        OneAnswer::Neither if same_id => "runs neither, silently drops both",
+        OneAnswer::Neither if same_id => "runs neither of the two",
         OneAnswer::Neither => "cannot take two calls in one answer: runs neither",
     }
 }
