@@ -607,6 +607,62 @@ fn matrix_command(args: crate::cli::MatrixArgs) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::from(exit_codes::SUCCESS))
         }
+        MatrixCommand::Outdated { dir } => matrix_outdated(&dir),
+    }
+}
+
+/// `callid matrix outdated`: one line per measured row, stale ones first.
+fn matrix_outdated(dir: &std::path::Path) -> anyhow::Result<ExitCode> {
+    let compared = match crate::matrix::outdated::outdated_dir(dir, crate::measure::package_of)? {
+        Ok(compared) => compared,
+        Err(e) => {
+            eprintln!("error [{}]: {e}", e.code());
+            return Ok(ExitCode::from(exit_codes::SETUP_ERROR));
+        }
+    };
+    let (stale, current): (Vec<_>, Vec<_>) = compared.iter().partition(|c| c.is_stale());
+    let mut out = String::new();
+    for c in &stale {
+        out.push_str(&format!(
+            "stale: {} (`{}`) measured on {}, {} `{}` is at {}: install {}, then run `callid measure --client {} --update`\n",
+            c.client,
+            c.row,
+            c.measured,
+            c.package.registry.name(),
+            c.package.name,
+            c.latest,
+            c.latest,
+            c.slug
+        ));
+    }
+    for c in &current {
+        out.push_str(&format!(
+            "current: {} (`{}`) {}, {} `{}` latest {}\n",
+            c.client,
+            c.row,
+            c.measured,
+            c.package.registry.name(),
+            c.package.name,
+            c.latest
+        ));
+    }
+    use std::io::Write as _;
+    stdout()
+        .write_all(out.as_bytes())
+        .context("failed to write the list")?;
+    if stale.is_empty() {
+        eprintln!(
+            "all {} measured rows are on their client's latest version",
+            compared.len()
+        );
+        Ok(ExitCode::from(exit_codes::SUCCESS))
+    } else {
+        eprintln!(
+            "{} of {} measured rows are behind their client's latest version",
+            stale.len(),
+            compared.len()
+        );
+        Ok(ExitCode::from(exit_codes::CHECK_FAILED))
     }
 }
 
@@ -631,13 +687,44 @@ fn measure_command(args: crate::cli::MeasureArgs) -> anyhow::Result<ExitCode> {
         crate::cli::ClientArg::PythonSdk => Err(SdkClient::PythonSdk),
         crate::cli::ClientArg::Rmcp => Err(SdkClient::Rmcp),
     };
+    let clients_path = args.dir.join(CLIENTS_FILE);
+    // Everything the result will be written to or compared with is checked before the client
+    // runs: a measurement takes minutes, and its result must have somewhere to go.
+    if args.update || args.check {
+        let flag = if args.update { "--update" } else { "--check" };
+        if !args.dir.is_dir() {
+            anyhow::bail!(
+                "the matrix directory `{}` does not exist, so `{flag}` has no matrix to {}; run \
+                 from a callid checkout, pass `--dir DIR`, or leave out `{flag}` (`--out DIR` \
+                 keeps the evidence)",
+                args.dir.display(),
+                if args.update {
+                    "update"
+                } else {
+                    "compare with"
+                }
+            );
+        }
+        ClientsFile::load(&clients_path)?;
+    }
+    if let Some(out) = args
+        .out
+        .as_ref()
+        .filter(|out| out.exists() && !out.is_dir())
+    {
+        anyhow::bail!(
+            "`--out {}` is a file, not a directory; give a directory to keep the evidence in",
+            out.display()
+        );
+    }
     let callid = std::env::current_exe().context("locating the `callid` binary for the probe")?;
     let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    let progress = |line: String| eprintln!("{line}");
     let (measurement, slug) = match agent {
         Ok(client) => {
             let bin = client.locate(args.bin.as_deref(), &args.dir)?;
             let m = rt
-                .block_on(crate::measure::measure(client, &bin, &callid))
+                .block_on(crate::measure::measure(client, &bin, &callid, &progress))
                 .with_context(|| format!("measuring `{}`", bin.display()))?;
             (m, client.slug())
         }
@@ -645,6 +732,7 @@ fn measure_command(args: crate::cli::MeasureArgs) -> anyhow::Result<ExitCode> {
             if args.bin.is_some() {
                 anyhow::bail!("`--bin` applies to agent clients only, not to the SDK rows");
             }
+            progress(format!("measuring the {} client", sdk.slug()));
             let m = rt
                 .block_on(crate::measure::sdk::measure_sdk(sdk, &args.dir, &callid))
                 .with_context(|| format!("measuring the {} client", sdk.slug()))?;
@@ -652,14 +740,30 @@ fn measure_command(args: crate::cli::MeasureArgs) -> anyhow::Result<ExitCode> {
         }
     };
     let row = &measurement.row;
+    let yaml = serde_yaml::to_string(&vec![row]).context("printing the row")?;
     {
         use std::io::Write as _;
-        let text = serde_yaml::to_string(&vec![row]).context("printing the row")?;
+        let text = format!("{}\n\n{yaml}", crate::measure::answer(row));
         stdout()
             .write_all(text.as_bytes())
             .context("failed to write the row")?;
     }
-    let clients_path = args.dir.join(CLIENTS_FILE);
+    if let Some(out) = &args.out {
+        std::fs::create_dir_all(out.join(crate::matrix::data::EVIDENCE_DIR))
+            .with_context(|| format!("creating the evidence directory `{}`", out.display()))?;
+        for (name, bytes) in &measurement.evidence {
+            let path = out.join(name);
+            std::fs::write(&path, bytes)
+                .with_context(|| format!("writing `{}`", path.display()))?;
+        }
+        let path = out.join("row.yaml");
+        std::fs::write(&path, &yaml).with_context(|| format!("writing `{}`", path.display()))?;
+        eprintln!(
+            "kept the evidence in `{}` ({} probe logs and `row.yaml`)",
+            out.display(),
+            measurement.evidence.len()
+        );
+    }
     if args.check {
         let committed = ClientsFile::load(&clients_path)?;
         let Some(old) = committed.clients.iter().find(|r| r.id == row.id) else {
@@ -692,28 +796,55 @@ fn measure_command(args: crate::cli::MeasureArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::from(exit_codes::CHECK_FAILED));
     }
     if args.update {
-        for (name, bytes) in &measurement.evidence {
-            let path = args.dir.join(name);
-            if let Some(parent) = path.parent() {
-                std::fs::create_dir_all(parent)
-                    .with_context(|| format!("creating `{}`", parent.display()))?;
-            }
-            std::fs::write(&path, bytes)
-                .with_context(|| format!("writing `{}`", path.display()))?;
-        }
-        let mut file = ClientsFile::load(&clients_path)?;
-        file.upsert(row.clone());
-        file.save(&clients_path)?;
-        match crate::matrix::render_dir(&args.dir, false)? {
-            crate::matrix::RenderOutcome::EvidenceDisagrees(e) => return Err(e.into()),
-            _ => eprintln!(
-                "updated `{}`, its evidence and `{}`",
-                clients_path.display(),
-                args.dir.join(crate::matrix::data::SUPPORT_FILE).display()
-            ),
-        }
+        update_matrix(&args.dir, &measurement)?;
+        eprintln!(
+            "updated `{}`, its evidence and `{}`",
+            clients_path.display(),
+            args.dir.join(crate::matrix::data::SUPPORT_FILE).display()
+        );
     }
     Ok(ExitCode::from(exit_codes::SUCCESS))
+}
+
+/// Puts a measurement into the matrix in `dir`: the evidence is staged beside it and checked
+/// against the row first, so a row that cannot be written, or that disagrees with its
+/// evidence, leaves no evidence file behind.
+fn update_matrix(
+    dir: &std::path::Path,
+    measurement: &crate::measure::Measurement,
+) -> anyhow::Result<()> {
+    use crate::matrix::data::{CLIENTS_FILE, ClientsFile};
+    let clients_path = dir.join(CLIENTS_FILE);
+    let mut file = ClientsFile::load(&clients_path)?;
+    file.upsert(measurement.row.clone());
+    file.validate(&clients_path)?;
+    let staging = tempfile::Builder::new()
+        .prefix(".callid-measure-")
+        .tempdir_in(dir)
+        .with_context(|| format!("creating a staging directory in `{}`", dir.display()))?;
+    for (name, bytes) in &measurement.evidence {
+        let path = staging.path().join(name);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)
+                .with_context(|| format!("creating `{}`", parent.display()))?;
+        }
+        std::fs::write(&path, bytes).with_context(|| format!("writing `{}`", path.display()))?;
+    }
+    crate::matrix::evidence::check_row(staging.path(), &measurement.row)?;
+    for (name, _) in &measurement.evidence {
+        let path = dir.join(name);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)
+                .with_context(|| format!("creating `{}`", parent.display()))?;
+        }
+        std::fs::rename(staging.path().join(name), &path)
+            .with_context(|| format!("moving the evidence into `{}`", path.display()))?;
+    }
+    file.save(&clients_path)?;
+    match crate::matrix::render_dir(dir, false)? {
+        crate::matrix::RenderOutcome::EvidenceDisagrees(e) => Err(e.into()),
+        _ => Ok(()),
+    }
 }
 
 /// `callid bench`: exit 0 when every row was measured or skipped (a missed target is reported,

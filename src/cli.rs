@@ -621,6 +621,17 @@ pub enum MatrixCommand {
         #[arg(long, value_name = "DIR", default_value = "matrices")]
         dir: PathBuf,
     },
+    /// List the measured rows whose client has a newer version in its package registry.
+    ///
+    /// Asks npm (`npm view PKG version`), PyPI (its JSON API, through `python3`; set
+    /// `CALLID_PYPI_URL` for a mirror) and crates.io (`cargo info`) for the latest version of
+    /// each measured client. Exit 0 when every row is current, 1 when one is older than the
+    /// latest (measure it again with the command shown), 2 when a registry cannot be reached.
+    Outdated {
+        /// The matrix directory.
+        #[arg(long, value_name = "DIR", default_value = "matrices")]
+        dir: PathBuf,
+    },
 }
 
 /// Clients `measure` knows how to drive.
@@ -664,8 +675,8 @@ pub struct MeasureArgs {
     /// The client program to measure.
     #[arg(long, value_enum)]
     pub client: ClientArg,
-    /// Measure this binary of the agent client (codex and claude-code only) instead of the one in
-    /// `DIR/clients/node_modules/.bin`, else on PATH.
+    /// Measure this binary of the agent client instead of the one in
+    /// `DIR/clients/node_modules/.bin` (or the venv `DIR/clients/.venv`), else on PATH.
     #[arg(long, value_name = "PATH")]
     pub bin: Option<PathBuf>,
     /// Write the row to `matrices/clients.yaml` and the evidence files, and render SUPPORT.md.
@@ -674,6 +685,10 @@ pub struct MeasureArgs {
     /// Exit 1 if the measured row differs from the committed one (CI); write nothing.
     #[arg(long)]
     pub check: bool,
+    /// Keep the evidence: write the probe logs (`DIR/evidence/*.jsonl`) and the row
+    /// (`DIR/row.yaml`) into DIR, created if missing. Needs no matrix directory.
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
     /// The matrix directory.
     #[arg(long, value_name = "DIR", default_value = "matrices")]
     pub dir: PathBuf,

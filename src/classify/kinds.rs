@@ -14,8 +14,9 @@
 //!   delivery of that one call; each after the first is the client's redelivery.
 //! - a [`RunKind::DistinctCalls`] run is any other log: each `tools/call` is taken as a distinct
 //!   call (the assumption the call-level / context split makes), and no redelivery is known.
-//! - the duplicate-id run is left out ([`RunKind::of_file`] gives `None`): its two calls share
-//!   the model's tool-call id on purpose.
+//! - the duplicate-id run and the two one-answer runs are left out ([`RunKind::of_file`] gives
+//!   `None`): their calls share the model's tool-call id on purpose, or may be dropped or
+//!   repeated by a client that mishandles two calls in one answer.
 //!
 //! Calls are compared only within a run: runs are separate conversations against a scripted
 //! endpoint that replays the same values, so equality across runs proves nothing.
@@ -49,7 +50,9 @@ impl RunKind {
     pub fn of_file(path: &std::path::Path) -> Option<RunKind> {
         let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
         match Scenario::of_file(name) {
-            Scenario::DuplicateModelId => None,
+            Scenario::DuplicateModelId | Scenario::OneAnswerTwoIds | Scenario::OneAnswerSameId => {
+                None
+            }
             Scenario::Timeout | Scenario::ServerDies => Some(RunKind::OneCall),
             Scenario::TwoCalls => Some(RunKind::DistinctCalls),
         }

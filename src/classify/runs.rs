@@ -21,15 +21,21 @@ pub enum Scenario {
     Timeout,
     /// The server behind the probe dies while the first call is in flight: (c), death.
     ServerDies,
+    /// One model answer with two tool calls of distinct ids and different arguments: (d).
+    OneAnswerTwoIds,
+    /// One model answer with two tool calls sharing one id, with different arguments: (e).
+    OneAnswerSameId,
 }
 
 impl Scenario {
     /// Every scenario, in the order they run.
-    pub const ALL: [Scenario; 4] = [
+    pub const ALL: [Scenario; 6] = [
         Scenario::TwoCalls,
         Scenario::DuplicateModelId,
         Scenario::Timeout,
         Scenario::ServerDies,
+        Scenario::OneAnswerTwoIds,
+        Scenario::OneAnswerSameId,
     ];
 
     /// Name used in evidence file names (empty for the main evidence).
@@ -39,6 +45,40 @@ impl Scenario {
             Scenario::DuplicateModelId => "duplicate-id",
             Scenario::Timeout => "timeout",
             Scenario::ServerDies => "server-dies",
+            Scenario::OneAnswerTwoIds => "one-answer",
+            Scenario::OneAnswerSameId => "one-answer-same-id",
+        }
+    }
+
+    /// The name a person reads in messages and progress lines.
+    pub fn name(self) -> &'static str {
+        match self {
+            Scenario::TwoCalls => "two tool calls in two turns",
+            Scenario::DuplicateModelId => "one tool-call id repeated in two turns",
+            Scenario::Timeout => "server frozen mid-call",
+            Scenario::ServerDies => "server dies mid-call",
+            Scenario::OneAnswerTwoIds => "two tool calls in one answer",
+            Scenario::OneAnswerSameId => "two tool calls sharing one id in one answer",
+        }
+    }
+
+    /// Whether the model hands out all of this run's tool calls in one answer (every other run
+    /// hands out one per turn).
+    pub fn one_answer(self) -> bool {
+        matches!(self, Scenario::OneAnswerTwoIds | Scenario::OneAnswerSameId)
+    }
+
+    /// The arguments of this run's tool calls, one per model id, as the probe's tool receives
+    /// them: empty, except in the one-answer runs, where each call carries its own `note` so the
+    /// evidence shows which of the two reached the server.
+    pub fn call_arguments(self) -> Vec<serde_json::Value> {
+        if self.one_answer() {
+            ONE_ANSWER_NOTES
+                .iter()
+                .map(|note| serde_json::json!({ "note": note }))
+                .collect()
+        } else {
+            vec![serde_json::json!({}); self.model_ids(IdStyle::OpenAi).len()]
         }
     }
 
@@ -72,9 +112,20 @@ impl Scenario {
             }
             Scenario::Timeout => vec![style.model_call_id("timeout", 1)],
             Scenario::ServerDies => vec![style.model_call_id("dies", 1)],
+            Scenario::OneAnswerTwoIds => vec![
+                style.model_call_id("oneanswer", 1),
+                style.model_call_id("oneanswer", 2),
+            ],
+            Scenario::OneAnswerSameId => {
+                let id = style.model_call_id("oneanswersame", 1);
+                vec![id.clone(), id]
+            }
         }
     }
 }
+
+/// The `note` argument of the first and the second call of a one-answer run.
+pub const ONE_ANSWER_NOTES: [&str; 2] = ["first", "second"];
 
 /// The shape of a model vendor's tool-call ids.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -136,5 +187,16 @@ mod tests {
         );
         let dup = Scenario::DuplicateModelId.model_ids(IdStyle::OpenAi);
         assert_eq!(dup[0], dup[1]);
+        let same = Scenario::OneAnswerSameId.model_ids(IdStyle::OpenAi);
+        assert_eq!(same[0], same[1]);
+        assert_ne!(same[0], dup[0]);
+        let args = Scenario::OneAnswerSameId.call_arguments();
+        assert_ne!(args[0], args[1]);
+        for scenario in Scenario::ALL {
+            assert_eq!(
+                scenario.call_arguments().len(),
+                scenario.model_ids(IdStyle::OpenAi).len()
+            );
+        }
     }
 }

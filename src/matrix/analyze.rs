@@ -7,7 +7,7 @@
 //! second call, or a call sent again, is then one that no server can tell from a new call.
 
 use crate::identity;
-use crate::matrix::data::{DistinctIds, DuplicateModelId, IdOrigin, OnFailure};
+use crate::matrix::data::{DistinctIds, DuplicateModelId, IdOrigin, OnFailure, OneAnswer};
 use crate::probe::record::{Kind, Record};
 use crate::shape::Digester;
 use serde_json::Value;
@@ -19,6 +19,8 @@ pub struct CallSeen {
     pub source_key: Option<String>,
     /// Digest of the per-call ID's value.
     pub id_digest: Option<String>,
+    /// The probe's digest of the tool name and arguments (tells which call this was).
+    pub request_digest: Option<String>,
 }
 
 /// Every `tools/call` request in `records`, in log order.
@@ -41,6 +43,7 @@ pub fn tool_calls(records: &[Record]) -> Vec<CallSeen> {
                         .map(str::to_owned)
                 }),
                 id_digest: entry.map(|e| e.value.digest.clone()),
+                request_digest: r.request_digest.clone(),
             }
         })
         .collect()
@@ -104,6 +107,47 @@ pub fn duplicate_model_id(calls: &[CallSeen]) -> DuplicateModelId {
     }
 }
 
+/// The probe's (unsalted) request digest of a call to its tool with `arguments`.
+pub fn digest_of_arguments(arguments: &Value) -> String {
+    let hash = crate::canonical::request_hash(crate::probe::server::CAPABILITIES_TOOL, arguments)
+        .expect("scripted arguments are canonical JSON");
+    Digester::Plain.bytes(hash.as_str().as_bytes())
+}
+
+/// (d) and (e) from a run whose one model answer held two tool calls, with `arguments` (the
+/// first's, then the second's).
+pub fn one_answer(calls: &[CallSeen], arguments: &[Value]) -> OneAnswer {
+    // Which scripted call a call was, by its arguments.
+    let which = |call: &CallSeen| {
+        arguments
+            .iter()
+            .position(|a| call.request_digest.as_deref() == Some(&digest_of_arguments(a)))
+    };
+    let both = |a: &CallSeen, b: &CallSeen| match (a.id_digest.as_deref(), b.id_digest.as_deref()) {
+        (Some(x), Some(y)) if x == y => OneAnswer::BothSharedId,
+        (Some(_), Some(_)) => OneAnswer::BothOwnIds,
+        _ => OneAnswer::BothWithoutId,
+    };
+    match calls {
+        [] => OneAnswer::Neither,
+        [one] => match which(one) {
+            Some(0) => OneAnswer::OnlyFirst,
+            Some(1) => OneAnswer::OnlySecond,
+            _ => OneAnswer::OnlyOne,
+        },
+        [a, b] if a.request_digest.is_some() && a.request_digest == b.request_digest => {
+            match which(a) {
+                Some(0) => OneAnswer::FirstTwice,
+                Some(1) => OneAnswer::SecondTwice,
+                _ => both(a, b),
+            }
+        }
+        [a, b] => both(a, b),
+        [_, _, _] => OneAnswer::BothThenAThird,
+        _ => OneAnswer::BothThenMore,
+    }
+}
+
 /// (c) from a run where the server was frozen (or killed) during the first call.
 pub fn on_timeout(calls: &[CallSeen]) -> OnFailure {
     let digests = id_digests(calls);
@@ -127,6 +171,7 @@ mod tests {
         CallSeen {
             source_key: Some("callId".into()),
             id_digest: Some(d.into()),
+            request_digest: None,
         }
     }
 
@@ -162,6 +207,7 @@ mod tests {
         let none = || CallSeen {
             source_key: None,
             id_digest: None,
+            request_digest: None,
         };
         let model = vec!["call_x".to_string()];
         assert_eq!(id_origin(&[none()], &model), IdOrigin::NoId);
@@ -175,5 +221,56 @@ mod tests {
         assert_eq!(on_timeout(&[none()]), OnFailure::NoRetry);
         assert_eq!(on_timeout(&[none(), none()]), OnFailure::RetriedWithoutId);
         assert_eq!(on_timeout(&[]), OnFailure::NotMeasured);
+    }
+
+    #[test]
+    fn one_answer_findings_table() {
+        let args = [
+            serde_json::json!({"note": "first"}),
+            serde_json::json!({"note": "second"}),
+        ];
+        let with = |id: Option<&str>, args: &Value| CallSeen {
+            source_key: id.map(|_| "callId".into()),
+            id_digest: id.map(str::to_owned),
+            request_digest: Some(digest_of_arguments(args)),
+        };
+        let first = |id| with(id, &args[0]);
+        let second = |id| with(id, &args[1]);
+        let other = with(None, &serde_json::json!({}));
+        let cases = [
+            (vec![], OneAnswer::Neither),
+            (vec![first(None)], OneAnswer::OnlyFirst),
+            (vec![second(Some("a"))], OneAnswer::OnlySecond),
+            (vec![other.clone()], OneAnswer::OnlyOne),
+            (
+                vec![first(Some("a")), second(Some("b"))],
+                OneAnswer::BothOwnIds,
+            ),
+            (
+                vec![first(Some("a")), second(Some("a"))],
+                OneAnswer::BothSharedId,
+            ),
+            (vec![first(None), second(None)], OneAnswer::BothWithoutId),
+            (vec![first(None), first(None)], OneAnswer::FirstTwice),
+            (
+                vec![second(Some("a")), second(Some("a"))],
+                OneAnswer::SecondTwice,
+            ),
+            (
+                vec![first(Some("a")), second(None)],
+                OneAnswer::BothWithoutId,
+            ),
+            (
+                vec![first(None), second(None), other.clone()],
+                OneAnswer::BothThenAThird,
+            ),
+            (
+                vec![first(None), second(None), other.clone(), other],
+                OneAnswer::BothThenMore,
+            ),
+        ];
+        for (calls, want) in cases {
+            assert_eq!(one_answer(&calls, &args), want, "{calls:?}");
+        }
     }
 }

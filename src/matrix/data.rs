@@ -197,6 +197,12 @@ pub struct Stability {
     /// (c) The server process dies while the call is in flight.
     #[serde(default)]
     pub on_server_death: OnFailure,
+    /// (d) One model answer with two tool calls of distinct ids.
+    #[serde(default, skip_serializing_if = "OneAnswer::is_not_measured")]
+    pub one_answer_two_ids: OneAnswer,
+    /// (e) One model answer with two tool calls sharing one id, with different arguments.
+    #[serde(default, skip_serializing_if = "OneAnswer::is_not_measured")]
+    pub one_answer_same_id: OneAnswer,
 }
 
 /// Where the per-call ID comes from.
@@ -261,6 +267,45 @@ pub enum OnFailure {
     RetriedNewId,
     /// The client sends the call again, and neither attempt carries a per-call ID.
     RetriedWithoutId,
+}
+
+/// (d) and (e): what reaches the server when one model answer holds two tool calls (the first
+/// and the second carry different arguments, so the evidence shows which one ran).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OneAnswer {
+    /// Not measured.
+    #[default]
+    NotMeasured,
+    /// Both calls reach the server, each with its own per-call ID.
+    BothOwnIds,
+    /// Both calls reach the server with one and the same per-call ID.
+    BothSharedId,
+    /// Both calls reach the server, not each with a per-call ID.
+    BothWithoutId,
+    /// Two calls reach the server, both with the first call's arguments; the second never does.
+    FirstTwice,
+    /// Two calls reach the server, both with the second call's arguments; the first never does.
+    SecondTwice,
+    /// Only the first call reaches the server.
+    OnlyFirst,
+    /// Only one call reaches the server, with the second call's arguments.
+    OnlySecond,
+    /// Only one call reaches the server, with arguments of neither.
+    OnlyOne,
+    /// Three calls reach the server.
+    BothThenAThird,
+    /// More than three calls reach the server.
+    BothThenMore,
+    /// No call reaches the server: the client cannot take two tool calls in one answer.
+    Neither,
+}
+
+impl OneAnswer {
+    /// Whether nothing was measured.
+    pub fn is_not_measured(&self) -> bool {
+        *self == OneAnswer::NotMeasured
+    }
 }
 
 impl Stability {

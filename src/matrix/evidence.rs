@@ -5,7 +5,9 @@
 //! Evidence files are the probe's own logs (shapes and digests, never a value). A measured row's
 //! first evidence file holds the run with two distinct model tool calls; files ending in
 //! `.duplicate-id.jsonl`, `.timeout.jsonl` and `.server-dies.jsonl` hold the runs for the (b) and
-//! (c) stability columns. A row's `per_attempt_keys` come from all of them together
+//! (c) stability columns, `.one-answer.jsonl` and `.one-answer-same-id.jsonl` those for (d) and
+//! (e); a one-answer run may record no `tools/call` at all (a client that cannot take two calls
+//! in one answer), and is then checked for that alone. A row's `per_attempt_keys` come from all of them together
 //! ([`per_attempt_keys`]): only a timeout or server-dies run in which the client redelivered its
 //! one call can show that a value changes per attempt (see [`crate::classify::kinds`]).
 
@@ -342,6 +344,16 @@ pub fn check_row(dir: &Path, row: &ClientRow) -> Result<(), EvidenceError> {
             Scenario::ServerDies,
             "stability.on_server_death",
         ),
+        (
+            !s.one_answer_two_ids.is_not_measured(),
+            Scenario::OneAnswerTwoIds,
+            "stability.one_answer_two_ids",
+        ),
+        (
+            !s.one_answer_same_id.is_not_measured(),
+            Scenario::OneAnswerSameId,
+            "stability.one_answer_same_id",
+        ),
     ] {
         if claimed && !has(scenario) {
             return Err(EvidenceError::Disagrees {
@@ -357,6 +369,31 @@ pub fn check_row(dir: &Path, row: &ClientRow) -> Result<(), EvidenceError> {
     for (i, file) in evidence.iter().enumerate() {
         let path = dir.join(file);
         let records = read_evidence(&row.id, &path)?;
+        let scenario = Scenario::of_file(file);
+        let calls = analyze::tool_calls(&records);
+        if scenario.one_answer() {
+            let field = if scenario == Scenario::OneAnswerTwoIds {
+                (
+                    "stability.one_answer_two_ids",
+                    row.stability.one_answer_two_ids,
+                )
+            } else {
+                (
+                    "stability.one_answer_same_id",
+                    row.stability.one_answer_same_id,
+                )
+            };
+            disagree(
+                row,
+                &path,
+                field.0,
+                field.1,
+                analyze::one_answer(&calls, &scenario.call_arguments()),
+            )?;
+            if calls.is_empty() {
+                continue;
+            }
+        }
         let o = single_client(&path, &records)?;
         // A client that states a fixed placeholder in `clientInfo` has it recorded beside the
         // package version; the evidence must show that placeholder.
@@ -380,8 +417,6 @@ pub fn check_row(dir: &Path, row: &ClientRow) -> Result<(), EvidenceError> {
             row.per_call_id.clone(),
             o.per_call_id.clone(),
         )?;
-        let calls = analyze::tool_calls(&records);
-        let scenario = Scenario::of_file(file);
         if i == 0 {
             if row.protocol.is_some() {
                 disagree(
@@ -456,7 +491,7 @@ pub fn check_row(dir: &Path, row: &ClientRow) -> Result<(), EvidenceError> {
                 row.stability.on_server_death,
                 analyze::on_timeout(&calls),
             )?,
-            Scenario::TwoCalls => {}
+            Scenario::TwoCalls | Scenario::OneAnswerTwoIds | Scenario::OneAnswerSameId => {}
         }
         read.push((path, records));
     }

@@ -8,6 +8,8 @@
 //! - [`check`]: compares a committed `SUPPORT.md` with what the data renders.
 //! - [`evidence`]: turns probe shape logs into rows, and checks each measured row against its
 //!   committed evidence by classifying it again.
+//! - [`outdated`]: asks the package registries for each measured client's latest version and
+//!   lists the rows measured on an older one.
 //!
 //! # Guarantees
 //! - The same data renders the same bytes on every machine.
@@ -20,6 +22,7 @@ pub mod analyze;
 pub mod check;
 pub mod data;
 pub mod evidence;
+pub mod outdated;
 pub mod render;
 
 pub use data::{ClientRow, ClientsFile, How, Matrix, MatrixError, RoutersFile};

@@ -11,7 +11,7 @@
 
 use super::data::{
     CheckVerdict, ClientRow, DistinctIds, DuplicateModelId, How, IdOrigin, Matrix, OnFailure,
-    RouterRow, Verdict,
+    OneAnswer, RouterRow, Verdict,
 };
 use crate::conform::report::Level;
 use crate::text::{markdown_cell as cell, markdown_code};
@@ -136,10 +136,17 @@ fn render_stability(out: &mut String, rows: &[ClientRow]) {
         "## ID stability\n\n\
          An ID only makes retries safe if it stays the same on every redelivery of a call and \
          differs for every new call. These columns are measured with a scripted model endpoint \
-         that controls the model's tool-call ids: (a) two distinct model tool calls; (b) the \
-         model API returns the same tool-call id twice; (c) the server does not answer within the \
+         that controls the model's tool-call ids: (a) two distinct model tool calls, one per \
+         model answer (two turns); (b) the model API returns the same tool-call id in two \
+         consecutive answers (two turns); (c) the server does not answer within the \
          client's tool timeout (set to 6 s where the client lets it be set), or its process dies \
-         while the call is in flight. The (c) columns compare the per-call ID of each attempt, \
+         while the call is in flight. (d) One model answer asks for two tool calls with distinct \
+         ids, as models do when they call tools in parallel: a client should run both, each with \
+         its own call ID. (e) One model answer asks for two tool calls that share one id but \
+         carry different arguments, as a buggy or replayed model answer can: the column says how \
+         many calls reached the server and with which call IDs, and \"silently drops the other\" \
+         means one requested call never reached the server, which had no way to know it was \
+         asked for. The (c) columns compare the per-call ID of each attempt, \
          never the JSON-RPC id: a retry must carry a new JSON-RPC id (MCP 2026-07-28 requires \
          it), so only the call ID can say it is the same call. A finding holds for \
          the version shown and the protocol of its row. A client that sends no per-call ID is listed too: its columns count \
@@ -151,14 +158,14 @@ fn render_stability(out: &mut String, rows: &[ClientRow]) {
         return;
     }
     out.push_str(
-        "| Client | Version | Where the ID comes from | (a) two tool calls | (b) repeated model id | (c) timeout mid-call | (c) server dies mid-call |\n\
-         |---|---|---|---|---|---|---|\n",
+        "| Client | Version | Where the ID comes from | (a) two tool calls, two turns | (b) repeated model id, two turns | (c) timeout mid-call | (c) server dies mid-call | (d) two tool calls, one answer | (e) two calls sharing one id, one answer |\n\
+         |---|---|---|---|---|---|---|---|---|\n",
     );
     for row in measured {
         let s = &row.stability;
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             cell(&row.client),
             row.version.as_deref().map(cell).unwrap_or_default(),
             match s.id_origin {
@@ -182,9 +189,32 @@ fn render_stability(out: &mut String, rows: &[ClientRow]) {
             },
             failure(s.on_timeout),
             failure(s.on_server_death),
+            one_answer(s.one_answer_two_ids, false),
+            one_answer(s.one_answer_same_id, true),
         );
     }
     out.push('\n');
+}
+
+/// A (d) or (e) cell (`same_id`), in words a server operator reads.
+fn one_answer(finding: OneAnswer, same_id: bool) -> &'static str {
+    match finding {
+        OneAnswer::NotMeasured => "not measured",
+        OneAnswer::BothOwnIds => "runs both, each with its own call ID",
+        OneAnswer::BothSharedId => "runs both, with one call ID for the two",
+        OneAnswer::BothWithoutId => "runs both, no call ID on either",
+        OneAnswer::FirstTwice => "runs the first twice, silently drops the second",
+        OneAnswer::SecondTwice => "runs the second twice, silently drops the first",
+        OneAnswer::OnlyFirst => "runs one (the first), silently drops the other",
+        OneAnswer::OnlySecond => "runs one (with the second's arguments), silently drops the other",
+        OneAnswer::OnlyOne => "runs one, silently drops the other",
+        OneAnswer::BothThenAThird => "runs both, then a third",
+        OneAnswer::BothThenMore => "runs both, then two or more further calls",
+        // Runs neither of two calls with one id, yet both of two with distinct ids: the shared
+        // id, not the second call, is what it cannot take.
+        OneAnswer::Neither if same_id => "runs neither of the two",
+        OneAnswer::Neither => "cannot take two calls in one answer: runs neither",
+    }
 }
 
 fn render_sources(out: &mut String, rows: &[ClientRow]) {
@@ -425,5 +455,41 @@ fn keys(list: Option<&[String]>) -> String {
             .map(|k| markdown_code(k))
             .collect::<Vec<_>>()
             .join(", "),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every (d) and (e) finding as its column shows it.
+    #[test]
+    fn every_one_answer_finding_in_words() {
+        let all = [
+            OneAnswer::NotMeasured,
+            OneAnswer::BothOwnIds,
+            OneAnswer::BothSharedId,
+            OneAnswer::BothWithoutId,
+            OneAnswer::FirstTwice,
+            OneAnswer::SecondTwice,
+            OneAnswer::OnlyFirst,
+            OneAnswer::OnlySecond,
+            OneAnswer::OnlyOne,
+            OneAnswer::BothThenAThird,
+            OneAnswer::BothThenMore,
+            OneAnswer::Neither,
+        ];
+        let mut out = String::new();
+        for finding in all {
+            let name = serde_yaml::to_string(&finding).unwrap();
+            let _ = writeln!(
+                out,
+                "{}: (d) {} | (e) {}",
+                name.trim(),
+                one_answer(finding, false),
+                one_answer(finding, true)
+            );
+        }
+        insta::assert_snapshot!(out);
     }
 }

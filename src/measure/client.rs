@@ -6,6 +6,7 @@
 
 use super::endpoint::{SCRIPTED_MODEL, ToolName, Wire};
 use crate::classify::runs::IdStyle;
+use crate::matrix::outdated::{Package, Registry};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
@@ -56,9 +57,21 @@ pub enum ClientError {
         /// The program name.
         program: &'static str,
         /// How to install it.
-        hint: &'static str,
+        hint: String,
         /// Where it was looked for.
         searched: String,
+    },
+    /// The `--bin` path is not a file.
+    #[error(
+        "`--bin {}` does not exist or is not a file; give the path of the installed `{program}` \
+         program (`command -v {program}` prints it when it is on PATH)",
+        .path.display()
+    )]
+    BinMissing {
+        /// The program name.
+        program: &'static str,
+        /// The path given.
+        path: PathBuf,
     },
     /// `--version` failed or said something unexpected.
     #[error("failed to read the version of `{bin}`: {detail}")]
@@ -84,6 +97,7 @@ impl ClientError {
     pub fn code(&self) -> &'static str {
         match self {
             ClientError::NotFound { .. } => "client_not_found",
+            ClientError::BinMissing { .. } => "client_bin_missing",
             ClientError::Version { .. } => "client_version",
             ClientError::Io { .. } => "client_io",
         }
@@ -104,6 +118,39 @@ pub struct Invocation {
 }
 
 impl Client {
+    /// Every client `measure` drives with a scripted model.
+    pub const ALL: [Client; 11] = [
+        Client::Codex,
+        Client::ClaudeCode,
+        Client::GeminiCli,
+        Client::CopilotCli,
+        Client::QwenCode,
+        Client::OpenCode,
+        Client::KiloCode,
+        Client::Cline,
+        Client::ContinueCli,
+        Client::FastAgent,
+        Client::OpenAiAgents,
+    ];
+
+    /// The package the client is installed from (pinned in `matrices/clients/`).
+    pub fn package(self) -> Package {
+        let (registry, name) = match self {
+            Client::Codex => (Registry::Npm, "@openai/codex"),
+            Client::ClaudeCode => (Registry::Npm, "@anthropic-ai/claude-code"),
+            Client::GeminiCli => (Registry::Npm, "@google/gemini-cli"),
+            Client::CopilotCli => (Registry::Npm, "@github/copilot"),
+            Client::QwenCode => (Registry::Npm, "@qwen-code/qwen-code"),
+            Client::OpenCode => (Registry::Npm, "opencode-ai"),
+            Client::KiloCode => (Registry::Npm, "@kilocode/cli"),
+            Client::Cline => (Registry::Npm, "cline"),
+            Client::ContinueCli => (Registry::Npm, "@continuedev/cli"),
+            Client::FastAgent => (Registry::PyPi, "fast-agent-mcp"),
+            Client::OpenAiAgents => (Registry::PyPi, "openai-agents"),
+        };
+        Package { registry, name }
+    }
+
     /// The program's name on PATH and in `node_modules/.bin`.
     pub fn program(self) -> &'static str {
         match self {
@@ -187,14 +234,31 @@ impl Client {
         matches!(self, Client::FastAgent | Client::OpenAiAgents)
     }
 
-    /// How to install the pinned client.
-    pub fn install_hint(self) -> &'static str {
-        if self.is_python() {
-            "make the venv with the pinned Python clients: `python3.12 -m venv \
-             matrices/clients/.venv && matrices/clients/.venv/bin/python -m pip install -r \
-             matrices/clients/requirements.txt` (`.ci/run` does this)"
-        } else {
-            "install the pinned clients with `npm install --no-save --prefix matrices/clients`"
+    /// How to install the client: inside a callid checkout (`matrix_dir/clients` holds the
+    /// pinned versions) the command that installs the pinned one, elsewhere the package to
+    /// install.
+    pub fn install_hint(self, matrix_dir: &Path) -> String {
+        let clients = matrix_dir.join("clients");
+        let name = self.display().0;
+        let package = self.package();
+        match (self.is_python(), clients.join("package.json").is_file()) {
+            (false, true) => {
+                "install the pinned clients with `npm install --no-save --prefix matrices/clients`"
+                    .into()
+            }
+            (true, true) => "make the venv with the pinned Python clients: `python3.12 -m venv \
+                 matrices/clients/.venv && matrices/clients/.venv/bin/python -m pip install -r \
+                 matrices/clients/requirements.txt` (`.ci/run` does this)"
+                .into(),
+            (false, false) => format!(
+                "install {name} (npm package `{}`) so that `{}` is on PATH",
+                package.name,
+                self.program()
+            ),
+            (true, false) => format!(
+                "install {name} (PyPI package `{}`) in a Python virtual environment",
+                package.name
+            ),
         }
     }
 
@@ -236,15 +300,15 @@ impl Client {
         })
     }
 
-    /// The arguments of the scripted model's tool call: empty for the probe's tool itself, the
-    /// probe's tool by name for Qwen Code's `tool_call`.
-    pub fn tool_arguments(self) -> serde_json::Value {
+    /// The arguments of a scripted model tool call that passes `arguments` to the probe's tool:
+    /// `arguments` themselves, or for Qwen Code's `tool_call` the probe's tool by name with them.
+    pub fn tool_arguments(self, arguments: serde_json::Value) -> serde_json::Value {
         match self {
             Client::QwenCode => serde_json::json!({
                 "name": format!("mcp__{SERVER_NAME}__{TOOL}"),
-                "arguments": {},
+                "arguments": arguments,
             }),
-            _ => serde_json::json!({}),
+            _ => arguments,
         }
     }
 
@@ -270,13 +334,13 @@ impl Client {
             return if bin.is_file() {
                 Ok(std::path::absolute(bin).unwrap_or_else(|_| bin.to_owned()))
             } else {
-                Err(ClientError::NotFound {
+                Err(ClientError::BinMissing {
                     program: self.program(),
-                    hint: self.install_hint(),
-                    searched: bin.display().to_string(),
+                    path: bin.to_owned(),
                 })
             };
         }
+        let in_checkout = matrix_dir.join("clients/package.json").is_file();
         let local = if self.is_python() {
             matrix_dir.join("clients/.venv/bin").join(self.program())
         } else {
@@ -293,7 +357,7 @@ impl Client {
             // A `python` or `fast-agent` elsewhere on PATH is not the pinned one.
             return Err(ClientError::NotFound {
                 program: self.program(),
-                hint: self.install_hint(),
+                hint: self.install_hint(matrix_dir),
                 searched: local.display().to_string(),
             });
         }
@@ -307,8 +371,12 @@ impl Client {
         }
         Err(ClientError::NotFound {
             program: self.program(),
-            hint: self.install_hint(),
-            searched: format!("{} and PATH", local.display()),
+            hint: self.install_hint(matrix_dir),
+            searched: if in_checkout {
+                format!("{} and PATH", local.display())
+            } else {
+                "PATH".into()
+            },
         })
     }
 

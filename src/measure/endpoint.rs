@@ -3,7 +3,8 @@
 //! the Gemini API's `streamGenerateContent` (Gemini CLI).
 //!
 //! The endpoint plays the model. It answers the first main-loop request with the first step of
-//! its [`Script`] and each request that comes back from a tool with the next one. A request that does not offer the probe's tool (a title or quota side request) gets a
+//! its [`Script`] and each request that comes back from a tool with the next one. A step hands
+//! out one tool call, or several in one answer ([`Step::ToolCalls`]), in every wire format. A request that does not offer the probe's tool (a title or quota side request) gets a
 //! short text answer. After [`MAX_MODEL_REQUESTS`] requests every answer is final text, so a
 //! client that loops still stops.
 //!
@@ -55,8 +56,34 @@ pub enum Step {
         /// The model's tool-call id (`call_...` for Responses, `toolu_...` for Messages).
         id: String,
     },
+    /// Call the probe's tool several times in one answer, in this order.
+    ToolCalls(Vec<ScriptedCall>),
     /// End the turn with text.
     Text,
+}
+
+/// One tool call of a [`Step::ToolCalls`] answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScriptedCall {
+    /// The model's tool-call id.
+    pub id: String,
+    /// The arguments, exactly as the model passes them to the tool the client offers.
+    pub arguments: Value,
+}
+
+impl Step {
+    /// The tool calls this answer hands out (none for text); a [`Step::ToolCall`] carries the
+    /// script's `arguments`.
+    pub fn calls(&self, arguments: &Value) -> Vec<ScriptedCall> {
+        match self {
+            Step::ToolCall { id } => vec![ScriptedCall {
+                id: id.clone(),
+                arguments: arguments.clone(),
+            }],
+            Step::ToolCalls(calls) => calls.clone(),
+            Step::Text => Vec::new(),
+        }
+    }
 }
 
 /// What the endpoint does besides answering.
@@ -116,8 +143,8 @@ pub struct Seen {
     pub main_loop: bool,
     /// Tool results the request carried.
     pub tool_results: usize,
-    /// The tool-call id handed out in the answer, if any.
-    pub answered_call: Option<String>,
+    /// The tool-call ids handed out in the answer, in order.
+    pub answered_calls: Vec<String>,
 }
 
 #[derive(Default)]
@@ -186,6 +213,17 @@ impl Endpoint {
             .lock()
             .expect("endpoint state")
             .gave_up_while_frozen
+    }
+
+    /// Whether any answer so far handed out a tool call.
+    pub fn handed_out_tool_calls(&self) -> bool {
+        self.shared
+            .inner
+            .lock()
+            .expect("endpoint state")
+            .seen
+            .iter()
+            .any(|s| !s.answered_calls.is_empty())
     }
 
     /// Whether the MCP server is frozen right now.
@@ -281,7 +319,7 @@ async fn handle(
                 route,
                 main_loop: false,
                 tool_results: 0,
-                answered_call: None,
+                answered_calls: Vec::new(),
             });
         return match answer {
             Some(json) => (StatusCode::OK, axum::Json(json)).into_response(),
@@ -304,7 +342,7 @@ async fn handle(
                 route,
                 main_loop: false,
                 tool_results,
-                answered_call: None,
+                answered_calls: Vec::new(),
             });
         return (StatusCode::NOT_FOUND, "not scripted").into_response();
     }
@@ -329,7 +367,7 @@ async fn handle(
         };
         let hook_now = shared.script.hook != Hook::None
             && main_loop
-            && matches!(step, Step::ToolCall { .. })
+            && step != Step::Text
             && !inner.froze_once;
         (step, hook_now)
     };
@@ -358,44 +396,41 @@ async fn handle(
         thaw(&shared);
         tokio::time::sleep(Duration::from_millis(1500)).await;
     }
-    let answered_call = match &step {
-        Step::ToolCall { id } => Some(id.clone()),
-        Step::Text => None,
-    };
+    let script = &shared.script;
+    let calls = step.calls(&script.arguments);
+    let answered_calls: Vec<String> = calls.iter().map(|c| c.id.clone()).collect();
     let n = {
         let mut inner = shared.inner.lock().expect("endpoint state");
         inner.seen.push(Seen {
             route,
             main_loop,
             tool_results,
-            answered_call,
+            answered_calls,
         });
         inner.seen.len()
     };
-    let script = &shared.script;
     let (content_type, body) = match shared.wire {
-        Wire::Responses => ("text/event-stream", responses_sse(n, &step, &script.tool)),
+        Wire::Responses => ("text/event-stream", responses_sse(n, &calls, &script.tool)),
         Wire::Messages => (
             "text/event-stream",
-            messages_sse(n, &step, &script.tool, &request),
+            messages_sse(n, &calls, &script.tool, &request),
         ),
         Wire::ChatCompletions => {
             let streamed = request.get("stream").and_then(Value::as_bool) == Some(true);
-            let args = &script.arguments;
             if streamed {
                 (
                     "text/event-stream",
-                    chat_completion_sse(n, &step, &script.tool, args, &request),
+                    chat_completion_sse(n, &calls, &script.tool, &request),
                 )
             } else {
                 (
                     "application/json",
-                    chat_completion_json(n, &step, &script.tool, args, &request).to_string(),
+                    chat_completion_json(n, &calls, &script.tool, &request).to_string(),
                 )
             }
         }
         Wire::Gemini => {
-            let answer = gemini_response(n, &step, &script.tool, &script.arguments, path);
+            let answer = gemini_response(n, &calls, &script.tool, path);
             if path.ends_with(":streamGenerateContent") {
                 ("text/event-stream", format!("data: {answer}\r\n\r\n"))
             } else {
@@ -524,8 +559,9 @@ fn sse(out: &mut String, event: &str, data: Value) {
     out.push_str("\n\n");
 }
 
-/// The Responses API stream for one step.
-pub fn responses_sse(n: usize, step: &Step, tool: &ToolName) -> String {
+/// The Responses API stream for one answer: one output item per tool call, or a message when
+/// `calls` is empty.
+pub fn responses_sse(n: usize, calls: &[ScriptedCall], tool: &ToolName) -> String {
     let response_id = format!("resp_scripted{n:04}");
     let mut out = String::new();
     sse(
@@ -533,50 +569,55 @@ pub fn responses_sse(n: usize, step: &Step, tool: &ToolName) -> String {
         "response.created",
         json!({"type": "response.created", "response": {"id": response_id, "status": "in_progress", "output": []}}),
     );
-    let item = match step {
-        Step::ToolCall { id } => {
-            let (namespace, name) = match tool {
-                ToolName::Namespaced { namespace, name } => {
-                    (Some(namespace.as_str()), name.as_str())
-                }
-                ToolName::Flat(name) => (None, name.as_str()),
-            };
-            let mut item = json!({
-                "type": "function_call",
-                "id": format!("fc_scripted{n:04}"),
-                "call_id": id,
-                "name": name,
-                "arguments": "{}",
-                "status": "completed",
-            });
-            if let Some(ns) = namespace {
-                item["namespace"] = json!(ns);
-            }
-            item
-        }
-        Step::Text => json!({
+    let (namespace, name) = match tool {
+        ToolName::Namespaced { namespace, name } => (Some(namespace.as_str()), name.as_str()),
+        ToolName::Flat(name) => (None, name.as_str()),
+    };
+    let items: Vec<Value> = if calls.is_empty() {
+        vec![json!({
             "type": "message",
             "id": format!("msg_scripted{n:04}"),
             "role": "assistant",
             "status": "completed",
             "content": [{"type": "output_text", "text": FINAL_TEXT, "annotations": []}],
-        }),
+        })]
+    } else {
+        calls
+            .iter()
+            .enumerate()
+            .map(|(i, call)| {
+                let mut item = json!({
+                    "type": "function_call",
+                    "id": format!("fc_scripted{n:04}{i}"),
+                    "call_id": call.id,
+                    "name": name,
+                    "arguments": call.arguments.to_string(),
+                    "status": "completed",
+                });
+                if let Some(ns) = namespace {
+                    item["namespace"] = json!(ns);
+                }
+                item
+            })
+            .collect()
     };
-    sse(
-        &mut out,
-        "response.output_item.added",
-        json!({"type": "response.output_item.added", "output_index": 0, "item": item}),
-    );
-    sse(
-        &mut out,
-        "response.output_item.done",
-        json!({"type": "response.output_item.done", "output_index": 0, "item": item}),
-    );
+    for (i, item) in items.iter().enumerate() {
+        sse(
+            &mut out,
+            "response.output_item.added",
+            json!({"type": "response.output_item.added", "output_index": i, "item": item}),
+        );
+        sse(
+            &mut out,
+            "response.output_item.done",
+            json!({"type": "response.output_item.done", "output_index": i, "item": item}),
+        );
+    }
     sse(
         &mut out,
         "response.completed",
         json!({"type": "response.completed", "response": {
-            "id": response_id, "status": "completed", "output": [item],
+            "id": response_id, "status": "completed", "output": items,
             "usage": {"input_tokens": 10, "input_tokens_details": {"cached_tokens": 0},
                       "output_tokens": 5, "output_tokens_details": {"reasoning_tokens": 0},
                       "total_tokens": 15}}}),
@@ -584,8 +625,9 @@ pub fn responses_sse(n: usize, step: &Step, tool: &ToolName) -> String {
     out
 }
 
-/// The Messages API stream for one step.
-pub fn messages_sse(n: usize, step: &Step, tool: &ToolName, request: &Value) -> String {
+/// The Messages API stream for one answer: one `tool_use` block per tool call, or a text block
+/// when `calls` is empty.
+pub fn messages_sse(n: usize, calls: &[ScriptedCall], tool: &ToolName, request: &Value) -> String {
     let model = request
         .get("model")
         .and_then(Value::as_str)
@@ -599,47 +641,48 @@ pub fn messages_sse(n: usize, step: &Step, tool: &ToolName, request: &Value) -> 
             "model": model, "content": [], "stop_reason": null, "stop_sequence": null,
             "usage": {"input_tokens": 10, "output_tokens": 1}}}),
     );
-    let stop_reason = match step {
-        Step::ToolCall { id } => {
-            let name = match tool {
-                ToolName::Flat(name) => name.clone(),
-                ToolName::Namespaced { namespace, name } => format!("{namespace}__{name}"),
-            };
+    let stop_reason = if calls.is_empty() {
+        sse(
+            &mut out,
+            "content_block_start",
+            json!({"type": "content_block_start", "index": 0,
+                   "content_block": {"type": "text", "text": ""}}),
+        );
+        sse(
+            &mut out,
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": 0,
+                   "delta": {"type": "text_delta", "text": FINAL_TEXT}}),
+        );
+        sse(
+            &mut out,
+            "content_block_stop",
+            json!({"type": "content_block_stop", "index": 0}),
+        );
+        "end_turn"
+    } else {
+        let name = flat_name(tool);
+        for (i, call) in calls.iter().enumerate() {
             sse(
                 &mut out,
                 "content_block_start",
-                json!({"type": "content_block_start", "index": 0,
-                       "content_block": {"type": "tool_use", "id": id, "name": name, "input": {}}}),
+                json!({"type": "content_block_start", "index": i,
+                       "content_block": {"type": "tool_use", "id": call.id, "name": name, "input": {}}}),
             );
             sse(
                 &mut out,
                 "content_block_delta",
-                json!({"type": "content_block_delta", "index": 0,
-                       "delta": {"type": "input_json_delta", "partial_json": "{}"}}),
-            );
-            "tool_use"
-        }
-        Step::Text => {
-            sse(
-                &mut out,
-                "content_block_start",
-                json!({"type": "content_block_start", "index": 0,
-                       "content_block": {"type": "text", "text": ""}}),
+                json!({"type": "content_block_delta", "index": i,
+                       "delta": {"type": "input_json_delta", "partial_json": call.arguments.to_string()}}),
             );
             sse(
                 &mut out,
-                "content_block_delta",
-                json!({"type": "content_block_delta", "index": 0,
-                       "delta": {"type": "text_delta", "text": FINAL_TEXT}}),
+                "content_block_stop",
+                json!({"type": "content_block_stop", "index": i}),
             );
-            "end_turn"
         }
+        "tool_use"
     };
-    sse(
-        &mut out,
-        "content_block_stop",
-        json!({"type": "content_block_stop", "index": 0}),
-    );
     sse(
         &mut out,
         "message_delta",
@@ -671,19 +714,24 @@ const CHAT_USAGE: fn() -> Value =
 /// The Chat Completions answer for one step as one JSON object (`"stream": false`).
 pub fn chat_completion_json(
     n: usize,
-    step: &Step,
+    calls: &[ScriptedCall],
     tool: &ToolName,
-    arguments: &Value,
     request: &Value,
 ) -> Value {
-    let (message, finish) = match step {
-        Step::ToolCall { id } => (
-            json!({"role": "assistant", "content": null, "tool_calls": [{
-                "id": id, "type": "function",
-                "function": {"name": flat_name(tool), "arguments": arguments.to_string()}}]}),
+    let (message, finish) = if calls.is_empty() {
+        (json!({"role": "assistant", "content": FINAL_TEXT}), "stop")
+    } else {
+        let tool_calls: Vec<Value> = calls
+            .iter()
+            .map(|call| {
+                json!({"id": call.id, "type": "function",
+                       "function": {"name": flat_name(tool), "arguments": call.arguments.to_string()}})
+            })
+            .collect();
+        (
+            json!({"role": "assistant", "content": null, "tool_calls": tool_calls}),
             "tool_calls",
-        ),
-        Step::Text => (json!({"role": "assistant", "content": FINAL_TEXT}), "stop"),
+        )
     };
     json!({
         "id": format!("chatcmpl-scripted{n:04}"),
@@ -696,12 +744,12 @@ pub fn chat_completion_json(
 }
 
 /// The Chat Completions answer for one step as server-sent events (`"stream": true`): the
-/// role, the tool call's name and id, its arguments, the finish reason, a usage chunk, `[DONE]`.
+/// role, each tool call's name and id then its arguments (`index` 0, 1, ...), the finish
+/// reason, a usage chunk, `[DONE]`.
 pub fn chat_completion_sse(
     n: usize,
-    step: &Step,
+    calls: &[ScriptedCall],
     tool: &ToolName,
-    arguments: &Value,
     request: &Value,
 ) -> String {
     let chunk = |delta: Value, finish: Value| {
@@ -717,23 +765,22 @@ pub fn chat_completion_sse(
         json!({"role": "assistant", "content": ""}),
         Value::Null,
     )];
-    let finish = match step {
-        Step::ToolCall { id } => {
+    let finish = if calls.is_empty() {
+        chunks.push(chunk(json!({"content": FINAL_TEXT}), Value::Null));
+        "stop"
+    } else {
+        for (i, call) in calls.iter().enumerate() {
             chunks.push(chunk(
-                json!({"tool_calls": [{"index": 0, "id": id, "type": "function",
+                json!({"tool_calls": [{"index": i, "id": call.id, "type": "function",
                     "function": {"name": flat_name(tool), "arguments": ""}}]}),
                 Value::Null,
             ));
             chunks.push(chunk(
-                json!({"tool_calls": [{"index": 0, "function": {"arguments": arguments.to_string()}}]}),
+                json!({"tool_calls": [{"index": i, "function": {"arguments": call.arguments.to_string()}}]}),
                 Value::Null,
             ));
-            "tool_calls"
         }
-        Step::Text => {
-            chunks.push(chunk(json!({"content": FINAL_TEXT}), Value::Null));
-            "stop"
-        }
+        "tool_calls"
     };
     chunks.push(chunk(json!({}), json!(finish)));
     let mut usage = chunk(json!({}), Value::Null);
@@ -753,27 +800,25 @@ pub fn chat_completion_sse(
 /// The Gemini API answer for one step (`GenerateContentResponse`), streamed as one SSE event by
 /// `:streamGenerateContent` and sent as is by `:generateContent`. The model name comes from the
 /// path (`.../models/MODEL:method`).
-pub fn gemini_response(
-    n: usize,
-    step: &Step,
-    tool: &ToolName,
-    arguments: &Value,
-    path: &str,
-) -> Value {
+pub fn gemini_response(n: usize, calls: &[ScriptedCall], tool: &ToolName, path: &str) -> Value {
     let model = path
         .rsplit('/')
         .next()
         .and_then(|last| last.split(':').next())
         .filter(|m| !m.is_empty())
         .unwrap_or(SCRIPTED_MODEL);
-    let part = match step {
-        Step::ToolCall { id } => {
-            json!({"functionCall": {"id": id, "name": flat_name(tool), "args": arguments}})
-        }
-        Step::Text => json!({"text": FINAL_TEXT}),
+    let parts: Vec<Value> = if calls.is_empty() {
+        vec![json!({"text": FINAL_TEXT})]
+    } else {
+        calls
+            .iter()
+            .map(|call| {
+                json!({"functionCall": {"id": call.id, "name": flat_name(tool), "args": call.arguments}})
+            })
+            .collect()
     };
     json!({
-        "candidates": [{"content": {"role": "model", "parts": [part]}, "finishReason": "STOP", "index": 0}],
+        "candidates": [{"content": {"role": "model", "parts": parts}, "finishReason": "STOP", "index": 0}],
         "usageMetadata": {"promptTokenCount": 10, "candidatesTokenCount": 5, "totalTokenCount": 15},
         "modelVersion": model,
         "responseId": format!("scripted{n:04}"),
@@ -874,7 +919,7 @@ mod tests {
         assert_eq!(status, 404);
         let seen = ep.seen();
         assert_eq!(seen.len(), 4);
-        assert_eq!(seen[0].answered_call.as_deref(), Some("call_a"));
+        assert_eq!(seen[0].answered_calls, ["call_a"]);
         assert_eq!((seen[1].main_loop, seen[1].tool_results), (true, 1));
         assert!(!seen[2].main_loop);
     }
@@ -1033,7 +1078,7 @@ mod tests {
         assert_eq!(models["data"][0]["id"], SCRIPTED_MODEL);
         let seen = ep.seen();
         assert_eq!(seen.len(), 5);
-        assert_eq!(seen[1].answered_call.as_deref(), Some("call_b"));
+        assert_eq!(seen[1].answered_calls, ["call_b"]);
         assert!(!seen[3].main_loop && !seen[4].main_loop);
     }
 
@@ -1093,8 +1138,168 @@ mod tests {
         let (status, body) = post(&ep.base, "/v1beta/models/gemini-x:countTokens", json!({})).await;
         assert_eq!((status, body.contains("totalTokens")), (200, true));
         let seen = ep.seen();
-        assert_eq!(seen[0].answered_call.as_deref(), Some("gem_a"));
+        assert_eq!(seen[0].answered_calls, ["gem_a"]);
         assert_eq!((seen[1].main_loop, seen[1].tool_results), (true, 1));
+    }
+
+    fn two_calls() -> Vec<ScriptedCall> {
+        vec![
+            ScriptedCall {
+                id: "call_a".into(),
+                arguments: json!({"note": "first"}),
+            },
+            ScriptedCall {
+                id: "call_b".into(),
+                arguments: json!({"note": "second"}),
+            },
+        ]
+    }
+
+    /// (id, arguments) of every tool call in an answer, in order.
+    fn handed_out(pairs: impl IntoIterator<Item = (Value, Value)>) -> Vec<(String, Value)> {
+        pairs
+            .into_iter()
+            .map(|(id, args)| {
+                let args = match args {
+                    Value::String(text) => serde_json::from_str(&text).unwrap(),
+                    other => other,
+                };
+                (id.as_str().unwrap().to_owned(), args)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn one_answer_hands_out_every_call_in_every_wire() {
+        let calls = two_calls();
+        let want: Vec<(String, Value)> = calls
+            .iter()
+            .map(|c| (c.id.clone(), c.arguments.clone()))
+            .collect();
+        let flat = ToolName::Flat("probe_capabilities".into());
+        let namespaced = ToolName::Namespaced {
+            namespace: "mcp__probe".into(),
+            name: "capabilities".into(),
+        };
+        // Responses: one output item per call, each added and done at its own index.
+        let ev = events(&responses_sse(1, &calls, &namespaced));
+        let done: Vec<&Value> = ev
+            .iter()
+            .filter(|(e, _)| e == "response.output_item.done")
+            .map(|(_, d)| d)
+            .collect();
+        assert_eq!(
+            done.iter()
+                .map(|d| d["output_index"].clone())
+                .collect::<Vec<_>>(),
+            [json!(0), json!(1)]
+        );
+        let output = ev.last().unwrap().1["response"]["output"]
+            .as_array()
+            .unwrap();
+        assert_eq!(
+            handed_out(
+                output
+                    .iter()
+                    .map(|i| (i["call_id"].clone(), i["arguments"].clone()))
+            ),
+            want
+        );
+        assert!(output.iter().all(|i| i["namespace"] == "mcp__probe"));
+        // Messages: one tool_use block per call, its input streamed as JSON.
+        let ev = events(&messages_sse(1, &calls, &flat, &json!({})));
+        let ids = ev
+            .iter()
+            .filter(|(e, _)| e == "content_block_start")
+            .map(|(_, d)| d["content_block"]["id"].clone());
+        let inputs = ev
+            .iter()
+            .filter(|(e, _)| e == "content_block_delta")
+            .map(|(_, d)| d["delta"]["partial_json"].clone());
+        assert_eq!(handed_out(ids.zip(inputs)), want);
+        assert_eq!(
+            ev.iter().filter(|(e, _)| e == "content_block_stop").count(),
+            2
+        );
+        // Chat Completions, unstreamed and streamed.
+        let v = chat_completion_json(1, &calls, &flat, &json!({}));
+        let tool_calls = v["choices"][0]["message"]["tool_calls"].as_array().unwrap();
+        assert_eq!(
+            handed_out(
+                tool_calls
+                    .iter()
+                    .map(|c| (c["id"].clone(), c["function"]["arguments"].clone()))
+            ),
+            want
+        );
+        let body = chat_completion_sse(1, &calls, &flat, &json!({}));
+        let deltas: Vec<Value> = data_lines(&body)
+            .iter()
+            .filter(|d| *d != "[DONE]")
+            .map(|d| serde_json::from_str::<Value>(d).unwrap())
+            .filter_map(|c| {
+                c["choices"][0]["delta"]["tool_calls"][0]
+                    .as_object()
+                    .cloned()
+            })
+            .map(Value::Object)
+            .collect();
+        assert_eq!(
+            deltas
+                .iter()
+                .map(|d| d["index"].clone())
+                .collect::<Vec<_>>(),
+            [json!(0), json!(0), json!(1), json!(1)]
+        );
+        let ids = deltas.iter().step_by(2).map(|d| d["id"].clone());
+        let args = deltas
+            .iter()
+            .skip(1)
+            .step_by(2)
+            .map(|d| d["function"]["arguments"].clone());
+        assert_eq!(handed_out(ids.zip(args)), want);
+        // Gemini: one functionCall part per call.
+        let v = gemini_response(1, &calls, &flat, "/v1beta/models/g:generateContent");
+        let parts = v["candidates"][0]["content"]["parts"].as_array().unwrap();
+        assert_eq!(
+            handed_out(parts.iter().map(|p| (
+                p["functionCall"]["id"].clone(),
+                p["functionCall"]["args"].clone()
+            ))),
+            want
+        );
+    }
+
+    #[tokio::test]
+    async fn one_answer_then_text_once_both_results_come_back() {
+        let mut script = flat_script("probe_capabilities", &[], json!({}));
+        script.steps.insert(0, Step::ToolCalls(two_calls()));
+        let ep = Endpoint::start(Wire::ChatCompletions, script, None)
+            .await
+            .unwrap();
+        let tools = json!([{"type": "function", "function": {"name": "probe_capabilities", "parameters": {}}}]);
+        let user = json!({"role": "user", "content": "hi"});
+        let (_, body) = post(
+            &ep.base,
+            "/v1/chat/completions",
+            json!({"tools": tools, "messages": [user]}),
+        )
+        .await;
+        let v: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["choices"][0]["message"]["tool_calls"][1]["id"], "call_b");
+        let a = json!({"role": "tool", "tool_call_id": "call_a", "content": "ok"});
+        let b = json!({"role": "tool", "tool_call_id": "call_b", "content": "ok"});
+        let (_, body) = post(
+            &ep.base,
+            "/v1/chat/completions",
+            json!({"tools": tools, "messages": [user, a, b]}),
+        )
+        .await;
+        let v: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["choices"][0]["message"]["content"], FINAL_TEXT);
+        let seen = ep.seen();
+        assert_eq!(seen[0].answered_calls, ["call_a", "call_b"]);
+        assert!(seen[1].answered_calls.is_empty());
     }
 
     #[test]

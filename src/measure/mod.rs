@@ -1,12 +1,15 @@
 //! Measures real agent clients offline: the real client program, a scripted model endpoint on
 //! loopback instead of the vendor's API, and `callid probe` as its MCP server.
 //!
-//! [`measure`] runs every [`Scenario`](run::Scenario) in a fresh temporary home, classifies the
-//! main probe log with [`crate::classify`], reads the ID stability findings from all three, and
-//! returns the matrix row with the exact client version and the evidence logs.
+//! [`measure`] runs every [`Scenario`](run::Scenario) in a fresh temporary home (two tool calls in
+//! two turns, one id repeated in two turns, the server frozen or killed mid-call, two tool calls
+//! in one answer, two calls sharing one id in one answer), classifies the main probe log with
+//! [`crate::classify`], reads the ID stability findings from every run, and returns the matrix
+//! row with the exact client version and the evidence logs. It says which run starts, and every
+//! [`run::HEARTBEAT`] that a run is still going; [`answer`] words the row in one line.
 //!
-//! - [`endpoint`]: the scripted model (Responses API SSE for Codex, Messages API SSE for Claude
-//!   Code).
+//! - [`endpoint`]: the scripted model, in four wire formats (Responses API, Messages API, Chat
+//!   Completions, Gemini API), one tool call per answer or several in one.
 //! - [`client`]: how to run each client non-interactively with a temporary home and config.
 //! - [`run`]: one bounded scenario run, leaving the probe's shape log.
 //! - [`sdk`]: MCP client libraries and tools without a model (Inspector CLI, TypeScript and
@@ -42,8 +45,8 @@ pub enum MeasureError {
     Run(#[from] RunError),
     /// A scenario ran but the client never called the probe.
     #[error(
-        "{client} {version} made no `tools/call` to the probe in the `{scenario}` run (exit code \
-         {exit}, {timed_out}); its last output:\n{tail}"
+        "{client} {version} made no `tools/call` to the probe in the run with {scenario} (exit \
+         code {exit}, {timed_out}); its last output:\n{tail}"
     )]
     NoCall {
         /// The client.
@@ -61,8 +64,8 @@ pub enum MeasureError {
     },
     /// A scenario whose findings need the whole scripted conversation ran out of time.
     #[error(
-        "{client} {version} did not finish the `{scenario}` run within {secs} s, so its findings \
-         would be partial; run it again on a less loaded machine. Its last output:\n{tail}"
+        "{client} {version} did not finish the run with {scenario} within {secs} s, so its \
+         findings would be partial; run it again on a less loaded machine. Its last output:\n{tail}"
     )]
     TimedOut {
         /// The client.
@@ -110,37 +113,81 @@ pub struct Measurement {
     pub evidence: Vec<(String, Vec<u8>)>,
 }
 
+/// The one-line answer to "does this client send a per-call ID?" for a measured row, e.g.
+/// "Claude Code 2.1.332 sends a per-call ID: `claudecode/toolUseId`".
+pub fn answer(row: &ClientRow) -> String {
+    let who = match &row.version {
+        Some(v) => format!("{} {v}", row.client),
+        None => row.client.clone(),
+    };
+    match (&row.per_call_id, &row.reason) {
+        (Some(key), _) => format!("{who} sends a per-call ID: `{key}`"),
+        (None, Some(reason)) => {
+            format!("{who} sends no per-call ID that callid accepts (`{reason}`)")
+        }
+        (None, None) => format!("{who} sends no per-call ID that callid accepts"),
+    }
+}
+
+/// The package of the client that `callid measure --client SLUG` measures.
+pub fn package_of(slug: &str) -> Option<crate::matrix::outdated::Package> {
+    client::Client::ALL
+        .iter()
+        .find(|c| c.slug() == slug)
+        .map(|c| c.package())
+        .or_else(|| {
+            sdk::SdkClient::ALL
+                .iter()
+                .find(|c| c.slug() == slug)
+                .map(|c| c.package())
+        })
+}
+
 /// The row id of a measured client.
 pub fn row_id(client: Client) -> String {
     client.row_id()
 }
 
-/// Measures `client` (binary `bin`) with `callid` as the probe.
+/// Measures `client` (binary `bin`) with `callid` as the probe, telling `progress` which run
+/// starts and that a long one is still going.
 pub async fn measure(
     client: Client,
     bin: &Path,
     callid: &Path,
+    progress: run::Progress<'_>,
 ) -> Result<Measurement, MeasureError> {
     let version = client.version(bin)?;
+    progress(format!(
+        "measuring {} {version} (`{}`): {} runs of at most {} s each",
+        client.display().0,
+        bin.display(),
+        Scenario::ALL.len(),
+        run::SCENARIO_TIMEOUT.as_secs()
+    ));
     let mut runs: Vec<ScenarioRun> = Vec::new();
-    for scenario in Scenario::ALL {
+    for (n, scenario) in Scenario::ALL.into_iter().enumerate() {
         tracing::info!(client = client.slug(), ?scenario, "running scenario");
-        let run = run::run_scenario(client, bin, callid, scenario).await?;
+        progress(format!(
+            "run {} of {}: {}",
+            n + 1,
+            Scenario::ALL.len(),
+            scenario.name()
+        ));
+        let run = run::run_scenario(client, bin, callid, scenario, progress).await?;
+        // A run that recorded nothing at all (not even the handshake) leaves no log to read.
         let records = evidence::read_evidence(&row_id(client), &run.log).ok();
         let calls = records
             .as_deref()
             .map(analyze::tool_calls)
             .unwrap_or_default();
-        if calls.is_empty() {
+        // A client that was handed two calls in one answer and ran neither has a finding (it
+        // cannot take them); any other run without a call measured nothing.
+        let ran_neither = scenario.one_answer() && run.handed_out_tool_calls && !run.timed_out;
+        if calls.is_empty() && !ran_neither {
             return Err(MeasureError::NoCall {
                 client: client.slug(),
                 version,
-                scenario: match scenario {
-                    Scenario::TwoCalls => "two-calls",
-                    Scenario::DuplicateModelId => "duplicate-id",
-                    Scenario::Timeout => "timeout",
-                    Scenario::ServerDies => "server-dies",
-                },
+                scenario: scenario.name(),
                 exit: run
                     .exit_code
                     .map(|c| c.to_string())
@@ -153,17 +200,13 @@ pub async fn measure(
                 tail: run.output_tail.clone(),
             });
         }
-        // The two-calls and repeated-id findings count the calls of a whole conversation: one
-        // cut short by the time limit would understate them.
-        if run.timed_out && matches!(scenario, Scenario::TwoCalls | Scenario::DuplicateModelId) {
+        // Every finding but (c) counts the calls of a whole conversation: one cut short by the
+        // time limit would understate them.
+        if run.timed_out && !matches!(scenario, Scenario::Timeout | Scenario::ServerDies) {
             return Err(MeasureError::TimedOut {
                 client: client.slug(),
                 version,
-                scenario: if scenario == Scenario::TwoCalls {
-                    "two-calls"
-                } else {
-                    "duplicate-id"
-                },
+                scenario: scenario.name(),
                 secs: run::SCENARIO_TIMEOUT.as_secs(),
                 tail: run.output_tail.clone(),
             });
@@ -206,6 +249,14 @@ pub async fn measure(
             }
             Scenario::Timeout => stability.on_timeout = analyze::on_timeout(&calls),
             Scenario::ServerDies => stability.on_server_death = analyze::on_timeout(&calls),
+            Scenario::OneAnswerTwoIds => {
+                stability.one_answer_two_ids =
+                    analyze::one_answer(&calls, &run.scenario.call_arguments());
+            }
+            Scenario::OneAnswerSameId => {
+                stability.one_answer_same_id =
+                    analyze::one_answer(&calls, &run.scenario.call_arguments());
+            }
         }
         let bytes = std::fs::read(&run.log).map_err(|source| RunError::Io {
             what: format!("read the probe log `{}`", run.log.display()),

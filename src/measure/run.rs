@@ -10,7 +10,7 @@
 //! `initialize`; the row's `protocol` records which (see [`crate::matrix::evidence::protocol_of`]).
 
 use super::client::{Client, ClientError};
-use super::endpoint::{Endpoint, Hook, Script, Step};
+use super::endpoint::{Endpoint, Hook, Script, ScriptedCall, Step};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -19,22 +19,40 @@ use std::time::Duration;
 /// leaves it room to start, and ends its server-dies run.
 pub const SCENARIO_TIMEOUT: Duration = Duration::from_secs(180);
 
+/// How often a run still going says so.
+pub const HEARTBEAT: Duration = Duration::from_secs(10);
+
+/// Where progress lines go (`measure` prints them on stderr).
+pub type Progress<'a> = &'a (dyn Fn(String) + Sync);
+
 pub use crate::classify::runs::Scenario;
 
 /// What `measure` plays for each run (the names and ids are [`Scenario`]'s own).
 impl Scenario {
     /// The script the endpoint plays.
     pub fn script(self, client: Client) -> Script {
-        let mut steps: Vec<Step> = self
+        let calls: Vec<ScriptedCall> = self
             .model_ids(client.id_style())
             .into_iter()
-            .map(|id| Step::ToolCall { id })
+            .zip(self.call_arguments())
+            .map(|(id, arguments)| ScriptedCall {
+                id,
+                arguments: client.tool_arguments(arguments),
+            })
             .collect();
+        let mut steps: Vec<Step> = if self.one_answer() {
+            vec![Step::ToolCalls(calls)]
+        } else {
+            calls
+                .into_iter()
+                .map(|call| Step::ToolCall { id: call.id })
+                .collect()
+        };
         steps.push(Step::Text);
         Script {
             steps,
             tool: client.tool_name(),
-            arguments: client.tool_arguments(),
+            arguments: client.tool_arguments(serde_json::json!({})),
             hook: match self {
                 Scenario::Timeout => Hook::FreezeServerDuringFirstCall,
                 Scenario::ServerDies => Hook::KillServerDuringFirstCall,
@@ -58,6 +76,8 @@ pub struct ScenarioRun {
     /// Whether the client came back to the model while its MCP server was frozen (it gave up
     /// on the call rather than waiting for the server to be thawed).
     pub gave_up_while_frozen: bool,
+    /// Whether the scripted model handed out at least one tool call.
+    pub handed_out_tool_calls: bool,
     /// The end of the client's stderr and stdout, for error messages.
     pub output_tail: String,
     /// The temporary home, held so that it is removed only when the run is dropped.
@@ -86,12 +106,14 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> RunError {
     move |source| RunError::Io { what, source }
 }
 
-/// Runs `scenario` for `client` (binary `bin`) with `callid` as the probe binary.
+/// Runs `scenario` for `client` (binary `bin`) with `callid` as the probe binary, telling
+/// `progress` every [`HEARTBEAT`] while the client runs.
 pub async fn run_scenario(
     client: Client,
     bin: &Path,
     callid: &Path,
     scenario: Scenario,
+    progress: Progress<'_>,
 ) -> Result<ScenarioRun, RunError> {
     let home = tempfile::Builder::new()
         .prefix("callid-measure-")
@@ -153,14 +175,31 @@ pub async fn run_scenario(
         .spawn()
         .map_err(io(format!("start `{}`", invocation.program.display())))?;
     let pgid = child.id();
-    let (exit_code, timed_out) = match tokio::time::timeout(SCENARIO_TIMEOUT, child.wait()).await {
-        Ok(status) => (status.map_err(io("wait for the client"))?.code(), false),
-        Err(_) => (None, true),
+    let (exit_code, timed_out) = {
+        let started = tokio::time::Instant::now();
+        let deadline = tokio::time::sleep(SCENARIO_TIMEOUT);
+        let mut heartbeat = tokio::time::interval_at(started + HEARTBEAT, HEARTBEAT);
+        let wait = child.wait();
+        tokio::pin!(deadline, wait);
+        loop {
+            tokio::select! {
+                status = &mut wait => {
+                    break (status.map_err(io("wait for the client"))?.code(), false);
+                }
+                _ = &mut deadline => break (None, true),
+                _ = heartbeat.tick() => progress(format!(
+                    "  still running ({} s of at most {} s)",
+                    started.elapsed().as_secs(),
+                    SCENARIO_TIMEOUT.as_secs()
+                )),
+            }
+        }
     };
     // A client that exits while its server is still frozen gave up on the call as surely as one
     // that went back to the model; the thawed server then gets a moment to log what it was sent.
     let frozen_at_exit = !timed_out && endpoint.is_frozen();
     let gave_up_while_frozen = endpoint.client_gave_up() || frozen_at_exit;
+    let handed_out_tool_calls = endpoint.handed_out_tool_calls();
     endpoint.thaw();
     if frozen_at_exit {
         tokio::time::sleep(Duration::from_millis(1500)).await;
@@ -184,6 +223,7 @@ pub async fn run_scenario(
         exit_code,
         timed_out,
         gave_up_while_frozen,
+        handed_out_tool_calls,
         output_tail,
         _home: home,
     })

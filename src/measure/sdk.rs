@@ -12,6 +12,7 @@
 use super::{MeasureError, Measurement, run::RunError, today};
 use crate::matrix::data::How;
 use crate::matrix::evidence;
+use crate::matrix::outdated::{Package, Registry};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -35,6 +36,25 @@ pub enum SdkClient {
 }
 
 impl SdkClient {
+    /// Every client library or tool measured without a model.
+    pub const ALL: [SdkClient; 4] = [
+        SdkClient::Inspector,
+        SdkClient::TsSdk,
+        SdkClient::PythonSdk,
+        SdkClient::Rmcp,
+    ];
+
+    /// The package the client comes from (rmcp's is the one callid is built with).
+    pub fn package(self) -> Package {
+        let (registry, name) = match self {
+            SdkClient::Inspector => (Registry::Npm, "@modelcontextprotocol/inspector"),
+            SdkClient::TsSdk => (Registry::Npm, "@modelcontextprotocol/sdk"),
+            SdkClient::PythonSdk => (Registry::PyPi, "mcp"),
+            SdkClient::Rmcp => (Registry::CratesIo, "rmcp"),
+        };
+        Package { registry, name }
+    }
+
     /// Short name used in `--client`, row ids and evidence files.
     pub fn slug(self) -> &'static str {
         match self {

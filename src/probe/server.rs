@@ -68,7 +68,10 @@ impl ProbeServer {
     pub fn tool() -> Tool {
         let schema: Map<String, Value> = serde_json::from_value(json!({
             "type": "object",
-            "properties": {},
+            "properties": {"note": {
+                "type": "string",
+                "description": "Optional and ignored: lets a measurement tell two calls apart.",
+            }},
             "additionalProperties": false,
         }))
         .expect("a schema object");
@@ -76,7 +79,7 @@ impl ProbeServer {
             CAPABILITIES_TOOL,
             "Report whether this MCP client sends a trusted per-call ID: the identity verdict \
              for this very call and the `_meta` keys it carried (names, types and lengths; never \
-             values). Read-only; takes no arguments.",
+             values). Read-only; its one optional argument, `note`, is ignored.",
             Arc::new(schema),
         )
         .with_annotations(

@@ -21,6 +21,7 @@ mod hardening_transport;
 mod identity_sources;
 mod matrix;
 mod measure_clients;
+mod measure_installed;
 mod message_text;
 mod module_graph;
 mod newcomer;

@@ -184,6 +184,20 @@ fn a_row_that_disagrees_with_its_evidence_fails_the_check() {
             "evidence_disagrees",
         ),
         ("  - itemId\n", "", "call_level_keys", "evidence_disagrees"),
+        // Codex ran both calls of the one answer that shared an id, not only the first.
+        (
+            "one_answer_same_id: both-shared-id",
+            "one_answer_same_id: only-first",
+            "stability.one_answer_same_id",
+            "evidence_disagrees",
+        ),
+        // A finding needs its run's evidence file.
+        (
+            "    - evidence/codex-0.171.0.one-answer.jsonl\n",
+            "",
+            "no such evidence file",
+            "evidence_disagrees",
+        ),
         (
             "version: 0.171.0",
             "version: 0.172.0",
@@ -357,4 +371,66 @@ fn router_column(md: &str, header: &str) -> Vec<String> {
         .filter(|l| l.starts_with("| `"))
         .map(|l| cells(l)[at].clone())
         .collect()
+}
+
+/// A port on 127.0.0.1 that nothing listens on (bound, then released).
+fn closed_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().port()
+}
+
+/// `callid matrix outdated --dir DIR` with `envs`.
+fn outdated(dir: &Path, envs: &[(&str, String)]) -> Output {
+    Command::new(bin())
+        .args(["matrix", "outdated", "--dir", dir.to_str().unwrap()])
+        .envs(envs.iter().map(|(k, v)| (*k, v.as_str())))
+        .env_remove("CALLID_LOG")
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn outdated_without_a_registry_says_so_and_exits_2() {
+    let (tmp, dir) = fixture();
+    let port = closed_port();
+    let out = outdated(
+        &dir,
+        &[
+            ("npm_config_registry", format!("http://127.0.0.1:{port}/")),
+            ("CALLID_PYPI_URL", format!("http://127.0.0.1:{port}/pypi")),
+        ],
+    );
+    let text = transcript(&out, tmp.path());
+    assert_eq!(out.status.code(), Some(2), "{text}");
+    assert!(
+        text.contains("failed to ask npm for the latest version of `@openai/codex`")
+            && text.contains("check the network connection"),
+        "{text}"
+    );
+    // Nothing is called current or stale when the registry could not be asked.
+    assert!(out.stdout.is_empty(), "{text}");
+}
+
+#[test]
+fn outdated_lists_a_row_measured_on_an_older_version() {
+    let (tmp, dir) = fixture();
+    let clients = dir.join("clients.yaml");
+    let text = std::fs::read_to_string(&clients).unwrap();
+    assert!(text.contains("version: 0.171.0"));
+    std::fs::write(&clients, text.replace("version: 0.171.0", "version: 0.1.0")).unwrap();
+    let out = outdated(&dir, &[]);
+    let text = transcript(&out, tmp.path());
+    if out.status.code() == Some(2) && std::env::var_os("CALLID_REQUIRE_CLIENTS").is_none() {
+        eprintln!("SKIP: the npm registry cannot be reached here:\n{text}");
+        return;
+    }
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.starts_with(
+            "stale: Codex CLI (`codex-cli`) measured on 0.1.0, npm `@openai/codex` is at "
+        ) && stdout.contains("run `callid measure --client codex --update`"),
+        "{text}"
+    );
+    assert!(text.contains("1 of 1 measured rows are behind"), "{text}");
 }

@@ -272,7 +272,7 @@ async fn stdio_probe_records_every_request() {
         )
         .await
         .unwrap();
-    // The schema takes no arguments; the answer still names the smuggled identity.
+    // The schema has no such argument; the answer still names the smuggled identity.
     assert_eq!(
         smuggled
             .structured()
