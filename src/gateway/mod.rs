@@ -104,6 +104,8 @@ pub(crate) struct GatewayOptions {
     pub upstream: UpstreamSpec,
     /// How long to wait for an upstream answer.
     pub upstream_timeout: Duration,
+    /// How long to wait for the upstream's answer to a request passed through.
+    pub passthrough_timeout: Duration,
     /// The longest message read from an upstream child (`--upstream-max-message-bytes`).
     pub upstream_max_message_bytes: usize,
     /// Prefix of private keys.
@@ -166,7 +168,9 @@ pub(crate) async fn run(
         options.upstream,
         gateway.describe_spend_tools()
     ));
-    let server = server::GatewayServer::new(Arc::new(gateway), info);
+    // Every agent connection opens its own upstream connection: the start-up one is not kept.
+    gateway.upstream().disconnect().await;
+    let server = server::GatewayServer::new(Arc::new(gateway), info, options.passthrough_timeout);
     match bound {
         Some(bound) => server::serve_http(server, bound).await,
         None => server::serve_stdio(server).await,
