@@ -224,10 +224,18 @@ impl Relay {
         if let Some(id) = originating {
             request.extensions_mut().insert(OriginatingRequestId(id));
         }
-        let mut handle = agent
-            .send_request_with_option(request, PeerRequestOptions::no_options())
-            .await
-            .map_err(|e| agent_failed(method, e))?;
+        // Sent from a task of its own: rmcp marks a request sent from within a handler as
+        // caused by the request being handled (the upstream's, unknown to the agent's session),
+        // which would replace the agent's request named above.
+        let sender = agent.clone();
+        let mut handle = tokio::spawn(async move {
+            sender
+                .send_request_with_option(request, PeerRequestOptions::no_options())
+                .await
+        })
+        .await
+        .unwrap_or(Err(ServiceError::TransportClosed))
+        .map_err(|e| agent_failed(method, e))?;
         tokio::select! {
             answer = &mut handle.rx => match answer {
                 Ok(Ok(result)) => Ok(result),

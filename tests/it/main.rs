@@ -13,6 +13,7 @@ mod gateway;
 mod gateway_at_most_once;
 mod gateway_everything;
 mod gateway_relay;
+mod gateway_transparent;
 mod gateway_upstream;
 mod hardening_money;
 mod hardening_transport;
