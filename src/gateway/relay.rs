@@ -49,7 +49,7 @@ use rmcp::model::LoggingMessageNotificationParam;
 #[allow(deprecated)]
 use rmcp::model::{
     ClientCapabilities, ClientConfig, ClientResult,
-    CreateMessageRequest, CreateMessageRequestParams, CreateMessageResult, ElicitRequest,
+    CreateMessageRequest, CreateMessageRequestParams, CustomRequest, CustomResult, CreateMessageResult, ElicitRequest,
     ElicitRequestParams, ElicitResult, ErrorCode, GetExtensions, GetMeta, JsonRpcMessage,
     JsonRpcNotification, JsonRpcRequest, ListRootsRequest, ListRootsResult,
     ProgressNotificationParam, ProgressToken, RequestId, ResourceUpdatedNotificationParam,
@@ -177,7 +177,11 @@ impl Relay {
 
     /// The agent that answers the upstream's requests on this connection, if it announced
     /// `capability`; else the error the upstream gets, saying why nobody can answer.
-    fn answerer(&self, method: &str, capability: Capability) -> Result<Peer<RoleServer>, McpError> {
+    fn answerer(
+        &self,
+        method: &str,
+        capability: Option<Capability>,
+    ) -> Result<Peer<RoleServer>, McpError> {
         let agent = lock(&self.state.agents)
             .iter()
             .find(|a| !a.peer.is_transport_closed())
@@ -191,6 +195,9 @@ impl Relay {
                 ),
                 None,
             ));
+        };
+        let Some(capability) = capability else {
+            return Ok(agent);
         };
         let caps = self.state.client.as_ref().map(|c| &c.capabilities);
         if !caps.is_some_and(|c| capability.announced(c)) {
@@ -213,10 +220,10 @@ impl Relay {
         &self,
         mut request: ServerRequest,
         method: &str,
-        capability: Capability,
+        capability: impl Into<Option<Capability>>,
         cancelled: impl std::future::Future<Output = ()>,
     ) -> Result<ClientResult, McpError> {
-        let agent = self.answerer(method, capability)?;
+        let agent = self.answerer(method, capability.into())?;
         let originating = match lock(&self.state.in_flight).as_slice() {
             [only] => Some(only.clone()),
             _ => None,
@@ -534,6 +541,30 @@ impl ClientHandler for Relay {
         caps.elicitation = agent.capabilities.elicitation.clone();
         caps.roots = agent.capabilities.roots.clone();
         ClientConfig::new(caps, agent.client_info.clone())
+    }
+
+    /// A request rmcp does not parse as one of its own (an SDK's newer or laxer form of
+    /// `sampling/createMessage` or `elicitation/create`, or a method rmcp does not know) goes to
+    /// the agent as it came, under the same capability rule; its answer comes back as it came.
+    async fn on_custom_request(
+        &self,
+        request: CustomRequest,
+        context: RequestContext<RoleClient>,
+    ) -> Result<CustomResult, McpError> {
+        let method = request.method.clone();
+        let capability = match method.as_str() {
+            "sampling/createMessage" => Some(Capability::Sampling),
+            "elicitation/create" => Some(Capability::Elicitation),
+            "roots/list" => Some(Capability::Roots),
+            _ => None,
+        };
+        let request = ServerRequest::CustomRequest(request);
+        let answer = self
+            .ask(request, &method, capability, context.ct.cancelled_owned())
+            .await?;
+        serde_json::to_value(answer)
+            .map(CustomResult)
+            .map_err(|_| unexpected(&method))
     }
 
     #[allow(deprecated)]

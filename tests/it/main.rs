@@ -11,6 +11,7 @@ mod conform_replicas;
 mod conform_upstream;
 mod gateway;
 mod gateway_at_most_once;
+mod gateway_conformance;
 mod gateway_everything;
 mod gateway_relay;
 mod gateway_transparent;
