@@ -48,8 +48,8 @@
 use rmcp::model::LoggingMessageNotificationParam;
 #[allow(deprecated)]
 use rmcp::model::{
-    ClientCapabilities, ClientConfig, ClientResult,
-    CreateMessageRequest, CreateMessageRequestParams, CustomRequest, CustomResult, CreateMessageResult, ElicitRequest,
+    ClientCapabilities, ClientConfig, ClientResult, CreateMessageRequest,
+    CreateMessageRequestParams, CreateMessageResult, CustomRequest, CustomResult, ElicitRequest,
     ElicitRequestParams, ElicitResult, ErrorCode, GetExtensions, GetMeta, JsonRpcMessage,
     JsonRpcNotification, JsonRpcRequest, ListRootsRequest, ListRootsResult,
     ProgressNotificationParam, ProgressToken, RequestId, ResourceUpdatedNotificationParam,
@@ -574,7 +574,15 @@ impl ClientHandler for Relay {
         context: RequestContext<RoleClient>,
     ) -> Result<CreateMessageResult, McpError> {
         let request = ServerRequest::CreateMessageRequest(CreateMessageRequest::new(params));
-        match self.ask(request, "sampling/createMessage", Capability::Sampling, context.ct.cancelled_owned()).await? {
+        match self
+            .ask(
+                request,
+                "sampling/createMessage",
+                Capability::Sampling,
+                context.ct.cancelled_owned(),
+            )
+            .await?
+        {
             ClientResult::CreateMessageResult(r) => Ok(*r),
             _ => Err(unexpected("sampling/createMessage")),
         }
@@ -586,7 +594,15 @@ impl ClientHandler for Relay {
         context: RequestContext<RoleClient>,
     ) -> Result<ElicitResult, McpError> {
         let request = ServerRequest::ElicitRequest(ElicitRequest::new(params));
-        match self.ask(request, "elicitation/create", Capability::Elicitation, context.ct.cancelled_owned()).await? {
+        match self
+            .ask(
+                request,
+                "elicitation/create",
+                Capability::Elicitation,
+                context.ct.cancelled_owned(),
+            )
+            .await?
+        {
             ClientResult::ElicitResult(r) => Ok(r),
             _ => Err(unexpected("elicitation/create")),
         }
@@ -598,7 +614,15 @@ impl ClientHandler for Relay {
         context: RequestContext<RoleClient>,
     ) -> Result<ListRootsResult, McpError> {
         let request = ServerRequest::ListRootsRequest(ListRootsRequest::default());
-        match self.ask(request, "roots/list", Capability::Roots, context.ct.cancelled_owned()).await? {
+        match self
+            .ask(
+                request,
+                "roots/list",
+                Capability::Roots,
+                context.ct.cancelled_owned(),
+            )
+            .await?
+        {
             ClientResult::ListRootsResult(r) => Ok(r),
             _ => Err(unexpected("roots/list")),
         }

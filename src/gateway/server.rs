@@ -157,7 +157,9 @@ impl GatewayServer {
         let Some(answer) = answer else {
             if timed_out {
                 let _ = handle
-                    .cancel(Some("no answer within the gateway's `--passthrough-timeout`".into()))
+                    .cancel(Some(
+                        "no answer within the gateway's `--passthrough-timeout`".into(),
+                    ))
                     .await;
                 return Err(self.timed_out("tools/call"));
             }
@@ -289,8 +291,10 @@ impl ServerHandler for GatewayServer {
         context: RequestContext<RoleServer>,
     ) -> Result<(), McpError> {
         let peer = self.upstream_peer(&context.peer).await?;
-        self.limited("resources/subscribe", async { peer.subscribe(request).await.map_err(forwarded) })
-            .await
+        self.limited("resources/subscribe", async {
+            peer.subscribe(request).await.map_err(forwarded)
+        })
+        .await
     }
 
     #[allow(deprecated)]
@@ -300,8 +304,10 @@ impl ServerHandler for GatewayServer {
         context: RequestContext<RoleServer>,
     ) -> Result<(), McpError> {
         let peer = self.upstream_peer(&context.peer).await?;
-        self.limited("resources/unsubscribe", async { peer.unsubscribe(request).await.map_err(forwarded) })
-            .await
+        self.limited("resources/unsubscribe", async {
+            peer.unsubscribe(request).await.map_err(forwarded)
+        })
+        .await
     }
 
     async fn call_tool(
@@ -340,8 +346,10 @@ impl ServerHandler for GatewayServer {
         context: RequestContext<RoleServer>,
     ) -> Result<ListResourcesResult, McpError> {
         let peer = self.upstream_peer(&context.peer).await?;
-        self.limited("resources/list", async { peer.list_resources(request).await.map_err(forwarded) })
-            .await
+        self.limited("resources/list", async {
+            peer.list_resources(request).await.map_err(forwarded)
+        })
+        .await
     }
 
     async fn list_resource_templates(
@@ -350,8 +358,12 @@ impl ServerHandler for GatewayServer {
         context: RequestContext<RoleServer>,
     ) -> Result<ListResourceTemplatesResult, McpError> {
         let peer = self.upstream_peer(&context.peer).await?;
-        self.limited("resources/templates/list", async { peer.list_resource_templates(request).await.map_err(forwarded) })
-            .await
+        self.limited("resources/templates/list", async {
+            peer.list_resource_templates(request)
+                .await
+                .map_err(forwarded)
+        })
+        .await
     }
 
     async fn read_resource(
@@ -360,8 +372,10 @@ impl ServerHandler for GatewayServer {
         context: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, McpError> {
         let peer = self.upstream_peer(&context.peer).await?;
-        self.limited("resources/read", async { peer.read_resource_once(request).await.map_err(forwarded) })
-            .await
+        self.limited("resources/read", async {
+            peer.read_resource_once(request).await.map_err(forwarded)
+        })
+        .await
     }
 
     async fn list_prompts(
@@ -370,8 +384,10 @@ impl ServerHandler for GatewayServer {
         context: RequestContext<RoleServer>,
     ) -> Result<ListPromptsResult, McpError> {
         let peer = self.upstream_peer(&context.peer).await?;
-        self.limited("prompts/list", async { peer.list_prompts(request).await.map_err(forwarded) })
-            .await
+        self.limited("prompts/list", async {
+            peer.list_prompts(request).await.map_err(forwarded)
+        })
+        .await
     }
 
     async fn get_prompt(
@@ -380,8 +396,10 @@ impl ServerHandler for GatewayServer {
         context: RequestContext<RoleServer>,
     ) -> Result<GetPromptResponse, McpError> {
         let peer = self.upstream_peer(&context.peer).await?;
-        self.limited("prompts/get", async { peer.get_prompt_once(request).await.map_err(forwarded) })
-            .await
+        self.limited("prompts/get", async {
+            peer.get_prompt_once(request).await.map_err(forwarded)
+        })
+        .await
     }
 
     async fn complete(
@@ -390,8 +408,10 @@ impl ServerHandler for GatewayServer {
         context: RequestContext<RoleServer>,
     ) -> Result<CompleteResult, McpError> {
         let peer = self.upstream_peer(&context.peer).await?;
-        self.limited("completion/complete", async { peer.complete(request).await.map_err(forwarded) })
-            .await
+        self.limited("completion/complete", async {
+            peer.complete(request).await.map_err(forwarded)
+        })
+        .await
     }
 }
 

@@ -12,9 +12,7 @@
 //! ([`shown`]) before it goes into an [`UpstreamError`].
 
 use super::relay::{Ordered, Relay};
-use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, ServerCapabilities, ServerConfig,
-};
+use rmcp::model::{CallToolRequestParams, CallToolResponse, ServerCapabilities, ServerConfig};
 use rmcp::service::{Peer, RunningService};
 use rmcp::{RoleClient, ServiceError, ServiceExt};
 use std::sync::Arc;
@@ -210,7 +208,7 @@ impl Upstream {
     /// Closes the connection now (a child is stopped); the next request opens a new one.
     pub async fn disconnect(&self) {
         let service = self.conn.lock().await.take();
-        if let Some(service) = service.and_then(|s| Arc::into_inner(s)) {
+        if let Some(service) = service.and_then(Arc::into_inner) {
             let _ = service.cancel().await;
         }
     }

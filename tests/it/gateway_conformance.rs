@@ -70,7 +70,12 @@ async fn suite(url: &str, dir: &Path) -> (BTreeSet<String>, BTreeSet<String>) {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let summary = stdout
         .split_once("=== SUMMARY ===")
-        .unwrap_or_else(|| panic!("no summary: {stdout}\n{}", String::from_utf8_lossy(&out.stderr)))
+        .unwrap_or_else(|| {
+            panic!(
+                "no summary: {stdout}\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })
         .1;
     let (mut passed, mut all) = (BTreeSet::new(), BTreeSet::new());
     for line in summary.lines() {
@@ -122,12 +127,8 @@ async fn every_conformance_scenario_that_passes_directly_passes_through_the_gate
     ]
     .map(String::from)
     .to_vec();
-    let (gateway_url, _gateway) = crate::common::mcp::spawn_http(
-        &args,
-        "callid gateway",
-        Duration::from_secs(30),
-    )
-    .await;
+    let (gateway_url, _gateway) =
+        crate::common::mcp::spawn_http(&args, "callid gateway", Duration::from_secs(30)).await;
     let (through, _) = suite(&gateway_url, dir.path()).await;
     let lost: Vec<&String> = direct.difference(&through).collect();
     assert!(

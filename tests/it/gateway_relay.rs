@@ -306,7 +306,9 @@ async fn a_changed_tool_list_is_relayed_and_listed_again_with_the_start_up_check
 
 /// `callid gateway --http` in front of the chatty upstream: the MCP URL, the process (killed when
 /// dropped), the upstream's log, and the directory holding both.
-pub(super) async fn start_http(extra: &[&str]) -> (String, tokio::process::Child, PathBuf, tempfile::TempDir) {
+pub(super) async fn start_http(
+    extra: &[&str],
+) -> (String, tokio::process::Child, PathBuf, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("upstream.jsonl");
     let mut with_http = vec!["--http", "127.0.0.1:0"];

@@ -54,9 +54,11 @@ impl Agent {
             id: String::new(),
         };
         let init = agent
-            .post(json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            .post(
+                json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
                 "protocolVersion": "2025-06-18", "capabilities": capabilities,
-                "clientInfo": {"name": name, "version": "1"}}}))
+                "clientInfo": {"name": name, "version": "1"}}}),
+            )
             .await;
         agent.id = init.headers()["mcp-session-id"]
             .to_str()
@@ -127,7 +129,9 @@ impl Agent {
             let message = events.next().await;
             if message.get("method").is_some() && message.get("id").is_some() {
                 let reply = self
-                    .post(json!({"jsonrpc": "2.0", "id": message["id"], "result": answer(&message)}))
+                    .post(
+                        json!({"jsonrpc": "2.0", "id": message["id"], "result": answer(&message)}),
+                    )
                     .await;
                 assert!(reply.status().is_success(), "{}", reply.status());
                 asked.push(message);
@@ -209,16 +213,19 @@ async fn sampling_and_roots_reach_the_agent_and_an_agent_without_the_capability_
         .await;
     assert_eq!(asked[0]["method"], "sampling/createMessage");
     assert_eq!(result["answer"]["content"]["text"], "hello", "{result}");
-    let mut events = able
-        .call(2, "ask", json!({"method": "roots/list"}))
-        .await;
+    let mut events = able.call(2, "ask", json!({"method": "roots/list"})).await;
     let (asked, result) = able
-        .serve_until_answer(&mut events, 2, |_| {
-            json!({"roots": [{"uri": "file:///work", "name": "work"}]})
-        })
+        .serve_until_answer(
+            &mut events,
+            2,
+            |_| json!({"roots": [{"uri": "file:///work", "name": "work"}]}),
+        )
         .await;
     assert_eq!(asked[0]["method"], "roots/list");
-    assert_eq!(result["answer"]["roots"][0]["uri"], "file:///work", "{result}");
+    assert_eq!(
+        result["answer"]["roots"][0]["uri"], "file:///work",
+        "{result}"
+    );
 
     // An agent that announced none of them is never asked, and the upstream hears why.
     let unable = Agent::open(&url, "unable", json!({})).await;
@@ -254,9 +261,13 @@ async fn no_log_line_of_one_session_reaches_another() {
     // Each whispers on its call's stream or its GET stream; then the last one, "end".
     for (agent, text) in [(&a, "from-a"), (&b, "from-b")] {
         let mut events = agent.call(1, "whisper", json!({"text": text})).await;
-        agent.serve_until_answer(&mut events, 1, |_| json!({})).await;
+        agent
+            .serve_until_answer(&mut events, 1, |_| json!({}))
+            .await;
         let mut events = agent.call(2, "whisper", json!({"text": "end"})).await;
-        agent.serve_until_answer(&mut events, 2, |_| json!({})).await;
+        agent
+            .serve_until_answer(&mut events, 2, |_| json!({}))
+            .await;
     }
     for (stream, own, other) in [
         (&mut a_stream, "from-a", "from-b"),
@@ -295,8 +306,15 @@ async fn a_passed_through_call_without_an_answer_gets_an_error_at_the_passthroug
     insta::assert_snapshot!(answer["error"]["message"].as_str().unwrap(), @"the upstream did not answer `tools/call` within 1 seconds (`--passthrough-timeout`); raise `--passthrough-timeout` if it takes longer");
     // The upstream is told to stop.
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while !upstream_log(&log).iter().any(|e| e.get("cancelled").is_some()) {
-        assert!(std::time::Instant::now() < deadline, "{:?}", upstream_log(&log));
+    while !upstream_log(&log)
+        .iter()
+        .any(|e| e.get("cancelled").is_some())
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{:?}",
+            upstream_log(&log)
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
