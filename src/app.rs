@@ -367,6 +367,9 @@ fn run_gateway(args: crate::cli::GatewayArgs) -> anyhow::Result<ExitCode> {
     if args.upstream_timeout == 0 {
         anyhow::bail!("`--upstream-timeout` must be at least 1 second");
     }
+    if args.passthrough_timeout == 0 {
+        anyhow::bail!("`--passthrough-timeout` must be at least 1 second");
+    }
     if args.upstream_max_message_bytes < crate::gateway::MIN_MAX_MESSAGE_BYTES {
         anyhow::bail!(
             "`--upstream-max-message-bytes` must be at least {} (an `initialize` answer must fit)",
@@ -400,6 +403,7 @@ fn run_gateway(args: crate::cli::GatewayArgs) -> anyhow::Result<ExitCode> {
         spend: args.spend.into_iter().collect(),
         upstream,
         upstream_timeout: std::time::Duration::from_secs(args.upstream_timeout),
+        passthrough_timeout: std::time::Duration::from_secs(args.passthrough_timeout),
         upstream_max_message_bytes: args.upstream_max_message_bytes,
         key_prefix: crate::keys::DEFAULT_KEY_PREFIX.into(),
         handle_prefix: crate::keys::DEFAULT_HANDLE_PREFIX.into(),

@@ -495,6 +495,12 @@ pub struct GatewayArgs {
     /// tool declared idempotent, stays open and a redelivery re-sends it under the same key.
     #[arg(long, value_name = "SECS", default_value_t = 100)]
     pub upstream_timeout: u64,
+    /// Seconds to wait for the upstream's answer to a request passed through (a tool that does
+    /// not spend, resources, prompts, completions) before the agent gets a JSON-RPC error
+    /// (-32001) and the upstream a cancellation. Its own limit, apart from `--upstream-timeout`,
+    /// which also decides when a spend is in doubt.
+    #[arg(long, value_name = "SECS", default_value_t = 100)]
+    pub passthrough_timeout: u64,
     /// A spend tool whose upstream honours `_meta["callid/idempotency-key"]`, returning the first
     /// result for a repeated key (repeatable; also `idempotent: true` in the policy). Without
     /// it a spend tool is dispatched at most once: most paid servers ignore the key.

@@ -14,10 +14,12 @@
 //! - [`spend`]: [`Gateway`], the upstream as the pipeline's spender, and the start-up checks.
 //! - [`upstream`]: [`Upstream`], the (re)connecting MCP client of the upstream.
 //! - [`child`]: the stdio transport to an upstream child, whose too-long answer is reported.
-//! - [`relay`]: [`relay::Relay`], the upstream's progress, logs and list changes back to the agents,
-//!   in bounded queues no agent can stall.
+//! - [`relay`]: [`relay::Relay`], the upstream's progress, logs and list changes back to the agent
+//!   of its connection, in bounded queues no agent can stall, and the upstream's requests
+//!   (sampling, elicitation, roots) to that agent.
 //! - [`keyed_http`]: the HTTP client that also sends a spend's key as `Idempotency-Key`.
-//! - [`server`]: the agent-facing rmcp `ServerHandler`.
+//! - [`server`]: the agent-facing rmcp `ServerHandler`, with one upstream connection per agent
+//!   connection and `--passthrough-timeout` on what it passes through.
 //! - [`guard`]: [`guard::Guard`], the same protection embedded in a Rust MCP server.
 //! - [`policy`]: `--policy FILE`: per-tool prices (fixed or from the arguments), approvals, budget.
 //!
@@ -57,6 +59,10 @@
 //! - Every answer about an operation (an upstream result, a refusal naming one, `operation_status`)
 //!   names its public handle and status in `_meta["callid/handle"]` and `_meta["callid/status"]`.
 //! - An upstream result with `isError: true` is the tool's answer: recorded and replayed.
+//! - Each agent connection has its own upstream connection ([`server`]): one agent's log level,
+//!   subscriptions, log lines and the upstream's requests never reach or change another's.
+//! - The agent sees the upstream's `serverInfo` and `instructions` as the upstream said them;
+//!   the gateway names itself in the `initialize` answer's `_meta["callid/gateway"]`.
 //! - An upstream that could not be reached at all leaves the operation open: nothing was sent.
 //! - `callid/*` keys in an upstream result's own `_meta` are dropped: those names are the
 //!   gateway's.
@@ -104,6 +110,8 @@ pub(crate) struct GatewayOptions {
     pub upstream: UpstreamSpec,
     /// How long to wait for an upstream answer.
     pub upstream_timeout: Duration,
+    /// How long to wait for the upstream's answer to a request passed through.
+    pub passthrough_timeout: Duration,
     /// The longest message read from an upstream child (`--upstream-max-message-bytes`).
     pub upstream_max_message_bytes: usize,
     /// Prefix of private keys.
@@ -166,7 +174,9 @@ pub(crate) async fn run(
         options.upstream,
         gateway.describe_spend_tools()
     ));
-    let server = server::GatewayServer::new(Arc::new(gateway), info);
+    // Every agent connection opens its own upstream connection: the start-up one is not kept.
+    gateway.upstream().disconnect().await;
+    let server = server::GatewayServer::new(Arc::new(gateway), info, options.passthrough_timeout);
     match bound {
         Some(bound) => server::serve_http(server, bound).await,
         None => server::serve_stdio(server).await,

@@ -14,9 +14,9 @@
 //!   later: a spend tool's (the upstream receives the same request on every continuation of an
 //!   operation, without the agent's token), one that comes after its answer, and one that a new
 //!   connection's tokens, which start again, would otherwise give to an unrelated request.
-//! - **Logging messages**, `resources/updated` and the `list_changed` notifications go to every
-//!   agent connection that was answered `initialize` and is still open (one over stdio; one per
-//!   session over streamable HTTP).
+//! - **Logging messages**, `resources/updated` and the `list_changed` notifications of an
+//!   upstream connection go to its agent connection only, while it is open (one over stdio; one
+//!   per session over streamable HTTP); the gateway's own connection (start-up checks) has none.
 //! - **No agent delays the upstream or another agent.** The reader of the upstream's stream never
 //!   waits for an agent: it puts what it relays into bounded queues, one per forwarded request
 //!   (its progress, [`PROGRESS_QUEUE`]) and one per agent connection (logs and resource updates,
@@ -33,21 +33,34 @@
 //!   lists and checks the upstream's tools again (the start-up checks; a failing check is
 //!   answered as an error naming the tool and field, never served).
 //!
-//! Requests the upstream sends to its client (sampling, roots, elicitation) are not relayed:
-//! the gateway answers them itself with rmcp's defaults.
+//! - **Requests the upstream makes of its client** (`sampling/createMessage`,
+//!   `elicitation/create`, `roots/list`) go to the agent of the connection they came on, and its
+//!   answer (or its JSON-RPC error) goes back as it came: every agent connection has its own
+//!   upstream connection ([`Relay::for_agent`]), so the agent asked is the one whose request is
+//!   in flight. When exactly one of its requests is in flight the request is sent on that
+//!   request's stream (streamable HTTP). The upstream is told the agent's sampling, elicitation
+//!   and roots capabilities and `clientInfo`. Where no agent can answer (the gateway's own
+//!   connection, a closed agent, or one that did not announce the capability) the upstream gets
+//!   a JSON-RPC error saying so, never an answer nobody gave.
 
 // Logging is deprecated from MCP 2026-07-28 on; relayed for the clients of older versions.
 #[allow(deprecated)]
 use rmcp::model::LoggingMessageNotificationParam;
+#[allow(deprecated)]
 use rmcp::model::{
-    GetExtensions, GetMeta, JsonRpcMessage, JsonRpcNotification, JsonRpcRequest,
+    ClientCapabilities, ClientConfig, ClientResult, CreateMessageRequest,
+    CreateMessageRequestParams, CreateMessageResult, CustomRequest, CustomResult, ElicitRequest,
+    ElicitRequestParams, ElicitResult, ErrorCode, GetExtensions, GetMeta, JsonRpcMessage,
+    JsonRpcNotification, JsonRpcRequest, ListRootsRequest, ListRootsResult,
     ProgressNotificationParam, ProgressToken, RequestId, ResourceUpdatedNotificationParam,
-    ServerNotification,
+    ServerNotification, ServerRequest,
 };
-use rmcp::service::{NotificationContext, Peer};
+use rmcp::service::{
+    NotificationContext, OriginatingRequestId, Peer, PeerRequestOptions, RequestContext,
+};
 use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
 use rmcp::transport::Transport;
-use rmcp::{ClientHandler, RoleClient, RoleServer};
+use rmcp::{ClientHandler, ErrorData as McpError, RoleClient, RoleServer, ServiceError};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
@@ -62,14 +75,20 @@ pub const AGENT_QUEUE: usize = 256;
 #[derive(Clone, Default)]
 pub struct Relay {
     state: Arc<State>,
+    /// The upstream said its tool list changed since the gateway last listed it; shared by the
+    /// relays of every connection to the upstream ([`Relay::for_agent`]).
+    tools_stale: Arc<AtomicBool>,
 }
 
 #[derive(Default)]
 struct State {
-    /// Agent connections that were answered `initialize`.
+    /// The agent connection this upstream connection serves, once answered `initialize`.
     agents: Mutex<Vec<Agent>>,
-    /// The upstream said its tool list changed since the gateway last listed it.
-    tools_stale: AtomicBool,
+    /// What the agent said of itself at `initialize`; its sampling, elicitation and roots
+    /// capabilities and its `clientInfo` are what the upstream is told.
+    client: Option<ClientConfig>,
+    /// The agent's requests passed through on this connection and not yet answered.
+    in_flight: Mutex<Vec<RequestId>>,
 }
 
 impl std::fmt::Debug for Relay {
@@ -113,28 +132,130 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Relay {
-    /// Remembers an agent connection (as it answers its `initialize`) and starts its task.
-    pub fn add_agent(&self, peer: Peer<RoleServer>) {
+    /// The relay of one agent connection's own upstream connection: what that upstream
+    /// connection sends goes to `peer` only, and it is announced to the upstream as the agent
+    /// announced itself (`client`: its `initialize`, if it sent one). Its tool list changes
+    /// mark the gateway's one merged list stale, as this relay's do.
+    pub fn for_agent(&self, peer: Peer<RoleServer>, client: Option<ClientConfig>) -> Relay {
         let (queue, rx) = mpsc::channel(AGENT_QUEUE);
         let changed = Arc::new(Changed::default());
         tokio::spawn(deliver(peer.clone(), rx, changed.clone()));
-        let mut agents = lock(&self.state.agents);
-        agents.retain(|a| !a.peer.is_transport_closed());
-        agents.push(Agent {
-            peer,
-            queue,
-            changed,
-        });
+        Relay {
+            state: Arc::new(State {
+                agents: Mutex::new(vec![Agent {
+                    peer,
+                    queue,
+                    changed,
+                }]),
+                client,
+                in_flight: Mutex::default(),
+            }),
+            tools_stale: self.tools_stale.clone(),
+        }
     }
 
     /// Whether the upstream's tools changed since the last call (and clears the mark).
     pub fn take_tools_stale(&self) -> bool {
-        self.state.tools_stale.swap(false, Ordering::AcqRel)
+        self.tools_stale.swap(false, Ordering::AcqRel)
     }
 
     /// Marks the upstream's tools as changed (listed again at the next `tools/list`).
     pub fn mark_tools_stale(&self) {
-        self.state.tools_stale.store(true, Ordering::Release);
+        self.tools_stale.store(true, Ordering::Release);
+    }
+
+    /// Notes the agent's request `id` as passed through and in flight until the returned guard
+    /// drops: a request the upstream makes meanwhile is sent to the agent on that request's
+    /// stream when it is the only one in flight.
+    pub fn in_flight(&self, id: RequestId) -> InFlight {
+        lock(&self.state.in_flight).push(id.clone());
+        InFlight {
+            state: self.state.clone(),
+            id,
+        }
+    }
+
+    /// The agent that answers the upstream's requests on this connection, if it announced
+    /// `capability`; else the error the upstream gets, saying why nobody can answer.
+    fn answerer(
+        &self,
+        method: &str,
+        capability: Option<Capability>,
+    ) -> Result<Peer<RoleServer>, McpError> {
+        let agent = lock(&self.state.agents)
+            .iter()
+            .find(|a| !a.peer.is_transport_closed())
+            .map(|a| a.peer.clone());
+        let Some(agent) = agent else {
+            return Err(McpError::internal_error(
+                format!(
+                    "no agent is connected to answer `{method}`: the gateway relays the \
+                     upstream's requests only to the agent whose session made them, and this \
+                     upstream connection has none"
+                ),
+                None,
+            ));
+        };
+        let Some(capability) = capability else {
+            return Ok(agent);
+        };
+        let caps = self.state.client.as_ref().map(|c| &c.capabilities);
+        if !caps.is_some_and(|c| capability.announced(c)) {
+            return Err(McpError::new(
+                ErrorCode::METHOD_NOT_FOUND,
+                format!(
+                    "the agent behind the gateway did not announce the `{}` capability, so it \
+                     cannot answer `{method}`",
+                    capability.name()
+                ),
+                None,
+            ));
+        }
+        Ok(agent)
+    }
+
+    /// Sends the upstream's `request` to the agent that can answer it and returns that agent's
+    /// answer; the upstream's cancellation (`ct`) cancels it at the agent too.
+    async fn ask(
+        &self,
+        mut request: ServerRequest,
+        method: &str,
+        capability: impl Into<Option<Capability>>,
+        cancelled: impl std::future::Future<Output = ()>,
+    ) -> Result<ClientResult, McpError> {
+        let agent = self.answerer(method, capability.into())?;
+        let originating = match lock(&self.state.in_flight).as_slice() {
+            [only] => Some(only.clone()),
+            _ => None,
+        };
+        if let Some(id) = originating {
+            request.extensions_mut().insert(OriginatingRequestId(id));
+        }
+        // Sent from a task of its own: rmcp marks a request sent from within a handler as
+        // caused by the request being handled (the upstream's, unknown to the agent's session),
+        // which would replace the agent's request named above.
+        let sender = agent.clone();
+        let mut handle = tokio::spawn(async move {
+            sender
+                .send_request_with_option(request, PeerRequestOptions::no_options())
+                .await
+        })
+        .await
+        .unwrap_or(Err(ServiceError::TransportClosed))
+        .map_err(|e| agent_failed(method, e))?;
+        tokio::select! {
+            answer = &mut handle.rx => match answer {
+                Ok(Ok(result)) => Ok(result),
+                Ok(Err(e)) => Err(agent_failed(method, e)),
+                Err(_) => Err(agent_failed(method, ServiceError::TransportClosed)),
+            },
+            () = cancelled => {
+                let _ = handle
+                    .cancel(Some("the upstream cancelled its request".into()))
+                    .await;
+                Err(McpError::internal_error("the upstream cancelled its request", None))
+            }
+        }
     }
 
     /// Queues `notice` for every open agent; an agent whose queue is full does not get it.
@@ -155,6 +276,67 @@ impl Relay {
         for agent in agents.iter() {
             agent.changed.lists.fetch_or(list as u8, Ordering::AcqRel);
             agent.changed.wake.notify_one();
+        }
+    }
+}
+
+/// The error for an agent's answer of the wrong kind.
+fn unexpected(method: &str) -> McpError {
+    McpError::internal_error(
+        format!("the agent answered `{method}` with something else than its result"),
+        None,
+    )
+}
+
+/// The agent's error answer passed back as it came; any other failure said in words.
+fn agent_failed(method: &str, e: ServiceError) -> McpError {
+    match e {
+        ServiceError::McpError(e) => e,
+        other => McpError::internal_error(
+            format!("the agent did not answer `{method}` relayed by the gateway: {other}"),
+            None,
+        ),
+    }
+}
+
+/// An agent's request passed through and in flight ([`Relay::in_flight`]), until dropped.
+pub struct InFlight {
+    state: Arc<State>,
+    id: RequestId,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let mut in_flight = lock(&self.state.in_flight);
+        if let Some(at) = in_flight.iter().position(|id| *id == self.id) {
+            in_flight.swap_remove(at);
+        }
+    }
+}
+
+/// A client capability the upstream's requests need.
+#[derive(Clone, Copy)]
+enum Capability {
+    Sampling,
+    Elicitation,
+    Roots,
+}
+
+impl Capability {
+    fn name(self) -> &'static str {
+        match self {
+            Capability::Sampling => "sampling",
+            Capability::Elicitation => "elicitation",
+            Capability::Roots => "roots",
+        }
+    }
+
+    #[allow(deprecated)] // sampling and roots: deprecated from MCP 2026-07-28 on, still relayed
+    fn announced(self, caps: &ClientCapabilities) -> bool {
+        match self {
+            Capability::Sampling => caps.sampling.is_some(),
+            Capability::Elicitation => caps.elicitation.is_some(),
+            Capability::Roots => caps.roots.is_some(),
         }
     }
 }
@@ -347,6 +529,105 @@ impl<T: Transport<RoleClient>> Transport<RoleClient> for Ordered<T> {
 }
 
 impl ClientHandler for Relay {
+    /// The agent's sampling, elicitation and roots capabilities and its `clientInfo`; nothing
+    /// for the gateway's own connection (no agent answers its requests).
+    #[allow(deprecated)] // sampling and roots: see `Capability::announced`
+    fn get_info(&self) -> ClientConfig {
+        let Some(agent) = &self.state.client else {
+            return ClientConfig::default();
+        };
+        let mut caps = ClientCapabilities::default();
+        caps.sampling = agent.capabilities.sampling.clone();
+        caps.elicitation = agent.capabilities.elicitation.clone();
+        caps.roots = agent.capabilities.roots.clone();
+        ClientConfig::new(caps, agent.client_info.clone())
+    }
+
+    /// A request rmcp does not parse as one of its own (an SDK's newer or laxer form of
+    /// `sampling/createMessage` or `elicitation/create`, or a method rmcp does not know) goes to
+    /// the agent as it came, under the same capability rule; its answer comes back as it came.
+    async fn on_custom_request(
+        &self,
+        request: CustomRequest,
+        context: RequestContext<RoleClient>,
+    ) -> Result<CustomResult, McpError> {
+        let method = request.method.clone();
+        let capability = match method.as_str() {
+            "sampling/createMessage" => Some(Capability::Sampling),
+            "elicitation/create" => Some(Capability::Elicitation),
+            "roots/list" => Some(Capability::Roots),
+            _ => None,
+        };
+        let request = ServerRequest::CustomRequest(request);
+        let answer = self
+            .ask(request, &method, capability, context.ct.cancelled_owned())
+            .await?;
+        serde_json::to_value(answer)
+            .map(CustomResult)
+            .map_err(|_| unexpected(&method))
+    }
+
+    #[allow(deprecated)]
+    async fn create_message(
+        &self,
+        params: CreateMessageRequestParams,
+        context: RequestContext<RoleClient>,
+    ) -> Result<CreateMessageResult, McpError> {
+        let request = ServerRequest::CreateMessageRequest(CreateMessageRequest::new(params));
+        match self
+            .ask(
+                request,
+                "sampling/createMessage",
+                Capability::Sampling,
+                context.ct.cancelled_owned(),
+            )
+            .await?
+        {
+            ClientResult::CreateMessageResult(r) => Ok(*r),
+            _ => Err(unexpected("sampling/createMessage")),
+        }
+    }
+
+    async fn create_elicitation(
+        &self,
+        params: ElicitRequestParams,
+        context: RequestContext<RoleClient>,
+    ) -> Result<ElicitResult, McpError> {
+        let request = ServerRequest::ElicitRequest(ElicitRequest::new(params));
+        match self
+            .ask(
+                request,
+                "elicitation/create",
+                Capability::Elicitation,
+                context.ct.cancelled_owned(),
+            )
+            .await?
+        {
+            ClientResult::ElicitResult(r) => Ok(r),
+            _ => Err(unexpected("elicitation/create")),
+        }
+    }
+
+    #[allow(deprecated)]
+    async fn list_roots(
+        &self,
+        context: RequestContext<RoleClient>,
+    ) -> Result<ListRootsResult, McpError> {
+        let request = ServerRequest::ListRootsRequest(ListRootsRequest::default());
+        match self
+            .ask(
+                request,
+                "roots/list",
+                Capability::Roots,
+                context.ct.cancelled_owned(),
+            )
+            .await?
+        {
+            ClientResult::ListRootsResult(r) => Ok(r),
+            _ => Err(unexpected("roots/list")),
+        }
+    }
+
     // Logging is deprecated from MCP 2026-07-28 on; relayed for the clients of older versions.
     #[allow(deprecated)]
     async fn on_logging_message(
@@ -374,7 +655,7 @@ impl ClientHandler for Relay {
     }
 
     async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
-        self.state.tools_stale.store(true, Ordering::Release);
+        self.tools_stale.store(true, Ordering::Release);
         self.list_changed(List::Tools);
     }
 }

@@ -6,8 +6,20 @@
 //! the upstream as it came (with its `_meta`) and its answer returned as it came; so are
 //! `logging/setLevel` and `resources/(un)subscribe`. What the upstream sends on its own comes
 //! back through [`super::relay`].
+//!
+//! # Guarantees
+//! - **One upstream connection per agent connection** (one over stdio; one per session over
+//!   streamable HTTP), opened at the agent's first request that needs it and closed when the
+//!   agent's connection ends: an agent's `logging/setLevel`, subscriptions, log messages,
+//!   resource updates and the upstream's requests (sampling, elicitation, roots) stay in its own
+//!   world. Spend tools are called on it too ([`super::Upstream::within`]).
+//! - A request passed through that the upstream does not answer within `--passthrough-timeout`
+//!   is answered with JSON-RPC error [`PASSTHROUGH_TIMEOUT_CODE`] naming the method and the
+//!   flag; a `tools/call` is also cancelled at the upstream. Spend tools keep
+//!   `--upstream-timeout` and its at-most-once rules.
 
 use super::spend::Gateway;
+use super::upstream::Upstream;
 use rmcp::model::{
     CallToolRequest, CallToolRequestParams, CallToolResponse, CallToolResult, ClientRequest,
     CompleteRequestParams, CompleteResult, GetPromptRequestParams, GetPromptResponse,
@@ -18,26 +30,86 @@ use rmcp::model::{
 };
 use rmcp::service::{PeerRequestOptions, RequestContext};
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler, ServiceError, ServiceExt};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
-/// The gateway as an MCP server; cheap to clone (clones share the tool list).
-#[derive(Clone, Debug)]
+/// The JSON-RPC error code of a request passed through that the upstream did not answer within
+/// `--passthrough-timeout` (the request timeout code of the MCP SDKs).
+pub const PASSTHROUGH_TIMEOUT_CODE: i32 = -32001;
+
+/// The gateway as an MCP server for one agent connection. Clones share the gateway and the
+/// tool list, but each clone is a new agent connection with its own upstream connection
+/// (rmcp's streamable HTTP server clones the handler once per session).
+#[derive(Debug)]
 pub struct GatewayServer {
     gateway: Arc<Gateway>,
     info: ServerConfig,
     /// The merged tool list, listed again after the upstream's `tools/list_changed`.
     tools: Arc<tokio::sync::RwLock<Vec<rmcp::model::Tool>>>,
+    passthrough_timeout: Duration,
+    /// This agent connection's upstream connection ([`Upstream::for_agent`]).
+    session: OnceLock<Arc<Upstream>>,
+}
+
+impl Clone for GatewayServer {
+    fn clone(&self) -> Self {
+        GatewayServer {
+            gateway: self.gateway.clone(),
+            info: self.info.clone(),
+            tools: self.tools.clone(),
+            passthrough_timeout: self.passthrough_timeout,
+            session: OnceLock::new(),
+        }
+    }
 }
 
 impl GatewayServer {
-    /// Serves `gateway`, advertising `info` (see [`super::Upstream::info`]).
-    pub fn new(gateway: Arc<Gateway>, info: ServerConfig) -> Self {
+    /// Serves `gateway`, advertising `info` (see [`super::Upstream::info`]); a request passed
+    /// through waits `passthrough_timeout` at most.
+    pub fn new(gateway: Arc<Gateway>, info: ServerConfig, passthrough_timeout: Duration) -> Self {
         let tools = Arc::new(tokio::sync::RwLock::new(gateway.tools().to_vec()));
         GatewayServer {
             gateway,
             info,
             tools,
+            passthrough_timeout,
+            session: OnceLock::new(),
         }
+    }
+
+    /// This agent connection's upstream connection, made (not yet opened) at the first call,
+    /// announced to the upstream as the agent announced itself.
+    fn session(&self, agent: &rmcp::Peer<RoleServer>) -> Arc<Upstream> {
+        self.session
+            .get_or_init(|| {
+                let client = agent.peer_info().map(|info| (*info).clone());
+                Arc::new(self.gateway.upstream().for_agent(agent.clone(), client))
+            })
+            .clone()
+    }
+
+    /// Waits for `answer` of the upstream to the request `method` passed through, at most
+    /// `--passthrough-timeout`.
+    async fn limited<T>(
+        &self,
+        method: &str,
+        answer: impl std::future::Future<Output = Result<T, McpError>>,
+    ) -> Result<T, McpError> {
+        tokio::time::timeout(self.passthrough_timeout, answer)
+            .await
+            .unwrap_or_else(|_| Err(self.timed_out(method)))
+    }
+
+    fn timed_out(&self, method: &str) -> McpError {
+        McpError::new(
+            rmcp::model::ErrorCode(PASSTHROUGH_TIMEOUT_CODE),
+            format!(
+                "the upstream did not answer `{method}` within {} seconds \
+                 (`--passthrough-timeout`); raise `--passthrough-timeout` if it takes longer",
+                self.passthrough_timeout.as_secs()
+            ),
+            None,
+        )
     }
 
     /// Passes a call of a tool that does not spend to the upstream as it came: the upstream's
@@ -46,10 +118,20 @@ impl GatewayServer {
         &self,
         request: CallToolRequestParams,
         agent_token: Option<ProgressToken>,
-        agent: rmcp::Peer<RoleServer>,
-        cancelled: impl std::future::Future<Output = ()>,
+        context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
-        let peer = self.upstream_peer().await?;
+        let agent = context.peer;
+        let session = self.session(&agent);
+        let _in_flight = session.relay().in_flight(context.id);
+        let peer = upstream_peer(&session).await?;
+        let deadline = tokio::time::sleep(self.passthrough_timeout);
+        let mut timed_out = false;
+        let cancelled = async {
+            tokio::select! {
+                () = context.ct.cancelled() => {}
+                () = deadline => timed_out = true,
+            }
+        };
         let (sink, progress) = super::relay::progress_queue();
         let mut call = CallToolRequest::new(request);
         if agent_token.is_some() {
@@ -73,6 +155,14 @@ impl GatewayServer {
             },
         };
         let Some(answer) = answer else {
+            if timed_out {
+                let _ = handle
+                    .cancel(Some(
+                        "no answer within the gateway's `--passthrough-timeout`".into(),
+                    ))
+                    .await;
+                return Err(self.timed_out("tools/call"));
+            }
             let _ = handle
                 .cancel(Some("the agent cancelled the request".into()))
                 .await;
@@ -101,15 +191,18 @@ impl GatewayServer {
         }
     }
 
-    /// The upstream's peer to forward a request to, or the error the agent gets when the
-    /// upstream cannot be reached.
-    async fn upstream_peer(&self) -> Result<rmcp::Peer<rmcp::RoleClient>, McpError> {
-        self.gateway
-            .upstream()
-            .peer()
-            .await
-            .map_err(unreachable_upstream)
+    /// The upstream's peer of this agent connection to forward a request to, or the error the
+    /// agent gets when the upstream cannot be reached.
+    async fn upstream_peer(
+        &self,
+        agent: &rmcp::Peer<RoleServer>,
+    ) -> Result<rmcp::Peer<rmcp::RoleClient>, McpError> {
+        upstream_peer(&self.session(agent)).await
     }
+}
+
+async fn upstream_peer(session: &Upstream) -> Result<rmcp::Peer<rmcp::RoleClient>, McpError> {
+    session.peer().await.map_err(unreachable_upstream)
 }
 
 /// The agent's error for a request passed through that failed; the URLs it quotes redacted.
@@ -135,11 +228,12 @@ impl ServerHandler for GatewayServer {
     async fn list_tools(
         &self,
         _request: Option<PaginatedRequestParams>,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
         let relay = self.gateway.upstream().relay();
         if relay.take_tools_stale() {
-            match self.gateway.relist_tools().await {
+            let session = self.session(&context.peer);
+            match Upstream::within(session, self.gateway.relist_tools()).await {
                 Ok(tools) => *self.tools.write().await = tools,
                 Err(e) => {
                     // Listed again at the next request, and refused until the upstream is fixed.
@@ -163,8 +257,17 @@ impl ServerHandler for GatewayServer {
         // notification and the agent's next request concurrently, so the upstream's log line for
         // that request could come before the agent is known, and be lost.
         context.peer.set_peer_info(request.clone());
-        self.gateway.upstream().relay().add_agent(context.peer);
+        self.session(&context.peer);
         self.negotiate_initialize(&request)
+    }
+
+    /// Told to this agent's upstream connection (opened if need be).
+    async fn on_roots_list_changed(&self, context: rmcp::service::NotificationContext<RoleServer>) {
+        if let Ok(peer) = self.session(&context.peer).peer().await
+            && let Err(e) = peer.notify_roots_list_changed().await
+        {
+            tracing::debug!(error = %e, "could not relay roots/list_changed to the upstream");
+        }
     }
 
     // Logging is deprecated from MCP 2026-07-28 on; relayed for the clients of older versions.
@@ -172,44 +275,55 @@ impl ServerHandler for GatewayServer {
     async fn set_level(
         &self,
         request: rmcp::model::SetLevelRequestParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<(), McpError> {
-        let peer = self.upstream_peer().await?;
-        peer.set_level(request).await.map_err(forwarded)
+        let peer = self.upstream_peer(&context.peer).await?;
+        self.limited("logging/setLevel", async {
+            peer.set_level(request).await.map_err(forwarded)
+        })
+        .await
     }
 
     #[allow(deprecated)]
     async fn subscribe(
         &self,
         request: SubscribeRequestParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<(), McpError> {
-        let peer = self.upstream_peer().await?;
-        peer.subscribe(request).await.map_err(forwarded)
+        let peer = self.upstream_peer(&context.peer).await?;
+        self.limited("resources/subscribe", async {
+            peer.subscribe(request).await.map_err(forwarded)
+        })
+        .await
     }
 
     #[allow(deprecated)]
     async fn unsubscribe(
         &self,
         request: UnsubscribeRequestParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<(), McpError> {
-        let peer = self.upstream_peer().await?;
-        peer.unsubscribe(request).await.map_err(forwarded)
+        let peer = self.upstream_peer(&context.peer).await?;
+        self.limited("resources/unsubscribe", async {
+            peer.unsubscribe(request).await.map_err(forwarded)
+        })
+        .await
     }
 
     async fn call_tool(
         &self,
         mut request: CallToolRequestParams,
-        context: RequestContext<RoleServer>,
+        mut context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
-        let meta = context.meta.0.0;
+        let meta = std::mem::take(&mut context.meta.0.0);
         let name = request.name.to_string();
         let arguments = request.arguments.take();
-        match self
-            .gateway
-            .call_tool(&name, arguments.clone(), &meta)
-            .await
+        let session = self.session(&context.peer);
+        match Upstream::within(
+            session,
+            self.gateway.call_tool(&name, arguments.clone(), &meta),
+        )
+        .await
         {
             Some(value) => serde_json::from_value::<CallToolResult>(value)
                 .map(CallToolResponse::from)
@@ -221,13 +335,7 @@ impl ServerHandler for GatewayServer {
                     rmcp::model::RequestMetaObject::from(meta.clone()).get_progress_token();
                 request.arguments = arguments;
                 request.meta = Some(rmcp::model::RequestMetaObject::from(meta));
-                self.forward_call(
-                    request,
-                    agent_token,
-                    context.peer,
-                    context.ct.cancelled_owned(),
-                )
-                .await
+                self.forward_call(request, agent_token, context).await
             }
         }
     }
@@ -235,57 +343,75 @@ impl ServerHandler for GatewayServer {
     async fn list_resources(
         &self,
         request: Option<PaginatedRequestParams>,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ListResourcesResult, McpError> {
-        let peer = self.upstream_peer().await?;
-        peer.list_resources(request).await.map_err(forwarded)
+        let peer = self.upstream_peer(&context.peer).await?;
+        self.limited("resources/list", async {
+            peer.list_resources(request).await.map_err(forwarded)
+        })
+        .await
     }
 
     async fn list_resource_templates(
         &self,
         request: Option<PaginatedRequestParams>,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ListResourceTemplatesResult, McpError> {
-        let peer = self.upstream_peer().await?;
-        peer.list_resource_templates(request)
-            .await
-            .map_err(forwarded)
+        let peer = self.upstream_peer(&context.peer).await?;
+        self.limited("resources/templates/list", async {
+            peer.list_resource_templates(request)
+                .await
+                .map_err(forwarded)
+        })
+        .await
     }
 
     async fn read_resource(
         &self,
         request: ReadResourceRequestParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, McpError> {
-        let peer = self.upstream_peer().await?;
-        peer.read_resource_once(request).await.map_err(forwarded)
+        let peer = self.upstream_peer(&context.peer).await?;
+        self.limited("resources/read", async {
+            peer.read_resource_once(request).await.map_err(forwarded)
+        })
+        .await
     }
 
     async fn list_prompts(
         &self,
         request: Option<PaginatedRequestParams>,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ListPromptsResult, McpError> {
-        let peer = self.upstream_peer().await?;
-        peer.list_prompts(request).await.map_err(forwarded)
+        let peer = self.upstream_peer(&context.peer).await?;
+        self.limited("prompts/list", async {
+            peer.list_prompts(request).await.map_err(forwarded)
+        })
+        .await
     }
 
     async fn get_prompt(
         &self,
         request: GetPromptRequestParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<GetPromptResponse, McpError> {
-        let peer = self.upstream_peer().await?;
-        peer.get_prompt_once(request).await.map_err(forwarded)
+        let peer = self.upstream_peer(&context.peer).await?;
+        self.limited("prompts/get", async {
+            peer.get_prompt_once(request).await.map_err(forwarded)
+        })
+        .await
     }
 
     async fn complete(
         &self,
         request: CompleteRequestParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<CompleteResult, McpError> {
-        let peer = self.upstream_peer().await?;
-        peer.complete(request).await.map_err(forwarded)
+        let peer = self.upstream_peer(&context.peer).await?;
+        self.limited("completion/complete", async {
+            peer.complete(request).await.map_err(forwarded)
+        })
+        .await
     }
 }
 

@@ -12,13 +12,15 @@
 //! ([`shown`]) before it goes into an [`UpstreamError`].
 
 use super::relay::{Ordered, Relay};
-use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, Implementation, ServerCapabilities, ServerConfig,
-};
+use rmcp::model::{CallToolRequestParams, CallToolResponse, ServerCapabilities, ServerConfig};
 use rmcp::service::{Peer, RunningService};
 use rmcp::{RoleClient, ServiceError, ServiceExt};
 use std::sync::Arc;
 use std::time::Duration;
+
+/// The `_meta` key of the `initialize` answer that names the gateway in front of the upstream
+/// (`{"name": "callid-gateway", "version": ...}`); the upstream's own `serverInfo` is kept.
+pub const GATEWAY_META: &str = "callid/gateway";
 
 /// Where the upstream is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -137,6 +139,12 @@ pub(super) fn shown_error(mut e: rmcp::ErrorData) -> rmcp::ErrorData {
 
 type Service = RunningService<RoleClient, Relay>;
 
+tokio::task_local! {
+    /// The upstream connection of the agent connection whose request this task serves
+    /// ([`Upstream::within`]).
+    static SESSION: Arc<Upstream>;
+}
+
 /// A (re)connecting client of the upstream.
 pub struct Upstream {
     spec: UpstreamSpec,
@@ -172,6 +180,37 @@ impl Upstream {
         };
         up.service().await?;
         Ok(up)
+    }
+
+    /// The upstream connection of one agent connection: the same upstream, opened at its first
+    /// request, whose notifications and requests go to `peer` only ([`Relay::for_agent`]).
+    pub fn for_agent(
+        &self,
+        peer: rmcp::Peer<rmcp::RoleServer>,
+        client: Option<rmcp::model::ClientConfig>,
+    ) -> Upstream {
+        Upstream {
+            spec: self.spec.clone(),
+            timeout: self.timeout,
+            max_message_bytes: self.max_message_bytes,
+            conn: tokio::sync::Mutex::new(None),
+            relay: self.relay.for_agent(peer, client),
+        }
+    }
+
+    /// Runs `work` with `session` as the connection that [`Upstream::call_tool`] and
+    /// [`Upstream::list_tools`] use, whichever `Upstream` they are called on: a spend tool's
+    /// call (made by the shared pipeline) then goes on the connection of the agent that made it.
+    pub async fn within<F: std::future::Future>(session: Arc<Upstream>, work: F) -> F::Output {
+        SESSION.scope(session, work).await
+    }
+
+    /// Closes the connection now (a child is stopped); the next request opens a new one.
+    pub async fn disconnect(&self) {
+        let service = self.conn.lock().await.take();
+        if let Some(service) = service.and_then(Arc::into_inner) {
+            let _ = service.cancel().await;
+        }
     }
 
     async fn open(&self) -> Result<Service, UpstreamError> {
@@ -250,9 +289,10 @@ impl Upstream {
         Ok(self.service().await?.peer().clone())
     }
 
-    /// What the upstream said about itself at initialization.
-    /// Only what the gateway relays is kept: tools (always), logging, resources, prompts,
-    /// completions.
+    /// What the upstream said about itself at initialization: its `serverInfo` and
+    /// `instructions` as it said them, and its `_meta` plus [`GATEWAY_META`] naming the gateway.
+    /// Of its capabilities, only what the gateway relays is kept: tools (always), logging,
+    /// resources, prompts, completions.
     pub async fn info(&self) -> ServerConfig {
         let mut caps = ServerCapabilities::builder().enable_tools().build();
         let Ok(service) = self.service().await else {
@@ -266,18 +306,19 @@ impl Upstream {
         caps.resources = peer.capabilities.resources.clone();
         caps.prompts = peer.capabilities.prompts.clone();
         caps.completions = peer.capabilities.completions.clone();
-        let name = peer
-            .server_info
-            .as_ref()
-            .map(|i| i.name.clone())
-            .unwrap_or_else(|| "upstream".into());
-        let mut info = ServerConfig::new(caps).with_server_info(Implementation::new(
-            format!("callid-gateway ({name})"),
-            env!("CARGO_PKG_VERSION"),
-        ));
+        let mut info = ServerConfig::new(caps);
+        if let Some(server) = &peer.server_info {
+            info = info.with_server_info(server.clone());
+        }
         if let Some(text) = &peer.instructions {
             info = info.with_instructions(text.clone());
         }
+        let mut meta = peer.meta.clone().unwrap_or_default();
+        meta.0.insert(
+            GATEWAY_META.into(),
+            serde_json::json!({"name": "callid-gateway", "version": env!("CARGO_PKG_VERSION")}),
+        );
+        info.meta = Some(meta);
         info
     }
 
@@ -294,8 +335,19 @@ impl Upstream {
         }
     }
 
-    /// Sends one `tools/call` and waits for its answer (at most the configured timeout).
+    /// Sends one `tools/call` and waits for its answer (at most the configured timeout), on the
+    /// task's agent connection's upstream connection if there is one ([`Upstream::within`]).
     pub async fn call_tool(
+        &self,
+        params: CallToolRequestParams,
+    ) -> Result<CallToolResponse, UpstreamError> {
+        match SESSION.try_with(Arc::clone) {
+            Ok(session) => session.call_tool_here(params).await,
+            Err(_) => self.call_tool_here(params).await,
+        }
+    }
+
+    async fn call_tool_here(
         &self,
         params: CallToolRequestParams,
     ) -> Result<CallToolResponse, UpstreamError> {
@@ -327,8 +379,16 @@ impl Upstream {
         }
     }
 
-    /// Every tool of the upstream (all pages).
+    /// Every tool of the upstream (all pages), on the task's agent connection's upstream
+    /// connection if there is one ([`Upstream::within`]).
     pub async fn list_tools(&self) -> Result<Vec<rmcp::model::Tool>, UpstreamError> {
+        match SESSION.try_with(Arc::clone) {
+            Ok(session) => session.list_tools_here().await,
+            Err(_) => self.list_tools_here().await,
+        }
+    }
+
+    async fn list_tools_here(&self) -> Result<Vec<rmcp::model::Tool>, UpstreamError> {
         let service = self.service().await?;
         match tokio::time::timeout(self.timeout, service.peer().list_all_tools()).await {
             Ok(Ok(tools)) => Ok(tools),

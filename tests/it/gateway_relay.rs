@@ -21,7 +21,7 @@ struct Relayed {
 
 /// `callid gateway ... EXTRA --spend charge -- chatty_upstream.py --log LOG`, with its registry
 /// and log in `dir`.
-fn gateway_args(dir: &Path, log: &Path, extra: &[&str]) -> Vec<String> {
+pub(super) fn gateway_args(dir: &Path, log: &Path, extra: &[&str]) -> Vec<String> {
     let mut args: Vec<String> = vec![
         "gateway".into(),
         "--registry".into(),
@@ -44,7 +44,7 @@ fn gateway_args(dir: &Path, log: &Path, extra: &[&str]) -> Vec<String> {
 }
 
 /// What the upstream logged in `log`, oldest first.
-fn upstream_log(log: &Path) -> Vec<Value> {
+pub(super) fn upstream_log(log: &Path) -> Vec<Value> {
     std::fs::read_to_string(log)
         .unwrap_or_default()
         .lines()
@@ -306,7 +306,9 @@ async fn a_changed_tool_list_is_relayed_and_listed_again_with_the_start_up_check
 
 /// `callid gateway --http` in front of the chatty upstream: the MCP URL, the process (killed when
 /// dropped), the upstream's log, and the directory holding both.
-async fn start_http(extra: &[&str]) -> (String, tokio::process::Child, PathBuf, tempfile::TempDir) {
+pub(super) async fn start_http(
+    extra: &[&str],
+) -> (String, tokio::process::Child, PathBuf, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("upstream.jsonl");
     let mut with_http = vec!["--http", "127.0.0.1:0"];
