@@ -3,6 +3,14 @@
 //! repository at v0.1.16, kept in `tests/fixtures/conformance-server/` with its licence; its npm
 //! dependencies, the suite and Node 22, which the suite needs, pinned there) directly and through
 //! `callid gateway --http --upstream-url`: every scenario that passes directly passes through.
+//!
+//! Not in the default run (`#[ignore]`): under load the reference server loses a server-to-client
+//! request now and then (`tools-call-sampling`, `tools-call-elicitation` time out after the SDK's
+//! 60 s, directly as well as through the gateway, about one run in ten at a load of 20 on two
+//! cores), so a single CI run could fail for the upstream's sake. Run it on a quiet machine:
+//! `npm ci --prefix tests/fixtures/conformance-server`, then
+//! `cargo test --features bench --test it gateway_conformance -- --ignored`. The gateway's own
+//! relaying of those requests is tested in `gateway_transparent.rs`, which CI runs.
 
 use crate::common::{installed_or_skip, repo};
 use std::collections::BTreeSet;
@@ -99,6 +107,7 @@ async fn suite(url: &str, dir: &Path) -> (BTreeSet<String>, BTreeSet<String>) {
 }
 
 #[tokio::test]
+#[ignore = "the reference server loses server-to-client requests under load; run on a quiet machine (module doc)"]
 async fn every_conformance_scenario_that_passes_directly_passes_through_the_gateway() {
     if !installed_or_skip(
         "the pinned MCP conformance suite and its reference server",
