@@ -37,6 +37,10 @@ enum Fault {
     Stop,
     /// kill -9.
     Kill,
+    /// Every packet from A to the database dropped (A's own network namespace, a veth pair to
+    /// the database with a zero-length `pfifo` queue on A's end), while A still reaches the
+    /// provider; healed once the server dropped A's session.
+    Partition,
 }
 
 impl Fault {
@@ -46,7 +50,7 @@ impl Fault {
     fn ttl(self) -> f64 {
         match self {
             Fault::Restart | Fault::Terminate => 6.0,
-            Fault::Kill | Fault::Stop => 3.0,
+            Fault::Kill | Fault::Stop | Fault::Partition => 3.0,
         }
     }
 
@@ -55,7 +59,7 @@ impl Fault {
     fn hold(self) -> f64 {
         match self {
             Fault::Restart | Fault::Terminate => 4.0,
-            Fault::Kill => 2.0,
+            Fault::Kill | Fault::Partition => 2.0,
             Fault::Stop => 1.0,
         }
     }
@@ -79,20 +83,32 @@ struct Dispatch {
 }
 
 /// Hooks of the reference provider that hold each request `hold` and log when it started and
-/// when it was charged (or, for a request whose client went away, when its hold ended): entries
-/// of (key, start, charged, hold), in seconds since `t0`.
+/// when it was charged (or, for a request whose client went away, when its hold ended).
 struct Recorder {
     t0: Instant,
     hold: Mutex<Duration>,
-    log: Mutex<Vec<(String, f64, Option<f64>, f64)>>,
+    log: Mutex<Vec<Held>>,
+}
+
+/// A request the [`Recorder`] saw, in seconds since its `t0`.
+struct Held {
+    key: String,
+    start: f64,
+    /// When it was charged (never, if its client went away during the hold).
+    charged: Option<f64>,
+    hold: f64,
 }
 
 impl ProviderHooks for Recorder {
     fn before_charge(&self, key: &str) -> HookAction {
         let hold = *self.hold.lock().unwrap();
         let now = self.t0.elapsed().as_secs_f64();
-        let entry = (key.to_string(), now, None, hold.as_secs_f64());
-        self.log.lock().unwrap().push(entry);
+        self.log.lock().unwrap().push(Held {
+            key: key.to_string(),
+            start: now,
+            charged: None,
+            hold: hold.as_secs_f64(),
+        });
         HookAction::Hold(hold)
     }
 
@@ -103,10 +119,13 @@ impl ProviderHooks for Recorder {
         // away (killed, or gave up) is dropped by the server and never charges.
         let open = log
             .iter_mut()
-            .filter(|e| e.0 == key && e.2.is_none())
-            .min_by(|x, y| (now - x.1 - x.3).abs().total_cmp(&(now - y.1 - y.3).abs()));
+            .filter(|e| e.key == key && e.charged.is_none())
+            .min_by(|x, y| {
+                let off = |e: &Held| (now - e.start - e.hold).abs();
+                off(x).total_cmp(&off(y))
+            });
         if let Some(open) = open {
-            open.2 = Some(now);
+            open.charged = Some(now);
         }
         HookAction::Proceed
     }
@@ -123,7 +142,8 @@ struct World {
 }
 
 impl World {
-    async fn new(test: &str, kind: Kind) -> Option<World> {
+    /// A world whose reference provider (if any) listens on `provider_ip`.
+    async fn new(test: &str, kind: Kind, provider_ip: std::net::IpAddr) -> Option<World> {
         let pg = PgCluster::start(test)?;
         let dir = tempfile::tempdir().unwrap();
         let recorder = Arc::new(Recorder {
@@ -133,7 +153,9 @@ impl World {
         });
         let (provider, provider_url) = match kind {
             Kind::HonoursKey => {
-                let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+                let listener = tokio::net::TcpListener::bind((provider_ip, 0))
+                    .await
+                    .unwrap();
                 let ledger = Ledger::open(&dir.path().join("ledger.sqlite3")).unwrap();
                 let hooks: Arc<dyn ProviderHooks> = recorder.clone();
                 let p = callid::provider::spawn(listener, ledger, Some(hooks)).unwrap();
@@ -157,8 +179,9 @@ impl World {
     }
 
     /// Starts replica `name` with its own data directory on the shared database, its leases
-    /// lasting `ttl` seconds.
-    async fn replica(&self, name: &str, ttl: f64) -> Served {
+    /// lasting `ttl` seconds; inside network namespace `net` (reaching the database there) when
+    /// given.
+    async fn replica(&self, name: &str, ttl: f64, net: Option<&Net>) -> Served {
         let data = self.path(name);
         std::fs::create_dir_all(&data).unwrap();
         let ttl = ttl.to_string();
@@ -186,7 +209,11 @@ impl World {
                 self.path("charges.jsonl").display().to_string(),
             ],
         };
-        let (url, data) = (self.pg.url(), data.display().to_string());
+        let url = match net {
+            Some(net) => self.pg.url().replace("127.0.0.1", &net.db_host.to_string()),
+            None => self.pg.url(),
+        };
+        let data = data.display().to_string();
         let env = env_of(
             &[
                 ("CALLID_LOG", "debug"),
@@ -195,7 +222,17 @@ impl World {
             ],
             &[],
         );
-        Served::start("the replica", &bin(), &args, &env, None).await
+        match net {
+            Some(net) => {
+                let mut wrapped: Vec<String> =
+                    ["netns", "exec", &net.ns].map(String::from).to_vec();
+                wrapped.push(bin().display().to_string());
+                wrapped.extend(args);
+                let ip = PathBuf::from("ip");
+                Served::start("the replica", &ip, &wrapped, &env, None).await
+            }
+            None => Served::start("the replica", &bin(), &args, &env, None).await,
+        }
     }
 
     /// The paid tool and its arguments (the provider holds each request `hold` seconds).
@@ -219,10 +256,10 @@ impl World {
                 .lock()
                 .unwrap()
                 .iter()
-                .map(|(key, start, end, hold)| Dispatch {
-                    key: key.clone(),
-                    start: *start,
-                    end: end.unwrap_or(start + hold),
+                .map(|h| Dispatch {
+                    key: h.key.clone(),
+                    start: h.start,
+                    end: h.charged.unwrap_or(h.start + h.hold),
                 })
                 .collect(),
             Kind::ChargesEvery => {
@@ -275,6 +312,136 @@ impl World {
             .unwrap()
             .charge_count()
             .unwrap() as usize
+    }
+}
+
+/// A network namespace for replica A with two veth pairs to this host: one to the database
+/// (`db_host` on this side), which [`Net::cut`] cuts, and one to the provider (`provider_host`).
+/// Deleted when dropped.
+struct Net {
+    ns: String,
+    /// The host's side of each pair (and the namespace's side, `<dev>p`).
+    devs: [String; 2],
+    db_host: std::net::IpAddr,
+    provider_host: std::net::IpAddr,
+}
+
+impl Net {
+    /// Creates the namespace, or says why it cannot (not root, no `ip netns`).
+    fn create() -> Result<Net, String> {
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tag = format!("{:x}{n}", std::process::id() % 0xfffff);
+        // 10.209.x.y: a /30 per pair, numbered from this process and counter.
+        let third = (std::process::id() % 250) as u8;
+        let fourth = ((n % 30) * 8) as u8;
+        let ip = |last: u8| std::net::IpAddr::from([10, 209, third, fourth + last]);
+        let net = Net {
+            ns: format!("callid-f{tag}"),
+            devs: [format!("cfd{tag}"), format!("cfp{tag}")],
+            db_host: ip(1),
+            provider_host: ip(5),
+        };
+        let sh = |args: &[&str]| -> Result<(), String> {
+            let out = std::process::Command::new(args[0])
+                .args(&args[1..])
+                .output()
+                .map_err(|e| format!("`{}`: {e}", args.join(" ")))?;
+            if out.status.success() {
+                Ok(())
+            } else {
+                Err(format!(
+                    "`{}`: {}",
+                    args.join(" "),
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ))
+            }
+        };
+        sh(&["ip", "netns", "add", &net.ns])?;
+        sh(&[
+            "ip", "netns", "exec", &net.ns, "ip", "link", "set", "lo", "up",
+        ])?;
+        for (i, dev) in net.devs.iter().enumerate() {
+            let peer = format!("{dev}p");
+            let (host, inner) = (ip(1 + 4 * i as u8), ip(2 + 4 * i as u8));
+            sh(&[
+                "ip", "link", "add", dev, "type", "veth", "peer", "name", &peer,
+            ])?;
+            sh(&["ip", "link", "set", &peer, "netns", &net.ns])?;
+            sh(&["ip", "addr", "add", &format!("{host}/30"), "dev", dev])?;
+            sh(&["ip", "link", "set", dev, "up"])?;
+            let inner = format!("{inner}/30");
+            sh(&[
+                "ip", "netns", "exec", &net.ns, "ip", "addr", "add", &inner, "dev", &peer,
+            ])?;
+            sh(&[
+                "ip", "netns", "exec", &net.ns, "ip", "link", "set", &peer, "up",
+            ])?;
+        }
+        Ok(net)
+    }
+
+    /// Drops every packet A sends on the database's pair (`heal`: lets them through again). Only
+    /// A's end drops: the server's probes then go unanswered as across a real partition, whereas
+    /// a queue dropping them on the server's own host counts as local congestion, which the
+    /// kernel retries forever without counting a failed keepalive probe.
+    fn cut(&self, heal: bool) {
+        let (verb, tail): (&str, &[&str]) = if heal {
+            ("del", &[])
+        } else {
+            ("add", &["pfifo", "limit", "0"])
+        };
+        let dev = &self.devs[0];
+        let peer = format!("{dev}p");
+        let mut cmd = vec![
+            "ip", "netns", "exec", &self.ns, "tc", "qdisc", verb, "dev", &peer, "root",
+        ];
+        cmd.extend(tail);
+        let status = std::process::Command::new(cmd[0])
+            .args(&cmd[1..])
+            .status()
+            .unwrap();
+        assert!(status.success(), "`{}` failed", cmd.join(" "));
+    }
+}
+
+impl Drop for Net {
+    fn drop(&mut self) {
+        for dev in &self.devs {
+            let _ = std::process::Command::new("ip")
+                .args(["link", "del", dev])
+                .status();
+        }
+        let _ = std::process::Command::new("ip")
+            .args(["netns", "del", &self.ns])
+            .status();
+    }
+}
+
+/// A namespace for the partition fault, or `None` after printing why not (not root, or the
+/// kernel refuses one, as in a container without `CAP_NET_ADMIN`). Missing `ip` or `tc` fails
+/// in CI (`CI=true`), where `.ci/run` installs them.
+fn partition_net(test: &str) -> Option<Net> {
+    let have = |tool: &str| {
+        std::process::Command::new(tool)
+            .arg("-V")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    if !(have("ip") && have("tc")) {
+        let reason = "no `ip` and `tc` (install iproute2)";
+        if std::env::var("CI").is_ok_and(|v| v == "true") {
+            panic!("{test}: {reason} (CI=true: this test never skips for that)");
+        }
+        eprintln!("SKIP {test}: {reason}");
+        return None;
+    }
+    match Net::create() {
+        Ok(net) => Some(net),
+        Err(why) => {
+            eprintln!("SKIP {test}: this machine refuses a network namespace: {why}");
+            None
+        }
     }
 }
 
@@ -364,10 +531,25 @@ fn handle_of(r: &Response) -> Option<String> {
 /// Runs `fault` against replica A of a world of `kind`, checks every invariant, and returns how
 /// long the other replicas' redeliveries took to settle after the fault.
 async fn fault_run(test: &str, kind: Kind, fault: Fault) -> Option<Duration> {
-    let w = World::new(test, kind).await?;
-    let mut a = w.replica("a", fault.ttl()).await;
-    let b = w.replica("b", fault.ttl()).await;
-    let c = w.replica("c", fault.ttl()).await;
+    let net = match fault {
+        Fault::Partition => Some(partition_net(test)?),
+        _ => None,
+    };
+    let provider_ip = net
+        .as_ref()
+        .map_or([127, 0, 0, 1].into(), |n| n.provider_host);
+    let w = World::new(test, kind, provider_ip).await?;
+    if let Some(net) = &net {
+        w.pg.reconfigure(
+            &[],
+            &format!("listen_addresses = '127.0.0.1,{}'", net.db_host),
+            &format!("host all all {}/24 trust", net.db_host),
+        );
+        w.pg.restart_server();
+    }
+    let mut a = w.replica("a", fault.ttl(), net.as_ref()).await;
+    let b = w.replica("b", fault.ttl(), None).await;
+    let c = w.replica("c", fault.ttl(), None).await;
     let hold = fault.hold();
     let limit = bound(fault);
 
@@ -391,6 +573,8 @@ async fn fault_run(test: &str, kind: Kind, fault: Fault) -> Option<Duration> {
     w.until_started(before + 1).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let pid = a.child.pid().unwrap() as i32;
+    let locks_sql = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted";
+    let locks_before = w.pg.sql("callid", locks_sql);
     let injected = Instant::now();
     match fault {
         Fault::Restart => w.pg.restart_server(),
@@ -404,7 +588,30 @@ async fn fault_run(test: &str, kind: Kind, fault: Fault) -> Option<Duration> {
         // SAFETY: a signal to our own child process.
         Fault::Stop => assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0),
         Fault::Kill => a.child.kill9().await.unwrap(),
+        Fault::Partition => net.as_ref().unwrap().cut(false),
     }
+    let lock_gone = (fault == Fault::Partition).then(|| {
+        // When the server drops A's half-open session and its liveness lock (a row without a
+        // dispatch mark could be taken over from then on).
+        let (pg_url, psql) = (w.pg.url(), w.pg.bindir().join("psql"));
+        let fewer = (locks_before.parse::<u32>().unwrap() - 1).to_string();
+        let at = injected;
+        std::thread::spawn(move || {
+            let count = || {
+                let out = std::process::Command::new(&psql)
+                    .args([pg_url.as_str(), "-Atc", locks_sql])
+                    .output();
+                out.map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            };
+            while at.elapsed() < Duration::from_secs(30) {
+                if count().is_ok_and(|n| n == fewer) {
+                    return Some(at.elapsed());
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            None
+        })
+    });
     let others = [b.conn.clone(), c.conn.clone()].map(|conn| {
         let args = args.clone();
         tokio::spawn(redeliver_until_settled(conn, tool, args, "x", limit))
@@ -417,6 +624,11 @@ async fn fault_run(test: &str, kind: Kind, fault: Fault) -> Option<Duration> {
     if fault == Fault::Stop {
         // SAFETY: as above.
         assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
+    }
+    // The cut lasts until the server dropped A's session (or 30 s), then heals.
+    let lock_gone = lock_gone.map(|t| t.join().unwrap());
+    if let Some(net) = &net {
+        net.cut(true);
     }
     let own = first.await.unwrap();
     match (fault, own) {
@@ -478,6 +690,14 @@ async fn fault_run(test: &str, kind: Kind, fault: Fault) -> Option<Duration> {
         "FAULT {fault:?} provider {kind:?}: redeliveries settled {:.2} s after the fault, as {first_final}",
         took.as_secs_f64()
     );
+    if let Some(gone) = lock_gone {
+        let gone = gone.expect("the server never dropped the cut-off replica's session");
+        eprintln!(
+            "FAULT {fault:?} provider {kind:?}: the server dropped A's liveness lock {:.2} s \
+             after the cut",
+            gone.as_secs_f64()
+        );
+    }
     for r in [a, b, c] {
         if fault != Fault::Kill || r.child.pid().is_some() {
             r.stop().await;
@@ -512,4 +732,8 @@ fault_tests! {
         Kind::HonoursKey, Fault::Kill;
     a_killed_replica_is_in_doubt_for_racing_replicas_with_a_charging_provider:
         Kind::ChargesEvery, Fault::Kill;
+    a_replica_cut_off_from_the_database_is_taken_over_once_with_a_key_honouring_provider:
+        Kind::HonoursKey, Fault::Partition;
+    a_replica_cut_off_from_the_database_is_in_doubt_with_a_charging_provider:
+        Kind::ChargesEvery, Fault::Partition;
 }
