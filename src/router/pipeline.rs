@@ -32,7 +32,10 @@
 //! async lock, so the first dispatches and the later ones find its recorded result and return it
 //! marked replayed. Across processes sharing a registry, the row's dispatch lease decides: a
 //! delivery that finds another live process dispatching gets `operation_in_progress`, which is
-//! safe to retry (see `registry.rs`).
+//! safe to retry (see `registry.rs`); one that finds a dispatch whose process may be gone
+//! ([`Lease::Orphaned`]) waits for its lease to expire and takes it over. A dispatcher renews
+//! its lease while the backend works and stops waiting for the backend ([`ABANDON_AFTER`])
+//! before the lease could expire when it cannot renew it.
 
 use super::preallocated::{KeyPool, KeyPoolError};
 use super::registry::{

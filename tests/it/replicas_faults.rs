@@ -491,7 +491,7 @@ async fn redeliver_until_settled(
 }
 
 /// At most one request of each key open at the provider at any moment.
-fn assert_one_in_flight(dispatches: &[Dispatch], what: &str) {
+fn one_in_flight(dispatches: &[Dispatch]) -> Result<(), String> {
     let mut by_key: std::collections::BTreeMap<&str, Vec<&Dispatch>> = Default::default();
     for d in dispatches {
         by_key.entry(&d.key).or_default().push(d);
@@ -499,12 +499,14 @@ fn assert_one_in_flight(dispatches: &[Dispatch], what: &str) {
     for (key, mut ds) in by_key {
         ds.sort_by(|a, b| a.start.total_cmp(&b.start));
         for pair in ds.windows(2) {
-            assert!(
-                pair[1].start >= pair[0].end,
-                "{what}: two dispatches of key `{key}` in flight at once: {ds:?}"
-            );
+            if pair[1].start < pair[0].end {
+                return Err(format!(
+                    "two dispatches of key `{key}` in flight at once: {ds:?}"
+                ));
+            }
         }
     }
+    Ok(())
 }
 
 /// What a settled answer says: the completed result (scrubbed of volatile marks), or the error
@@ -670,7 +672,17 @@ async fn fault_run(test: &str, kind: Kind, fault: Fault) -> Option<Duration> {
 
     // At the provider: one dispatch in flight at a time, one charge or one dispatch in doubt.
     let dispatches: Vec<Dispatch> = w.dispatches().into_iter().skip(before).collect();
-    assert_one_in_flight(&dispatches, test);
+    if let Err(e) = one_in_flight(&dispatches) {
+        let logs: Vec<String> = [&a, &b, &c].iter().map(|r| r.child.stderr_text()).collect();
+        panic!(
+            "{test}: {e}; the fault came {:.2} s after the provider's clock started\n\
+             A:\n{}\nB:\n{}\nC:\n{}",
+            (injected - w.recorder.t0).as_secs_f64(),
+            logs[0],
+            logs[1],
+            logs[2]
+        );
+    }
     match kind {
         Kind::HonoursKey => assert_eq!(w.ledger_charges(), 4, "{test}: three warm-ups and one"),
         Kind::ChargesEvery => {
