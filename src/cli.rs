@@ -261,8 +261,9 @@ pub struct LeaseArg {
     /// Seconds a dispatch lease holds other processes sharing the registry off an operation
     /// unless renewed (decimals allowed). A live dispatcher renews it every third of that
     /// while the backend works, so any call length is safe; it matters only when a process
-    /// hangs or is paused, and is how long the others wait before taking over.
-    #[arg(long = "lease-ttl", value_name = "SECS", default_value = "120", value_parser = parse_lease_ttl)]
+    /// dies, hangs, is paused or loses the registry, and is how long the others wait before
+    /// taking over a dispatched operation.
+    #[arg(long = "lease-ttl", value_name = "SECS", default_value = "10", value_parser = parse_lease_ttl)]
     pub ttl: std::time::Duration,
 }
 

@@ -32,7 +32,10 @@
 //! async lock, so the first dispatches and the later ones find its recorded result and return it
 //! marked replayed. Across processes sharing a registry, the row's dispatch lease decides: a
 //! delivery that finds another live process dispatching gets `operation_in_progress`, which is
-//! safe to retry (see `registry.rs`).
+//! safe to retry (see `registry.rs`); one that finds a dispatch whose process may be gone
+//! ([`Lease::Orphaned`]) waits for its lease to expire and takes it over. A dispatcher renews
+//! its lease while the backend works and stops waiting for the backend ([`ABANDON_AFTER`])
+//! before the lease could expire when it cannot renew it.
 
 use super::preallocated::{KeyPool, KeyPoolError};
 use super::registry::{
@@ -58,8 +61,19 @@ use tokio::sync::oneshot;
 
 /// How long a dispatch lease holds off other processes unless renewed, by default
 /// (`--lease-ttl`). The dispatcher renews it every third of that while the backend works, so a
-/// call may take any time; it lapses only when the dispatcher stops renewing (hung, paused).
-pub const LEASE_TTL: Duration = Duration::from_secs(120);
+/// call may take any time; it lapses only when the dispatcher stops renewing (hung, paused,
+/// killed, or cut off from the registry, when it stops waiting first: [`ABANDON_AFTER`]). It is
+/// how long a dispatched operation of a replica that died waits before another takes it over
+/// (the takeover rule of the registry), so it is short.
+pub const LEASE_TTL: Duration = Duration::from_secs(10);
+
+/// The share of a lease's lifetime after its last successful renewal (or its claim) at which a
+/// dispatcher that could not renew stops waiting for the backend: well before the lease can
+/// expire on the server, so no other process takes the operation over while this one waits.
+pub const ABANDON_AFTER: f64 = 0.8;
+
+/// How long after an orphaned lease's expiry ([`Lease::Orphaned`]) a delivery claims it again.
+const ORPHAN_MARGIN: Duration = Duration::from_millis(50);
 
 /// What a new operation costs, and whether a person must approve it first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -440,6 +454,7 @@ impl Core {
         let amount = quote.amount_cents;
         let budget = quote.budget_cents;
         let stage = spender.stage(&new).await;
+        let leased_at = tokio::time::Instant::now();
         // The row, its dispatch lease and the spender's own steps: one commit, shared with the
         // other writes waiting at that moment (group commit).
         let (insert, leased, staged) = self
@@ -487,7 +502,9 @@ impl Core {
                 }
                 None => None,
             };
-            return self.run(spender, op, FIRST_GENERATION, staged).await;
+            return self
+                .run(spender, op, FIRST_GENERATION, leased_at, staged)
+                .await;
         }
         self.dispatch(spender, op).await
     }
@@ -530,16 +547,24 @@ impl Core {
     }
 
     async fn dispatch<S: Spender>(&self, spender: &S, op: Operation) -> Result<Reply, ToolError> {
-        let owner = self.owner.clone();
-        let handle = op.handle.clone();
         let ttl = self.opts.lease_ttl;
-        let lease = self
-            .registry(move |r| r.claim_lease(&handle, &owner, ttl))
-            .await
-            .map_err(|e| e.of(&op))?;
+        let claim = || {
+            let (owner, handle) = (self.owner.clone(), op.handle.clone());
+            self.registry(move |r| r.claim_lease(&handle, &owner, ttl))
+        };
+        let mut leased_at = tokio::time::Instant::now();
+        let mut lease = claim().await.map_err(|e| e.of(&op))?;
+        if let Lease::Orphaned { expires_in } = lease {
+            // Its holder may be alive and cut off from the registry: the lease is taken over
+            // once it expires, which this delivery waits for (at most one lease lifetime)
+            // rather than answering `operation_in_progress` to every redelivery until then.
+            tokio::time::sleep(expires_in.min(ttl) + ORPHAN_MARGIN).await;
+            leased_at = tokio::time::Instant::now();
+            lease = claim().await.map_err(|e| e.of(&op))?;
+        }
         let generation = match lease {
             Lease::Granted { generation } => generation,
-            Lease::HeldElsewhere => {
+            Lease::HeldElsewhere | Lease::Orphaned { .. } => {
                 return Err(ToolError::new(
                     ToolCode::OperationInProgress,
                     format!(
@@ -562,22 +587,31 @@ impl Core {
                 return Box::pin(self.continue_operation(spender, now)).await;
             }
         };
-        self.run(spender, op, generation, None).await
+        self.run(spender, op, generation, leased_at, None).await
     }
 
     /// Executes a pending operation whose dispatch lease this process holds (under
-    /// `generation`, the fencing token every write below carries), records the outcome, and
-    /// answers it.
+    /// `generation`, the fencing token every write below carries, asked for at `leased_at`),
+    /// records the outcome, and answers it.
     async fn run<S: Spender>(
         &self,
         spender: &S,
         op: Operation,
         generation: i64,
+        leased_at: tokio::time::Instant,
         staged: Option<Staged>,
     ) -> Result<Reply, ToolError> {
-        let outcome = self
-            .execute_renewing(spender, &op, generation, staged)
-            .await;
+        let Some(outcome) = self
+            .execute_renewing(spender, &op, generation, leased_at, staged)
+            .await
+        else {
+            let err = abandoned(&op, self.opts.lease_ttl);
+            if op.at_most_once {
+                return Err(self.in_doubt::<S>(op, generation, err).await);
+            }
+            // The lease is left to expire: the request may still be at the backend.
+            return Err(err);
+        };
         let (result, charged_cents, answer, settle) = match outcome {
             Outcome::Done {
                 result,
@@ -707,17 +741,23 @@ impl Core {
         in_doubt::<S>(&doubtful, &self.opts.registry)
     }
 
-    /// Runs the spender on a leased operation, renewing the lease every third of its lifetime
-    /// until the spender answers, so a live dispatcher's lease never lapses however long the
-    /// backend takes. A renewal that finds the lease gone is logged: this dispatcher's writes
-    /// will then be fenced.
+    /// Runs the spender on a leased operation (asked for at `leased_at`), renewing the lease
+    /// every third of its lifetime until the spender answers, so a live dispatcher's lease never
+    /// lapses however long the backend takes. A renewal that finds the lease gone is logged:
+    /// this dispatcher's writes will then be fenced. When no renewal succeeded for
+    /// [`ABANDON_AFTER`] of the lifetime (the registry is unreachable), it stops waiting for the
+    /// spender (`None`), before the lease can expire and another process take the operation
+    /// over: a lease on the server runs from the moment its statement ran, after the moment the
+    /// statement was sent, which is what this process counts from. A process woken after its
+    /// lease could have expired (paused) waits for the spender's answer instead.
     async fn execute_renewing<S: Spender>(
         &self,
         spender: &S,
         op: &Operation,
         generation: i64,
+        leased_at: tokio::time::Instant,
         staged: Option<Staged>,
-    ) -> Outcome {
+    ) -> Option<Outcome> {
         let ttl = self.opts.lease_ttl;
         let period = (ttl / 3).max(Duration::from_millis(10));
         let (registry, location, handle) = (
@@ -725,18 +765,22 @@ impl Core {
             self.opts.registry.clone(),
             op.handle.clone(),
         );
+        let (renewed_tx, mut renewed) = tokio::sync::watch::channel(leased_at);
         let renewer = tokio::spawn(async move {
             let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
                 let h = handle.clone();
+                let sent = tokio::time::Instant::now();
                 let renewed = on_registry(registry.clone(), location.clone(), move |r| {
                     r.renew_lease(&h, generation, ttl)
                 })
                 .await;
                 match renewed {
-                    Ok(true) => {}
+                    Ok(true) => {
+                        renewed_tx.send_replace(sent);
+                    }
                     Ok(false) => {
                         tracing::warn!(handle = %handle, "the dispatch lease was taken over while the backend was working; this process will not record its outcome");
                         return;
@@ -747,9 +791,40 @@ impl Core {
                 }
             }
         });
-        let outcome = match staged {
-            Some(staged) => spender.execute_staged(op, staged).await,
-            None => spender.execute(op).await,
+        let work = async {
+            match staged {
+                Some(staged) => spender.execute_staged(op, staged).await,
+                None => spender.execute(op).await,
+            }
+        };
+        tokio::pin!(work);
+        // Whether the renewer still runs (it stops once the lease is no longer this process's).
+        let mut renewing = true;
+        // Whether giving up can still keep the lease from lapsing under a waiting dispatcher.
+        let mut watching = true;
+        let outcome = loop {
+            let last = *renewed.borrow_and_update();
+            let deadline = last + ttl.mul_f64(ABANDON_AFTER);
+            tokio::select! {
+                biased;
+                outcome = &mut work => break Some(outcome),
+                changed = renewed.changed(), if renewing => renewing = changed.is_ok(),
+                _ = tokio::time::sleep_until(deadline), if watching => {
+                    if renewed.has_changed().unwrap_or(false) {
+                        continue;
+                    }
+                    if tokio::time::Instant::now() >= last + ttl {
+                        // Woken past the lease (the process was paused): another process may
+                        // hold it already, so giving up keeps no one out. The answer, if it
+                        // comes, is recorded only under this lease (fencing), or settles the
+                        // doubt of an at-most-once operation.
+                        watching = false;
+                        continue;
+                    }
+                    tracing::warn!(handle = %op.handle, "the dispatch lease could not be renewed; stopped waiting for the backend before the lease expires");
+                    break None;
+                }
+            }
         };
         renewer.abort();
         outcome
@@ -1040,6 +1115,24 @@ enum Writer {
         core: Arc<Mutex<Option<Registry>>>,
         own: Option<Registry>,
     },
+}
+
+/// The answer of a dispatcher that stopped waiting for the backend because it could not renew
+/// its lease ([`ABANDON_AFTER`]).
+fn abandoned(op: &Operation, ttl: Duration) -> ToolError {
+    ToolError::new(
+        ToolCode::OutcomeUnknown,
+        format!(
+            "operation `{}` was dispatched, but its dispatch lease could not be renewed in the \
+             registry for {:.1} s, so this router stopped waiting for the backend before the \
+             lease could expire and another router process take the operation over; whether the \
+             backend charged is unknown: redeliver this same call (same call id, same arguments) \
+             to settle it without a second charge, and do not make a new call for it",
+            op.handle,
+            ttl.mul_f64(ABANDON_AFTER).as_secs_f64()
+        ),
+    )
+    .of(op)
 }
 
 fn unknown_operation(handle: &str) -> ToolError {

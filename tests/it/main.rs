@@ -35,6 +35,7 @@ mod probe_protocol;
 mod provider;
 mod registry_startup;
 mod replicas;
+mod replicas_faults;
 mod replicas_gateway;
 mod router;
 mod router_perf;

@@ -42,27 +42,46 @@
 //!   answered only once that transaction's commit returned (group commit).
 //! - Dispatch is guarded by a lease on the row ([`Registry::claim_lease`]): a process that is about
 //!   to call the backend writes its owner id and an expiry (a new row is written with its lease,
-//!   one commit: [`Write::Insert`]); another process that finds a live
-//!   lease answers `operation_in_progress` (safe to retry). A lease whose owner is gone or whose
-//!   expiry passed is taken over at once. The owner id is unique per router instance and process
-//!   life ([`process_owner`]: PID, process start time, random instance id), so a crashed
+//!   one commit: [`Write::Insert`]); another process that finds a live lease answers
+//!   `operation_in_progress` (safe to retry). The owner id is unique per router instance and
+//!   process life ([`process_owner`]: PID, process start time, random instance id), so a crashed
 //!   predecessor's lease is recognized as gone even when the new router has its PID (PID 1 in a
-//!   container) or its PID was reused. Within one process the router runs one flight
-//!   per call identity (see `spend.rs`), so the lease only arbitrates between processes.
+//!   container) or its PID was reused. Within one process the router runs one flight per call
+//!   identity (see `spend.rs`), so the lease only arbitrates between processes.
+//! - **Takeover rule** (both backends; each backend's claim statement is its only copy of it): a
+//!   lease held by another owner is taken over when its expiry passed, or when its owner is
+//!   certainly dead, or when its owner looks gone and the row carries no dispatch mark (a lease
+//!   written by a callid older than this rule). A lease taken for dispatch writes the row's
+//!   dispatch mark (`dispatch_generation`) in the same commit. SQLite sees its owner's process on
+//!   this machine, so "gone" is certain. PostgreSQL sees only that the owner's liveness lock is no
+//!   longer granted, which also happens to a live replica whose session the server dropped
+//!   (database restart, `pg_terminate_backend`, a network cut): a dispatched row of such a replica
+//!   is taken over only once its lease expired. Its dispatcher renews the lease every third of its
+//!   lifetime while its request is open (after reconnecting, under its new liveness key), and when
+//!   it cannot renew it stops waiting for the backend before its lease would expire and answers
+//!   `outcome_unknown` (or `in_doubt`, at most once), so no two replicas ever wait on one
+//!   operation's dispatch at once.
 //!
 //! - PostgreSQL, across replicas: a new operation is `INSERT ... ON CONFLICT DO NOTHING`, then a
 //!   fresh `SELECT` of the winner's row (never check-then-insert); a new row takes its lease in
 //!   that insert, an existing one in one conditional `UPDATE`, both on the server's clock
-//!   (`clock_timestamp()`, no clock skew between machines); each write is its own transaction,
-//!   run by one of a replica's writer threads, each on a connection of its own; a
-//!   replica's liveness is a session-level advisory lock held on its own idle connection (shared
-//!   by all of the replica's connections, so a lease taken on one is fenced on all), which
-//!   the server releases when the replica's connection drops, so a killed replica's lease is
-//!   taken over by the next redelivery (median 61 ms after `kill -9` on loopback under load; a
-//!   vanished machine after TCP keepalives and `tcp_user_timeout`, about 8 s). A result is
-//!   recorded only by the lease holder (fencing). It does not work behind a transaction-mode
-//!   pooler. A budgeted insert (the gateway's policy budget) runs its lookup, sum and insert in
-//!   one transaction under an advisory lock on the installation, so replicas never overspend.
+//!   (`clock_timestamp()`, no clock skew between machines); each write is its own transaction, run
+//!   by one of a replica's writer threads, each on a connection of its own; a replica's liveness is
+//!   a session-level advisory lock held on its own idle connection (shared by all of the replica's
+//!   connections, so a lease taken on one is fenced on all), which the server releases when the
+//!   replica's connection drops; every session sets the server's TCP keepalives and
+//!   `tcp_user_timeout` (about 8 s), so a cut-off replica's half-open session and lock go within 8
+//!   s (measured 7.7 s; without them, not within 30 s). A dispatched row is taken over once its
+//!   lease expired (`--lease-ttl`, 10 s by default, counted from the last renewal); a redelivery
+//!   that finds its holder's lock gone waits for that expiry rather than answering
+//!   `operation_in_progress`. Measured with `--lease-ttl 3` and a 1-2 s dispatch
+//!   (`tests/it/replicas_faults.rs`, loaded 2-core machine), redeliveries settle 2.7-4.9 s after
+//!   `kill -9`, SIGSTOP or a network cut of the dispatcher; after a database restart or
+//!   `pg_terminate_backend` the dispatcher reconnects and renews, so nobody takes over and
+//!   redeliveries get its result when it finishes. A result is recorded only by the lease holder
+//!   (fencing). It does not work behind a transaction-mode pooler. A budgeted insert (the gateway's
+//!   policy budget) runs its lookup, sum and insert in one transaction under an advisory lock on
+//!   the installation, so replicas never overspend.
 //!
 //! ## Compatibility
 //! - The file is identified by `PRAGMA application_id` ([`APPLICATION_ID`]) and versioned by
@@ -694,6 +713,14 @@ pub enum Lease {
     },
     /// Another live process is dispatching this operation.
     HeldElsewhere,
+    /// Another process dispatched this operation and its liveness is no longer visible
+    /// (PostgreSQL: its lock is gone), yet it may still be waiting for the backend: the lease
+    /// is taken over once it expires, in `expires_in`, unless its holder renews it meanwhile
+    /// (the takeover rule in `## Concurrency`).
+    Orphaned {
+        /// How long until the lease expires, on the registry's clock.
+        expires_in: Duration,
+    },
     /// The row is no longer pending (finished meanwhile, or waiting for a person), or this claim
     /// found an at-most-once row dispatched before with no recorded outcome and marked it
     /// [`Status::InDoubt`] instead of taking the lease.

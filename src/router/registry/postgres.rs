@@ -4,8 +4,10 @@
 //! Two connections per open registry: one runs the statements (each write one transaction,
 //! committed with `synchronous_commit = on`), the other sits idle holding this replica's
 //! session-level advisory lock, which the server releases the moment the replica's connection
-//! drops (process killed, machine gone once TCP notices). A lease whose owner's lock is no
-//! longer granted is taken over at once. A [sibling](PgRegistry::sibling) (another thread of the
+//! drops (process killed, machine gone once TCP notices, or its session lost while it lives).
+//! A lease whose owner's lock is no longer granted is taken over at once only while its row
+//! carries no dispatch mark; a dispatched row waits for its lease to expire ([`CLAIM`], the
+//! takeover rule of [`super`]). A [sibling](PgRegistry::sibling) (another thread of the
 //! replica) has a statement connection of its own and shares the liveness lock, so the leases of
 //! every connection of a replica carry one key and live or die together. A failed connection is
 //! dropped and opened again (the liveness lock retaken) on the next call, so the router fails
@@ -260,6 +262,36 @@ impl Drop for PgRegistry {
     }
 }
 
+/// The server's side of a session's TCP keepalives, as the client's ([`PgUrl`]): a peer that
+/// vanished without a FIN (machine gone, network cut) is noticed in about 8 s, so its half-open
+/// session, and the liveness lock it holds, do not outlive it on the server by minutes.
+/// Ignored on a Unix socket.
+macro_rules! server_keepalives {
+    () => {
+        "SET tcp_keepalives_idle = 5;
+         SET tcp_keepalives_interval = 1;
+         SET tcp_keepalives_count = 3;
+         SET tcp_user_timeout = 8000;"
+    };
+}
+
+/// Whether the replica holding row `o`'s lease still holds its liveness lock: an advisory lock
+/// in callid's namespace (the parameter named) on the row's `lease_lock`, granted on this
+/// database. A row with no `lease_lock` has no live holder.
+macro_rules! holder_alive {
+    ($namespace:literal) => {
+        concat!(
+            r"(o.lease_lock IS NOT NULL AND EXISTS (
+               SELECT 1 FROM pg_locks l
+               WHERE l.locktype = 'advisory' AND l.granted
+                 AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+                 AND l.classid = ",
+            $namespace,
+            r"::integer::oid AND l.objid = o.lease_lock::oid AND l.objsubid = 2))"
+        )
+    };
+}
+
 /// The columns of a row, as [`row_to_raw`] reads them.
 macro_rules! columns {
     () => {
@@ -280,7 +312,8 @@ const FIND_BY_HANDLE: &str = concat!(columns!(), "WHERE handle = $1 AND installa
 
 /// The new row, with its dispatch lease when `$14` (the owner) is not null: a row that did not
 /// exist has no lease to take over, so the insert takes it ([`CLAIM`]'s round trip saved).
-/// An at-most-once row (`$17`) leased now is dispatched next: its dispatch mark commits with it.
+/// A row leased now is dispatched next: its dispatch mark (`dispatch_generation`; and
+/// `dispatched_ms` for an at-most-once row, `$17`) commits with it.
 const INSERT: &str = "INSERT INTO callid_operations (platform, installation_id, harness_call_id,
         handle, operation_key, tool, request_hash, arguments, amount_cents, status, approval,
         created_ms, updated_ms, source_installation, lease_owner, lease_lock, lease_expires,
@@ -290,17 +323,21 @@ const INSERT: &str = "INSERT INTO callid_operations (platform, installation_id, 
              ELSE clock_timestamp() + ($16::bigint * interval '1 millisecond') END,
         $17,
         CASE WHEN $14::text IS NULL THEN 0 ELSE 1 END,
-        CASE WHEN $14::text IS NOT NULL AND $17 THEN 1 END,
+        CASE WHEN $14::text IS NOT NULL THEN 1 END,
         CASE WHEN $14::text IS NOT NULL AND $17 THEN $12::bigint END)
     ON CONFLICT (platform, installation_id, source_installation, harness_call_id) DO NOTHING
     RETURNING 1";
 
-/// One conditional UPDATE, on the server's clock: free, already ours, expired, or held by a
-/// replica whose advisory lock is no longer granted (its connection is gone). The lease counts
-/// the generation up and, for an at-most-once row, sets its dispatch mark; an at-most-once row
-/// that carries a dispatch mark already (dispatched, never settled) is marked `in_doubt` with
-/// reason `$6` instead, and no lease is taken. Answers the row's status and generation after.
-const CLAIM: &str = "UPDATE callid_operations o
+/// One conditional UPDATE, on the server's clock, of the takeover rule of [`super`]
+/// (`## Concurrency`): the lease is free, already ours, or expired; or the row carries no
+/// dispatch mark and its holder's advisory lock is no longer granted (its connection is gone). A
+/// lost lock alone never takes over a dispatched row: its holder may be alive with its request
+/// open, and renews the lease once it reconnects. The lease counts the generation up and sets
+/// the row's dispatch mark; an at-most-once row that carries a dispatch mark already
+/// (dispatched, never settled) is marked `in_doubt` with reason `$6` instead, and no lease is
+/// taken. Answers the row's status and generation after.
+const CLAIM: &str = concat!(
+    "UPDATE callid_operations o
     SET status = CASE WHEN o.at_most_once AND o.dispatch_generation IS NOT NULL
                       THEN 'in_doubt' ELSE o.status END,
         error_code = CASE WHEN o.at_most_once AND o.dispatch_generation IS NOT NULL
@@ -316,23 +353,20 @@ const CLAIM: &str = "UPDATE callid_operations o
                              ELSE clock_timestamp() + ($4::bigint * interval '1 millisecond') END,
         lease_generation = CASE WHEN o.at_most_once AND o.dispatch_generation IS NOT NULL
                                 THEN o.lease_generation ELSE o.lease_generation + 1 END,
-        dispatch_generation = CASE WHEN o.dispatch_generation IS NOT NULL
+        dispatch_generation = CASE WHEN o.at_most_once AND o.dispatch_generation IS NOT NULL
                                    THEN o.dispatch_generation
-                                   WHEN o.at_most_once THEN o.lease_generation + 1 END,
+                                   ELSE o.lease_generation + 1 END,
         dispatched_ms = CASE WHEN o.dispatch_generation IS NOT NULL THEN o.dispatched_ms
                              WHEN o.at_most_once THEN $7::bigint END,
         updated_ms = $7::bigint
     WHERE o.handle = $1 AND o.status = 'pending'
       AND (o.lease_owner IS NULL OR o.lease_owner = $2
            OR o.lease_expires IS NULL OR o.lease_expires <= clock_timestamp()
-           OR o.lease_lock IS NULL
-           OR NOT EXISTS (
-               SELECT 1 FROM pg_locks l
-               WHERE l.locktype = 'advisory' AND l.granted
-                 AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-                 AND l.classid = $5::integer::oid AND l.objid = o.lease_lock::oid
-                 AND l.objsubid = 2))
-    RETURNING o.status, o.lease_generation";
+           OR (o.dispatch_generation IS NULL AND NOT ",
+    holder_alive!("$5"),
+    r"))
+    RETURNING o.status, o.lease_generation"
+);
 
 /// The cents committed by an installation's operations, as the SQLite backend counts them: the
 /// running total of its completed operations and its open rows (migration 4), in one statement
@@ -356,14 +390,30 @@ enum Inserted {
     OverBudget(u64),
 }
 
-const STATUS_OF: &str = "SELECT status FROM callid_operations WHERE handle = $1";
+/// A row's status after a claim that took nothing, and, when its lease is held by another
+/// replica whose liveness lock is gone on a dispatched row ([`CLAIM`] waits for its expiry),
+/// the milliseconds until it expires.
+const STATUS_OF: &str = concat!(
+    r"SELECT o.status,
+        CASE WHEN o.status = 'pending' AND o.dispatch_generation IS NOT NULL
+                  AND o.lease_owner IS DISTINCT FROM $2 AND NOT ",
+    holder_alive!("$3"),
+    r"
+             THEN GREATEST(0, (EXTRACT(EPOCH FROM (o.lease_expires - clock_timestamp()))
+                               * 1000)::bigint)
+        END
+    FROM callid_operations o WHERE o.handle = $1"
+);
 
 const RELEASE: &str = "UPDATE callid_operations SET lease_owner = NULL, lease_lock = NULL,
         lease_expires = NULL, dispatch_generation = NULL, dispatched_ms = NULL
     WHERE handle = $1 AND lease_generation = $2 AND status = 'pending'";
 
+/// Extends a lease under its generation, and moves it to the replica's liveness key as of now
+/// (`$4`): after a reconnection the lock may be held under a new key.
 const RENEW: &str = "UPDATE callid_operations
-    SET lease_expires = clock_timestamp() + ($3::bigint * interval '1 millisecond')
+    SET lease_expires = clock_timestamp() + ($3::bigint * interval '1 millisecond'),
+        lease_lock = $4
     WHERE handle = $1 AND lease_generation = $2 AND status = 'pending'
       AND lease_owner IS NOT NULL";
 
@@ -508,12 +558,13 @@ impl PgRegistry {
         self.conn = None;
         self.statements.clear();
         let mut conn = self.url.connect().map_err(self.err("connecting"))?;
-        conn.batch_execute(
+        conn.batch_execute(concat!(
             "SET synchronous_commit = on;
              SET lock_timeout = '5s';
              SET statement_timeout = '30s';
              SET idle_in_transaction_session_timeout = '60s';",
-        )
+            server_keepalives!()
+        ))
         .map_err(self.err("setting up its session"))?;
         let fsync: String = conn
             .query_one("SHOW fsync", &[])
@@ -552,6 +603,9 @@ impl PgRegistry {
             drop_off_runtime(gone);
         }
         let mut liveness = self.url.connect().map_err(self.err("connecting"))?;
+        liveness
+            .batch_execute(server_keepalives!())
+            .map_err(self.err("setting up its session"))?;
         if state.key == 0 {
             state.key = fresh_key();
         }
@@ -919,15 +973,20 @@ impl PgRegistry {
             if let Some(row) = row {
                 let status: String = row.try_get(0)?;
                 let generation: i64 = row.try_get(1)?;
-                return Ok((Some(generation), status));
+                return Ok((Ok(generation), status));
             }
             let s = p.get(c, STATUS_OF)?;
-            let status: String = c.query_one(&s, &[&handle.as_str()])?.try_get(0)?;
-            Ok((None, status))
+            let row = c.query_one(&s, &[&handle.as_str(), &owner, &NAMESPACE])?;
+            let status: String = row.try_get(0)?;
+            let orphaned: Option<i64> = row.try_get(1)?;
+            Ok((Err(orphaned), status))
         })?;
         match (claimed, Status::parse(&status)) {
-            (Some(generation), Some(Status::Pending)) => Ok(Lease::Granted { generation }),
-            (None, Some(Status::Pending)) => Ok(Lease::HeldElsewhere),
+            (Ok(generation), Some(Status::Pending)) => Ok(Lease::Granted { generation }),
+            (Err(Some(ms)), Some(Status::Pending)) => Ok(Lease::Orphaned {
+                expires_in: Duration::from_millis(ms.max(0) as u64),
+            }),
+            (Err(None), Some(Status::Pending)) => Ok(Lease::HeldElsewhere),
             (_, Some(other)) => Ok(Lease::NotPending(other)),
             (_, None) => Err(self.corrupt(format!("unknown status `{status}`"))),
         }
@@ -943,7 +1002,7 @@ impl PgRegistry {
         let ttl_ms = ttl.as_millis() as i64;
         self.run("renewing a dispatch lease", |c, p| {
             let s = p.get(c, RENEW)?;
-            c.execute(&s, &[&handle.as_str(), &generation, &ttl_ms])
+            c.execute(&s, &[&handle.as_str(), &generation, &ttl_ms, &p.key])
         })
         .map(|n| n == 1)
     }
