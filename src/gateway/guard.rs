@@ -8,7 +8,8 @@
 //! answers the reply to send. It is the same pipeline as `callid router` and `callid gateway`
 //! ([`crate::router::pipeline`]): identity in the arguments refused, trusted identity from
 //! `_meta` (fail closed), request hash, the registry row committed before [`Decision::Run`] is
-//! returned, redelivery replayed, the same call id with other arguments refused.
+//! returned, redelivery replayed, the same call id with other arguments refused. Built with trust
+//! keys ([`GuardBuilder::trust_keys`]), it verifies signed envelopes as `--trust-keys` does.
 //!
 //! A ticket dropped without [`Ticket::finish`] (the handler failed or was cancelled) leaves the
 //! operation's outcome unknown: a tool the policy declares `idempotent` runs again under the
@@ -16,6 +17,7 @@
 //! again until a person resolves it (`callid router resolve`).
 
 use super::policy::GatewayPolicy;
+use crate::identity::trust::TrustKeys;
 use crate::keys::PublicHandle;
 use crate::router::pipeline::{
     Core, CoreOptions, Outcome, Quote, Reply, Spender, ToolCode, ToolError,
@@ -225,6 +227,45 @@ impl Spender for Handoff<'_> {
     }
 }
 
+/// Builds a [`Guard`] ([`Guard::builder`]).
+#[derive(Debug)]
+pub struct GuardBuilder {
+    registry: PathBuf,
+    policy: GatewayPolicy,
+    trust: Option<Arc<TrustKeys>>,
+}
+
+impl GuardBuilder {
+    /// Prices, approvals and a budget (see [`super::policy`]).
+    pub fn policy(mut self, policy: GatewayPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// Envelopes must be signed by these keys ([`crate::identity::trust`]); a call whose
+    /// signature is refused is answered with its code and records nothing.
+    pub fn trust_keys(mut self, trust: TrustKeys) -> Self {
+        self.trust = Some(Arc::new(trust));
+        self
+    }
+
+    /// The guard (its registry opened now if it can be).
+    pub fn build(self) -> Guard {
+        Guard {
+            core: Arc::new(Core::new(CoreOptions {
+                registry: crate::router::registry::RegistryLocation::File(self.registry),
+                preallocated_keys: None,
+                key_prefix: crate::keys::DEFAULT_KEY_PREFIX.into(),
+                handle_prefix: crate::keys::DEFAULT_HANDLE_PREFIX.into(),
+                identity_sources: crate::identity::IdentitySources::built_in_shared(),
+                lease_ttl: crate::router::pipeline::LEASE_TTL,
+                trust: self.trust,
+            })),
+            policy: self.policy,
+        }
+    }
+}
+
 impl Guard {
     /// A guard on the registry at `registry` (created if missing; a registry that cannot be
     /// opened makes every call fail closed with `registry_unavailable`).
@@ -234,16 +275,15 @@ impl Guard {
 
     /// A guard with prices, approvals and a budget (see [`super::policy`]).
     pub fn with_policy(registry: impl Into<PathBuf>, policy: GatewayPolicy) -> Guard {
-        Guard {
-            core: Arc::new(Core::new(CoreOptions {
-                registry: crate::router::registry::RegistryLocation::File(registry.into()),
-                preallocated_keys: None,
-                key_prefix: crate::keys::DEFAULT_KEY_PREFIX.into(),
-                handle_prefix: crate::keys::DEFAULT_HANDLE_PREFIX.into(),
-                identity_sources: crate::identity::IdentitySources::built_in_shared(),
-                lease_ttl: crate::router::pipeline::LEASE_TTL,
-            })),
-            policy,
+        Guard::builder(registry).policy(policy).build()
+    }
+
+    /// A guard with more options than [`Guard::open`]: a policy, trust keys.
+    pub fn builder(registry: impl Into<PathBuf>) -> GuardBuilder {
+        GuardBuilder {
+            registry: registry.into(),
+            policy: GatewayPolicy::default(),
+            trust: None,
         }
     }
 

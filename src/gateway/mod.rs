@@ -114,6 +114,8 @@ pub(crate) struct GatewayOptions {
     pub identity_sources: std::sync::Arc<crate::identity::IdentitySources>,
     /// How long a dispatch lease lasts unless renewed (`--lease-ttl`).
     pub lease_ttl: Duration,
+    /// The keys envelopes must be signed with (`--trust-keys`).
+    pub trust: Option<std::sync::Arc<crate::identity::trust::TrustKeys>>,
 }
 
 /// Checks the registry ([`crate::router::check_registry`]; a new registry file is checked
@@ -150,6 +152,7 @@ pub(crate) async fn run(
             handle_prefix: options.handle_prefix.clone(),
             identity_sources: options.identity_sources.clone(),
             lease_ttl: options.lease_ttl,
+            trust: options.trust.clone(),
         })
     };
     let gateway = Gateway::start(
