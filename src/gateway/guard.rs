@@ -353,6 +353,63 @@ mod tests {
         (args, meta)
     }
 
+    /// A guard with trust keys runs a validly signed call and answers a forged one with its
+    /// code, recording nothing for it.
+    #[tokio::test]
+    async fn a_guard_with_trust_keys_verifies_envelopes() {
+        use crate::identity::signature::{Alg, SIGNATURE_KEY, sign, write_new_key};
+        use crate::identity::trust::{HarnessIds, TrustKeys, now_secs};
+        let dir = tempfile::tempdir().unwrap();
+        let key = write_new_key(&dir.path().join("k"), Alg::Ed25519).unwrap();
+        let intruder = write_new_key(&dir.path().join("x"), Alg::Ed25519).unwrap();
+        let trust = dir.path().join("trust.yaml");
+        std::fs::write(
+            &trust,
+            format!(
+                "keys:\n  - {{kid: k, alg: ed25519, public_key: {}, platforms: [acme]}}\n",
+                key.public_key().unwrap()
+            ),
+        )
+        .unwrap();
+        let guard = Guard::builder(dir.path().join("registry.sqlite3"))
+            .trust_keys(TrustKeys::load(&trust, HarnessIds::Refuse).unwrap())
+            .build();
+        let args = json!({"prompt": "fox"}).as_object().unwrap().clone();
+        let meta = |by: &crate::identity::signature::SigningKey, id: &str| {
+            let envelope = json!({"platform": "acme", "invocation_id": id});
+            let jws = sign(&envelope, by, "k", now_secs(), now_secs() + 60).unwrap();
+            json!({crate::identity::ENVELOPE_KEY: envelope, SIGNATURE_KEY: jws})
+                .as_object()
+                .unwrap()
+                .clone()
+        };
+        match guard.begin("pay", &args, &meta(&intruder, "forged")).await {
+            Decision::Answer(err) => {
+                assert_eq!(err["structuredContent"]["error"], "invalid_signature", "{err}")
+            }
+            Decision::Run(t) => panic!("a forged envelope must not run: {t:?}"),
+        }
+        let (_, codex) = call("unsigned");
+        match guard.begin("pay", &args, &codex).await {
+            Decision::Answer(err) => {
+                assert_eq!(err["structuredContent"]["error"], "unsigned_identity", "{err}")
+            }
+            Decision::Run(t) => panic!("an unsigned harness id must not run: {t:?}"),
+        }
+        match guard.begin("pay", &args, &meta(&key, "signed")).await {
+            Decision::Run(ticket) => {
+                let reply = ticket.finish(json!({"content": []})).await;
+                assert_eq!(reply["_meta"]["callid/replayed"], false, "{reply}");
+            }
+            Decision::Answer(a) => panic!("a signed envelope runs: {a}"),
+        }
+        let rows: i64 = rusqlite::Connection::open(dir.path().join("registry.sqlite3"))
+            .unwrap()
+            .query_row("SELECT count(*) FROM operations", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(rows, 1, "only the signed call is recorded");
+    }
+
     /// A `begin` abandoned before its ticket was handed out ran nothing: the operation stays
     /// open (not in doubt, though the tool is not idempotent) and the next delivery runs it.
     #[tokio::test]

@@ -583,6 +583,13 @@ mod tests {
             (ToolCode::AmbiguousIdentity, "ambiguous_identity"),
             (ToolCode::InvalidIdentity, "invalid_identity"),
             (ToolCode::IdentityInArguments, "identity_in_arguments"),
+            (ToolCode::MissingSignature, "missing_signature"),
+            (ToolCode::InvalidSignature, "invalid_signature"),
+            (ToolCode::UnknownSigningKey, "unknown_signing_key"),
+            (ToolCode::SigningKeyNotAllowed, "signing_key_not_allowed"),
+            (ToolCode::SignatureExpired, "signature_expired"),
+            (ToolCode::SignatureNotYetValid, "signature_not_yet_valid"),
+            (ToolCode::UnsignedIdentity, "unsigned_identity"),
             (ToolCode::NonCanonicalArguments, "non_canonical_arguments"),
             (ToolCode::InvalidArguments, "invalid_arguments"),
             (ToolCode::RequestMismatch, "request_mismatch"),
@@ -611,6 +618,9 @@ mod tests {
         }
         assert_eq!(ToolCode::from_code("no_such_code"), None);
         for wire in identity::IdentityError::CODES {
+            assert!(ToolCode::from_code(wire).is_some(), "{wire}");
+        }
+        for wire in identity::signature::SignatureError::CODES {
             assert!(ToolCode::from_code(wire).is_some(), "{wire}");
         }
         assert!(ERROR_CODES.iter().all(|c| ToolCode::ALL.contains(c)));
