@@ -36,19 +36,24 @@ pub fn keygen(
 ) -> Result<String, EnvelopeToolError> {
     let key = signature::write_new_key(out, alg)?;
     let verifier = match key.public_key() {
-        Some(public) => format!("    public_key: {public}\n"),
+        Some(public) => format!(r"    public_key: {public}"),
         None => format!(
-            "    secret_file: {}   # the same file, on the router's host (mode 0600)\n",
+            r"    secret_file: {}   # the same file, on the router's host (mode 0600)",
             out.display()
         ),
     };
     Ok(format!(
-        "# wrote the {} private key `{}` (mode 0600); keep it with the signer.\n\
-         # trust-file entry for `--trust-keys`:\nkeys:\n  - kid: {kid}\n    alg: {}\n{verifier}    platforms: [{}]\n",
-        alg.name(),
-        out.display(),
-        alg.name(),
-        platforms.join(", ")
+        r"# wrote the {alg} private key `{out}` (mode 0600); keep it with the signer.
+# trust-file entry for `--trust-keys`:
+keys:
+  - kid: {kid}
+    alg: {alg}
+{verifier}
+    platforms: [{platforms}]
+",
+        alg = alg.name(),
+        out = out.display(),
+        platforms = platforms.join(", ")
     ))
 }
 
