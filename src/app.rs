@@ -468,6 +468,27 @@ fn run_gateway(args: crate::cli::GatewayArgs) -> anyhow::Result<ExitCode> {
         identity_sources: identity_sources(&args.sources)?,
         lease_ttl: args.lease.ttl,
         trust: trust_keys(&args.trust, args.http.is_some())?,
+        vouch: match (&args.vouch_key, args.vouch_kid, args.vouch_platform) {
+            (Some(key), Some(kid), Some(platform)) => {
+                let field = "--vouch-platform";
+                crate::identity::platform_name(&serde_json::Value::String(platform.clone()), field)?;
+                if crate::identity::BUILT_IN_PLATFORMS
+                    .iter()
+                    .any(|b| b.eq_ignore_ascii_case(&platform))
+                {
+                    anyhow::bail!(
+                        "`--vouch-platform {platform}` names a built-in source's platform, which no \
+                         envelope may claim; name the gateway, e.g. `my-gateway`"
+                    );
+                }
+                Some(std::sync::Arc::new(crate::gateway::vouch::Vouch {
+                    key: crate::identity::signature::read_signing_key(key)?,
+                    kid,
+                    platform,
+                }))
+            }
+            _ => None,
+        },
     };
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     runtime.block_on(crate::gateway::run(options, args.http, &args.allow_origins))?;

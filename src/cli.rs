@@ -618,6 +618,19 @@ pub struct GatewayArgs {
     /// Signed envelopes.
     #[command(flatten)]
     pub trust: TrustArg,
+    /// Vouch for each spend to the upstream: sign, with this private key (`callid envelope
+    /// keygen`), an envelope of the operation (its idempotency key as `invocation_id`) and the
+    /// agent identity this gateway verified (`_meta["callid/vouched-for"]`), for an upstream that
+    /// verifies envelopes (`--trust-keys`, or the Guard API).
+    #[arg(long, value_name = "FILE", requires_all = ["vouch_kid", "vouch_platform"])]
+    pub vouch_key: Option<PathBuf>,
+    /// With `--vouch-key`: its key id in the upstream's trust file.
+    #[arg(long, value_name = "ID", requires = "vouch_key")]
+    pub vouch_kid: Option<String>,
+    /// With `--vouch-key`: the platform the gateway's envelopes name (listed for its key in the
+    /// upstream's trust file).
+    #[arg(long, value_name = "NAME", requires = "vouch_key")]
+    pub vouch_platform: Option<String>,
     /// The upstream MCP server to start, after `--`: `-- CMD ARGS...`.
     #[arg(
         last = true,

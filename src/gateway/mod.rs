@@ -81,6 +81,7 @@ mod relay;
 mod server;
 pub(crate) mod spend;
 mod upstream;
+pub mod vouch;
 
 pub(crate) use child::{DEFAULT_MAX_MESSAGE_BYTES, MIN_MAX_MESSAGE_BYTES};
 pub(crate) use spend::{Gateway, StartError};
@@ -116,6 +117,8 @@ pub(crate) struct GatewayOptions {
     pub lease_ttl: Duration,
     /// The keys envelopes must be signed with (`--trust-keys`).
     pub trust: Option<std::sync::Arc<crate::identity::trust::TrustKeys>>,
+    /// The key the gateway signs its upstream calls with (`--vouch-key`).
+    pub vouch: Option<std::sync::Arc<vouch::Vouch>>,
 }
 
 /// Checks the registry ([`crate::router::check_registry`]; a new registry file is checked
@@ -161,6 +164,7 @@ pub(crate) async fn run(
         options.spend.clone(),
         options.policy,
         &options.identity_sources,
+        options.vouch.clone(),
     )
     .await?;
     crate::logging::line(format_args!(

@@ -239,3 +239,58 @@ fn envelope_verify_says_which_rule_failed_and_keygen_never_overwrites() {
     let mode = std::fs::metadata(&key).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o600);
 }
+
+/// A gateway that vouches (`--vouch-key`) in front of a Guard-based upstream that accepts only
+/// signed envelopes: the agent's unsigned Codex call is verified by the gateway, signed for the
+/// upstream, charged once and replayed; the same upstream refuses an unsigned call, and the
+/// same gateway without `--vouch-key` gets nothing through.
+#[tokio::test]
+async fn a_vouching_gateway_gets_its_calls_through_an_upstream_that_verifies() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = |name: &str| dir.path().join(name).display().to_string();
+    let out = callid(&[
+        "envelope", "keygen", "--kid", "gw-1", "--out", &path("gw.key"), "--platform",
+        "my-gateway",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    std::fs::write(path("upstream-trust.yaml"), &out.stdout).unwrap();
+    let upstream = crate::gateway::guarded_server().display().to_string();
+    let gateway = |registry: &str, vouch: bool| {
+        let mut args: Vec<String> = ["gateway", "--registry", &path(registry), "--spend", "generate_image"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        if vouch {
+            for a in ["--vouch-key", &path("gw.key"), "--vouch-kid", "gw-1", "--vouch-platform", "my-gateway"] {
+                args.push(a.to_string());
+            }
+        }
+        for a in ["--", &upstream, &path("upstream.sqlite3"), &path("ledger.sqlite3"), &path("upstream-trust.yaml")] {
+            args.push(a.to_string());
+        }
+        args
+    };
+    let ledger = dir.path().join("ledger.sqlite3");
+    let charges = || crate::common::provider::charge_count_or_zero(&ledger);
+
+    let g = Served::start("the gateway", &bin(), &gateway("gw.sqlite3", true), &[], Some(Duration::from_secs(60))).await;
+    let first = g.spend(fox(), json!({"callId": "call-v1"})).await;
+    assert!(!first.is_tool_error(), "{}", first.raw);
+    let again = g.spend(fox(), json!({"callId": "call-v1"})).await;
+    assert!(replayed(&again), "{}", again.raw);
+    assert_eq!(charges(), 1);
+    let upstream_row: (String, String) = rusqlite::Connection::open(dir.path().join("upstream.sqlite3"))
+        .unwrap()
+        .query_row("SELECT platform, harness_call_id FROM operations", [], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap();
+    assert_eq!(upstream_row.0, "my-gateway", "the upstream recorded the gateway's envelope");
+    assert!(upstream_row.1.starts_with("callid-idem-v1-"), "{upstream_row:?}");
+    g.stop().await;
+
+    // The same gateway without `--vouch-key`: the upstream sees no identity and refuses.
+    let g = Served::start("the gateway", &bin(), &gateway("gw2.sqlite3", false), &[], Some(Duration::from_secs(60))).await;
+    let refused = g.spend(fox(), json!({"callId": "call-v2"})).await;
+    assert!(refused.is_tool_error(), "{}", refused.raw);
+    assert_eq!(charges(), 1);
+    g.stop().await;
+}
