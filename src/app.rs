@@ -185,7 +185,10 @@ fn envelope_command(command: crate::cli::EnvelopeCommand) -> anyhow::Result<Exit
                 AlgArg::Ed25519 => Alg::Ed25519,
                 AlgArg::Hs256 => Alg::Hs256,
             };
-            (tools::keygen(&kid, &out, alg, &platforms)?, exit_codes::SUCCESS)
+            (
+                tools::keygen(&kid, &out, alg, &platforms)?,
+                exit_codes::SUCCESS,
+            )
         }
         EnvelopeCommand::Sign {
             key,
@@ -471,7 +474,10 @@ fn run_gateway(args: crate::cli::GatewayArgs) -> anyhow::Result<ExitCode> {
         vouch: match (&args.vouch_key, args.vouch_kid, args.vouch_platform) {
             (Some(key), Some(kid), Some(platform)) => {
                 let field = "--vouch-platform";
-                crate::identity::platform_name(&serde_json::Value::String(platform.clone()), field)?;
+                crate::identity::platform_name(
+                    &serde_json::Value::String(platform.clone()),
+                    field,
+                )?;
                 if crate::identity::BUILT_IN_PLATFORMS
                     .iter()
                     .any(|b| b.eq_ignore_ascii_case(&platform))

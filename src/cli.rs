@@ -250,7 +250,12 @@ pub enum EnvelopeCommand {
         #[arg(long, value_name = "JSON|-")]
         meta: String,
         /// Whether harness identities are accepted unsigned (default: accept).
-        #[arg(long = "unsigned-harness-ids", value_name = "POLICY", value_enum, default_value = "accept")]
+        #[arg(
+            long = "unsigned-harness-ids",
+            value_name = "POLICY",
+            value_enum,
+            default_value = "accept"
+        )]
         unsigned_harness_ids: HarnessIdsArg,
     },
 }

@@ -385,14 +385,20 @@ mod tests {
         };
         match guard.begin("pay", &args, &meta(&intruder, "forged")).await {
             Decision::Answer(err) => {
-                assert_eq!(err["structuredContent"]["error"], "invalid_signature", "{err}")
+                assert_eq!(
+                    err["structuredContent"]["error"], "invalid_signature",
+                    "{err}"
+                )
             }
             Decision::Run(t) => panic!("a forged envelope must not run: {t:?}"),
         }
         let (_, codex) = call("unsigned");
         match guard.begin("pay", &args, &codex).await {
             Decision::Answer(err) => {
-                assert_eq!(err["structuredContent"]["error"], "unsigned_identity", "{err}")
+                assert_eq!(
+                    err["structuredContent"]["error"], "unsigned_identity",
+                    "{err}"
+                )
             }
             Decision::Run(t) => panic!("an unsigned harness id must not run: {t:?}"),
         }

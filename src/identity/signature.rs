@@ -275,7 +275,9 @@ pub(crate) fn read_key_file(path: &Path) -> Result<KeyMaterial, KeyFileError> {
             .map_err(|_| invalid("does not hold an Ed25519 PKCS#8 key pair")),
         "hs256" if bytes.len() >= MIN_HMAC_SECRET_BYTES => Ok(KeyMaterial::Hs256(bytes)),
         "hs256" => Err(invalid("holds an HMAC secret shorter than 32 bytes")),
-        _ => Err(invalid("names an algorithm other than `ed25519` or `hs256`")),
+        _ => Err(invalid(
+            "names an algorithm other than `ed25519` or `hs256`",
+        )),
     }
 }
 
@@ -473,9 +475,7 @@ impl SignatureError {
     pub fn code(&self) -> &'static str {
         match self {
             SignatureError::Missing => "missing_signature",
-            SignatureError::Malformed { .. } | SignatureError::Forged { .. } => {
-                "invalid_signature"
-            }
+            SignatureError::Malformed { .. } | SignatureError::Forged { .. } => "invalid_signature",
             SignatureError::UnknownKey { .. } => "unknown_signing_key",
             SignatureError::PlatformNotAllowed { .. } => "signing_key_not_allowed",
             SignatureError::Expired { .. } => "signature_expired",

@@ -114,7 +114,9 @@ pub fn verify(
         Ok(identity) => identity,
         Err(e) => return Ok(refused(e.code(), e.to_string())),
     };
-    let map = meta.as_object().expect("an identity was read from an object");
+    let map = meta
+        .as_object()
+        .expect("an identity was read from an object");
     Ok(match trust.verify(map, &identity, now) {
         Ok(()) => Verdict {
             text: format!(

@@ -243,7 +243,9 @@ impl TrustKeys {
                 super::platform_name(&Value::String(platform.clone()), "platforms").map_err(
                     |_| {
                         bad(
-                            &format!("platform `{platform}` is not 1 to 64 characters of [A-Za-z0-9._-]"),
+                            &format!(
+                                "platform `{platform}` is not 1 to 64 characters of [A-Za-z0-9._-]"
+                            ),
                             "name the platform exactly as its envelopes do",
                         )
                     },
@@ -253,21 +255,25 @@ impl TrustKeys {
                     .any(|b| b.eq_ignore_ascii_case(platform))
                 {
                     return Err(bad(
-                        &format!("platform `{platform}` is a built-in source's, which no envelope may claim"),
+                        &format!(
+                            "platform `{platform}` is a built-in source's, which no envelope may claim"
+                        ),
                         "remove it: harness identities are governed by `--unsigned-harness-ids`",
                     ));
                 }
             }
             let verifier = match (entry.alg, &entry.public_key, &entry.secret_file) {
                 (Alg::Ed25519, Some(public), None) => {
-                    let bytes = B64.decode(public).ok().filter(|b| b.len() == 32).ok_or_else(
-                        || {
+                    let bytes = B64
+                        .decode(public)
+                        .ok()
+                        .filter(|b| b.len() == 32)
+                        .ok_or_else(|| {
                             bad(
                                 "`public_key` is not 32 bytes of base64url (no padding)",
                                 "paste the public key `callid envelope keygen` printed",
                             )
-                        },
-                    )?;
+                        })?;
                     Verifier::Ed25519(ring::signature::UnparsedPublicKey::new(
                         &ring::signature::ED25519,
                         bytes,
@@ -282,10 +288,9 @@ impl TrustKeys {
                             source,
                         }
                     })? {
-                        KeyMaterial::Hs256(bytes) => Verifier::Hs256(ring::hmac::Key::new(
-                            ring::hmac::HMAC_SHA256,
-                            &bytes,
-                        )),
+                        KeyMaterial::Hs256(bytes) => {
+                            Verifier::Hs256(ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &bytes))
+                        }
                         KeyMaterial::Ed25519(_) => {
                             return Err(bad(
                                 "`secret_file` holds an Ed25519 private key, not an HMAC secret",
@@ -394,7 +399,7 @@ impl TrustKeys {
                 kid: key.kid.clone(),
             });
         }
-        if !key.platforms.iter().any(|p| *p == identity.platform) {
+        if !key.platforms.contains(&identity.platform) {
             return Err(SignatureError::PlatformNotAllowed {
                 kid: key.kid.clone(),
                 platform: identity.platform.clone(),
@@ -510,8 +515,16 @@ mod tests {
             m
         };
         let cases: Vec<(&str, Map<String, Value>, &str)> = vec![
-            ("ed25519", meta(&acme, Some(signed("a", "a", &acme, NOW, NOW + 300))), "ok"),
-            ("hmac", meta(&acme, Some(signed("mac", "mac", &acme, NOW, NOW + 300))), "ok"),
+            (
+                "ed25519",
+                meta(&acme, Some(signed("a", "a", &acme, NOW, NOW + 300))),
+                "ok",
+            ),
+            (
+                "hmac",
+                meta(&acme, Some(signed("mac", "mac", &acme, NOW, NOW + 300))),
+                "ok",
+            ),
             (
                 "rotation: the second key of one platform",
                 meta(&acme, Some(signed("b", "b", &acme, NOW, NOW + 300))),
@@ -546,7 +559,10 @@ mod tests {
             ),
             (
                 "unknown key id",
-                meta(&acme, Some(signed("stranger", "stranger", &acme, NOW, NOW + 300))),
+                meta(
+                    &acme,
+                    Some(signed("stranger", "stranger", &acme, NOW, NOW + 300)),
+                ),
                 "unknown_signing_key",
             ),
             (
@@ -585,7 +601,10 @@ mod tests {
         let f = Fixture::new();
         let codex = json!({"callId": "call-1"}).as_object().unwrap().clone();
         assert_eq!(verdict(&f.keys(HarnessIds::Accept), &codex), "ok");
-        assert_eq!(verdict(&f.keys(HarnessIds::Refuse), &codex), "unsigned_identity");
+        assert_eq!(
+            verdict(&f.keys(HarnessIds::Refuse), &codex),
+            "unsigned_identity"
+        );
         let mut signed_codex = codex.clone();
         let jws = sign(&envelope("acme"), &f.key("a"), "a", NOW, NOW + 300).unwrap();
         signed_codex.insert(SIGNATURE_KEY.into(), Value::String(jws));
@@ -607,7 +626,9 @@ mod tests {
                 .replace(&f.dir.path().display().to_string(), "DIR")
         };
         let key = |extra: &str| {
-            format!("keys:\n  - {{kid: k, alg: ed25519, public_key: {public}, platforms: [acme]{extra}}}\n")
+            format!(
+                "keys:\n  - {{kid: k, alg: ed25519, public_key: {public}, platforms: [acme]{extra}}}\n"
+            )
         };
         std::fs::set_permissions(
             f.dir.path().join("mac"),
@@ -616,7 +637,7 @@ mod tests {
         .unwrap();
         let text = [
             load(&key(", comment: x")),
-            load(&format!("keys: []\n")),
+            load("keys: []\n"),
             load(&format!("{}{}", key(""), key("").replace("keys:\n", ""))),
             load("keys:\n  - {kid: k, alg: ed25519, public_key: AAAA, platforms: [acme]}\n"),
             load(&key(", secret_file: mac")),
@@ -661,7 +682,10 @@ mod tests {
         ];
         let codes: std::collections::BTreeSet<&str> = errors.iter().map(|e| e.code()).collect();
         assert_eq!(codes, SignatureError::CODES.into_iter().collect());
-        let text: Vec<String> = errors.iter().map(|e| format!("{}: {e}", e.code())).collect();
+        let text: Vec<String> = errors
+            .iter()
+            .map(|e| format!("{}: {e}", e.code()))
+            .collect();
         insta::assert_snapshot!(text.join("\n"));
     }
 }

@@ -147,7 +147,11 @@ async fn router_on_stdio_charges_a_signed_call_once_and_refuses_a_forged_one() {
     // The platform signs its redelivery afresh: the same envelope is the same call.
     let resigned = p.sign("acme-1.key", "acme-1", &envelope("inv-1"));
     let third = router.spend(fox(), resigned).await;
-    assert!(replayed(&third), "a re-signed redelivery replays: {}", third.raw);
+    assert!(
+        replayed(&third),
+        "a re-signed redelivery replays: {}",
+        third.raw
+    );
     assert_eq!(charges(&p.registry()), 1);
 
     // Forged: a valid shape, the key id of the trusted key, signed by another key.
@@ -164,7 +168,11 @@ async fn router_on_stdio_charges_a_signed_call_once_and_refuses_a_forged_one() {
     let refused = router.spend(fox(), unsigned).await;
     assert_eq!(code(&refused), "missing_signature", "{}", refused.raw);
     for id in ["inv-forged", "inv-moved", "inv-unsigned"] {
-        assert_eq!(registry_handle(&p.registry(), id), None, "{id} recorded nothing");
+        assert_eq!(
+            registry_handle(&p.registry(), id),
+            None,
+            "{id} recorded nothing"
+        );
     }
     assert_eq!(charges(&p.registry()), 1);
 
@@ -208,10 +216,21 @@ async fn router_over_http_refuses_unsigned_harness_ids_by_default() {
 fn envelope_verify_says_which_rule_failed_and_keygen_never_overwrites() {
     let p = Platform::new();
     let trust = p.trust.to_str().unwrap();
-    let verify = |meta: &Value| callid(&["envelope", "verify", "--trust-keys", trust, "--meta", &meta.to_string()]);
+    let verify = |meta: &Value| {
+        callid(&[
+            "envelope",
+            "verify",
+            "--trust-keys",
+            trust,
+            "--meta",
+            &meta.to_string(),
+        ])
+    };
     let valid = verify(&p.sign("acme-1.key", "acme-1", &envelope("inv-1")));
     assert_eq!(valid.status.code(), Some(0), "{}", text(&valid));
-    assert!(String::from_utf8_lossy(&valid.stdout).starts_with("valid: platform `acme`, call `inv-1`"));
+    assert!(
+        String::from_utf8_lossy(&valid.stdout).starts_with("valid: platform `acme`, call `inv-1`")
+    );
     let forged = verify(&p.sign("intruder.key", "acme-1", &envelope("inv-1")));
     assert_eq!(forged.status.code(), Some(1), "{}", text(&forged));
     assert!(
@@ -220,8 +239,14 @@ fn envelope_verify_says_which_rule_failed_and_keygen_never_overwrites() {
         text(&forged)
     );
     let harness = callid(&[
-        "envelope", "verify", "--trust-keys", trust, "--meta", r#"{"callId": "c"}"#,
-        "--unsigned-harness-ids", "refuse",
+        "envelope",
+        "verify",
+        "--trust-keys",
+        trust,
+        "--meta",
+        r#"{"callId": "c"}"#,
+        "--unsigned-harness-ids",
+        "refuse",
     ]);
     assert_eq!(harness.status.code(), Some(1), "{}", text(&harness));
     assert!(String::from_utf8_lossy(&harness.stdout).starts_with("refused (unsigned_identity): "));
@@ -229,12 +254,26 @@ fn envelope_verify_says_which_rule_failed_and_keygen_never_overwrites() {
     let key = p.dir.path().join("acme-1.key");
     let before = std::fs::read(&key).unwrap();
     let again = callid(&[
-        "envelope", "keygen", "--kid", "acme-2", "--out", key.to_str().unwrap(), "--platform",
+        "envelope",
+        "keygen",
+        "--kid",
+        "acme-2",
+        "--out",
+        key.to_str().unwrap(),
+        "--platform",
         "acme",
     ]);
     assert_eq!(again.status.code(), Some(2), "{}", text(&again));
-    assert!(String::from_utf8_lossy(&again.stderr).contains("already exists"), "{}", text(&again));
-    assert_eq!(std::fs::read(&key).unwrap(), before, "the key file is untouched");
+    assert!(
+        String::from_utf8_lossy(&again.stderr).contains("already exists"),
+        "{}",
+        text(&again)
+    );
+    assert_eq!(
+        std::fs::read(&key).unwrap(),
+        before,
+        "the key file is untouched"
+    );
     use std::os::unix::fs::PermissionsExt as _;
     let mode = std::fs::metadata(&key).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o600);
@@ -249,23 +288,48 @@ async fn a_vouching_gateway_gets_its_calls_through_an_upstream_that_verifies() {
     let dir = tempfile::tempdir().unwrap();
     let path = |name: &str| dir.path().join(name).display().to_string();
     let out = callid(&[
-        "envelope", "keygen", "--kid", "gw-1", "--out", &path("gw.key"), "--platform",
+        "envelope",
+        "keygen",
+        "--kid",
+        "gw-1",
+        "--out",
+        &path("gw.key"),
+        "--platform",
         "my-gateway",
     ]);
     assert!(out.status.success(), "{}", text(&out));
     std::fs::write(path("upstream-trust.yaml"), &out.stdout).unwrap();
     let upstream = crate::gateway::guarded_server().display().to_string();
     let gateway = |registry: &str, vouch: bool| {
-        let mut args: Vec<String> = ["gateway", "--registry", &path(registry), "--spend", "generate_image"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
+        let mut args: Vec<String> = [
+            "gateway",
+            "--registry",
+            &path(registry),
+            "--spend",
+            "generate_image",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
         if vouch {
-            for a in ["--vouch-key", &path("gw.key"), "--vouch-kid", "gw-1", "--vouch-platform", "my-gateway"] {
+            for a in [
+                "--vouch-key",
+                &path("gw.key"),
+                "--vouch-kid",
+                "gw-1",
+                "--vouch-platform",
+                "my-gateway",
+            ] {
                 args.push(a.to_string());
             }
         }
-        for a in ["--", &upstream, &path("upstream.sqlite3"), &path("ledger.sqlite3"), &path("upstream-trust.yaml")] {
+        for a in [
+            "--",
+            &upstream,
+            &path("upstream.sqlite3"),
+            &path("ledger.sqlite3"),
+            &path("upstream-trust.yaml"),
+        ] {
             args.push(a.to_string());
         }
         args
@@ -273,22 +337,47 @@ async fn a_vouching_gateway_gets_its_calls_through_an_upstream_that_verifies() {
     let ledger = dir.path().join("ledger.sqlite3");
     let charges = || crate::common::provider::charge_count_or_zero(&ledger);
 
-    let g = Served::start("the gateway", &bin(), &gateway("gw.sqlite3", true), &[], Some(Duration::from_secs(60))).await;
+    let g = Served::start(
+        "the gateway",
+        &bin(),
+        &gateway("gw.sqlite3", true),
+        &[],
+        Some(Duration::from_secs(60)),
+    )
+    .await;
     let first = g.spend(fox(), json!({"callId": "call-v1"})).await;
     assert!(!first.is_tool_error(), "{}", first.raw);
     let again = g.spend(fox(), json!({"callId": "call-v1"})).await;
     assert!(replayed(&again), "{}", again.raw);
     assert_eq!(charges(), 1);
-    let upstream_row: (String, String) = rusqlite::Connection::open(dir.path().join("upstream.sqlite3"))
-        .unwrap()
-        .query_row("SELECT platform, harness_call_id FROM operations", [], |r| Ok((r.get(0)?, r.get(1)?)))
-        .unwrap();
-    assert_eq!(upstream_row.0, "my-gateway", "the upstream recorded the gateway's envelope");
-    assert!(upstream_row.1.starts_with("callid-idem-v1-"), "{upstream_row:?}");
+    let upstream_row: (String, String) =
+        rusqlite::Connection::open(dir.path().join("upstream.sqlite3"))
+            .unwrap()
+            .query_row(
+                "SELECT platform, harness_call_id FROM operations",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .unwrap();
+    assert_eq!(
+        upstream_row.0, "my-gateway",
+        "the upstream recorded the gateway's envelope"
+    );
+    assert!(
+        upstream_row.1.starts_with("callid-idem-v1-"),
+        "{upstream_row:?}"
+    );
     g.stop().await;
 
     // The same gateway without `--vouch-key`: the upstream sees no identity and refuses.
-    let g = Served::start("the gateway", &bin(), &gateway("gw2.sqlite3", false), &[], Some(Duration::from_secs(60))).await;
+    let g = Served::start(
+        "the gateway",
+        &bin(),
+        &gateway("gw2.sqlite3", false),
+        &[],
+        Some(Duration::from_secs(60)),
+    )
+    .await;
     let refused = g.spend(fox(), json!({"callId": "call-v2"})).await;
     assert!(refused.is_tool_error(), "{}", refused.raw);
     assert_eq!(charges(), 1);
