@@ -2,7 +2,7 @@
 //! protection of `callid gateway`, embedded, without a second process.
 //!
 //! ```sh
-//! cargo run --example guarded_server -- REGISTRY LEDGER
+//! cargo run --example guarded_server -- REGISTRY LEDGER [TRUST_KEYS]
 //! ```
 //!
 //! `generate_image` charges the provider's durable ledger under the guard's derived idempotency
@@ -11,6 +11,7 @@
 //! unguarded.
 
 use callid::gateway::guard::{Decision, Guard};
+use callid::identity::trust::{HarnessIds, TrustKeys};
 use callid::provider::{ImageRequest, Ledger};
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ListToolsResult,
@@ -126,10 +127,17 @@ impl ServerHandler for Paid {
 async fn main() -> anyhow::Result<()> {
     let mut args = std::env::args().skip(1);
     let (Some(registry), Some(ledger)) = (args.next(), args.next()) else {
-        anyhow::bail!("usage: guarded_server REGISTRY LEDGER");
+        anyhow::bail!("usage: guarded_server REGISTRY LEDGER [TRUST_KEYS]");
+    };
+    // With a trust file, only signed envelopes are accepted (a vouching gateway's, for one).
+    let guard = match args.next() {
+        Some(trust) => Guard::builder(registry)
+            .trust_keys(TrustKeys::load(trust.as_ref(), HarnessIds::Refuse)?)
+            .build(),
+        None => Guard::open(registry),
     };
     let server = Paid {
-        guard: Arc::new(Guard::open(registry)),
+        guard: Arc::new(guard),
         ledger: Ledger::open(ledger.as_ref())?,
     };
     server

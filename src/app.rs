@@ -30,6 +30,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         #[cfg(feature = "bench")]
         Command::Bench(args) => bench(args),
         Command::IdentitySources(args) => identity_sources_command(args),
+        Command::Envelope(command) => envelope_command(command),
         Command::Completions(args) => completions(args),
         Command::ConformUpstreamRelay { url } => conform_upstream_relay(&url),
     }
@@ -140,6 +141,96 @@ fn identity_sources(
     Ok(std::sync::Arc::new(crate::identity::IdentitySources::load(
         &arg.identity_sources,
     )?))
+}
+
+/// `--trust-keys` loaded, with `--unsigned-harness-ids` or its default: refuse over HTTP, accept
+/// on stdio.
+fn trust_keys(
+    arg: &crate::cli::TrustArg,
+    http: bool,
+) -> anyhow::Result<Option<std::sync::Arc<crate::identity::trust::TrustKeys>>> {
+    use crate::identity::trust::{HarnessIds, TrustKeys};
+    let Some(path) = &arg.trust_keys else {
+        return Ok(None);
+    };
+    let harness = match arg.unsigned_harness_ids {
+        Some(policy) => harness_ids(policy),
+        None if http => HarnessIds::Refuse,
+        None => HarnessIds::Accept,
+    };
+    Ok(Some(std::sync::Arc::new(TrustKeys::load(path, harness)?)))
+}
+
+fn harness_ids(arg: crate::cli::HarnessIdsArg) -> crate::identity::trust::HarnessIds {
+    match arg {
+        crate::cli::HarnessIdsArg::Accept => crate::identity::trust::HarnessIds::Accept,
+        crate::cli::HarnessIdsArg::Refuse => crate::identity::trust::HarnessIds::Refuse,
+    }
+}
+
+/// `callid envelope keygen|sign|verify` ([`crate::identity::tools`]); `verify` exits 1 when the
+/// `_meta` would be refused.
+fn envelope_command(command: crate::cli::EnvelopeCommand) -> anyhow::Result<ExitCode> {
+    use crate::cli::{AlgArg, EnvelopeCommand};
+    use crate::identity::{signature::Alg, tools, trust::now_secs};
+    use std::io::{Read as _, Write as _};
+    let (text, code) = match command {
+        EnvelopeCommand::Keygen {
+            kid,
+            out,
+            alg,
+            platforms,
+        } => {
+            let alg = match alg {
+                AlgArg::Ed25519 => Alg::Ed25519,
+                AlgArg::Hs256 => Alg::Hs256,
+            };
+            (
+                tools::keygen(&kid, &out, alg, &platforms)?,
+                exit_codes::SUCCESS,
+            )
+        }
+        EnvelopeCommand::Sign {
+            key,
+            kid,
+            envelope,
+            ttl,
+        } => (
+            tools::sign(&key, &kid, &envelope, ttl, now_secs())?,
+            exit_codes::SUCCESS,
+        ),
+        EnvelopeCommand::Verify {
+            trust_keys,
+            meta,
+            unsigned_harness_ids,
+        } => {
+            let meta = if meta == "-" {
+                let mut text = String::new();
+                std::io::stdin()
+                    .read_to_string(&mut text)
+                    .context("failed to read `_meta` from standard input")?;
+                text
+            } else {
+                meta
+            };
+            let verdict = tools::verify(
+                &trust_keys,
+                &meta,
+                harness_ids(unsigned_harness_ids),
+                now_secs(),
+            )?;
+            let code = if verdict.valid {
+                exit_codes::SUCCESS
+            } else {
+                exit_codes::CHECK_FAILED
+            };
+            (verdict.text, code)
+        }
+    };
+    stdout()
+        .write_all(text.as_bytes())
+        .context("failed to write to standard output")?;
+    Ok(ExitCode::from(code))
 }
 
 /// `callid identity-sources`: prints the table in force, or a preset (`--print-preset`).
@@ -409,6 +500,31 @@ fn run_gateway(args: crate::cli::GatewayArgs) -> anyhow::Result<ExitCode> {
         handle_prefix: crate::keys::DEFAULT_HANDLE_PREFIX.into(),
         identity_sources: identity_sources(&args.sources)?,
         lease_ttl: args.lease.ttl,
+        trust: trust_keys(&args.trust, args.http.is_some())?,
+        vouch: match (&args.vouch_key, args.vouch_kid, args.vouch_platform) {
+            (Some(key), Some(kid), Some(platform)) => {
+                let field = "--vouch-platform";
+                crate::identity::platform_name(
+                    &serde_json::Value::String(platform.clone()),
+                    field,
+                )?;
+                if crate::identity::BUILT_IN_PLATFORMS
+                    .iter()
+                    .any(|b| b.eq_ignore_ascii_case(&platform))
+                {
+                    anyhow::bail!(
+                        "`--vouch-platform {platform}` names a built-in source's platform, which no \
+                         envelope may claim; name the gateway, e.g. `my-gateway`"
+                    );
+                }
+                Some(std::sync::Arc::new(crate::gateway::vouch::Vouch {
+                    key: crate::identity::signature::read_signing_key(key)?,
+                    kid,
+                    platform,
+                }))
+            }
+            _ => None,
+        },
     };
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     runtime.block_on(crate::gateway::run(options, args.http, &args.allow_origins))?;
@@ -520,6 +636,7 @@ fn run_router(args: crate::cli::RouterArgs) -> anyhow::Result<ExitCode> {
                 diagnose_meta: serve.diagnose_meta,
                 identity_sources: identity_sources(&serve.sources)?,
                 lease_ttl: serve.lease.ttl,
+                trust: trust_keys(&serve.trust, serve.http.is_some())?,
             };
             let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
             runtime.block_on(crate::router::run(

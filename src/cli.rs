@@ -134,6 +134,9 @@ pub enum Command {
     Completions(CompletionsArgs),
     /// Print the identity sources accepted: the built-in table, extended by `--identity-sources`.
     IdentitySources(IdentitySourcesArgs),
+    /// Signed platform-invocation envelopes: generate a key, sign an envelope, verify one.
+    #[command(subcommand)]
+    Envelope(EnvelopeCommand),
     /// (internal) The stdio form of `callid conform`'s upstream MCP role: bridges stdin/stdout to
     /// the runner's upstream at URL. The runner hands it to routers as `{upstream_argv}`.
     #[command(name = "conform-upstream-relay", hide = true)]
@@ -159,6 +162,102 @@ pub struct IdentitySourcesArg {
     /// as the harness that sets it: see `callid identity-sources` and the README.
     #[arg(long = "identity-sources", value_name = "FILE")]
     pub identity_sources: Vec<PathBuf>,
+}
+
+/// `--trust-keys` and `--unsigned-harness-ids`, shared by router and gateway.
+#[derive(Debug, Clone, Default, Args)]
+pub struct TrustArg {
+    /// Verify signed `hubu.dev/platform-invocation` envelopes with the keys of this YAML file
+    /// (key ids, Ed25519 public keys or 0600 HMAC secret files, the platforms each key may sign
+    /// for, the allowed clock skew): an envelope unsigned, forged, expired, not yet valid, or
+    /// signed by an unknown key or one not allowed for its platform is refused before anything is
+    /// recorded. Keys come from `callid envelope keygen`.
+    #[arg(long = "trust-keys", value_name = "FILE")]
+    pub trust_keys: Option<PathBuf>,
+    /// With `--trust-keys`: whether harness identities (`callId`, `claudecode/toolUseId`,
+    /// `--identity-sources` keys), which cannot be signed, are still accepted. Default: `refuse`
+    /// with `--http` (anyone who reaches the listener writes `_meta`), `accept` on stdio (the
+    /// harness started this process and owns its input).
+    #[arg(
+        long = "unsigned-harness-ids",
+        value_name = "POLICY",
+        value_enum,
+        requires = "trust_keys"
+    )]
+    pub unsigned_harness_ids: Option<HarnessIdsArg>,
+}
+
+/// `--unsigned-harness-ids`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum HarnessIdsArg {
+    /// Accept harness identities unsigned.
+    Accept,
+    /// Refuse them with `unsigned_identity`.
+    Refuse,
+}
+
+/// A signing algorithm of `callid envelope keygen`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum AlgArg {
+    /// Ed25519: the platform keeps the private key, routers get the public one.
+    Ed25519,
+    /// HMAC-SHA-256: one shared secret, for a single operator who runs both ends.
+    Hs256,
+}
+
+/// `callid envelope`
+#[derive(Debug, Subcommand)]
+pub enum EnvelopeCommand {
+    /// Generate a signing key into a new file (mode 0600, never overwritten) and print the
+    /// trust-file entry that verifies it (the public key; never the private key or secret).
+    Keygen {
+        /// Key id, written in every signature's header and the trust file.
+        #[arg(long, value_name = "ID")]
+        kid: String,
+        /// The new private key file.
+        #[arg(long, value_name = "FILE")]
+        out: PathBuf,
+        /// Algorithm.
+        #[arg(long, value_enum, default_value = "ed25519")]
+        alg: AlgArg,
+        /// A platform this key signs for, in the printed entry (repeatable).
+        #[arg(long = "platform", value_name = "NAME", required = true)]
+        platforms: Vec<String>,
+    },
+    /// Sign an envelope and print the `_meta` object to send: the envelope and its signature.
+    Sign {
+        /// The private key file (`callid envelope keygen`; mode 0600).
+        #[arg(long, value_name = "FILE")]
+        key: PathBuf,
+        /// The key id the trust file lists it under.
+        #[arg(long, value_name = "ID")]
+        kid: String,
+        /// The envelope, as JSON: `{"platform": ..., "invocation_id": ..., "installation_id"?,
+        /// "task_id"?}`.
+        #[arg(long, value_name = "JSON")]
+        envelope: String,
+        /// Seconds the signature stays valid.
+        #[arg(long, value_name = "SECS", default_value_t = 300, value_parser = clap::value_parser!(u32).range(1..=86_400))]
+        ttl: u32,
+    },
+    /// Check a request's `_meta` as a router with these trust keys would: prints `valid` (exit
+    /// 0) or the refusal's code and the rule that failed (exit 1).
+    Verify {
+        /// The trust file.
+        #[arg(long = "trust-keys", value_name = "FILE")]
+        trust_keys: PathBuf,
+        /// The `_meta` object as JSON, or `-` to read it from standard input.
+        #[arg(long, value_name = "JSON|-")]
+        meta: String,
+        /// Whether harness identities are accepted unsigned (default: accept).
+        #[arg(
+            long = "unsigned-harness-ids",
+            value_name = "POLICY",
+            value_enum,
+            default_value = "accept"
+        )]
+        unsigned_harness_ids: HarnessIdsArg,
+    },
 }
 
 /// `callid identity-sources`
@@ -353,6 +452,9 @@ pub struct RouterServeArgs {
     /// Lease.
     #[command(flatten)]
     pub lease: LeaseArg,
+    /// Signed envelopes.
+    #[command(flatten)]
+    pub trust: TrustArg,
 }
 
 /// Operator commands of the router. None of them is reachable by the model.
@@ -525,6 +627,22 @@ pub struct GatewayArgs {
     /// Identity sources beyond the built-in table (see `callid identity-sources`).
     #[command(flatten)]
     pub sources: IdentitySourcesArg,
+    /// Signed envelopes.
+    #[command(flatten)]
+    pub trust: TrustArg,
+    /// Vouch for each spend to the upstream: sign, with this private key (`callid envelope
+    /// keygen`), an envelope of the operation (its idempotency key as `invocation_id`) and the
+    /// agent identity this gateway verified (`_meta["callid/vouched-for"]`), for an upstream that
+    /// verifies envelopes (`--trust-keys`, or the Guard API).
+    #[arg(long, value_name = "FILE", requires_all = ["vouch_kid", "vouch_platform"])]
+    pub vouch_key: Option<PathBuf>,
+    /// With `--vouch-key`: its key id in the upstream's trust file.
+    #[arg(long, value_name = "ID", requires = "vouch_key")]
+    pub vouch_kid: Option<String>,
+    /// With `--vouch-key`: the platform the gateway's envelopes name (listed for its key in the
+    /// upstream's trust file).
+    #[arg(long, value_name = "NAME", requires = "vouch_key")]
+    pub vouch_platform: Option<String>,
     /// The upstream MCP server to start, after `--`: `-- CMD ARGS...`.
     #[arg(
         last = true,

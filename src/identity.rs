@@ -40,8 +40,18 @@
 //! - An envelope identity is keyed by platform, `installation_id` (when sent) and
 //!   `invocation_id` ([`Identity::key_installation`]): two installations of one platform that send
 //!   the same `invocation_id` are two calls.
+//!
+//! # Signatures
+//! A platform may sign its envelope ([`signature`]: a detached JWS beside it in `_meta`); a router
+//! given trust keys ([`trust`], `--trust-keys FILE`) then accepts an envelope only with a valid
+//! signature by a key allowed for its platform, and harness identities only when the operator
+//! accepts them unsigned. Without trust keys nothing here changes: the signature is ignored.
 
 use serde_json::{Map, Value};
+
+pub mod signature;
+pub mod tools;
+pub mod trust;
 
 /// `_meta` key of Codex's per-call ID.
 pub const CODEX_KEY: &str = "callId";

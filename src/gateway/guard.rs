@@ -8,7 +8,8 @@
 //! answers the reply to send. It is the same pipeline as `callid router` and `callid gateway`
 //! ([`crate::router::pipeline`]): identity in the arguments refused, trusted identity from
 //! `_meta` (fail closed), request hash, the registry row committed before [`Decision::Run`] is
-//! returned, redelivery replayed, the same call id with other arguments refused.
+//! returned, redelivery replayed, the same call id with other arguments refused. Built with trust
+//! keys ([`GuardBuilder::trust_keys`]), it verifies signed envelopes as `--trust-keys` does.
 //!
 //! A ticket dropped without [`Ticket::finish`] (the handler failed or was cancelled) leaves the
 //! operation's outcome unknown: a tool the policy declares `idempotent` runs again under the
@@ -16,6 +17,7 @@
 //! again until a person resolves it (`callid router resolve`).
 
 use super::policy::GatewayPolicy;
+use crate::identity::trust::TrustKeys;
 use crate::keys::PublicHandle;
 use crate::router::pipeline::{
     Core, CoreOptions, Outcome, Quote, Reply, Spender, ToolCode, ToolError,
@@ -225,6 +227,45 @@ impl Spender for Handoff<'_> {
     }
 }
 
+/// Builds a [`Guard`] ([`Guard::builder`]).
+#[derive(Debug)]
+pub struct GuardBuilder {
+    registry: PathBuf,
+    policy: GatewayPolicy,
+    trust: Option<Arc<TrustKeys>>,
+}
+
+impl GuardBuilder {
+    /// Prices, approvals and a budget (see [`super::policy`]).
+    pub fn policy(mut self, policy: GatewayPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// Envelopes must be signed by these keys ([`crate::identity::trust`]); a call whose
+    /// signature is refused is answered with its code and records nothing.
+    pub fn trust_keys(mut self, trust: TrustKeys) -> Self {
+        self.trust = Some(Arc::new(trust));
+        self
+    }
+
+    /// The guard (its registry opened now if it can be).
+    pub fn build(self) -> Guard {
+        Guard {
+            core: Arc::new(Core::new(CoreOptions {
+                registry: crate::router::registry::RegistryLocation::File(self.registry),
+                preallocated_keys: None,
+                key_prefix: crate::keys::DEFAULT_KEY_PREFIX.into(),
+                handle_prefix: crate::keys::DEFAULT_HANDLE_PREFIX.into(),
+                identity_sources: crate::identity::IdentitySources::built_in_shared(),
+                lease_ttl: crate::router::pipeline::LEASE_TTL,
+                trust: self.trust,
+            })),
+            policy: self.policy,
+        }
+    }
+}
+
 impl Guard {
     /// A guard on the registry at `registry` (created if missing; a registry that cannot be
     /// opened makes every call fail closed with `registry_unavailable`).
@@ -234,16 +275,15 @@ impl Guard {
 
     /// A guard with prices, approvals and a budget (see [`super::policy`]).
     pub fn with_policy(registry: impl Into<PathBuf>, policy: GatewayPolicy) -> Guard {
-        Guard {
-            core: Arc::new(Core::new(CoreOptions {
-                registry: crate::router::registry::RegistryLocation::File(registry.into()),
-                preallocated_keys: None,
-                key_prefix: crate::keys::DEFAULT_KEY_PREFIX.into(),
-                handle_prefix: crate::keys::DEFAULT_HANDLE_PREFIX.into(),
-                identity_sources: crate::identity::IdentitySources::built_in_shared(),
-                lease_ttl: crate::router::pipeline::LEASE_TTL,
-            })),
-            policy,
+        Guard::builder(registry).policy(policy).build()
+    }
+
+    /// A guard with more options than [`Guard::open`]: a policy, trust keys.
+    pub fn builder(registry: impl Into<PathBuf>) -> GuardBuilder {
+        GuardBuilder {
+            registry: registry.into(),
+            policy: GatewayPolicy::default(),
+            trust: None,
         }
     }
 
@@ -311,6 +351,69 @@ mod tests {
         let args = json!({"prompt": "fox"}).as_object().unwrap().clone();
         let meta = json!({"callId": id}).as_object().unwrap().clone();
         (args, meta)
+    }
+
+    /// A guard with trust keys runs a validly signed call and answers a forged one with its
+    /// code, recording nothing for it.
+    #[tokio::test]
+    async fn a_guard_with_trust_keys_verifies_envelopes() {
+        use crate::identity::signature::{Alg, SIGNATURE_KEY, sign, write_new_key};
+        use crate::identity::trust::{HarnessIds, TrustKeys, now_secs};
+        let dir = tempfile::tempdir().unwrap();
+        let key = write_new_key(&dir.path().join("k"), Alg::Ed25519).unwrap();
+        let intruder = write_new_key(&dir.path().join("x"), Alg::Ed25519).unwrap();
+        let trust = dir.path().join("trust.yaml");
+        std::fs::write(
+            &trust,
+            format!(
+                "keys:\n  - {{kid: k, alg: ed25519, public_key: {}, platforms: [acme]}}\n",
+                key.public_key().unwrap()
+            ),
+        )
+        .unwrap();
+        let guard = Guard::builder(dir.path().join("registry.sqlite3"))
+            .trust_keys(TrustKeys::load(&trust, HarnessIds::Refuse).unwrap())
+            .build();
+        let args = json!({"prompt": "fox"}).as_object().unwrap().clone();
+        let meta = |by: &crate::identity::signature::SigningKey, id: &str| {
+            let envelope = json!({"platform": "acme", "invocation_id": id});
+            let jws = sign(&envelope, by, "k", now_secs(), now_secs() + 60).unwrap();
+            json!({crate::identity::ENVELOPE_KEY: envelope, SIGNATURE_KEY: jws})
+                .as_object()
+                .unwrap()
+                .clone()
+        };
+        match guard.begin("pay", &args, &meta(&intruder, "forged")).await {
+            Decision::Answer(err) => {
+                assert_eq!(
+                    err["structuredContent"]["error"], "invalid_signature",
+                    "{err}"
+                )
+            }
+            Decision::Run(t) => panic!("a forged envelope must not run: {t:?}"),
+        }
+        let (_, codex) = call("unsigned");
+        match guard.begin("pay", &args, &codex).await {
+            Decision::Answer(err) => {
+                assert_eq!(
+                    err["structuredContent"]["error"], "unsigned_identity",
+                    "{err}"
+                )
+            }
+            Decision::Run(t) => panic!("an unsigned harness id must not run: {t:?}"),
+        }
+        match guard.begin("pay", &args, &meta(&key, "signed")).await {
+            Decision::Run(ticket) => {
+                let reply = ticket.finish(json!({"content": []})).await;
+                assert_eq!(reply["_meta"]["callid/replayed"], false, "{reply}");
+            }
+            Decision::Answer(a) => panic!("a signed envelope runs: {a}"),
+        }
+        let rows: i64 = rusqlite::Connection::open(dir.path().join("registry.sqlite3"))
+            .unwrap()
+            .query_row("SELECT count(*) FROM operations", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(rows, 1, "only the signed call is recorded");
     }
 
     /// A `begin` abandoned before its ticket was handed out ran nothing: the operation stays

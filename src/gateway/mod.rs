@@ -87,6 +87,7 @@ mod relay;
 mod server;
 pub(crate) mod spend;
 mod upstream;
+pub mod vouch;
 
 pub(crate) use child::{DEFAULT_MAX_MESSAGE_BYTES, MIN_MAX_MESSAGE_BYTES};
 pub(crate) use spend::{Gateway, StartError};
@@ -122,6 +123,10 @@ pub(crate) struct GatewayOptions {
     pub identity_sources: std::sync::Arc<crate::identity::IdentitySources>,
     /// How long a dispatch lease lasts unless renewed (`--lease-ttl`).
     pub lease_ttl: Duration,
+    /// The keys envelopes must be signed with (`--trust-keys`).
+    pub trust: Option<std::sync::Arc<crate::identity::trust::TrustKeys>>,
+    /// The key the gateway signs its upstream calls with (`--vouch-key`).
+    pub vouch: Option<std::sync::Arc<vouch::Vouch>>,
 }
 
 /// Checks the registry ([`crate::router::check_registry`]; a new registry file is checked
@@ -158,6 +163,7 @@ pub(crate) async fn run(
             handle_prefix: options.handle_prefix.clone(),
             identity_sources: options.identity_sources.clone(),
             lease_ttl: options.lease_ttl,
+            trust: options.trust.clone(),
         })
     };
     let gateway = Gateway::start(
@@ -166,6 +172,7 @@ pub(crate) async fn run(
         options.spend.clone(),
         options.policy,
         &options.identity_sources,
+        options.vouch.clone(),
     )
     .await?;
     crate::logging::line(format_args!(

@@ -14,7 +14,8 @@
 //! the operation is in doubt (`outcome_in_doubt`) and never sent again, unless the tool is
 //! declared idempotent, in which case it stays open (`outcome_unknown`) and a redelivery
 //! re-sends it under the same idempotency key. An upstream that could not be reached at all
-//! leaves the operation open either way (nothing was sent).
+//! leaves the operation open either way (nothing was sent). A vouching gateway also sends a
+//! signed envelope of the call it checked ([`super::vouch`]).
 
 use super::policy::GatewayPolicy;
 use super::upstream::{Upstream, UpstreamError};
@@ -41,6 +42,13 @@ pub const ERROR_CODES: &[ToolCode] = &[
     ToolCode::AmbiguousIdentity,
     ToolCode::InvalidIdentity,
     ToolCode::IdentityInArguments,
+    ToolCode::MissingSignature,
+    ToolCode::InvalidSignature,
+    ToolCode::UnknownSigningKey,
+    ToolCode::SigningKeyNotAllowed,
+    ToolCode::SignatureExpired,
+    ToolCode::SignatureNotYetValid,
+    ToolCode::UnsignedIdentity,
     ToolCode::NonCanonicalArguments,
     ToolCode::InvalidArguments,
     ToolCode::RequestMismatch,
@@ -209,6 +217,7 @@ pub struct Gateway {
     policy: GatewayPolicy,
     tools: Vec<Tool>,
     sources: std::sync::Arc<identity::IdentitySources>,
+    vouch: Option<std::sync::Arc<super::vouch::Vouch>>,
 }
 
 impl std::fmt::Debug for Gateway {
@@ -230,6 +239,7 @@ impl Gateway {
         mut spend: BTreeSet<String>,
         policy: GatewayPolicy,
         sources: &std::sync::Arc<identity::IdentitySources>,
+        vouch: Option<std::sync::Arc<super::vouch::Vouch>>,
     ) -> Result<Gateway, StartError> {
         spend.extend(policy.tools.keys().cloned());
         let tools = merged_tools(&upstream, &spend, sources).await?;
@@ -240,6 +250,7 @@ impl Gateway {
             policy,
             tools,
             sources: sources.clone(),
+            vouch,
         })
     }
 
@@ -395,6 +406,9 @@ impl Spender for Gateway {
         meta.0
             .0
             .insert(IDEMPOTENCY_META.into(), json!(op.key.idempotency_key()));
+        if let Some(vouch) = &self.vouch {
+            vouch.add(op, &mut meta.0.0, identity::trust::now_secs());
+        }
         let mut params = CallToolRequestParams::new(op.tool.clone()).with_arguments(arguments);
         params.meta = Some(meta);
         match self.upstream.call_tool(params).await {

@@ -5,7 +5,8 @@
 //! is an upstream MCP server ([`crate::gateway`]). For every spend call the core:
 //! 1. refuses identity in the arguments ([`identity::IdentitySources::check_arguments`]);
 //! 2. reads the trusted identity from `_meta` ([`identity::IdentitySources::from_meta_map`]),
-//!    failing closed;
+//!    failing closed, and, with trust keys, verifies its signature
+//!    ([`identity::trust::TrustKeys::verify`]) before anything below is consulted or recorded;
 //! 3. hashes the request ([`canonical::request_hash`]) and lets the spender check the arguments;
 //! 4. looks the registry up by (platform, installation, the envelope's installation, harness call
 //!    id);
@@ -221,6 +222,8 @@ pub struct CoreOptions {
     pub identity_sources: Arc<identity::IdentitySources>,
     /// How long a dispatch lease lasts unless renewed ([`LEASE_TTL`] by default).
     pub lease_ttl: Duration,
+    /// The keys envelopes must be signed with (`--trust-keys`); `None` verifies nothing.
+    pub trust: Option<Arc<identity::trust::TrustKeys>>,
 }
 
 /// The pipeline's state: registry, key pool, single-flight locks, lease owner, scrubber.
@@ -367,6 +370,11 @@ impl Core {
         let sources = &self.opts.identity_sources;
         sources.check_arguments(&args).map_err(identity_error)?;
         let id = sources.from_meta_map(meta).map_err(identity_error)?;
+        if let Some(trust) = &self.opts.trust {
+            trust
+                .verify(meta, &id, identity::trust::now_secs())
+                .map_err(super::reply::signature_error)?;
+        }
         let hash = canonical::request_hash(tool, &args).map_err(|e| {
             ToolError::new(
                 ToolCode::NonCanonicalArguments,

@@ -40,6 +40,20 @@ pub enum ToolCode {
     InvalidIdentity,
     /// `identity_in_arguments`.
     IdentityInArguments,
+    /// `missing_signature`.
+    MissingSignature,
+    /// `invalid_signature`.
+    InvalidSignature,
+    /// `unknown_signing_key`.
+    UnknownSigningKey,
+    /// `signing_key_not_allowed`.
+    SigningKeyNotAllowed,
+    /// `signature_expired`.
+    SignatureExpired,
+    /// `signature_not_yet_valid`.
+    SignatureNotYetValid,
+    /// `unsigned_identity`.
+    UnsignedIdentity,
     /// `non_canonical_arguments`.
     NonCanonicalArguments,
     /// `invalid_arguments`.
@@ -80,11 +94,18 @@ pub enum ToolCode {
 
 impl ToolCode {
     /// Every code, in catalogue order.
-    pub const ALL: [ToolCode; 22] = [
+    pub const ALL: [ToolCode; 29] = [
         ToolCode::MissingIdentity,
         ToolCode::AmbiguousIdentity,
         ToolCode::InvalidIdentity,
         ToolCode::IdentityInArguments,
+        ToolCode::MissingSignature,
+        ToolCode::InvalidSignature,
+        ToolCode::UnknownSigningKey,
+        ToolCode::SigningKeyNotAllowed,
+        ToolCode::SignatureExpired,
+        ToolCode::SignatureNotYetValid,
+        ToolCode::UnsignedIdentity,
         ToolCode::NonCanonicalArguments,
         ToolCode::InvalidArguments,
         ToolCode::RequestMismatch,
@@ -112,6 +133,13 @@ impl ToolCode {
             ToolCode::AmbiguousIdentity => "ambiguous_identity",
             ToolCode::InvalidIdentity => "invalid_identity",
             ToolCode::IdentityInArguments => "identity_in_arguments",
+            ToolCode::MissingSignature => "missing_signature",
+            ToolCode::InvalidSignature => "invalid_signature",
+            ToolCode::UnknownSigningKey => "unknown_signing_key",
+            ToolCode::SigningKeyNotAllowed => "signing_key_not_allowed",
+            ToolCode::SignatureExpired => "signature_expired",
+            ToolCode::SignatureNotYetValid => "signature_not_yet_valid",
+            ToolCode::UnsignedIdentity => "unsigned_identity",
             ToolCode::NonCanonicalArguments => "non_canonical_arguments",
             ToolCode::InvalidArguments => "invalid_arguments",
             ToolCode::RequestMismatch => "request_mismatch",
@@ -148,6 +176,21 @@ impl ToolCode {
             E::InArguments { .. } => ToolCode::IdentityInArguments,
         }
     }
+
+    /// The code of a signature refusal (the same wire string as
+    /// [`identity::signature::SignatureError::code`]).
+    pub fn of_signature(e: &identity::signature::SignatureError) -> ToolCode {
+        use identity::signature::SignatureError as E;
+        match e {
+            E::Missing => ToolCode::MissingSignature,
+            E::Malformed { .. } | E::Forged { .. } => ToolCode::InvalidSignature,
+            E::UnknownKey { .. } => ToolCode::UnknownSigningKey,
+            E::PlatformNotAllowed { .. } => ToolCode::SigningKeyNotAllowed,
+            E::Expired { .. } => ToolCode::SignatureExpired,
+            E::NotYetValid { .. } => ToolCode::SignatureNotYetValid,
+            E::Unsigned { .. } => ToolCode::UnsignedIdentity,
+        }
+    }
 }
 
 impl std::fmt::Display for ToolCode {
@@ -162,6 +205,13 @@ pub const ERROR_CODES: &[ToolCode] = &[
     ToolCode::AmbiguousIdentity,
     ToolCode::InvalidIdentity,
     ToolCode::IdentityInArguments,
+    ToolCode::MissingSignature,
+    ToolCode::InvalidSignature,
+    ToolCode::UnknownSigningKey,
+    ToolCode::SigningKeyNotAllowed,
+    ToolCode::SignatureExpired,
+    ToolCode::SignatureNotYetValid,
+    ToolCode::UnsignedIdentity,
     ToolCode::NonCanonicalArguments,
     ToolCode::InvalidArguments,
     ToolCode::RequestMismatch,
@@ -336,6 +386,14 @@ impl Reply {
             }),
         }
     }
+}
+
+/// A signature refusal as a tool error (nothing was recorded or dispatched).
+pub fn signature_error(e: identity::signature::SignatureError) -> ToolError {
+    ToolError::new(
+        ToolCode::of_signature(&e),
+        format!("{e}; nothing was dispatched"),
+    )
 }
 
 /// An identity refusal: nothing was dispatched.
@@ -525,6 +583,13 @@ mod tests {
             (ToolCode::AmbiguousIdentity, "ambiguous_identity"),
             (ToolCode::InvalidIdentity, "invalid_identity"),
             (ToolCode::IdentityInArguments, "identity_in_arguments"),
+            (ToolCode::MissingSignature, "missing_signature"),
+            (ToolCode::InvalidSignature, "invalid_signature"),
+            (ToolCode::UnknownSigningKey, "unknown_signing_key"),
+            (ToolCode::SigningKeyNotAllowed, "signing_key_not_allowed"),
+            (ToolCode::SignatureExpired, "signature_expired"),
+            (ToolCode::SignatureNotYetValid, "signature_not_yet_valid"),
+            (ToolCode::UnsignedIdentity, "unsigned_identity"),
             (ToolCode::NonCanonicalArguments, "non_canonical_arguments"),
             (ToolCode::InvalidArguments, "invalid_arguments"),
             (ToolCode::RequestMismatch, "request_mismatch"),
@@ -553,6 +618,9 @@ mod tests {
         }
         assert_eq!(ToolCode::from_code("no_such_code"), None);
         for wire in identity::IdentityError::CODES {
+            assert!(ToolCode::from_code(wire).is_some(), "{wire}");
+        }
+        for wire in identity::signature::SignatureError::CODES {
             assert!(ToolCode::from_code(wire).is_some(), "{wire}");
         }
         assert!(ERROR_CODES.iter().all(|c| ToolCode::ALL.contains(c)));

@@ -61,6 +61,8 @@ pub struct RouterOptions {
     pub identity_sources: Arc<identity::IdentitySources>,
     /// How long a dispatch lease lasts unless renewed.
     pub lease_ttl: std::time::Duration,
+    /// The keys envelopes must be signed with (`--trust-keys`).
+    pub trust: Option<Arc<identity::trust::TrustKeys>>,
 }
 
 /// The reference router's state: the pipeline core, the backend, the diagnostics.
@@ -88,6 +90,7 @@ impl Router {
             handle_prefix: opts.handle_prefix.clone(),
             identity_sources: opts.identity_sources.clone(),
             lease_ttl: opts.lease_ttl,
+            trust: opts.trust.clone(),
         });
         let diagnostics = opts.diagnose_meta.as_ref().and_then(|path| {
             Diagnostics::open(path, opts.identity_sources.clone())

@@ -619,7 +619,7 @@ fn the_gateway_refuses_a_non_loopback_http_address() {
 
 /// Builds `examples/guarded_server.rs` (cargo compiles examples for `cargo test`, not for
 /// `cargo test --test it`) and returns its path.
-fn guarded_server() -> PathBuf {
+pub(crate) fn guarded_server() -> PathBuf {
     // `<target>/<profile>/deps/it-...`: build the example with the same profile.
     let exe = std::env::current_exe().unwrap();
     let profile_dir = exe.parent().and_then(Path::parent).unwrap().to_path_buf();

@@ -39,4 +39,5 @@ mod replicas_faults;
 mod replicas_gateway;
 mod router;
 mod router_perf;
+mod signed_envelopes;
 mod store;
