@@ -33,4 +33,5 @@ mod replicas;
 mod replicas_gateway;
 mod router;
 mod router_perf;
+mod snippets;
 mod store;
