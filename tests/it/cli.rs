@@ -1,7 +1,7 @@
-//! Integration tests of what a newcomer meets first: the client guide's configs (docs/src/client.md), `--version`,
-//! shell completions, `classify -`, per-command `--format` values, error messages that say their
-//! cause once, a closed standard output, the stdio servers' terminal banner, and `matrix add` on
-//! a single call.
+//! Integration tests of what a newcomer meets first: the client guide's configs
+//! (docs/src/client.md), `--version`, shell completions, `classify -`, per-command `--format`
+//! values, error messages that say their cause once, a closed standard output, the stdio servers'
+//! terminal banner, and `matrix add` on a single call.
 
 use crate::common::{bin, repo};
 use callid::testing::client_configs::{

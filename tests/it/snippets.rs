@@ -1,13 +1,14 @@
-//! The README and the book (docs/src) as a user meets them (issue #26, items 1 and 4).
+//! The README and the book (docs/src) as a user meets them (issue #26, items 1, 2 and 4).
 //!
-//! - Every shell block (fence `sh`, `bash` or `shell`) of README.md and docs/src runs as written, with the built binary on
-//!   `PATH` as `callid`, in an empty temporary directory that is also `HOME`: no clone of callid,
-//!   no network, no API key. A block that needs more says why in its fence, after `not-run:`
-//!   (```` ```sh not-run: needs a PostgreSQL server ````), and is not run. `console` and `text`
-//!   blocks are transcripts and never run.
+//! - Every shell block (fence `sh`, `bash` or `shell`) of README.md and docs/src runs as written,
+//!   with the built binary on `PATH` as `callid`, in an empty temporary directory that is also
+//!   `HOME`: no clone of callid, no network, no API key. A block that needs more says why in its
+//!   fence, after `not-run:` (```` ```sh not-run: needs a PostgreSQL server ````), and is not
+//!   run. `console` and `text` blocks are transcripts and never run.
 //! - Every relative link of README.md, BENCHMARKS.md, ROUTER-CONTRACT.md and docs/src resolves to
 //!   a file or folder of the repository, and its `#anchor` to a heading of that file (as GitHub
 //!   and mdBook name them); every page of docs/src is in the book's SUMMARY.md.
+//! - No page, schema or manifest names an address nobody can verify.
 
 use crate::common::{bin, repo};
 use std::collections::BTreeMap;
@@ -21,7 +22,8 @@ use std::time::{Duration, Instant};
 const SNIPPET_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// What some snippets must print, beyond exiting 0: (the start of a line of the snippet, after
-/// its indentation; a text its standard output must contain). A snippet named here that no page holds any more fails the test.
+/// its indentation; a text its standard output must contain). A snippet named here that no page
+/// holds any more fails the test.
 const EXPECTED_OUTPUT: &[(&str, &str)] = &[
     // The gateway demo: two charges for three calls, the third a replay of the first.
     ("call 4 list_charges '{}' '{}'; sleep 1", r#""count":2"#),
@@ -437,4 +439,44 @@ fn the_readme_fits_two_screens_and_starts_with_the_two_commands() {
             "CI (.ci/run) runs `{command}` as the README says"
         );
     }
+}
+
+/// No address that nobody can verify (issue #26, item 2): callid has no public home these files
+/// could name, so none names one. Each schema is identified by a URN instead.
+#[test]
+fn no_made_up_address_in_what_a_user_reads() {
+    let root = repo();
+    let mut files = vec![
+        PathBuf::from("Cargo.toml"),
+        PathBuf::from(".github/workflows/release.yml"),
+    ];
+    files.extend(pages().into_iter().map(|(p, _)| p));
+    for schema in std::fs::read_dir(root.join("schemas")).unwrap() {
+        let path = schema.unwrap().path();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let name = path.file_stem().unwrap().to_string_lossy().into_owned();
+        assert_eq!(
+            doc["$id"],
+            format!("urn:callid:schema:{name}"),
+            "{}",
+            path.display()
+        );
+        files.push(path.strip_prefix(&root).unwrap().to_path_buf());
+    }
+    for file in files {
+        let text = std::fs::read_to_string(root.join(&file)).unwrap();
+        for made_up in ["github.com/callid", "example.invalid"] {
+            assert!(
+                !text.contains(made_up),
+                "{}: names `{made_up}`, an address nobody can verify",
+                file.display()
+            );
+        }
+    }
+    let manifest = std::fs::read_to_string(root.join("Cargo.toml")).unwrap();
+    assert!(
+        !manifest.lines().any(|l| l.starts_with("repository")),
+        "Cargo.toml names a repository: only once the project has a public address"
+    );
 }
