@@ -6,13 +6,13 @@ A budget check must not grow with the decisions an account settled before. This 
 directory, makes one operation (so the registry and its account exist), writes `--history`
 charged decisions of that account straight into the registry, then times `--calls` new
 `generate_image` operations (each with a new Codex `callId`) over stdio and prints op/s.
-BENCHMARKS.md ("Budget history") quotes it with `--history 0` and `--history 100000`.
+BENCHMARKS.md ("Why, in a page": budgets) quotes it with `--history 0` and `--history 100000`.
 
 With `--postgres postgres://USER@HOST:PORT` the registry is a fresh database on that server
 instead (created with `psql`, dropped afterwards), and the history goes into `callid_decisions`.
 
-    python3 benches/budget_history.py --history 100000 --calls 300 -- target/release/callid
-    python3 benches/budget_history.py --postgres postgres://callid@127.0.0.1:5432 -- target/release/callid
+    python3 benches/budget_history.py --history 100000 --calls 300 -- target/profiling/callid
+    python3 benches/budget_history.py --postgres postgres://callid@127.0.0.1:5432 -- target/profiling/callid
 """
 
 import argparse

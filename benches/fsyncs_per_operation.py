@@ -8,7 +8,7 @@ plus the occasional checkpoint. This script starts the server under
 and prints (syncs(N) - syncs(0)) / N: the syncs one new operation costs, startup excluded.
 BENCHMARKS.md quotes it beside `callid bench --only router_new_operation`.
 
-    python3 benches/fsyncs_per_operation.py --calls 100 -- target/release/callid router --registry {dir}/registry.sqlite3
+    python3 benches/fsyncs_per_operation.py --calls 100 -- target/profiling/callid router --registry {dir}/registry.sqlite3
 
 `{dir}` in the command is replaced by the fresh state directory of each run.
 """

@@ -7,9 +7,9 @@ script starts a stdio MCP server under `valgrind --tool=callgrind` twice, once a
 work one call costs that process, startup and shutdown excluded. BENCHMARKS.md uses it to explain
 the ratios `callid bench` measures.
 
-    python3 benches/per_call_instructions.py --calls 200 --tool capabilities -- target/release/callid probe --log /tmp/p.jsonl
-    python3 benches/per_call_instructions.py --calls 200 --tool capabilities -- target/release/callid bench --serve-baseline
-    python3 benches/per_call_instructions.py --calls 200 --tool generate_image --replay -- target/release/callid router --registry /tmp/r/registry.sqlite3
+    python3 benches/per_call_instructions.py --calls 200 --tool capabilities -- target/profiling/callid probe --log /tmp/p.jsonl
+    python3 benches/per_call_instructions.py --calls 200 --tool capabilities -- target/profiling/callid bench --serve-baseline
+    python3 benches/per_call_instructions.py --calls 200 --tool generate_image --replay -- target/profiling/callid router --registry /tmp/r/registry.sqlite3
 
 Each call carries a Codex-sized `_meta` with a new `callId` (or, with `--replay`, the same one, so
 after the first call every call is a redelivery). Every answer is checked.

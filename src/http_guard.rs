@@ -165,7 +165,7 @@ pub struct Bound {
 /// `listener` with `TCP_NODELAY` set on every connection it accepts. Every HTTP server of callid
 /// serves through it: a streamable-HTTP reply goes out as several small writes (headers, then
 /// each SSE event), and with Nagle's algorithm the later writes wait for the client's delayed
-/// ACK, up to 40 ms per call on Linux (see BENCHMARKS.md, "HTTP single session").
+/// ACK, up to 40 ms per call on Linux (see BENCHMARKS.md, "Why, in a page": HTTP sessions).
 pub fn nodelay(
     listener: TcpListener,
 ) -> impl axum::serve::Listener<Io = tokio::net::TcpStream, Addr = SocketAddr> {

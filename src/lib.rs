@@ -112,7 +112,8 @@ pub mod testing {
         pub use crate::crashpoint::{Boundary, ENV, PAUSE_ENV};
     }
 
-    /// The MCP client configurations `measure` writes and the README shows.
+    /// The MCP client configurations `measure` writes and the client guide (docs/src/client.md)
+    /// shows.
     pub mod client_configs {
         pub use crate::measure::client::{
             Client, SERVER_NAME, claude_code_mcp_json, claude_mcp_add, codex_mcp_add,

@@ -1,7 +1,7 @@
-//! Integration tests of what a newcomer meets first: the README's client configs, `--version`,
-//! shell completions, `classify -`, per-command `--format` values, error messages that say their
-//! cause once, a closed standard output, the stdio servers' terminal banner, and `matrix add` on
-//! a single call.
+//! Integration tests of what a newcomer meets first: the client guide's configs
+//! (docs/src/client.md), `--version`, shell completions, `classify -`, per-command `--format`
+//! values, error messages that say their cause once, a closed standard output, the stdio servers'
+//! terminal banner, and `matrix add` on a single call.
 
 use crate::common::{bin, repo};
 use callid::testing::client_configs::{
@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::io::Write as _;
 use std::process::{Command, Output, Stdio};
 
-/// The example paths the README's client configs use.
+/// The example paths the client guide's configs use.
 const README_CALLID: &str = "/home/you/.cargo/bin/callid";
 const README_LOG: &str = "/home/you/callid-probe.jsonl";
 const README_URL: &str = "http://127.0.0.1:8765/mcp";
@@ -31,16 +31,17 @@ fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
-/// The stdio server command line of every README config (program first).
+/// The stdio server command line of every client guide config (program first).
 fn readme_server() -> Vec<String> {
     [README_CALLID, "probe", "--log", README_LOG]
         .map(String::from)
         .to_vec()
 }
 
-/// Every `<!-- client-config: NAME -->` block of README.md: name -> (fence language, body).
+/// Every `<!-- client-config: NAME -->` block of the client guide (docs/src/client.md): name ->
+/// (fence language: the first word of the fence's info string, body).
 fn readme_configs() -> BTreeMap<String, (String, String)> {
-    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    let readme = std::fs::read_to_string(repo().join("docs/src/client.md")).unwrap();
     let mut out = BTreeMap::new();
     let mut lines = readme.lines();
     while let Some(line) = lines.next() {
@@ -53,7 +54,10 @@ fn readme_configs() -> BTreeMap<String, (String, String)> {
         let fence = lines.next().unwrap_or_default();
         let lang = fence
             .strip_prefix("```")
-            .unwrap_or_else(|| panic!("`{name}`: the marker must be followed by a code fence"));
+            .unwrap_or_else(|| panic!("`{name}`: the marker must be followed by a code fence"))
+            .split_whitespace()
+            .next()
+            .unwrap_or_default();
         let mut body = String::new();
         for l in lines.by_ref() {
             if l == "```" {
@@ -63,7 +67,7 @@ fn readme_configs() -> BTreeMap<String, (String, String)> {
             body.push('\n');
         }
         let previous = out.insert(name.to_owned(), (lang.to_owned(), body));
-        assert!(previous.is_none(), "two README blocks named `{name}`");
+        assert!(previous.is_none(), "two client guide blocks named `{name}`");
     }
     out
 }

@@ -541,10 +541,11 @@ fn write_expected_failures_creates_a_baseline_the_next_run_accepts() {
     assert!(stdout(&second).contains("fail (expected)"));
 }
 
-/// The README's CI recipe is a GitHub Actions workflow that runs the command it documents.
+/// The CI recipe of the guide *Check your router* is a GitHub Actions workflow that runs the
+/// command it documents, and installs callid from a pinned copy, never from a made-up address.
 #[test]
 fn the_readme_ci_recipe_is_a_workflow_running_conform_with_junit() {
-    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    let readme = std::fs::read_to_string(repo().join("docs/src/conform.md")).unwrap();
     let start = readme
         .find("```yaml\n# .github/workflows/router-conformance.yml")
         .expect("the CI recipe block");
@@ -556,9 +557,11 @@ fn the_readme_ci_recipe_is_a_workflow_running_conform_with_junit() {
         .expect("jobs.conform.steps");
     let runs: Vec<&str> = steps.iter().filter_map(|s| s["run"].as_str()).collect();
     assert!(
-        runs.iter().any(|r| r.contains("cargo install --locked")),
+        runs.iter()
+            .any(|r| r.contains("cargo install --locked --path third_party/callid")),
         "{runs:?}"
     );
+    assert!(!body.contains("://"), "no address in the recipe:\n{body}");
     assert!(
         runs.iter()
             .any(|r| r

@@ -40,4 +40,5 @@ mod replicas_gateway;
 mod router;
 mod router_perf;
 mod signed_envelopes;
+mod snippets;
 mod store;
