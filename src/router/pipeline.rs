@@ -754,7 +754,7 @@ impl Core {
     }
 
     /// Runs the spender on a leased operation (asked for at `leased_at`), renewing the lease
-    /// every third of its lifetime until the spender answers, so a live dispatcher's lease never
+    /// every third of its lifetime (counted from `leased_at`) until the spender answers, so a live dispatcher's lease never
     /// lapses however long the backend takes. A renewal that finds the lease gone is logged:
     /// this dispatcher's writes will then be fenced. When no renewal succeeded for
     /// [`ABANDON_AFTER`] of the lifetime (the registry is unreachable), it stops waiting for the
@@ -779,7 +779,9 @@ impl Core {
         );
         let (renewed_tx, mut renewed) = tokio::sync::watch::channel(leased_at);
         let renewer = tokio::spawn(async move {
-            let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+            // Counted from when the lease was asked for, as the abandon deadline below is: a
+            // claim (or a new row's insert) that waited in the registry renews at once.
+            let mut tick = tokio::time::interval_at(leased_at + period, period);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;

@@ -764,6 +764,48 @@ async fn fault_run(test: &str, kind: Kind, fault: Fault) -> Option<Duration> {
     Some(took)
 }
 
+/// A new operation whose row insert waits in the registry (another session's uncommitted row of
+/// the same call identity, rolled back after 1.8 s of a 3 s lease) is renewed from when its
+/// lease was asked for, so its dispatcher does not give up on a healthy 2 s dispatch.
+#[tokio::test]
+async fn a_dispatch_whose_insert_waited_is_renewed_in_time() {
+    let test = "a_dispatch_whose_insert_waited_is_renewed_in_time";
+    let Some(w) = World::new(test, Kind::HonoursKey, [127, 0, 0, 1].into()).await else {
+        return;
+    };
+    let a = w.replica("a", 3.0, None).await;
+    let limit = bound(Fault::Kill);
+    let (tool, args) = w.spend_call(0.0);
+    let warm = deliver(&a.conn, tool, &args, "warm-a", limit).await;
+    assert!(!warm.is_tool_error(), "{}", warm.raw);
+    let url = w.pg.url();
+    let (held_tx, held) = std::sync::mpsc::channel();
+    let holder = std::thread::spawn(move || {
+        let mut client = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+        let mut tx = client.transaction().unwrap();
+        tx.batch_execute(
+            r"CREATE TEMP TABLE slow ON COMMIT DROP AS
+                SELECT * FROM callid_operations WHERE harness_call_id LIKE '%warm-a%';
+              UPDATE slow SET harness_call_id = replace(harness_call_id, 'warm-a', 'slow'),
+                handle = handle || '-slow', operation_key = operation_key || '-slow',
+                status = 'pending';
+              INSERT INTO callid_operations SELECT * FROM slow;",
+        )
+        .unwrap();
+        held_tx.send(()).unwrap();
+        std::thread::sleep(Duration::from_millis(1800));
+        tx.rollback().unwrap();
+    });
+    held.recv().expect("the conflicting row was never inserted");
+    w.set_hold(2.0);
+    let (tool, args) = w.spend_call(2.0);
+    let answer = deliver(&a.conn, tool, &args, "slow", limit).await;
+    holder.join().unwrap();
+    assert!(!answer.is_tool_error(), "{}", answer.raw);
+    assert_eq!(w.ledger_charges(), 2, "the warm-up and one");
+    a.stop().await;
+}
+
 macro_rules! fault_tests {
     ($($(#[$attr:meta])* $name:ident: $kind:expr, $fault:expr;)*) => {$(
         #[tokio::test]
