@@ -36,7 +36,11 @@
 //! safe to retry (see `registry.rs`); one that finds a dispatch whose process may be gone
 //! ([`Lease::Orphaned`]) waits for its lease to expire and takes it over. A dispatcher renews
 //! its lease while the backend works and stops waiting for the backend ([`ABANDON_AFTER`])
-//! before the lease could expire when it cannot renew it.
+//! before the lease could expire when it cannot renew it. A lease whose claim came back later
+//! than that share of its lifetime after it was asked for (its statement waited in the registry,
+//! for a row lock of a replica cut off mid-transaction, say) is given back without dispatching:
+//! the server counts such a lease from before the wait, so it may have lapsed already and
+//! another process taken the operation over.
 
 use super::preallocated::{KeyPool, KeyPoolError};
 use super::registry::{
@@ -609,6 +613,14 @@ impl Core {
         leased_at: tokio::time::Instant,
         staged: Option<Staged>,
     ) -> Result<Reply, ToolError> {
+        if leased_at.elapsed() >= self.opts.lease_ttl.mul_f64(ABANDON_AFTER) {
+            // The server computed the lease's expiry when its statement began, before any wait
+            // for the row, so it may have expired before the claim returned: another process
+            // may hold it by now. Nothing was sent; the next delivery claims it afresh.
+            tracing::warn!(handle = %op.handle, "the dispatch lease came back too late to be trusted; not dispatched");
+            self.give_up_lease(&op, generation).await;
+            return Err(lease_came_late(&op, leased_at.elapsed()));
+        }
         let Some(outcome) = self
             .execute_renewing(spender, &op, generation, leased_at, staged)
             .await
@@ -750,7 +762,7 @@ impl Core {
     }
 
     /// Runs the spender on a leased operation (asked for at `leased_at`), renewing the lease
-    /// every third of its lifetime until the spender answers, so a live dispatcher's lease never
+    /// every third of its lifetime (counted from `leased_at`) until the spender answers, so a live dispatcher's lease never
     /// lapses however long the backend takes. A renewal that finds the lease gone is logged:
     /// this dispatcher's writes will then be fenced. When no renewal succeeded for
     /// [`ABANDON_AFTER`] of the lifetime (the registry is unreachable), it stops waiting for the
@@ -775,7 +787,9 @@ impl Core {
         );
         let (renewed_tx, mut renewed) = tokio::sync::watch::channel(leased_at);
         let renewer = tokio::spawn(async move {
-            let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+            // Counted from when the lease was asked for, as the abandon deadline below is: a
+            // claim (or a new row's insert) that waited in the registry renews at once.
+            let mut tick = tokio::time::interval_at(leased_at + period, period);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
@@ -1138,6 +1152,22 @@ fn abandoned(op: &Operation, ttl: Duration) -> ToolError {
              to settle it without a second charge, and do not make a new call for it",
             op.handle,
             ttl.mul_f64(ABANDON_AFTER).as_secs_f64()
+        ),
+    )
+    .of(op)
+}
+
+/// The answer of a delivery whose dispatch lease came back too late to be trusted
+/// ([`ABANDON_AFTER`] of its lifetime after it was asked for, `took` in all): nothing was sent.
+fn lease_came_late(op: &Operation, took: Duration) -> ToolError {
+    ToolError::new(
+        ToolCode::OperationInProgress,
+        format!(
+            "operation `{}` was not dispatched: taking its dispatch lease took {:.1} s in the \
+             registry, long enough that another router process may have taken it over; retry \
+             the same call shortly: it is safe and will return that operation's result",
+            op.handle,
+            took.as_secs_f64()
         ),
     )
     .of(op)
