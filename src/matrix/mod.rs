@@ -180,7 +180,7 @@ pub fn is_conform_report(text: &str) -> bool {
 }
 
 /// Turns a `callid conform --format json` report into a row of `routers.yaml` (replacing the
-/// row with the same id) and renders `SUPPORT.md`. The built-in reference router's row (target
+/// row with the same id, whose `command` it keeps) and renders `SUPPORT.md`. The built-in reference router's row (target
 /// starting with `callid`) carries this build's version.
 pub fn add_conform_report(
     dir: &Path,
@@ -236,10 +236,22 @@ pub fn add_conform_report(
             routers: Vec::new(),
         }
     };
-    match file.routers.iter_mut().find(|r| r.id == row.id) {
-        Some(slot) => *slot = row.clone(),
-        None => file.routers.push(row.clone()),
-    }
+    // A re-measured row keeps the command it was measured with (the report does not know how
+    // conform was invoked: `--target`, `--allow-incomplete`, an install step).
+    let row = match file.routers.iter_mut().find(|r| r.id == row.id) {
+        Some(slot) => {
+            let row = data::RouterRow {
+                command: std::mem::take(&mut slot.command),
+                ..row
+            };
+            *slot = row.clone();
+            row
+        }
+        None => {
+            file.routers.push(row.clone());
+            row
+        }
+    };
     file.save(&path)?;
     render_dir(dir, false)?;
     Ok(row)

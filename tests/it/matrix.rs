@@ -340,6 +340,34 @@ fn add_turns_a_conformance_report_into_a_router_row() {
     render_check_passes(&dir, tmp.path());
 }
 
+/// Re-adding a router's report replaces its verdicts and keeps the command its row was measured
+/// with (a report does not know how conform was invoked: `--target FILE`, an install step).
+#[test]
+fn re_adding_a_report_keeps_the_rows_command() {
+    let (tmp, dir) = fixture();
+    let report = repo().join("tests/fixtures/matrix-conform-report.json");
+    matrix_add(&report, &dir, 0, tmp.path());
+    let path = dir.join("routers.yaml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let custom = "install.sh && callid conform --target my-router.yaml --format json";
+    let at = text.find("- id: callid-reference-router").unwrap();
+    let (before, row) = text.split_at(at);
+    let edited = format!(
+        "{before}{}",
+        row.replacen(
+            "command: callid conform --format json",
+            &format!("command: {custom}"),
+            1
+        )
+    );
+    assert_ne!(edited, text, "the added row has the default command");
+    std::fs::write(&path, edited).unwrap();
+    matrix_add(&report, &dir, 0, tmp.path());
+    let again = std::fs::read_to_string(&path).unwrap();
+    assert!(again.contains(&format!("command: {custom}")), "{again}");
+    assert_eq!(again.matches("- id: callid-reference-router").count(), 1);
+}
+
 /// The verdicts of the routers-table column whose header starts with `header`, one per check
 /// row.
 fn router_column(md: &str, header: &str) -> Vec<String> {
