@@ -490,7 +490,7 @@ fn run_gateway(args: crate::cli::GatewayArgs) -> anyhow::Result<ExitCode> {
     }
     let options = GatewayOptions {
         policy,
-        registry: crate::router::registry::RegistryLocation::parse(args.registry.as_os_str())?,
+        registry: crate::spend::registry::RegistryLocation::parse(args.registry.as_os_str())?,
         spend: args.spend.into_iter().collect(),
         upstream,
         upstream_timeout: std::time::Duration::from_secs(args.upstream_timeout),
@@ -545,7 +545,7 @@ pub fn report_error(err: &anyhow::Error) -> ExitCode {
 /// `callid router`: serve MCP, or run an operator command on the registry.
 fn run_router(args: crate::cli::RouterArgs) -> anyhow::Result<ExitCode> {
     use crate::cli::{RegistryArg, RouterCommand};
-    use crate::router::{operator, policy::Policy, registry};
+    use crate::spend::{operator, policy::Policy, registry};
     use anyhow::Context as _;
     let registry_path =
         |arg: &RegistryArg| -> anyhow::Result<registry::RegistryLocation> {

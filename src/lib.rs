@@ -7,38 +7,53 @@
 //! clients send one, routes paid calls by it, and checks that routers do so correctly.
 //!
 //! # Layout
+//! The rooms of the house, each a top-level module; a module uses only the rooms listed before it
+//! or beside it, never a user of itself.
+//!
+//! **Foundations**
 //! - [`cli`]: the command line (clap types only), converted into domain options by [`app`].
 //! - [`app`]: runs one command and maps every error to a message and an exit code.
 //! - [`exit_codes`]: the exit codes every command uses.
 //! - [`error_chain`]: an error and its causes as one line of text, each cause said once.
-//! - [`identity`]: the trusted-identity rules: sources in `_meta`, bounds, identity in arguments.
 //! - [`clock`]: the wall clock, and the one UTC date algorithm behind every timestamp and date.
-//! - [`canonical`]: RFC 8785 canonical JSON and the request hash `sha256(tool, 0, canonical args)`.
 //! - [`text`]: cutting text at a character boundary, and GitHub-flavoured Markdown table cells.
 //! - [`yaml`]: the one strict YAML loader; its errors say the path once.
-//! - [`shape`]: the shape of `_meta` (paths, types, lengths, short digests), never its values.
-//! - [`keys`]: private operation keys and public handles as distinct, leak-resistant types.
-//! - [`secret`]: credentials (tokens, URLs with passwords or API keys) that never show.
 //! - [`logging`]: best-effort standard error and the log set-up: a failed write never costs a
 //!   reply.
 //! - [`http_guard`]: the loopback, `Host` and `Origin` policy of every HTTP server of callid.
+//! - [`secret`]: credentials (tokens, URLs with passwords or API keys) that never show.
 //! - [`crashpoint`]: test-only crash points that kill the process at a named spend boundary
 //!   (armed only with the `test-hooks` feature; empty in an installed binary).
+//!
+//! **The field's rules**
+//! - [`identity`]: the trusted-identity rules: sources in `_meta`, bounds, identity in arguments,
+//!   signed envelopes.
+//! - [`canonical`]: RFC 8785 canonical JSON and the request hash `sha256(tool, 0, canonical args)`.
+//! - [`shape`]: the shape of `_meta` (paths, types, lengths, short digests), never its values.
+//! - [`keys`]: private operation keys and public handles as distinct, leak-resistant types.
+//!
+//! **Storage**
+//! - [`storage`]: the one home for opening, protecting and migrating every database: SQLite files
+//!   ([`storage::sqlite`]), PostgreSQL connections ([`storage::postgres`]) and, with the
+//!   `test-hooks` feature, a throwaway PostgreSQL cluster (re-exported as `pg_cluster`).
+//!
+//! **The spend core and its two users**
+//! - [`spend`]: the spend core: identity, request hash, registry, keys, dispatch, record, reply,
+//!   scrub, replay cache, approvals; tool-agnostic, driven by a `Spender`.
+//! - [`router`]: the built-in reference router: the core in front of the image [`backend`].
+//! - [`gateway`]: the core in front of anyone's paid MCP server (`callid gateway`), and the
+//!   embeddable `Guard`.
+//! - [`backend`]: the authorization and execution layers behind the router, each idempotent on
+//!   its own, in front of the [`provider`].
+//! - [`provider`]: the paid image provider with a durable ledger that charges once per key.
+//!
+//! **Diagnostic tools**
 //! - [`jsonrpc`]: a hand-written MCP client over stdio lines and streamable HTTP with exact
 //!   control of ids and `_meta`, used by the conformance runner, `measure` and `bench`.
 //! - [`probe`]: an MCP server (and a transparent proxy) that records the shape of every request.
 //! - [`classify`]: turns probe logs into one identity verdict per client.
 //! - [`demo`]: `callid demo`, three scripted clients against real probe processes, then
 //!   [`classify`]'s verdicts.
-//! - [`store`]: how every SQLite file of callid is opened, inspected, protected and migrated.
-//! - [`pg`]: PostgreSQL connection URLs, redacted wherever shown, and their session settings.
-//! - `pg_cluster` (hidden, `test-hooks` feature): a throwaway PostgreSQL cluster for the
-//!   integration tests and `bench`.
-//! - [`provider`]: the paid image provider with a durable ledger that charges once per key.
-//! - [`backend`]: the authorization and execution layers, each idempotent on its own.
-//! - [`router`]: the reference router: identity, request hash, registry, keys, scrubbing,
-//!   approvals, in front of the backend; its tool-agnostic pipeline is `router::pipeline`.
-//! - [`gateway`]: the router's pipeline in front of anyone's paid MCP server (`callid gateway`).
 //! - [`conform`]: the conformance runner that replays the built-in `scenarios/*.yaml` against any
 //!   router.
 //! - [`matrix`]: the support matrix data in `matrices/` and its Markdown rendering.
@@ -74,7 +89,7 @@ pub mod jsonrpc;
 pub mod keys;
 #[doc(hidden)]
 #[cfg(any(test, feature = "test-hooks"))]
-pub mod pg_cluster;
+pub use storage::cluster as pg_cluster;
 pub mod probe;
 pub mod provider;
 pub mod shape;
@@ -91,10 +106,10 @@ mod http_guard;
 mod logging;
 mod matrix;
 mod measure;
-mod pg;
 mod router;
 mod secret;
-mod store;
+mod spend;
+mod storage;
 mod text;
 mod yaml;
 
@@ -123,17 +138,17 @@ pub mod testing {
 
     /// The registry's file format: what a test checks in the files the router leaves behind.
     pub mod registry {
-        pub use crate::router::registry::{APPLICATION_ID, MIGRATIONS};
+        pub use crate::spend::registry::{APPLICATION_ID, MIGRATIONS};
 
         /// The PostgreSQL registry's schema.
         pub mod postgres {
-            pub use crate::router::registry::postgres::MIGRATIONS;
+            pub use crate::spend::registry::postgres::MIGRATIONS;
         }
     }
 
     /// The preallocated key pool's file format.
     pub mod preallocated {
-        pub use crate::router::preallocated::APPLICATION_ID;
+        pub use crate::spend::preallocated::APPLICATION_ID;
     }
 
     #[cfg(feature = "bench")]

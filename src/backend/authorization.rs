@@ -37,11 +37,11 @@
 //!
 //! ## Compatibility
 //! `application_id` `0x434c4155` ("CLAU"), `user_version` 3 (3 adds the running total of charges,
-//! [`super::LAYER_TOTALS`]); see [`crate::store`]. Decisions
+//! [`super::LAYER_TOTALS`]); see [`crate::storage::sqlite`]. Decisions
 //! recorded by version 1 are `dispatched`.
 
 use super::error::BackendError;
-use crate::store::{Cached as _, Store, StoreError, StoreSpec};
+use crate::storage::sqlite::{Cached as _, Store, StoreError, StoreSpec};
 use rusqlite::{OptionalExtension as _, params};
 use std::path::Path;
 use std::sync::Arc;
@@ -718,7 +718,11 @@ mod tests {
             .local()
             .unwrap()
             .read(|conn| {
-                Ok::<_, BackendError>(crate::store::query_plan(conn, SPENT, params!["acct", 0, 0]))
+                Ok::<_, BackendError>(crate::storage::sqlite::query_plan(
+                    conn,
+                    SPENT,
+                    params!["acct", 0, 0],
+                ))
             })
             .unwrap();
         assert!(plan.contains("decisions_open"), "{plan}");

@@ -1,7 +1,7 @@
 //! [`BackendError`]: why a spend was refused or failed, with a stable code the router reports.
 
 use crate::provider::ProviderError;
-use crate::store::StoreError;
+use crate::storage::sqlite::StoreError;
 
 /// Why the backend did not complete a spend. No variant carries the operation key.
 #[derive(Debug, thiserror::Error)]

@@ -22,12 +22,12 @@
 //! single flight still holds per replica; across replicas the registry's lease decides.
 //!
 //! ## Compatibility
-//! `application_id` `0x434c4558` ("CLEX"), `user_version` 1; see [`crate::store`].
+//! `application_id` `0x434c4558` ("CLEX"), `user_version` 1; see [`crate::storage::sqlite`].
 
 use super::error::BackendError;
 use crate::crashpoint::{self, Boundary};
 use crate::provider::{ChargeOutcome, ImageRequest, ProviderApi, Receipt};
-use crate::store::{Cached as _, Store, StoreError, StoreSpec};
+use crate::storage::sqlite::{Cached as _, Store, StoreError, StoreSpec};
 use rusqlite::{OptionalExtension as _, params};
 use sha2::{Digest as _, Sha256};
 use std::collections::HashMap;
@@ -213,14 +213,16 @@ impl Execution {
                 let cause = format!("execution task failed: {join}");
                 match (&self.store, &self.shared) {
                     (Some(store), _) => {
-                        BackendError::from(store.error(crate::store::other_error(cause)))
+                        BackendError::from(store.error(crate::storage::sqlite::other_error(cause)))
                     }
                     (None, Some(shared)) => BackendError::SharedStateUnavailable {
                         url: shared.url_redacted(),
                         doing: "running an execution step",
                         cause,
                     },
-                    (None, None) => self.sql_error(crate::store::other_error(String::new())),
+                    (None, None) => {
+                        self.sql_error(crate::storage::sqlite::other_error(String::new()))
+                    }
                 }
             })?
     }
@@ -295,7 +297,7 @@ impl Execution {
                     ..
                 }) if state == "completed" => {
                     let receipt = serde_json::from_str(&receipt).map_err(|e| {
-                        sql(crate::store::other_error(format!(
+                        sql(crate::storage::sqlite::other_error(format!(
                             "stored receipt of a decision does not parse: {e}"
                         )))
                     })?;
@@ -361,7 +363,7 @@ impl Execution {
                 )
                 .map_err(sql)?;
             let receipt = serde_json::from_str(&stored).map_err(|e| {
-                sql(crate::store::other_error(format!(
+                sql(crate::storage::sqlite::other_error(format!(
                     "stored receipt of a decision does not parse: {e}"
                 )))
             })?;

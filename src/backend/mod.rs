@@ -57,7 +57,7 @@ use crate::canonical::RequestHash;
 use crate::crashpoint::{self, Boundary};
 use crate::keys::OperationKey;
 use crate::provider::{self, Image, ImageRequest, Ledger, ProviderApi, Receipt};
-use crate::store::{Store, StoreSpec};
+use crate::storage::sqlite::{Store, StoreSpec};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -186,7 +186,7 @@ pub struct BackendConfig {
     /// authorization decisions (and so the budget) and the executions live there, shared by
     /// every replica, and the layers open no local file (only an in-process provider's ledger
     /// is local).
-    pub shared_state: Option<crate::pg::PgUrl>,
+    pub shared_state: Option<crate::storage::postgres::PgUrl>,
 }
 
 impl Default for BackendConfig {
@@ -689,10 +689,10 @@ impl Backend {
 
     /// The error of a layer step offered a transaction on a database the layers do not live in.
     fn no_host(&self) -> BackendError {
-        BackendError::StateUnavailable(crate::store::StoreError::Sqlite {
+        BackendError::StateUnavailable(crate::storage::sqlite::StoreError::Sqlite {
             kind: "backend state",
             path: self.inner.state_dir.clone(),
-            cause: crate::store::other_error(
+            cause: crate::storage::sqlite::other_error(
                 "the layers' tables are not in the database of this transaction".into(),
             ),
         })
@@ -770,7 +770,8 @@ fn import_file(
     table: &str,
 ) -> Result<(), BackendError> {
     // Its own checks, and its own migrations: its columns then match the host's table.
-    let own = crate::store::open_connection(path, spec, crate::store::Create::Never)?;
+    let own =
+        crate::storage::sqlite::open_connection(path, spec, crate::storage::sqlite::Create::Never)?;
     drop(own);
     let copied = host.with(|conn| {
         conn.execute(
@@ -832,10 +833,10 @@ impl Backend {
 }
 
 fn join_error(join: tokio::task::JoinError) -> BackendError {
-    BackendError::StateUnavailable(crate::store::StoreError::Sqlite {
+    BackendError::StateUnavailable(crate::storage::sqlite::StoreError::Sqlite {
         kind: "backend state",
         path: PathBuf::new(),
-        cause: crate::store::other_error(format!("backend task failed: {join}")),
+        cause: crate::storage::sqlite::other_error(format!("backend task failed: {join}")),
     })
 }
 

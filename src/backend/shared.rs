@@ -15,9 +15,9 @@
 use super::authorization::{AuthorizationRequest, Decision, decision_id, lapsed};
 use super::error::BackendError;
 use super::execution::{Begin, Executed, provider_key};
-use crate::pg::{PgUrl, drop_off_runtime};
 use crate::provider::Receipt;
-use crate::store::Store;
+use crate::storage::postgres::{PgUrl, drop_off_runtime};
+use crate::storage::sqlite::Store;
 use postgres::types::{ToSql, Type};
 use postgres::{Client, GenericClient, Transaction};
 use std::sync::{Arc, Condvar, Mutex};
@@ -60,7 +60,7 @@ impl std::fmt::Debug for SharedState {
 /// session settings the guarantees rest on, reused while healthy; a connection that failed
 /// without a server error code (network, server gone) or is closed is dropped, so the next
 /// checkout opens a fresh one once the database is back. An idle connection is checked before it
-/// is handed out ([`crate::pg::session_gone`]): one the server ended meanwhile (a restart) is
+/// is handed out ([`crate::storage::postgres::session_gone`]): one the server ended meanwhile (a restart) is
 /// replaced, so a restart fails no call that comes after it. A caller finding every connection
 /// busy waits up to [`CHECKOUT_WAIT`].
 struct Pool {
@@ -70,7 +70,7 @@ struct Pool {
 
 #[derive(Default)]
 struct PoolState {
-    /// Each idle connection with when it was returned (see [`crate::pg::session_gone`]).
+    /// Each idle connection with when it was returned (see [`crate::storage::postgres::session_gone`]).
     idle: Vec<(Client, std::time::Instant)>,
     open: usize,
 }
@@ -195,7 +195,7 @@ impl SharedState {
             if let Some((mut client, returned)) = state.idle.pop() {
                 // Checked outside the lock: the check may take a round trip.
                 drop(state);
-                let gone = crate::pg::session_gone(&mut client, returned.elapsed());
+                let gone = crate::storage::postgres::session_gone(&mut client, returned.elapsed());
                 state = self.pool.state.lock().unwrap_or_else(|p| p.into_inner());
                 if gone {
                     state.open -= 1;
@@ -698,7 +698,7 @@ mod tests {
     /// reached, not only the one on top of the idle list.
     #[test]
     fn pooled_sessions_ended_by_a_restart_are_replaced_before_use() {
-        use crate::pg_cluster::{Cluster, bindir};
+        use crate::storage::cluster::{Cluster, bindir};
         let Some(bindir) = bindir() else {
             assert!(
                 std::env::var("CI").as_deref() != Ok("true"),

@@ -513,7 +513,7 @@ fn every_error_code_and_message() {
             code: "payment_required".into(),
             message: "the card was declined".into(),
         }),
-        BackendError::StateUnavailable(crate::store::StoreError::Foreign {
+        BackendError::StateUnavailable(crate::storage::sqlite::StoreError::Foreign {
             kind: "execution store",
             path: PathBuf::from(dir).join(EXECUTION_FILE),
             detail: "not a SQLite database".into(),

@@ -60,7 +60,7 @@ pub enum BenchError {
     },
     /// The throwaway PostgreSQL cluster failed.
     #[error(transparent)]
-    Cluster(#[from] crate::pg_cluster::ClusterError),
+    Cluster(#[from] crate::storage::cluster::ClusterError),
     /// A command ran but failed.
     #[error("`{command}` failed: {detail}")]
     Command {

@@ -4,7 +4,7 @@
 //!
 //! The database is `CALLID_BENCH_POSTGRES_URL` when set (a throwaway database: the bench creates
 //! callid's tables and a `callid_bench_baseline` table in it and leaves its rows behind);
-//! otherwise the bench starts its own throwaway cluster ([`crate::pg_cluster`], the one the
+//! otherwise the bench starts its own throwaway cluster ([`crate::storage::cluster`], the one the
 //! integration tests use) from the newest `/usr/lib/postgresql/*/bin` (or `CALLID_PG_BINDIR`):
 //! `initdb` on a temp directory (as the `postgres` user when the bench runs as root, since the
 //! server refuses root), a free loopback port, `fsync` on, stopped with `pg_ctl -m immediate`
@@ -22,7 +22,7 @@ use super::fixtures::{capabilities_call, new_spend_call};
 use super::paired::{self, Batch, Calls, every};
 use super::report::{Outcome, RowId};
 use super::stats::Pairs;
-use crate::pg_cluster::{self, Cluster};
+use crate::storage::cluster::{self, Cluster};
 use std::time::Instant;
 
 /// A database URL given to the bench instead of a throwaway cluster.
@@ -118,10 +118,10 @@ enum Database {
 impl Database {
     fn get() -> Result<Option<Database>, String> {
         if let Some(url) = std::env::var(URL_ENV).ok().filter(|u| !u.is_empty()) {
-            crate::router::registry::PgUrl::parse(&url).map_err(|e| format!("`{URL_ENV}`: {e}"))?;
+            crate::spend::registry::PgUrl::parse(&url).map_err(|e| format!("`{URL_ENV}`: {e}"))?;
             return Ok(Some(Database::Given(url)));
         }
-        let Some(bindir) = pg_cluster::bindir() else {
+        let Some(bindir) = cluster::bindir() else {
             return Ok(None);
         };
         Cluster::start(bindir)
@@ -162,7 +162,7 @@ impl Drop for RawInserts {
     fn drop(&mut self) {
         // The sync client owns a runtime, which must not be dropped on an async thread.
         let client = self.client.take();
-        crate::pg::drop_off_runtime(client);
+        crate::storage::postgres::drop_off_runtime(client);
     }
 }
 
@@ -171,7 +171,8 @@ impl RawInserts {
 
     fn open(url: &str) -> BenchResult<RawInserts> {
         let fail = |e: postgres::Error| unexpected(Self::WHAT, e);
-        let url = crate::pg::PgUrl::parse(url).map_err(|e| unexpected(Self::WHAT, e))?;
+        let url =
+            crate::storage::postgres::PgUrl::parse(url).map_err(|e| unexpected(Self::WHAT, e))?;
         let mut client = url
             .connect()
             .map_err(|e| unexpected(Self::WHAT, url.explain(&e)))?;

@@ -349,7 +349,7 @@ pub const RESOLVE_COMMAND: &str = "resolve";
 
 /// Every status name a profile's `statuses` may map: the router's catalogue, in lifecycle order.
 pub fn mappable_statuses() -> impl Iterator<Item = &'static str> {
-    crate::router::registry::Status::ALL
+    crate::spend::registry::Status::ALL
         .into_iter()
         .map(|s| s.name())
 }
@@ -357,7 +357,7 @@ pub fn mappable_statuses() -> impl Iterator<Item = &'static str> {
 /// Every error code a profile's `error_codes` may map: the catalogue of every code a tool call
 /// of the router or the gateway can answer.
 pub fn mappable_error_codes() -> impl Iterator<Item = &'static str> {
-    crate::router::reply::ToolCode::ALL
+    crate::spend::reply::ToolCode::ALL
         .into_iter()
         .map(|c| c.code())
 }

@@ -6,7 +6,7 @@
 //! result of the same call delivered again, or the refusal the router would give. The handler
 //! then runs the operation and hands its result to [`Ticket::finish`], which records it and
 //! answers the reply to send. It is the same pipeline as `callid router` and `callid gateway`
-//! ([`crate::router::pipeline`]): identity in the arguments refused, trusted identity from
+//! ([`crate::spend::pipeline`]): identity in the arguments refused, trusted identity from
 //! `_meta` (fail closed), request hash, the registry row committed before [`Decision::Run`] is
 //! returned, redelivery replayed, the same call id with other arguments refused. Built with trust
 //! keys ([`GuardBuilder::trust_keys`]), it verifies signed envelopes as `--trust-keys` does.
@@ -19,10 +19,10 @@
 use super::policy::GatewayPolicy;
 use crate::identity::trust::TrustKeys;
 use crate::keys::PublicHandle;
-use crate::router::pipeline::{
+use crate::spend::pipeline::{
     Core, CoreOptions, Outcome, Quote, Reply, Spender, ToolCode, ToolError,
 };
-use crate::router::registry::{Operation, Status};
+use crate::spend::registry::{Operation, Status};
 use serde_json::{Map, Value, json};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -253,12 +253,12 @@ impl GuardBuilder {
     pub fn build(self) -> Guard {
         Guard {
             core: Arc::new(Core::new(CoreOptions {
-                registry: crate::router::registry::RegistryLocation::File(self.registry),
+                registry: crate::spend::registry::RegistryLocation::File(self.registry),
                 preallocated_keys: None,
                 key_prefix: crate::keys::DEFAULT_KEY_PREFIX.into(),
                 handle_prefix: crate::keys::DEFAULT_HANDLE_PREFIX.into(),
                 identity_sources: crate::identity::IdentitySources::built_in_shared(),
-                lease_ttl: crate::router::pipeline::LEASE_TTL,
+                lease_ttl: crate::spend::pipeline::LEASE_TTL,
                 trust: self.trust,
             })),
             policy: self.policy,

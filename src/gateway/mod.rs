@@ -4,7 +4,7 @@
 //! gateway starts the upstream MCP server as a
 //! child process (`-- CMD ARGS...`) or connects to it over streamable HTTP (`--upstream-url`).
 //! Tools named with `--spend` go through the same pipeline as the built-in router's
-//! `generate_image` ([`crate::router::pipeline`]): identity in the arguments refused, trusted
+//! `generate_image` ([`crate::spend::pipeline`]): identity in the arguments refused, trusted
 //! identity from `_meta` (fail closed), request hash, durable registry row committed before the
 //! upstream sees anything, redelivery answered from the record (marked replayed), the same call
 //! id with other arguments refused, every reply scrubbed. Every other request passes through
@@ -93,7 +93,7 @@ pub(crate) use child::{DEFAULT_MAX_MESSAGE_BYTES, MIN_MAX_MESSAGE_BYTES};
 pub(crate) use spend::{Gateway, StartError};
 pub(crate) use upstream::{Upstream, UpstreamSpec};
 
-use crate::router::pipeline::{Core, CoreOptions};
+use crate::spend::pipeline::{Core, CoreOptions};
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
@@ -102,7 +102,7 @@ use std::time::Duration;
 #[derive(Debug, Clone)]
 pub(crate) struct GatewayOptions {
     /// The registry: a SQLite file, or a PostgreSQL database shared by gateway replicas.
-    pub registry: crate::router::registry::RegistryLocation,
+    pub registry: crate::spend::registry::RegistryLocation,
     /// The tools that spend (the policy's tools spend too).
     pub spend: BTreeSet<String>,
     /// Prices, approvals and budget.
@@ -129,7 +129,7 @@ pub(crate) struct GatewayOptions {
     pub vouch: Option<std::sync::Arc<vouch::Vouch>>,
 }
 
-/// Checks the registry ([`crate::router::check_registry`]; a new registry file is checked
+/// Checks the registry ([`crate::spend::check_registry`]; a new registry file is checked
 /// without being created), connects to the upstream and checks its tools, and only then opens
 /// the registry for serving, so a refused start leaves no registry and no upstream process
 /// behind; then serves the agent on stdio until it goes away, or over streamable HTTP (`http`,
@@ -146,7 +146,7 @@ pub(crate) async fn run(
         ),
         None => None,
     };
-    crate::router::check_registry("gateway", &options.registry).await?;
+    crate::spend::check_registry("gateway", &options.registry).await?;
     let upstream = Upstream::connect(
         options.upstream.clone(),
         options.upstream_timeout,

@@ -23,11 +23,11 @@
 //! The price and the approval are decided once, when the operation is recorded, and stored with
 //! it, so a redelivery can never skip an approval the original call needed. The budget is
 //! checked in the same registry transaction that records the operation (see
-//! [`crate::router::registry::Write::Insert`]): completed operations count by
+//! [`crate::spend::registry::Write::Insert`]): completed operations count by
 //! what they charged (0 for an upstream tool error), open and waiting ones by their price.
 
-use crate::router::pipeline::{Quote, ToolCode, ToolError};
-use crate::router::policy::PolicyError;
+use crate::spend::pipeline::{Quote, ToolCode, ToolError};
+use crate::spend::policy::PolicyError;
 use serde::Deserialize;
 use serde_json::Value;
 use std::collections::BTreeMap;

@@ -1,4 +1,4 @@
-//! [`Gateway`]: the router's [`pipeline`](crate::router::pipeline) in front of an upstream MCP
+//! [`Gateway`]: the router's [`pipeline`](crate::spend::pipeline) in front of an upstream MCP
 //! server, with the upstream as its [`Spender`].
 //!
 //! A spend tool's call is recorded before the upstream sees it, then sent upstream with the
@@ -20,8 +20,8 @@
 use super::policy::GatewayPolicy;
 use super::upstream::{Upstream, UpstreamError};
 use crate::identity;
-use crate::router::pipeline::{Core, Outcome, Quote, Reply, Spender, ToolCode, ToolError};
-use crate::router::registry::{Operation, Status};
+use crate::spend::pipeline::{Core, Outcome, Quote, Reply, Spender, ToolCode, ToolError};
+use crate::spend::registry::{Operation, Status};
 use rmcp::model::{CallToolRequestParams, CallToolResponse, Tool};
 use serde_json::{Map, Value, json};
 use std::collections::BTreeSet;
@@ -29,12 +29,9 @@ use std::collections::BTreeSet;
 /// `_meta` key of the idempotency key the upstream receives.
 pub const IDEMPOTENCY_META: &str = "callid/idempotency-key";
 /// `_meta` key of a gateway answer that names its operation's status (the handle is in
-/// [`crate::router::pipeline::HANDLE_META`]).
+/// [`crate::spend::pipeline::HANDLE_META`]).
 pub const STATUS_META: &str = "callid/status";
-/// Status of an operation by handle (added to the upstream's tools).
-pub const OPERATION_STATUS: &str = "operation_status";
-/// Runs an approved operation (added to the upstream's tools).
-pub const RESUME_OPERATION: &str = "resume_operation";
+pub use crate::spend::tools::{OPERATION_STATUS, RESUME_OPERATION};
 
 /// Every error code a gateway tool call can answer.
 pub const ERROR_CODES: &[ToolCode] = &[
@@ -201,11 +198,7 @@ async fn merged_tools(
 ) -> Result<Vec<Tool>, StartError> {
     let mut tools = upstream.list_tools().await?;
     check_tools(&tools, spend, sources)?;
-    tools.extend(
-        crate::router::server::tools()
-            .into_iter()
-            .filter(|t| t.name == OPERATION_STATUS || t.name == RESUME_OPERATION),
-    );
+    tools.extend(crate::spend::tools::operation_tools());
     Ok(tools)
 }
 
@@ -316,7 +309,7 @@ impl Gateway {
 /// is the upstream's own, so they cannot go there; a recorded result is `completed`), a refusal
 /// or `operation_status` (which also carry them in `structuredContent`).
 fn name_operation(value: &mut Value) {
-    use crate::router::pipeline::HANDLE_META;
+    use crate::spend::pipeline::HANDLE_META;
     let raw = value["_meta"][HANDLE_META].is_string();
     let structured = &value["structuredContent"];
     let (handle, status) = if raw {
@@ -345,7 +338,7 @@ fn name_operation(value: &mut Value) {
 
 /// An unknown outcome: the request may have reached the upstream. Its message is the answer
 /// for a tool declared idempotent; its cause is what the in-doubt answer of any other tool
-/// quotes ([`crate::router::pipeline::Outcome::Open`]).
+/// quotes ([`crate::spend::pipeline::Outcome::Open`]).
 fn unknown_outcome(op: &Operation, e: &UpstreamError) -> ToolError {
     let mut err = ToolError::new(
         ToolCode::OutcomeUnknown,
@@ -560,7 +553,7 @@ mod tests {
     /// documented catalogues are the same set.
     #[test]
     fn the_codes_are_the_router_and_gateway_catalogues() {
-        let documented: BTreeSet<&str> = crate::router::spend::ERROR_CODES
+        let documented: BTreeSet<&str> = crate::router::reply::ERROR_CODES
             .iter()
             .chain(ERROR_CODES)
             .map(|c| c.code())

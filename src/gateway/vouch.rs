@@ -17,7 +17,7 @@
 //! for every continuation of one operation.
 
 use crate::identity::signature::{self, SIGNATURE_KEY, SigningKey};
-use crate::router::registry::Operation;
+use crate::spend::registry::Operation;
 use serde_json::{Map, Value, json};
 
 /// `_meta` key of the agent identity the gateway verified.

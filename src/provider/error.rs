@@ -1,7 +1,7 @@
 //! [`ProviderError`]: every way a charge can be refused or fail, with a stable code and an HTTP
 //! status.
 
-use crate::store::StoreError;
+use crate::storage::sqlite::StoreError;
 
 /// Why the provider did not (or could not say whether it did) charge.
 #[derive(Debug, thiserror::Error)]

@@ -11,11 +11,11 @@
 //! one process or from several processes on the same file, make exactly one charge.
 //!
 //! ## Compatibility
-//! `application_id` `0x434c504c` ("CLPL"), `user_version` 1; see [`crate::store`].
+//! `application_id` `0x434c504c` ("CLPL"), `user_version` 1; see [`crate::storage::sqlite`].
 
 use super::error::ProviderError;
 use super::types::{ChargeOutcome, ChargeRecord, Image, ImageRequest, Receipt, validate_key};
-use crate::store::{Cached as _, Store, StoreSpec};
+use crate::storage::sqlite::{Cached as _, Store, StoreSpec};
 use rusqlite::{OptionalExtension as _, params};
 use sha2::{Digest as _, Sha256};
 use std::path::Path;
@@ -117,9 +117,12 @@ impl Ledger {
             Ok((body, false))
         })?;
         let receipt: Receipt = serde_json::from_str(&body).map_err(|e| {
-            ProviderError::from(self.store.error(crate::store::other_error(format!(
-                "stored receipt is not valid: {e}"
-            ))))
+            ProviderError::from(
+                self.store
+                    .error(crate::storage::sqlite::other_error(format!(
+                        "stored receipt is not valid: {e}"
+                    ))),
+            )
         })?;
         Ok((ChargeOutcome { receipt, replayed }, body))
     }

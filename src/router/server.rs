@@ -7,8 +7,8 @@
 //! outcome is a `CallToolResult`; only an unknown tool is a JSON-RPC error. stdout carries the
 //! protocol only; logs go to stderr.
 
-use super::diagnose::CallInfo;
-use super::spend::{CAPABILITIES, GENERATE_IMAGE, OPERATION_STATUS, RESUME_OPERATION, Router};
+use super::image::{CAPABILITIES, GENERATE_IMAGE, OPERATION_STATUS, RESUME_OPERATION, Router};
+use crate::spend::diagnose::CallInfo;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, Implementation, ListToolsResult,
     PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
@@ -33,15 +33,7 @@ impl RouterServer {
 
 /// The four tools with their input schemas. No schema exposes an identity field.
 pub fn tools() -> Vec<Tool> {
-    let handle = json!({
-        "type": "object",
-        "properties": {"handle": {
-            "type": "string",
-            "description": "The public operation handle (`hubu:public-operation:v1:...`) a spend returned."
-        }},
-        "required": ["handle"],
-        "additionalProperties": false
-    });
+    let [status, resume] = crate::spend::tools::operation_tools();
     vec![
         Tool::new(
             GENERATE_IMAGE,
@@ -55,18 +47,8 @@ pub fn tools() -> Vec<Tool> {
                 "additionalProperties": false
             })),
         ),
-        Tool::new(
-            OPERATION_STATUS,
-            "The state of an operation by public handle (pending, awaiting_approval, completed, \
-             denied, failed) and its recorded result. Spends nothing.",
-            rmcp::model::object(handle.clone()),
-        ),
-        Tool::new(
-            RESUME_OPERATION,
-            "Run an operation a person approved, by public handle: it runs the original request \
-             exactly once; later calls return its recorded result.",
-            rmcp::model::object(handle),
-        ),
+        status,
+        resume,
         Tool::new(
             CAPABILITIES,
             "What this router accepts: identity sources, limits, approval policy, retention. \

@@ -23,7 +23,7 @@
 //!   before the reply is sent ([`Write::Result`]). A crash between the two leaves a `pending`
 //!   row, and redelivery continues that operation under the same private key, which every layer
 //!   behind the router treats as the same operation.
-//! - The file is opened, identified, protected and migrated by [`crate::store`], like every state
+//! - The file is opened, identified, protected and migrated by [`crate::storage::sqlite`], like every state
 //!   file of callid: it and its `-wal`/`-shm` are 0600 (the rows hold private operation keys), a
 //!   file open to other users is refused with the `chmod` to run, and `--registry` is a plain
 //!   path (never a SQLite URI such as `file:x?mode=memory`).
@@ -36,7 +36,7 @@
 //! ## Concurrency
 //! - Every write runs in an `IMMEDIATE` transaction (the write lock is taken first, so two writers
 //!   never both read "absent" and both insert). Readers and writers from other processes wait up
-//!   to [`BUSY_TIMEOUT`](crate::store::BUSY_TIMEOUT) for a lock before the call fails closed.
+//!   to [`BUSY_TIMEOUT`](crate::storage::sqlite::BUSY_TIMEOUT) for a lock before the call fails closed.
 //!   A router's rows and results go through [`Registry::write_batch`]: the writes queued while
 //!   one commits share the next transaction, each in a savepoint of its own, and each is
 //!   answered only once that transaction's commit returned (group commit).
@@ -113,7 +113,7 @@
 use crate::canonical::RequestHash;
 use crate::clock::now_ms;
 use crate::keys::{OperationKey, PublicHandle};
-use crate::store::{StoreError, StoreSpec};
+use crate::storage::sqlite::{StoreError, StoreSpec};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -121,7 +121,7 @@ use std::time::Duration;
 /// `PRAGMA application_id` of a callid registry (`"cLiD"` in ASCII).
 pub const APPLICATION_ID: i32 = 0x634c_6944;
 
-/// What a registry file is, for [`crate::store`].
+/// What a registry file is, for [`crate::storage::sqlite`].
 pub(crate) static SPEC: StoreSpec = StoreSpec {
     kind: "registry",
     application_id: APPLICATION_ID,
@@ -284,7 +284,7 @@ pub type InTransaction<T, E> =
 /// of these, naming the file and the cause.
 #[derive(Debug, thiserror::Error)]
 pub enum RegistryError {
-    /// The file cannot be created, opened, identified or migrated (see [`crate::store`]).
+    /// The file cannot be created, opened, identified or migrated (see [`crate::storage::sqlite`]).
     #[error(transparent)]
     Store(#[from] StoreError),
     /// SQLite refused an operation (not a database, locked too long, disk full, read-only...).
@@ -300,7 +300,7 @@ pub enum RegistryError {
     },
     /// `--registry` looks like a PostgreSQL URL but is not one this build can use.
     #[error(transparent)]
-    BadUrl(#[from] crate::pg::BadPgUrl),
+    BadUrl(#[from] crate::storage::postgres::BadPgUrl),
     /// PostgreSQL cannot be reached or refused an operation. Every spend fails closed until it
     /// answers again; the router reconnects on the next call.
     #[error("registry `{url}` failed while {doing}: {}", url.explain(cause))]
@@ -730,12 +730,12 @@ pub enum Lease {
 pub mod postgres;
 pub mod sqlite;
 
-pub use crate::pg::PgUrl;
+pub use crate::storage::postgres::PgUrl;
 pub use sqlite::SqliteRegistry;
 
 /// Where the registry lives: a SQLite file on this machine, or a PostgreSQL database shared by
 /// replicas. Parsed from `--registry` / `CALLID_REGISTRY` by the rule of
-/// [`crate::pg::database_url`].
+/// [`crate::storage::postgres::database_url`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RegistryLocation {
     /// A SQLite file.
@@ -745,10 +745,10 @@ pub enum RegistryLocation {
 }
 
 impl RegistryLocation {
-    /// Reads `--registry`: a PostgreSQL URL or a file path ([`crate::pg::database_url`]); a URL
+    /// Reads `--registry`: a PostgreSQL URL or a file path ([`crate::storage::postgres::database_url`]); a URL
     /// of another scheme is refused.
     pub fn parse(text: &std::ffi::OsStr) -> Result<RegistryLocation, RegistryError> {
-        Ok(match crate::pg::database_url(text)? {
+        Ok(match crate::storage::postgres::database_url(text)? {
             Some(url) => RegistryLocation::Postgres(url),
             None => RegistryLocation::File(PathBuf::from(text)),
         })

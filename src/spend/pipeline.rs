@@ -1,7 +1,7 @@
 //! The tool-agnostic spend pipeline: the article's rules, in its order, for any paid tool.
 //!
 //! [`Core::spend`] answers one spend call; what is spent, and how, is a [`Spender`]'s business:
-//! the built-in router's spender is its image backend ([`super::spend::Router`]), the gateway's
+//! the built-in router's spender is its image backend ([`crate::router::image::Router`]), the gateway's
 //! is an upstream MCP server ([`crate::gateway`]). For every spend call the core:
 //! 1. refuses identity in the arguments ([`identity::IdentitySources::check_arguments`]);
 //! 2. reads the trusted identity from `_meta` ([`identity::IdentitySources::from_meta_map`]),

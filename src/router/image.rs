@@ -1,40 +1,37 @@
 //! The built-in router's spender: `generate_image` in front of the backend layers.
 //!
 //! [`Router::call_tool`] answers one `tools/call`. The spend tool `generate_image` goes through
-//! the tool-agnostic [`pipeline`](super::pipeline) (identity, request hash, registry, keys,
+//! the tool-agnostic [`pipeline`](crate::spend::pipeline) (identity, request hash, registry, keys,
 //! approvals, scrubbing, in the article's order); [`Router`] is its [`Spender`]: it checks the
 //! arguments against the tool's schema, prices the image, and spends it through the
 //! [`crate::backend`] layers with the private key. `operation_status`, `resume_operation` and
 //! `capabilities` spend nothing.
 //!
 //! # Honest errors
-//! See [`super::pipeline`]. A backend refusal is recorded and answered again on redelivery; a
+//! See [`crate::spend::pipeline`]. A backend refusal is recorded and answered again on redelivery; a
 //! retryable failure leaves the operation pending so that redelivery continues it under the
 //! same key, which every layer behind the router answers with the original charge.
 
-use super::diagnose::{CallInfo, Diagnostics};
-use super::pipeline::{Core, CoreOptions, Outcome, Quote, Settle, Spender, Stage, Staged};
-use super::policy::Policy;
-use super::registry::{NewOperation, Operation, RegistryLocation, Status};
-pub use super::reply::{ERROR_CODES, Reply, ToolCode, ToolError};
-use super::reply::{
-    backend_code, backend_error, chain, completed, identity_error, is_final, receipt_json,
-};
+use super::reply::{ERROR_CODES, backend_code, backend_error, completed, is_final, receipt_json};
 use crate::backend::{
     Backend, BackendConfig, BackendError, Prepared, ProviderTarget, SpendReceipt,
 };
 use crate::identity;
 use crate::provider::ImageRequest;
+use crate::spend::diagnose::{CallInfo, Diagnostics};
+use crate::spend::pipeline::{Core, CoreOptions, Outcome, Quote, Settle, Spender, Stage, Staged};
+use crate::spend::policy::Policy;
+use crate::spend::registry::{NewOperation, Operation, RegistryLocation, Status};
+pub use crate::spend::reply::{Reply, ToolCode, ToolError};
+use crate::spend::reply::{chain, identity_error};
 use serde_json::{Map, Value, json};
 use std::path::PathBuf;
 use std::sync::Arc;
 
 /// The spend tool.
 pub const GENERATE_IMAGE: &str = "generate_image";
-/// Status of an operation by handle.
-pub const OPERATION_STATUS: &str = "operation_status";
-/// Runs an approved operation.
-pub const RESUME_OPERATION: &str = "resume_operation";
+pub use crate::spend::tools::OPERATION_STATUS;
+pub use crate::spend::tools::RESUME_OPERATION;
 /// What this router accepts (read-only).
 pub const CAPABILITIES: &str = "capabilities";
 
@@ -205,9 +202,13 @@ impl Router {
         // On a SQLite registry the layers keep their tables in its file, so that their steps
         // commit with the registry's (see `Backend::open_in`).
         let opened = match &self.opts.registry {
-            RegistryLocation::File(path) => {
-                Backend::open_in(path, &super::registry::SPEC, &state_dir, target, config)
-            }
+            RegistryLocation::File(path) => Backend::open_in(
+                path,
+                &crate::spend::registry::SPEC,
+                &state_dir,
+                target,
+                config,
+            ),
             RegistryLocation::Postgres(_) => Backend::open(&state_dir, target, config),
         };
         let backend = opened.map_err(|e| {

@@ -13,18 +13,18 @@
 //! - Keys are claimed oldest first, each claim through the index of unclaimed keys
 //!   (`keys_unclaimed`, migration 2): its cost does not grow with the keys claimed before (a
 //!   pool with 190,000 of 200,000 keys claimed: 6 ms per claim without it, 2 µs with it).
-//! - The file is opened, identified, protected (0600) and migrated by [`crate::store`], like the
+//! - The file is opened, identified, protected (0600) and migrated by [`crate::storage::sqlite`], like the
 //!   registry: it holds private keys. A newer pool is refused untouched, never downgraded.
 
 use crate::keys::OperationKey;
-use crate::store::{self, Cached as _, Create, StoreError, StoreSpec};
+use crate::storage::sqlite::{self, Cached as _, Create, StoreError, StoreSpec};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use std::path::{Path, PathBuf};
 
 /// `PRAGMA application_id` of a key pool (`"cKey"`).
 pub const APPLICATION_ID: i32 = 0x634b_6579;
 
-/// What a key pool file is, for [`crate::store`]. Append only: never edit a shipped migration.
+/// What a key pool file is, for [`crate::storage::sqlite`]. Append only: never edit a shipped migration.
 static SPEC: StoreSpec = StoreSpec {
     kind: "preallocated key database",
     application_id: APPLICATION_ID,
@@ -47,7 +47,7 @@ const NEXT_UNCLAIMED: &str =
 /// Why the pool cannot give a key.
 #[derive(Debug, thiserror::Error)]
 pub enum KeyPoolError {
-    /// The file cannot be created, opened, identified or migrated (see [`crate::store`]).
+    /// The file cannot be created, opened, identified or migrated (see [`crate::storage::sqlite`]).
     #[error(transparent)]
     Store(#[from] StoreError),
     /// SQLite refused.
@@ -80,10 +80,10 @@ pub struct KeyPool {
 }
 
 impl KeyPool {
-    /// Opens (creating if absent, mode 0600) the pool at `path`; see [`crate::store`].
+    /// Opens (creating if absent, mode 0600) the pool at `path`; see [`crate::storage::sqlite`].
     pub fn open(path: &Path) -> Result<KeyPool, KeyPoolError> {
         Ok(KeyPool {
-            conn: store::open_connection(path, &SPEC, Create::IfMissing)?,
+            conn: sqlite::open_connection(path, &SPEC, Create::IfMissing)?,
             path: path.to_path_buf(),
         })
     }
@@ -181,7 +181,7 @@ mod tests {
         for (i, expected) in order.iter().enumerate() {
             assert_eq!(pool.claim(&format!("h{i}")).unwrap().expose(), expected);
         }
-        let plan = store::query_plan(&pool.conn, NEXT_UNCLAIMED, []);
+        let plan = sqlite::query_plan(&pool.conn, NEXT_UNCLAIMED, []);
         assert!(plan.contains("keys_unclaimed"), "{plan}");
         assert!(!plan.contains("TEMP B-TREE"), "{plan}");
     }

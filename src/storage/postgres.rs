@@ -2,7 +2,7 @@
 //! one way every PostgreSQL session of callid is opened ([`PgUrl::connect`]): the connection
 //! settings and TLS.
 //!
-//! The router's registry ([`crate::router::registry`]) and the backend's shared state
+//! The router's registry ([`crate::spend::registry`]) and the backend's shared state
 //! ([`crate::backend::shared`]) live in the same database and connect through this one type, so
 //! both redact the same way, speak TLS the same way and both notice a vanished server within the
 //! same time. Whether a `FILE|URL` value (`--registry`) names a database, a file, or a URL

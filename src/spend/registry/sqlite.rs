@@ -7,7 +7,7 @@ use super::{
 };
 use crate::backend::LayerTx;
 use crate::keys::PublicHandle;
-use crate::store::{self, Cached as _, Create, Savepoint};
+use crate::storage::sqlite::{Cached as _, Create, Savepoint};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -33,9 +33,9 @@ impl std::fmt::Debug for SqliteRegistry {
 impl SqliteRegistry {
     /// Opens the registry at `path`, creating it (mode 0600, and its directory) if absent, and
     /// migrating it to the newest schema. A foreign, newer, corrupt or world-readable file is
-    /// refused untouched (see [`crate::store`]).
+    /// refused untouched (see [`crate::storage::sqlite`]).
     pub fn open(path: &Path) -> Result<SqliteRegistry, RegistryError> {
-        let conn = store::open_connection(path, &SPEC, Create::IfMissing)?;
+        let conn = crate::storage::sqlite::open_connection(path, &SPEC, Create::IfMissing)?;
         Self::init(conn, path.to_path_buf())
     }
 
@@ -46,14 +46,14 @@ impl SqliteRegistry {
                 path: path.to_path_buf(),
             });
         }
-        let conn = store::open_connection(path, &SPEC, Create::Never)?;
+        let conn = crate::storage::sqlite::open_connection(path, &SPEC, Create::Never)?;
         Self::init(conn, path.to_path_buf())
     }
 
     /// Opens an in-memory registry (unit tests).
     #[cfg(test)]
     pub fn open_in_memory() -> Result<SqliteRegistry, RegistryError> {
-        let conn = store::open_in_memory(&SPEC)?;
+        let conn = crate::storage::sqlite::open_in_memory(&SPEC)?;
         Self::init(conn, PathBuf::from(":memory:"))
     }
 
@@ -71,7 +71,8 @@ impl SqliteRegistry {
     /// Running it again is a no-op.
     #[cfg(test)]
     pub fn migrate(&mut self) -> Result<(), RegistryError> {
-        store::migrate(&mut self.conn, &SPEC).map_err(sqlite(&self.path, "migrating its schema"))
+        crate::storage::sqlite::migrate(&mut self.conn, &SPEC)
+            .map_err(sqlite(&self.path, "migrating its schema"))
     }
 
     pub(super) fn ensure_installation_id(&mut self) -> Result<String, RegistryError> {
@@ -1180,7 +1181,7 @@ mod tests {
             .unwrap();
         assert_eq!((kept, brute), (11, 11));
         // And it reads one total and the open rows, never every operation of the installation.
-        let plan = store::query_plan(&reg.conn, COMMITTED, ["x"]);
+        let plan = crate::storage::sqlite::query_plan(&reg.conn, COMMITTED, ["x"]);
         assert!(plan.contains("operations_open"), "{plan}");
         assert!(!plan.contains("SCAN operations"), "{plan}");
     }

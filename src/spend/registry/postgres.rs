@@ -17,7 +17,7 @@ use super::InTransaction;
 use super::{Insert, Lease, NewOperation, Operation, RawRow, RegistryError, Status, now_ms};
 use crate::backend::LayerTx;
 use crate::keys::PublicHandle;
-use crate::pg::{PgUrl, drop_off_runtime};
+use crate::storage::postgres::{PgUrl, drop_off_runtime};
 use postgres::{Client, Statement};
 use serde_json::Value;
 use std::collections::HashMap;
@@ -206,7 +206,7 @@ pub const MIGRATIONS: &[&str] = &[
 pub struct PgRegistry {
     url: PgUrl,
     conn: Option<Client>,
-    /// When `conn` last answered ([`crate::pg::session_gone`]).
+    /// When `conn` last answered ([`crate::storage::postgres::session_gone`]).
     answered: Instant,
     liveness: Arc<Liveness>,
     statements: HashMap<&'static str, Statement>,
@@ -228,7 +228,7 @@ struct Liveness {
 #[derive(Default)]
 struct LiveState {
     client: Option<Client>,
-    /// When `client` was last found alive ([`crate::pg::session_gone`]).
+    /// When `client` was last found alive ([`crate::storage::postgres::session_gone`]).
     checked: Option<Instant>,
     key: i32,
 }
@@ -594,7 +594,7 @@ impl PgRegistry {
         if state
             .client
             .as_mut()
-            .is_some_and(|c| !crate::pg::session_gone(c, idle))
+            .is_some_and(|c| !crate::storage::postgres::session_gone(c, idle))
         {
             state.checked = Some(Instant::now());
             return Ok(state.key);
@@ -725,7 +725,7 @@ impl PgRegistry {
         if self
             .conn
             .as_mut()
-            .is_none_or(|c| crate::pg::session_gone(c, idle))
+            .is_none_or(|c| crate::storage::postgres::session_gone(c, idle))
         {
             self.connect()?;
         } else {

@@ -1,0 +1,479 @@
+//! The tool reply and error catalogue: what every answer of a tool call looks like on the wire.
+//!
+//! The [`pipeline`](super::pipeline) decides *what* to answer; this module says *how*: a result
+//! ([`Reply`]), a tool error with its stable code ([`ToolError`]), the router's catalogue of codes
+//! of every spender ([`ToolCode::ALL`]) and how identity errors map onto it. Each spender's
+//! own catalogue and result text live with it ([`crate::router::reply`],
+//! [`crate::gateway::spend::ERROR_CODES`]).
+//!
+//! # Guarantees
+//! - A tool error's `structuredContent` is `{"error": code, "message", "handle"?, "status"?}`
+//!   and its text content is the message; the code is one of the spender's catalogue.
+//! - A spend result carries `_meta["callid/replayed"]`; a result relayed from an upstream keeps
+//!   its own content and gets `callid/replayed` (and `callid/handle` when known) in `_meta`.
+//! - A charge above its authorization is never hidden: the result gets an `overcharge` member
+//!   and the text a warning.
+
+use super::registry::{Operation, RegistryError, Status};
+use super::replay::Cached;
+use crate::identity;
+use crate::keys::PublicHandle;
+use serde_json::{Value, json};
+use std::sync::Arc;
+
+/// `_meta` key of a result that says whether it was replayed.
+pub const REPLAYED_META: &str = "callid/replayed";
+
+/// A tool error's stable code: every code a tool call of the router or the gateway can answer.
+/// The wire string ([`ToolCode::code`]) never changes; which codes a spender answers is its
+/// catalogue ([`crate::router::reply::ERROR_CODES`], [`crate::gateway::spend::ERROR_CODES`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ToolCode {
+    /// `missing_identity`.
+    MissingIdentity,
+    /// `ambiguous_identity`.
+    AmbiguousIdentity,
+    /// `invalid_identity`.
+    InvalidIdentity,
+    /// `identity_in_arguments`.
+    IdentityInArguments,
+    /// `missing_signature`.
+    MissingSignature,
+    /// `invalid_signature`.
+    InvalidSignature,
+    /// `unknown_signing_key`.
+    UnknownSigningKey,
+    /// `signing_key_not_allowed`.
+    SigningKeyNotAllowed,
+    /// `signature_expired`.
+    SignatureExpired,
+    /// `signature_not_yet_valid`.
+    SignatureNotYetValid,
+    /// `unsigned_identity`.
+    UnsignedIdentity,
+    /// `non_canonical_arguments`.
+    NonCanonicalArguments,
+    /// `invalid_arguments`.
+    InvalidArguments,
+    /// `request_mismatch`.
+    RequestMismatch,
+    /// `operation_in_progress`.
+    OperationInProgress,
+    /// `awaiting_approval`.
+    AwaitingApproval,
+    /// `operation_denied`.
+    OperationDenied,
+    /// `unknown_operation`.
+    UnknownOperation,
+    /// `registry_unavailable`.
+    RegistryUnavailable,
+    /// `outcome_unknown`.
+    OutcomeUnknown,
+    /// `outcome_in_doubt`.
+    OutcomeInDoubt,
+    /// `backend_state_corrupt`.
+    BackendStateCorrupt,
+    /// `budget_exceeded`.
+    BudgetExceeded,
+    /// `create_new_operation`.
+    CreateNewOperation,
+    /// `unknown_model`.
+    UnknownModel,
+    /// `provider_unavailable`.
+    ProviderUnavailable,
+    /// `provider_error`.
+    ProviderError,
+    /// `upstream_unavailable`.
+    UpstreamUnavailable,
+    /// `upstream_error`.
+    UpstreamError,
+}
+
+impl ToolCode {
+    /// Every code, in catalogue order.
+    pub const ALL: [ToolCode; 29] = [
+        ToolCode::MissingIdentity,
+        ToolCode::AmbiguousIdentity,
+        ToolCode::InvalidIdentity,
+        ToolCode::IdentityInArguments,
+        ToolCode::MissingSignature,
+        ToolCode::InvalidSignature,
+        ToolCode::UnknownSigningKey,
+        ToolCode::SigningKeyNotAllowed,
+        ToolCode::SignatureExpired,
+        ToolCode::SignatureNotYetValid,
+        ToolCode::UnsignedIdentity,
+        ToolCode::NonCanonicalArguments,
+        ToolCode::InvalidArguments,
+        ToolCode::RequestMismatch,
+        ToolCode::OperationInProgress,
+        ToolCode::AwaitingApproval,
+        ToolCode::OperationDenied,
+        ToolCode::UnknownOperation,
+        ToolCode::RegistryUnavailable,
+        ToolCode::OutcomeUnknown,
+        ToolCode::OutcomeInDoubt,
+        ToolCode::BackendStateCorrupt,
+        ToolCode::BudgetExceeded,
+        ToolCode::CreateNewOperation,
+        ToolCode::UnknownModel,
+        ToolCode::ProviderUnavailable,
+        ToolCode::ProviderError,
+        ToolCode::UpstreamUnavailable,
+        ToolCode::UpstreamError,
+    ];
+
+    /// The stable wire string (`structuredContent.error`, the registry's recorded code).
+    pub fn code(self) -> &'static str {
+        match self {
+            ToolCode::MissingIdentity => "missing_identity",
+            ToolCode::AmbiguousIdentity => "ambiguous_identity",
+            ToolCode::InvalidIdentity => "invalid_identity",
+            ToolCode::IdentityInArguments => "identity_in_arguments",
+            ToolCode::MissingSignature => "missing_signature",
+            ToolCode::InvalidSignature => "invalid_signature",
+            ToolCode::UnknownSigningKey => "unknown_signing_key",
+            ToolCode::SigningKeyNotAllowed => "signing_key_not_allowed",
+            ToolCode::SignatureExpired => "signature_expired",
+            ToolCode::SignatureNotYetValid => "signature_not_yet_valid",
+            ToolCode::UnsignedIdentity => "unsigned_identity",
+            ToolCode::NonCanonicalArguments => "non_canonical_arguments",
+            ToolCode::InvalidArguments => "invalid_arguments",
+            ToolCode::RequestMismatch => "request_mismatch",
+            ToolCode::OperationInProgress => "operation_in_progress",
+            ToolCode::AwaitingApproval => "awaiting_approval",
+            ToolCode::OperationDenied => "operation_denied",
+            ToolCode::UnknownOperation => "unknown_operation",
+            ToolCode::RegistryUnavailable => "registry_unavailable",
+            ToolCode::OutcomeUnknown => "outcome_unknown",
+            ToolCode::OutcomeInDoubt => "outcome_in_doubt",
+            ToolCode::BackendStateCorrupt => "backend_state_corrupt",
+            ToolCode::BudgetExceeded => "budget_exceeded",
+            ToolCode::CreateNewOperation => "create_new_operation",
+            ToolCode::UnknownModel => "unknown_model",
+            ToolCode::ProviderUnavailable => "provider_unavailable",
+            ToolCode::ProviderError => "provider_error",
+            ToolCode::UpstreamUnavailable => "upstream_unavailable",
+            ToolCode::UpstreamError => "upstream_error",
+        }
+    }
+
+    /// The code whose wire string is `code`, if any.
+    pub fn from_code(code: &str) -> Option<ToolCode> {
+        ToolCode::ALL.into_iter().find(|c| c.code() == code)
+    }
+
+    /// The code of an identity refusal (the same wire string as [`identity::IdentityError::code`]).
+    pub fn of_identity(e: &identity::IdentityError) -> ToolCode {
+        use identity::IdentityError as E;
+        match e {
+            E::Missing | E::MissingExtended { .. } => ToolCode::MissingIdentity,
+            E::Ambiguous { .. } => ToolCode::AmbiguousIdentity,
+            E::Invalid { .. } => ToolCode::InvalidIdentity,
+            E::InArguments { .. } => ToolCode::IdentityInArguments,
+        }
+    }
+
+    /// The code of a signature refusal (the same wire string as
+    /// [`identity::signature::SignatureError::code`]).
+    pub fn of_signature(e: &identity::signature::SignatureError) -> ToolCode {
+        use identity::signature::SignatureError as E;
+        match e {
+            E::Missing => ToolCode::MissingSignature,
+            E::Malformed { .. } | E::Forged { .. } => ToolCode::InvalidSignature,
+            E::UnknownKey { .. } => ToolCode::UnknownSigningKey,
+            E::PlatformNotAllowed { .. } => ToolCode::SigningKeyNotAllowed,
+            E::Expired { .. } => ToolCode::SignatureExpired,
+            E::NotYetValid { .. } => ToolCode::SignatureNotYetValid,
+            E::Unsigned { .. } => ToolCode::UnsignedIdentity,
+        }
+    }
+}
+
+impl std::fmt::Display for ToolCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.code())
+    }
+}
+
+/// A tool error: a stable code, a message that says what to do, and the operation if one exists.
+#[derive(Debug, Clone)]
+pub struct ToolError {
+    /// Stable machine code (one of the spender's [`super::pipeline::Spender::ERROR_CODES`]).
+    pub code: ToolCode,
+    /// What happened and what to do.
+    pub message: String,
+    /// The operation's public handle, if one exists.
+    pub handle: Option<PublicHandle>,
+    /// The operation's state, if one exists.
+    pub status: Option<Status>,
+    /// The underlying failure alone, without the advice of `message` (when it differs).
+    pub cause: Option<String>,
+}
+
+impl ToolError {
+    /// An error with no operation.
+    pub fn new(code: ToolCode, message: impl Into<String>) -> Self {
+        ToolError {
+            code,
+            message: message.into(),
+            handle: None,
+            status: None,
+            cause: None,
+        }
+    }
+
+    /// This error, about operation `op`.
+    pub fn of(mut self, op: &Operation) -> Self {
+        self.handle = Some(op.handle.clone());
+        self.status = Some(op.status);
+        self
+    }
+
+    pub(crate) fn registry(err: RegistryError) -> Self {
+        let mut e = ToolError::new(
+            ToolCode::RegistryUnavailable,
+            format!(
+                "{err}; nothing was dispatched for this delivery, and retrying with the same call is safe once the registry is fixed"
+            ),
+        );
+        e.cause = Some(err.to_string());
+        e
+    }
+
+    /// The spender was called for `op` and answered (`answer`, saying whether money moved),
+    /// but its answer could not be recorded.
+    pub(crate) fn unrecorded(op: &Operation, answer: &str, cause: &ToolError) -> Self {
+        ToolError::new(
+            ToolCode::OutcomeUnknown,
+            format!(
+                "operation `{}` was dispatched and the backend answered ({answer}), but the answer \
+                 could not be recorded: {}; redeliver this same call (same call id, same \
+                 arguments) to get the recorded outcome without a second charge, and do not make \
+                 a new call for it",
+                op.handle,
+                cause.cause.as_deref().unwrap_or(&cause.message)
+            ),
+        )
+        .of(op)
+    }
+
+    /// The `structuredContent` of this error.
+    pub fn structured(&self) -> Value {
+        let mut v = json!({"error": self.code.code(), "message": self.message});
+        if let Some(h) = &self.handle {
+            v["handle"] = json!(h.as_str());
+        }
+        if let Some(s) = self.status {
+            v["status"] = json!(s.name());
+        }
+        v
+    }
+}
+
+/// A tool's answer before it is scrubbed and put on the wire.
+#[derive(Debug)]
+pub enum Reply {
+    /// A result.
+    Ok {
+        /// `structuredContent`.
+        structured: Value,
+        /// The human summary.
+        text: String,
+        /// `Some` for spend results (`_meta["callid/replayed"]`).
+        replayed: Option<bool>,
+    },
+    /// A whole `CallToolResult` someone else wrote (an upstream's), sent as it is but for
+    /// `_meta`, which gets `callid/replayed` and, when given, `callid/handle`.
+    Raw {
+        /// The `CallToolResult` JSON.
+        result: Value,
+        /// `_meta["callid/replayed"]`.
+        replayed: bool,
+        /// `_meta["callid/handle"]`.
+        handle: Option<PublicHandle>,
+    },
+    /// A tool error.
+    Err(ToolError),
+    /// A reply already rendered and scrubbed (a completed operation's replay from the
+    /// [`super::replay::ReplayCache`]): sent as it is.
+    Ready(Arc<Cached>),
+}
+
+impl From<ToolError> for Reply {
+    fn from(e: ToolError) -> Self {
+        Reply::Err(e)
+    }
+}
+
+/// `_meta` key of a gateway result that names its operation's public handle.
+pub const HANDLE_META: &str = "callid/handle";
+
+impl Reply {
+    /// The `CallToolResult` JSON of this reply.
+    pub fn to_value(&self) -> Value {
+        match self {
+            Reply::Ok {
+                structured,
+                text,
+                replayed,
+            } => {
+                let mut v = json!({
+                    "content": [{"type": "text", "text": text}],
+                    "structuredContent": structured,
+                });
+                if let Some(r) = replayed {
+                    v["_meta"] = json!({ REPLAYED_META: r });
+                }
+                v
+            }
+            Reply::Raw {
+                result,
+                replayed,
+                handle,
+            } => {
+                let mut v = match result {
+                    Value::Object(_) => result.clone(),
+                    other => json!({"content": [], "structuredContent": other}),
+                };
+                if !v["_meta"].is_object() {
+                    v["_meta"] = json!({});
+                }
+                v["_meta"][REPLAYED_META] = json!(replayed);
+                if let Some(h) = handle {
+                    v["_meta"][HANDLE_META] = json!(h.as_str());
+                }
+                v
+            }
+            Reply::Ready(cached) => cached.reply.clone(),
+            Reply::Err(e) => json!({
+                "isError": true,
+                "content": [{"type": "text", "text": e.message}],
+                "structuredContent": e.structured(),
+            }),
+        }
+    }
+}
+
+/// A signature refusal as a tool error (nothing was recorded or dispatched).
+pub fn signature_error(e: identity::signature::SignatureError) -> ToolError {
+    ToolError::new(
+        ToolCode::of_signature(&e),
+        format!("{e}; nothing was dispatched"),
+    )
+}
+
+/// An identity refusal: nothing was dispatched.
+pub fn identity_error(e: identity::IdentityError) -> ToolError {
+    ToolError::new(
+        ToolCode::of_identity(&e),
+        format!("{e}; nothing was dispatched"),
+    )
+}
+
+/// The `overcharge` member: what was authorized and what was charged.
+pub fn overcharge_json(authorized: u64, charged: u64) -> Value {
+    json!({"authorized_cents": authorized, "charged_cents": charged})
+}
+
+/// The warning appended to a reply whose charge exceeded its authorization.
+pub fn overcharge_text(authorized: u64, charged: u64) -> String {
+    format!(
+        "; WARNING: the provider charged {charged} cents although {authorized} were authorized; \
+         the budget was debited by the full charge"
+    )
+}
+
+/// The error and its causes, as one line.
+pub fn chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(s) = source {
+        let s_text = s.to_string();
+        if !text.contains(&s_text) {
+            text.push_str(": ");
+            text.push_str(&s_text);
+        }
+        source = s.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replies_render_the_contract_shapes() {
+        let handle = PublicHandle::from_stored(
+            "hubu:public-operation:v1:00000000-0000-4000-8000-000000000000".into(),
+        );
+        let ok = Reply::Ok {
+            structured: json!({"handle": handle.as_str(), "status": "completed", "result": {"charge_id": "ch_1", "amount_cents": 3}}),
+            text: "Generated image".into(),
+            replayed: Some(true),
+        };
+        let mut err = ToolError::new(ToolCode::AwaitingApproval, "needs a person");
+        err.handle = Some(handle);
+        err.status = Some(Status::AwaitingApproval);
+        let bare = ToolError::new(ToolCode::MissingIdentity, "no identity");
+        insta::assert_json_snapshot!(
+            "reply_shapes",
+            json!({
+                "success": ok.to_value(),
+                "error_with_operation": Reply::Err(err).to_value(),
+                "error_without_operation": Reply::Err(bare).to_value(),
+            })
+        );
+    }
+
+    /// The wire strings, written out by hand: a renamed variant or string fails here.
+    #[test]
+    fn every_code_keeps_its_wire_string() {
+        let table = [
+            (ToolCode::MissingIdentity, "missing_identity"),
+            (ToolCode::AmbiguousIdentity, "ambiguous_identity"),
+            (ToolCode::InvalidIdentity, "invalid_identity"),
+            (ToolCode::IdentityInArguments, "identity_in_arguments"),
+            (ToolCode::MissingSignature, "missing_signature"),
+            (ToolCode::InvalidSignature, "invalid_signature"),
+            (ToolCode::UnknownSigningKey, "unknown_signing_key"),
+            (ToolCode::SigningKeyNotAllowed, "signing_key_not_allowed"),
+            (ToolCode::SignatureExpired, "signature_expired"),
+            (ToolCode::SignatureNotYetValid, "signature_not_yet_valid"),
+            (ToolCode::UnsignedIdentity, "unsigned_identity"),
+            (ToolCode::NonCanonicalArguments, "non_canonical_arguments"),
+            (ToolCode::InvalidArguments, "invalid_arguments"),
+            (ToolCode::RequestMismatch, "request_mismatch"),
+            (ToolCode::OperationInProgress, "operation_in_progress"),
+            (ToolCode::AwaitingApproval, "awaiting_approval"),
+            (ToolCode::OperationDenied, "operation_denied"),
+            (ToolCode::UnknownOperation, "unknown_operation"),
+            (ToolCode::RegistryUnavailable, "registry_unavailable"),
+            (ToolCode::OutcomeUnknown, "outcome_unknown"),
+            (ToolCode::OutcomeInDoubt, "outcome_in_doubt"),
+            (ToolCode::BackendStateCorrupt, "backend_state_corrupt"),
+            (ToolCode::BudgetExceeded, "budget_exceeded"),
+            (ToolCode::CreateNewOperation, "create_new_operation"),
+            (ToolCode::UnknownModel, "unknown_model"),
+            (ToolCode::ProviderUnavailable, "provider_unavailable"),
+            (ToolCode::ProviderError, "provider_error"),
+            (ToolCode::UpstreamUnavailable, "upstream_unavailable"),
+            (ToolCode::UpstreamError, "upstream_error"),
+        ];
+        assert_eq!(table.len(), ToolCode::ALL.len());
+        for (i, (code, wire)) in table.into_iter().enumerate() {
+            assert_eq!(ToolCode::ALL[i], code, "catalogue order");
+            assert_eq!(code.code(), wire);
+            assert_eq!(code.to_string(), wire);
+            assert_eq!(ToolCode::from_code(wire), Some(code));
+        }
+        assert_eq!(ToolCode::from_code("no_such_code"), None);
+        for wire in identity::IdentityError::CODES {
+            assert!(ToolCode::from_code(wire).is_some(), "{wire}");
+        }
+        for wire in identity::signature::SignatureError::CODES {
+            assert!(ToolCode::from_code(wire).is_some(), "{wire}");
+        }
+    }
+}
