@@ -33,9 +33,10 @@
 //! - [`keys`]: private operation keys and public handles as distinct, leak-resistant types.
 //!
 //! **Storage**
-//! - [`storage`]: the one home for opening, protecting and migrating every database: SQLite files
-//!   ([`storage::sqlite`]), PostgreSQL connections ([`storage::postgres`]) and, with the
-//!   `test-hooks` feature, a throwaway PostgreSQL cluster (re-exported as `pg_cluster`).
+//! - [`storage`]: the one home for opening, protecting and migrating every database, and for
+//!   every schema ([`storage::schema`]): SQLite files ([`storage::sqlite`]), PostgreSQL
+//!   connections and migrations ([`storage::postgres`]) and, with the `test-hooks` feature, a
+//!   throwaway PostgreSQL cluster (re-exported as `pg_cluster`).
 //!
 //! **The spend core and its two users**
 //! - [`spend`]: the spend core: identity, request hash, registry, keys, dispatch, record, reply,
@@ -138,17 +139,17 @@ pub mod testing {
 
     /// The registry's file format: what a test checks in the files the router leaves behind.
     pub mod registry {
-        pub use crate::spend::registry::{APPLICATION_ID, MIGRATIONS};
+        pub use crate::storage::schema::registry::{APPLICATION_ID, MIGRATIONS};
 
         /// The PostgreSQL registry's schema.
         pub mod postgres {
-            pub use crate::spend::registry::postgres::MIGRATIONS;
+            pub use crate::storage::schema::registry::PG_MIGRATIONS as MIGRATIONS;
         }
     }
 
     /// The preallocated key pool's file format.
     pub mod preallocated {
-        pub use crate::spend::preallocated::APPLICATION_ID;
+        pub use crate::storage::schema::KEY_POOL_APPLICATION_ID as APPLICATION_ID;
     }
 
     #[cfg(feature = "bench")]

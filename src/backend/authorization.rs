@@ -36,40 +36,17 @@
 //! one transaction ([`Authorization::authorize_for_dispatch`], one commit).
 //!
 //! ## Compatibility
-//! `application_id` `0x434c4155` ("CLAU"), `user_version` 3 (3 adds the running total of charges,
-//! [`super::LAYER_TOTALS`]); see [`crate::storage::sqlite`]. Decisions
+//! `application_id` `0x434c4155` ("CLAU"), `user_version` 3 (3 adds the running total of charges);
+//! its schema is [`AUTHORIZATION`], opened and migrated by [`crate::storage::sqlite`]. Decisions
 //! recorded by version 1 are `dispatched`.
 
 use super::error::BackendError;
-use crate::storage::sqlite::{Cached as _, Store, StoreError, StoreSpec};
+use crate::storage::schema::layers::AUTHORIZATION;
+use crate::storage::sqlite::{Cached as _, Store, StoreError};
 use rusqlite::{OptionalExtension as _, params};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
-
-pub(super) static SPEC: StoreSpec = StoreSpec {
-    kind: "authorization store",
-    application_id: 0x434c_4155,
-    migrations: &[
-        "CREATE TABLE decisions (
-        agent_id TEXT NOT NULL,
-        operation_key TEXT NOT NULL,
-        decision_id TEXT NOT NULL UNIQUE,
-        account TEXT NOT NULL,
-        amount_cents INTEGER NOT NULL CHECK (amount_cents >= 0),
-        scope TEXT NOT NULL,
-        request_hash TEXT NOT NULL,
-        created_at TEXT NOT NULL,
-        PRIMARY KEY (agent_id, operation_key)
-    ) STRICT;
-    CREATE INDEX decisions_by_account ON decisions (account);",
-        "ALTER TABLE decisions ADD COLUMN state TEXT NOT NULL DEFAULT 'dispatched'
-             CHECK (state IN ('reserved', 'dispatched', 'charged', 'released'));
-         ALTER TABLE decisions ADD COLUMN reserved_ms INTEGER NOT NULL DEFAULT 0;
-         ALTER TABLE decisions ADD COLUMN charged_cents INTEGER;",
-        super::LAYER_TOTALS,
-    ],
-};
 
 /// How long a reservation whose provider call never started holds its budget by default.
 pub const DEFAULT_RESERVATION_EXPIRY: Duration = Duration::from_secs(3600);
@@ -152,14 +129,14 @@ impl Authorization {
     /// Opens (or creates) the store at `path`.
     pub fn open(path: &Path) -> Result<Authorization, StoreError> {
         Ok(Authorization {
-            store: Some(Arc::new(Store::open(path, &SPEC)?)),
+            store: Some(Arc::new(Store::open(path, &AUTHORIZATION)?)),
             expiry_ms: DEFAULT_RESERVATION_EXPIRY.as_millis() as i64,
             shared: None,
         })
     }
 
     /// The layer with its `decisions` table in another file's `store` (the router's SQLite
-    /// registry, whose migrations create the table: see [`super::LAYER_TABLES`]), so that its
+    /// registry, whose migrations create the table: see [`crate::storage::schema::layers`]), so that its
     /// steps can share that file's transactions.
     pub fn in_store(store: Arc<Store>) -> Authorization {
         Authorization {
@@ -497,8 +474,9 @@ const SPENT: &str =
       FROM decisions WHERE account = ?1 AND state IN ('reserved', 'dispatched')), 0)";
 
 /// Cents of `account`'s budget held at `now_ms` (see the module's Budget): its running total of
-/// charges ([`super::LAYER_TOTALS`]) and its open decisions, read through the index of open
-/// decisions, so the cost does not grow with the decisions settled before.
+/// charges ([`crate::storage::schema::layers::LAYER_TOTALS`]) and its open decisions, read
+/// through the index of open decisions, so the cost does not grow with the decisions settled
+/// before.
 fn spent_in(
     conn: &rusqlite::Connection,
     account: &str,
@@ -735,8 +713,8 @@ mod tests {
         let path = dir.path().join("authorization.sqlite3");
         {
             let conn = rusqlite::Connection::open(&path).unwrap();
-            conn.execute_batch(SPEC.migrations[0]).unwrap();
-            conn.execute_batch(SPEC.migrations[1]).unwrap();
+            conn.execute_batch(AUTHORIZATION.migrations[0]).unwrap();
+            conn.execute_batch(AUTHORIZATION.migrations[1]).unwrap();
             conn.execute_batch(&format!(
                 "PRAGMA application_id = {}; PRAGMA user_version = 2;
                  INSERT INTO decisions (agent_id, operation_key, decision_id, account,
@@ -745,7 +723,7 @@ mod tests {
                  VALUES ('a', 'k1', 'd1', 'acct', 3, 's', 'h', 't', 'charged', 0, 4),
                         ('a', 'k2', 'd2', 'acct', 3, 's', 'h', 't', 'dispatched', 0, NULL),
                         ('a', 'k3', 'd3', 'acct', 3, 's', 'h', 't', 'released', 0, NULL);",
-                SPEC.application_id
+                AUTHORIZATION.application_id
             ))
             .unwrap();
         }

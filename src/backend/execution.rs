@@ -22,34 +22,19 @@
 //! single flight still holds per replica; across replicas the registry's lease decides.
 //!
 //! ## Compatibility
-//! `application_id` `0x434c4558` ("CLEX"), `user_version` 1; see [`crate::storage::sqlite`].
+//! `application_id` `0x434c4558` ("CLEX"), `user_version` 1; its schema is [`EXECUTION`], opened
+//! and migrated by [`crate::storage::sqlite`].
 
 use super::error::BackendError;
 use crate::crashpoint::{self, Boundary};
 use crate::provider::{ChargeOutcome, ImageRequest, ProviderApi, Receipt};
-use crate::storage::sqlite::{Cached as _, Store, StoreError, StoreSpec};
+use crate::storage::schema::layers::EXECUTION;
+use crate::storage::sqlite::{Cached as _, Store, StoreError};
 use rusqlite::{OptionalExtension as _, params};
 use sha2::{Digest as _, Sha256};
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
-
-pub(super) static SPEC: StoreSpec = StoreSpec {
-    kind: "execution store",
-    application_id: 0x434c_4558,
-    migrations: &["CREATE TABLE executions (
-        decision_id TEXT PRIMARY KEY,
-        provider_key TEXT NOT NULL UNIQUE,
-        request TEXT NOT NULL,
-        state TEXT NOT NULL CHECK (state IN ('dispatched', 'completed')),
-        attempts INTEGER NOT NULL,
-        receipt TEXT,
-        provider_replayed INTEGER,
-        dispatched_at TEXT NOT NULL,
-        completed_at TEXT,
-        CHECK ((state = 'completed') = (receipt IS NOT NULL))
-    ) STRICT;"],
-};
 
 /// The provider idempotency key of a decision: `gongbu:` and the first 32 hex digits of
 /// `sha256(decision_id)`.
@@ -109,14 +94,14 @@ impl Execution {
     /// Opens (or creates) the store at `path`.
     pub fn open(path: &Path) -> Result<Execution, StoreError> {
         Ok(Execution {
-            store: Some(Arc::new(Store::open(path, &SPEC)?)),
+            store: Some(Arc::new(Store::open(path, &EXECUTION)?)),
             in_flight: Arc::default(),
             shared: None,
         })
     }
 
     /// The layer with its `executions` table in another file's `store` (the router's SQLite
-    /// registry, whose migrations create the table: see [`super::LAYER_TABLES`]), so that its
+    /// registry, whose migrations create the table: see [`crate::storage::schema::layers`]), so that its
     /// steps can share that file's transactions.
     pub fn in_store(store: Arc<Store>) -> Execution {
         Execution {

@@ -15,14 +15,16 @@
 //!   [`Backend::spend`]); with [`BackendConfig::shared_state`], in the replicas' PostgreSQL
 //!   database instead, with no local file.
 //! - [`Backend::open_in`]: both layers' tables in a host SQLite file (the router's registry,
-//!   whose migrations include [`LAYER_TABLES`]); with [`BackendConfig::shared_state`], in the
-//!   replicas' PostgreSQL database. Their steps then join the caller's transactions
+//!   whose migrations include them: [`crate::storage::schema::layers`]); with
+//!   [`BackendConfig::shared_state`], in the replicas' PostgreSQL database. Their steps then join the caller's transactions
 //!   ([`LayerTx`]): [`Backend::prepare_in`] commits the decision and the `dispatched`
 //!   execution with the registry's new row, [`Backend::dispatch`] calls the provider, and
 //!   [`Backend::settle_in`] commits the receipt and the charge with the registry's result.
 //!   The layers stay separate steps, each on its own key; only the commit is shared.
 //!
-//! The in-process provider's ledger is always its own file, `provider-ledger.sqlite3`.
+//! The in-process provider's ledger is always its own file, `provider-ledger.sqlite3`. Every
+//! schema of these files (and of the PostgreSQL tables) is declared in
+//! [`crate::storage::schema`].
 //!
 //! # Guarantee
 //! [`Backend::spend`], and [`Backend::prepare_in`] (or [`Backend::prepare`]) then
@@ -57,6 +59,7 @@ use crate::canonical::RequestHash;
 use crate::crashpoint::{self, Boundary};
 use crate::keys::OperationKey;
 use crate::provider::{self, Image, ImageRequest, Ledger, ProviderApi, Receipt};
+use crate::storage::schema::layers;
 use crate::storage::sqlite::{Store, StoreSpec};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -68,82 +71,6 @@ pub const AUTHORIZATION_FILE: &str = "authorization.sqlite3";
 pub const EXECUTION_FILE: &str = "execution.sqlite3";
 /// File name of the in-process provider's ledger in the state directory.
 pub const PROVIDER_LEDGER_FILE: &str = "provider-ledger.sqlite3";
-
-/// The layers' tables, for a file that hosts them beside its own (the router's SQLite registry
-/// appends this to its migrations): the same columns, in the same order, as the latest schema
-/// of `authorization.sqlite3` and `execution.sqlite3`, so that rows copy across as they are.
-pub const LAYER_TABLES: &str = "CREATE TABLE decisions (
-        agent_id TEXT NOT NULL,
-        operation_key TEXT NOT NULL,
-        decision_id TEXT NOT NULL UNIQUE,
-        account TEXT NOT NULL,
-        amount_cents INTEGER NOT NULL CHECK (amount_cents >= 0),
-        scope TEXT NOT NULL,
-        request_hash TEXT NOT NULL,
-        created_at TEXT NOT NULL,
-        state TEXT NOT NULL DEFAULT 'dispatched'
-            CHECK (state IN ('reserved', 'dispatched', 'charged', 'released')),
-        reserved_ms INTEGER NOT NULL DEFAULT 0,
-        charged_cents INTEGER,
-        PRIMARY KEY (agent_id, operation_key)
-    ) STRICT;
-    CREATE INDEX decisions_by_account ON decisions (account);
-    CREATE TABLE executions (
-        decision_id TEXT PRIMARY KEY,
-        provider_key TEXT NOT NULL UNIQUE,
-        request TEXT NOT NULL,
-        state TEXT NOT NULL CHECK (state IN ('dispatched', 'completed')),
-        attempts INTEGER NOT NULL,
-        receipt TEXT,
-        provider_replayed INTEGER,
-        dispatched_at TEXT NOT NULL,
-        completed_at TEXT,
-        CHECK ((state = 'completed') = (receipt IS NOT NULL))
-    ) STRICT;";
-
-/// The decisions' running total, appended to the migrations of every SQLite file that holds
-/// `decisions` (the standalone `authorization.sqlite3` and the router's registry): the charges
-/// of an account's `charged` decisions, kept by triggers on every insert, update and delete of a
-/// decision (and filled from the decisions already there), and an index of the decisions still
-/// open (`reserved`, `dispatched`). A budget check reads that total and the open decisions
-/// ([`authorization`]'s `spent_in`), so its cost stays flat however many decisions the
-/// account has settled.
-pub const LAYER_TOTALS: &str = "CREATE TABLE account_totals (
-        account       TEXT PRIMARY KEY NOT NULL,
-        charged_cents INTEGER NOT NULL
-    ) STRICT;
-    INSERT INTO account_totals (account, charged_cents)
-        SELECT account, SUM(COALESCE(charged_cents, 0)) FROM decisions
-        WHERE state = 'charged' GROUP BY account;
-    CREATE INDEX decisions_open ON decisions (account) WHERE state IN ('reserved', 'dispatched');
-    CREATE TRIGGER decisions_total_insert AFTER INSERT ON decisions
-        WHEN NEW.state = 'charged' BEGIN
-        INSERT INTO account_totals (account, charged_cents)
-            VALUES (NEW.account, COALESCE(NEW.charged_cents, 0))
-            ON CONFLICT (account) DO UPDATE
-            SET charged_cents = charged_cents + excluded.charged_cents;
-    END;
-    CREATE TRIGGER decisions_total_update_old AFTER UPDATE OF state, charged_cents, account
-        ON decisions WHEN OLD.state = 'charged' BEGIN
-        INSERT INTO account_totals (account, charged_cents)
-            VALUES (OLD.account, -COALESCE(OLD.charged_cents, 0))
-            ON CONFLICT (account) DO UPDATE
-            SET charged_cents = charged_cents + excluded.charged_cents;
-    END;
-    CREATE TRIGGER decisions_total_update_new AFTER UPDATE OF state, charged_cents, account
-        ON decisions WHEN NEW.state = 'charged' BEGIN
-        INSERT INTO account_totals (account, charged_cents)
-            VALUES (NEW.account, COALESCE(NEW.charged_cents, 0))
-            ON CONFLICT (account) DO UPDATE
-            SET charged_cents = charged_cents + excluded.charged_cents;
-    END;
-    CREATE TRIGGER decisions_total_delete AFTER DELETE ON decisions
-        WHEN OLD.state = 'charged' BEGIN
-        INSERT INTO account_totals (account, charged_cents)
-            VALUES (OLD.account, -COALESCE(OLD.charged_cents, 0))
-            ON CONFLICT (account) DO UPDATE
-            SET charged_cents = charged_cents + excluded.charged_cents;
-    END;";
 
 /// The caller's open transaction that a layer's steps join ([`Backend::prepare_in`],
 /// [`Backend::settle_in`]): on the SQLite file hosting the layers' tables, or on the PostgreSQL
@@ -318,8 +245,9 @@ impl Backend {
     }
 
     /// Opens the backend with the authorization and execution tables in the SQLite file at
-    /// `host` (of kind `spec`, whose migrations include [`LAYER_TABLES`]): the router's registry,
-    /// so that a new operation's row, its decision and its `dispatched` execution are one commit
+    /// `host` (of kind `spec`, whose migrations include the layers' tables,
+    /// [`crate::storage::schema::layers::LAYER_TABLES`]): the router's registry, so that a new
+    /// operation's row, its decision and its `dispatched` execution are one commit
     /// ([`Backend::prepare_in`]) and its result, receipt and charge another
     /// ([`Backend::settle_in`]). The layers stay separate steps, each idempotent on its own key;
     /// only their file is shared. The ledger of an in-process provider keeps its own file in
@@ -751,8 +679,8 @@ impl Backend {
 /// checks first (a corrupt, foreign or newer file is refused, untouched).
 fn import_own_files(host: &Store, state_dir: &Path) -> Result<(), BackendError> {
     for (name, spec, table) in [
-        (AUTHORIZATION_FILE, &authorization::SPEC, "decisions"),
-        (EXECUTION_FILE, &execution::SPEC, "executions"),
+        (AUTHORIZATION_FILE, &layers::AUTHORIZATION, "decisions"),
+        (EXECUTION_FILE, &layers::EXECUTION, "executions"),
     ] {
         let path = state_dir.join(name);
         if !path.exists() {
@@ -769,29 +697,7 @@ fn import_file(
     spec: &'static StoreSpec,
     table: &str,
 ) -> Result<(), BackendError> {
-    // Its own checks, and its own migrations: its columns then match the host's table.
-    let own =
-        crate::storage::sqlite::open_connection(path, spec, crate::storage::sqlite::Create::Never)?;
-    drop(own);
-    let copied = host.with(|conn| {
-        conn.execute(
-            "ATTACH DATABASE ?1 AS imported",
-            [path.to_string_lossy().as_ref()],
-        )
-        .map_err(|e| BackendError::from(host.error(e)))?;
-        let result = conn
-            .execute_batch(&format!(
-                "BEGIN IMMEDIATE; INSERT OR IGNORE INTO main.{table} SELECT * FROM imported.{table}; COMMIT;"
-            ))
-            .map_err(|e| BackendError::from(host.error(e)));
-        if result.is_err() {
-            let _ = conn.execute_batch("ROLLBACK");
-        }
-        let detached = conn.execute("DETACH DATABASE imported", []);
-        result?;
-        detached.map_err(|e| BackendError::from(host.error(e)))?;
-        Ok::<_, BackendError>(conn.changes())
-    })?;
+    let copied = host.import(path, spec, table)?;
     // Kept as a backup under a name no earlier import took (`.imported`, `.imported.1`, ...).
     let backup = (0..)
         .map(|n| {

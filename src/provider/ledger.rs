@@ -11,30 +11,17 @@
 //! one process or from several processes on the same file, make exactly one charge.
 //!
 //! ## Compatibility
-//! `application_id` `0x434c504c` ("CLPL"), `user_version` 1; see [`crate::storage::sqlite`].
+//! `application_id` `0x434c504c` ("CLPL"), `user_version` 1; its schema is [`LEDGER`], opened and
+//! migrated by [`crate::storage::sqlite`].
 
 use super::error::ProviderError;
 use super::types::{ChargeOutcome, ChargeRecord, Image, ImageRequest, Receipt, validate_key};
-use crate::storage::sqlite::{Cached as _, Store, StoreSpec};
+use crate::storage::schema::LEDGER;
+use crate::storage::sqlite::{Cached as _, Store};
 use rusqlite::{OptionalExtension as _, params};
 use sha2::{Digest as _, Sha256};
 use std::path::Path;
 use std::sync::Arc;
-
-static SPEC: StoreSpec = StoreSpec {
-    kind: "provider ledger",
-    application_id: 0x434c_504c,
-    migrations: &["CREATE TABLE charges (
-        seq INTEGER PRIMARY KEY AUTOINCREMENT,
-        charge_id TEXT NOT NULL UNIQUE,
-        idempotency_key TEXT NOT NULL UNIQUE,
-        request_fingerprint TEXT NOT NULL,
-        amount_cents INTEGER NOT NULL CHECK (amount_cents >= 0),
-        model TEXT NOT NULL,
-        response TEXT NOT NULL,
-        created_at TEXT NOT NULL
-    ) STRICT;"],
-};
 
 /// The provider's durable ledger. Cheap to clone; clones share one connection pool.
 #[derive(Debug, Clone)]
@@ -49,7 +36,7 @@ impl Ledger {
     /// left unmodified.
     pub fn open(path: &Path) -> Result<Ledger, ProviderError> {
         Ok(Ledger {
-            store: Arc::new(Store::open(path, &SPEC)?),
+            store: Arc::new(Store::open(path, &LEDGER)?),
         })
     }
 

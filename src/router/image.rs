@@ -204,7 +204,7 @@ impl Router {
         let opened = match &self.opts.registry {
             RegistryLocation::File(path) => Backend::open_in(
                 path,
-                &crate::spend::registry::SPEC,
+                &crate::storage::schema::registry::REGISTRY,
                 &state_dir,
                 target,
                 config,

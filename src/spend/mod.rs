@@ -91,11 +91,13 @@ pub(crate) async fn check_registry(
     {
         // A new registry: checked without creating it, so a start refused later (an unknown
         // spend tool, say) leaves nothing behind.
-        return crate::storage::sqlite::creatable(path, &registry::SPEC).map_err(|e| {
-            RegistryRefused {
-                server,
-                cause: e.into(),
-            }
+        return crate::storage::sqlite::creatable(
+            path,
+            &crate::storage::schema::registry::REGISTRY,
+        )
+        .map_err(|e| RegistryRefused {
+            server,
+            cause: e.into(),
         });
     }
     let location = location.clone();

@@ -13,32 +13,15 @@
 //! - Keys are claimed oldest first, each claim through the index of unclaimed keys
 //!   (`keys_unclaimed`, migration 2): its cost does not grow with the keys claimed before (a
 //!   pool with 190,000 of 200,000 keys claimed: 6 ms per claim without it, 2 µs with it).
-//! - The file is opened, identified, protected (0600) and migrated by [`crate::storage::sqlite`], like the
-//!   registry: it holds private keys. A newer pool is refused untouched, never downgraded.
+//! - The file is opened, identified, protected (0600) and migrated by [`crate::storage::sqlite`],
+//!   like the registry: it holds private keys. A newer pool is refused untouched, never
+//!   downgraded. Its schema is [`KEY_POOL`].
 
 use crate::keys::OperationKey;
-use crate::storage::sqlite::{self, Cached as _, Create, StoreError, StoreSpec};
+use crate::storage::schema::KEY_POOL;
+use crate::storage::sqlite::{self, Cached as _, Create, StoreError};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use std::path::{Path, PathBuf};
-
-/// `PRAGMA application_id` of a key pool (`"cKey"`).
-pub const APPLICATION_ID: i32 = 0x634b_6579;
-
-/// What a key pool file is, for [`crate::storage::sqlite`]. Append only: never edit a shipped migration.
-static SPEC: StoreSpec = StoreSpec {
-    kind: "preallocated key database",
-    application_id: APPLICATION_ID,
-    migrations: &[
-        "CREATE TABLE keys (
-         operation_key TEXT PRIMARY KEY NOT NULL,
-         claimed_by    TEXT,
-         claimed_ms    INTEGER
-     ) STRICT;",
-        // 2: the unclaimed keys in claim order, so a claim reads one index entry instead of
-        // stepping over every key claimed before it.
-        "CREATE INDEX keys_unclaimed ON keys (claimed_by) WHERE claimed_by IS NULL;",
-    ],
-};
 
 /// The next key to claim: the oldest unclaimed one, through `keys_unclaimed`.
 const NEXT_UNCLAIMED: &str =
@@ -83,7 +66,7 @@ impl KeyPool {
     /// Opens (creating if absent, mode 0600) the pool at `path`; see [`crate::storage::sqlite`].
     pub fn open(path: &Path) -> Result<KeyPool, KeyPoolError> {
         Ok(KeyPool {
-            conn: sqlite::open_connection(path, &SPEC, Create::IfMissing)?,
+            conn: sqlite::open_connection(path, &KEY_POOL, Create::IfMissing)?,
             path: path.to_path_buf(),
         })
     }

@@ -1,6 +1,7 @@
 //! PostgreSQL connection URLs: [`PgUrl`], parsed and checked once, shown only redacted, and the
 //! one way every PostgreSQL session of callid is opened ([`PgUrl::connect`]): the connection
-//! settings and TLS.
+//! settings and TLS; and the one way a schema is migrated ([`migrate`], schemas in
+//! [`super::schema`]).
 //!
 //! The router's registry ([`crate::spend::registry`]) and the backend's shared state
 //! ([`crate::backend::shared`]) live in the same database and connect through this one type, so
@@ -43,6 +44,10 @@
 //!   (and the `sslrootcert` path: a CA certificate is no secret).
 //! - A session the server ended while it sat idle (a restart) is found and replaced before a
 //!   statement is sent on it ([`session_gone`]), so the first calls after a restart succeed.
+//! - [`migrate`] applies a schema's missing migrations in one transaction under an advisory
+//!   lock, so replicas starting at once apply them once; a database whose marker names another
+//!   application, one with the schema's tables but no marker, or one newer than this build is
+//!   refused, unchanged.
 
 use postgres::Config;
 use postgres::config::SslMode;
@@ -694,6 +699,107 @@ pub fn session_gone(client: &mut postgres::Client, idle: Duration) -> bool {
         return true;
     }
     idle >= IDLE_CHECK && (client.is_valid(CHECK_TIMEOUT).is_err() || client.is_closed())
+}
+
+/// What a kind of PostgreSQL schema is, for [`migrate`]: its marker table and the application
+/// named in it, the advisory lock its migrations run under, and its migrations.
+#[derive(Debug)]
+pub struct PgSchema {
+    /// Human name of the schema, used in messages (`registry`).
+    pub kind: &'static str,
+    /// The application named in the marker table's one row.
+    pub application: &'static str,
+    /// The table holding the application and the version (one row).
+    pub marker: &'static str,
+    /// The advisory-lock namespace: `(lock_namespace, 0)` serializes the migrations.
+    pub lock_namespace: i32,
+    /// Tables of this schema whose presence without a marker means someone else's (or a broken)
+    /// schema, which is refused.
+    pub owned_tables: &'static [&'static str],
+    /// Append-only migrations; migration `i` takes the version from `i` to `i + 1`.
+    pub migrations: &'static [&'static str],
+}
+
+/// Why [`migrate`] did not bring a database to the newest schema.
+#[derive(Debug, thiserror::Error)]
+pub enum MigrateError {
+    /// The database holds a schema this build must not touch; nothing was changed.
+    #[error("{0}")]
+    Refused(String),
+    /// The server failed a statement; the migration's transaction was rolled back.
+    #[error("{0}")]
+    Postgres(#[from] postgres::Error),
+}
+
+/// Applies the missing migrations of `schema` on `conn` in one transaction, under the schema's
+/// advisory lock (replicas starting at once apply them once). A foreign marker, the schema's
+/// tables without a marker, or a version newer than this build knows are refused and nothing is
+/// changed. Running it again is a no-op.
+pub fn migrate(conn: &mut postgres::Client, schema: &PgSchema) -> Result<(), MigrateError> {
+    let mut tx = conn.transaction()?;
+    tx.execute(
+        "SELECT pg_advisory_xact_lock($1, 0)",
+        &[&schema.lock_namespace],
+    )?;
+    let exists = |tx: &mut postgres::Transaction<'_>, table: &str| {
+        tx.query_one("SELECT to_regclass($1) IS NOT NULL", &[&table])
+            .and_then(|r| r.try_get::<_, bool>(0))
+    };
+    let marker = schema.marker;
+    let version: i32 = if exists(&mut tx, marker)? {
+        let rows = tx.query(&format!("SELECT application, version FROM {marker}"), &[])?;
+        match rows.as_slice() {
+            [row] => {
+                let application: String = row.try_get(0)?;
+                if application != schema.application {
+                    return Err(MigrateError::Refused(format!(
+                        "its `{marker}` belongs to `{application}`, not callid's {}; use another \
+                         database",
+                        schema.kind
+                    )));
+                }
+                row.try_get(1)?
+            }
+            _ => {
+                return Err(MigrateError::Refused(format!(
+                    "its `{marker}` holds {} rows instead of one; use another database",
+                    rows.len()
+                )));
+            }
+        }
+    } else {
+        for table in schema.owned_tables {
+            if exists(&mut tx, table)? {
+                return Err(MigrateError::Refused(format!(
+                    "it has a `{table}` table but no callid schema marker (`{marker}`); use \
+                     another database"
+                )));
+            }
+        }
+        0
+    };
+    let known = schema.migrations.len() as i32;
+    if version > known {
+        return Err(MigrateError::Refused(format!(
+            "its schema version {version} is newer than this build knows ({known}); run a newer \
+             callid"
+        )));
+    }
+    if version == known {
+        return Ok(());
+    }
+    for sql in &schema.migrations[version as usize..] {
+        tx.batch_execute(sql)?;
+    }
+    if version == 0 {
+        tx.execute(
+            &format!("INSERT INTO {marker} (application, version) VALUES ($1, $2)"),
+            &[&schema.application, &known],
+        )
+    } else {
+        tx.execute(&format!("UPDATE {marker} SET version = $1"), &[&known])
+    }?;
+    Ok(tx.commit()?)
 }
 
 /// Drops a sync PostgreSQL client (or anything holding one) on a plain thread: the client owns a

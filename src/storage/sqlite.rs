@@ -2,8 +2,10 @@
 //!
 //! One discipline for all five files: the router's registry, its preallocated key pool, the
 //! backend's `authorization.sqlite3` and `execution.sqlite3`, and the provider ledger. Each kind is
-//! described by a [`StoreSpec`] (its name, `application_id` and migrations); everything else (how
-//! the file is created, identified, protected, migrated and configured) is decided here, once.
+//! described by a [`StoreSpec`] (its name, `application_id` and migrations), declared in
+//! [`super::schema`]; everything else (how the file is created, identified, protected, migrated
+//! and configured) is decided here, once. A file's rows are copied into another only here too
+//! ([`Store::import`]).
 //!
 //! ## Durability
 //! WAL journal with `synchronous=FULL`: a transaction that returned from `COMMIT` survives a
@@ -343,6 +345,39 @@ impl Store {
         E: From<StoreError>,
     {
         self.with(|conn| f(conn))
+    }
+
+    /// Copies the rows of `table` from the file at `path`, a file of kind `spec`, into this
+    /// store's `table` in one transaction, the rows already here winning; returns how many were
+    /// copied. The file is opened through its own kind's checks and migrations first (a corrupt,
+    /// foreign or newer file is refused, untouched), so its columns are those of its latest
+    /// schema, the order this store's copy of the table has too ([`super::schema::layers`]).
+    pub fn import(
+        &self,
+        path: &Path,
+        spec: &'static StoreSpec,
+        table: &str,
+    ) -> Result<u64, StoreError> {
+        drop(open_connection(path, spec, Create::Never)?);
+        self.with(|conn| {
+            conn.execute(
+                "ATTACH DATABASE ?1 AS imported",
+                [path.to_string_lossy().as_ref()],
+            )
+            .map_err(|e| self.error(e))?;
+            let result = conn
+                .execute_batch(&format!(
+                    "BEGIN IMMEDIATE; INSERT OR IGNORE INTO main.{table} SELECT * FROM imported.{table}; COMMIT;"
+                ))
+                .map_err(|e| self.error(e));
+            if result.is_err() {
+                let _ = conn.execute_batch("ROLLBACK");
+            }
+            let detached = conn.execute("DETACH DATABASE imported", []);
+            result?;
+            detached.map_err(|e| self.error(e))?;
+            Ok(conn.changes())
+        })
     }
 }
 

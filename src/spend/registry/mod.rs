@@ -84,9 +84,9 @@
 //!   the installation, so replicas never overspend.
 //!
 //! ## Compatibility
-//! - The file is identified by `PRAGMA application_id` ([`APPLICATION_ID`]) and versioned by
-//!   `PRAGMA user_version`. Migrations ([`MIGRATIONS`]) are append-only and run in one exclusive
-//!   transaction; a registry written by an older callid is upgraded in place.
+//! - The file is identified by `PRAGMA application_id` and versioned by `PRAGMA user_version`.
+//!   Its schema ([`crate::storage::schema::registry`]) is append-only and migrated in one
+//!   exclusive transaction; a registry written by an older callid is upgraded in place.
 //! - A file with another application id, a non-empty file without one, a file that is not a
 //!   SQLite database, or a registry newer than this build knows is refused and never modified:
 //!   it is inspected through a read-only connection, so not even its `-wal` is checkpointed.
@@ -100,9 +100,10 @@
 //!   rebuilding.
 //!
 //! - PostgreSQL: table `callid_schema` holds the application marker (`callid-registry`) and the
-//!   version; migrations ([`postgres::MIGRATIONS`]) are append-only and run in one transaction
-//!   under an advisory lock, so replicas starting at once apply them once. A foreign marker,
-//!   callid's tables without a marker, or a newer version are refused and nothing is changed.
+//!   version; migrations ([`crate::storage::schema::registry::PG_MIGRATIONS`]) are append-only
+//!   and run in one transaction under an advisory lock ([`crate::storage::postgres::migrate`]),
+//!   so replicas starting at once apply them once. A foreign marker, callid's tables without a
+//!   marker, or a newer version are refused and nothing is changed.
 //!
 //! ## Retention
 //! Rows are never deleted by the router: a row is what lets a redelivery, even days later, get
@@ -113,147 +114,10 @@
 use crate::canonical::RequestHash;
 use crate::clock::now_ms;
 use crate::keys::{OperationKey, PublicHandle};
-use crate::storage::sqlite::{StoreError, StoreSpec};
+use crate::storage::sqlite::StoreError;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
-
-/// `PRAGMA application_id` of a callid registry (`"cLiD"` in ASCII).
-pub const APPLICATION_ID: i32 = 0x634c_6944;
-
-/// What a registry file is, for [`crate::storage::sqlite`].
-pub(crate) static SPEC: StoreSpec = StoreSpec {
-    kind: "registry",
-    application_id: APPLICATION_ID,
-    migrations: MIGRATIONS,
-};
-
-/// The schema, one migration per `user_version` step. Append only: never edit a shipped entry.
-pub const MIGRATIONS: &[&str] = &[
-    // 1: the installation id and the operations.
-    "CREATE TABLE settings (
-         name  TEXT PRIMARY KEY NOT NULL,
-         value TEXT NOT NULL
-     ) STRICT;
-     CREATE TABLE operations (
-         platform         TEXT NOT NULL,
-         installation_id  TEXT NOT NULL,
-         harness_call_id  TEXT NOT NULL,
-         handle           TEXT NOT NULL UNIQUE,
-         operation_key    TEXT NOT NULL UNIQUE,
-         tool             TEXT NOT NULL,
-         request_hash     TEXT NOT NULL,
-         arguments        TEXT NOT NULL,
-         amount_cents     INTEGER NOT NULL,
-         status           TEXT NOT NULL,
-         approval         TEXT NOT NULL,
-         result           TEXT,
-         error_code       TEXT,
-         error_message    TEXT,
-         lease_owner      TEXT,
-         lease_expires_ms INTEGER,
-         created_ms       INTEGER NOT NULL,
-         updated_ms       INTEGER NOT NULL,
-         PRIMARY KEY (platform, installation_id, harness_call_id)
-     ) STRICT;",
-    // 2: the envelope's installation id joins the key (tenants kept apart); the amount the
-    // provider actually charged is recorded beside the quote.
-    "CREATE TABLE operations_v2 (
-         platform            TEXT NOT NULL,
-         installation_id     TEXT NOT NULL,
-         source_installation TEXT NOT NULL,
-         harness_call_id     TEXT NOT NULL,
-         handle              TEXT NOT NULL UNIQUE,
-         operation_key       TEXT NOT NULL UNIQUE,
-         tool                TEXT NOT NULL,
-         request_hash        TEXT NOT NULL,
-         arguments           TEXT NOT NULL,
-         amount_cents        INTEGER NOT NULL,
-         status              TEXT NOT NULL,
-         approval            TEXT NOT NULL,
-         result              TEXT,
-         error_code          TEXT,
-         error_message       TEXT,
-         lease_owner         TEXT,
-         lease_expires_ms    INTEGER,
-         created_ms          INTEGER NOT NULL,
-         updated_ms          INTEGER NOT NULL,
-         charged_cents       INTEGER,
-         PRIMARY KEY (platform, installation_id, source_installation, harness_call_id)
-     ) STRICT;
-     INSERT INTO operations_v2 (platform, installation_id, source_installation, harness_call_id,
-         handle, operation_key, tool, request_hash, arguments, amount_cents, status, approval,
-         result, error_code, error_message, lease_owner, lease_expires_ms, created_ms, updated_ms)
-     SELECT platform, installation_id, '', harness_call_id, handle, operation_key, tool,
-         request_hash, arguments, amount_cents, status, approval, result, error_code,
-         error_message, lease_owner, lease_expires_ms, created_ms, updated_ms FROM operations;
-     DROP TABLE operations;
-     ALTER TABLE operations_v2 RENAME TO operations;",
-    // 3: the built-in router's authorization and execution layers keep their tables here, so
-    // that a new operation's row, decision and dispatch are one commit, and its result, receipt
-    // and charge another (see `crate::backend::Backend::open_in`).
-    crate::backend::LAYER_TABLES,
-    // 4: the decisions' running total of charges (see `crate::backend::LAYER_TOTALS`).
-    crate::backend::LAYER_TOTALS,
-    // 5: the operations' running total: the cents of each installation's completed operations,
-    // kept by triggers (and filled from the rows already there), and an index of the operations
-    // still open, so a budgeted insert reads one total and the open rows, whatever the number of
-    // operations completed before.
-    "CREATE TABLE installation_totals (
-         installation_id TEXT PRIMARY KEY NOT NULL,
-         completed_cents INTEGER NOT NULL
-     ) STRICT;
-     INSERT INTO installation_totals (installation_id, completed_cents)
-         SELECT installation_id, SUM(COALESCE(charged_cents, amount_cents)) FROM operations
-         WHERE status = 'completed' GROUP BY installation_id;
-     CREATE INDEX operations_open ON operations (installation_id)
-         WHERE status IN ('pending', 'awaiting_approval');
-     CREATE TRIGGER operations_total_insert AFTER INSERT ON operations
-         WHEN NEW.status = 'completed' BEGIN
-         INSERT INTO installation_totals (installation_id, completed_cents)
-             VALUES (NEW.installation_id, COALESCE(NEW.charged_cents, NEW.amount_cents))
-             ON CONFLICT (installation_id) DO UPDATE
-             SET completed_cents = completed_cents + excluded.completed_cents;
-     END;
-     CREATE TRIGGER operations_total_update_old
-         AFTER UPDATE OF status, charged_cents, amount_cents, installation_id ON operations
-         WHEN OLD.status = 'completed' BEGIN
-         INSERT INTO installation_totals (installation_id, completed_cents)
-             VALUES (OLD.installation_id, -COALESCE(OLD.charged_cents, OLD.amount_cents))
-             ON CONFLICT (installation_id) DO UPDATE
-             SET completed_cents = completed_cents + excluded.completed_cents;
-     END;
-     CREATE TRIGGER operations_total_update_new
-         AFTER UPDATE OF status, charged_cents, amount_cents, installation_id ON operations
-         WHEN NEW.status = 'completed' BEGIN
-         INSERT INTO installation_totals (installation_id, completed_cents)
-             VALUES (NEW.installation_id, COALESCE(NEW.charged_cents, NEW.amount_cents))
-             ON CONFLICT (installation_id) DO UPDATE
-             SET completed_cents = completed_cents + excluded.completed_cents;
-     END;
-     CREATE TRIGGER operations_total_delete AFTER DELETE ON operations
-         WHEN OLD.status = 'completed' BEGIN
-         INSERT INTO installation_totals (installation_id, completed_cents)
-             VALUES (OLD.installation_id, -COALESCE(OLD.charged_cents, OLD.amount_cents))
-             ON CONFLICT (installation_id) DO UPDATE
-             SET completed_cents = completed_cents + excluded.completed_cents;
-     END;",
-    // 6: at-most-once dispatch for backends that ignore idempotency keys: whether the row is
-    // dispatched at most once, a fencing token counted up by every lease taken (a dispatcher's
-    // writes carry it), the lease under which the row was last dispatched (NULL: never, or a
-    // person said nothing was charged), and a person's resolution of an `in_doubt` row. An
-    // in-doubt row is open money: the open-row index now covers it.
-    "ALTER TABLE operations ADD COLUMN at_most_once INTEGER NOT NULL DEFAULT 0;
-     ALTER TABLE operations ADD COLUMN lease_generation INTEGER NOT NULL DEFAULT 0;
-     ALTER TABLE operations ADD COLUMN dispatch_generation INTEGER;
-     ALTER TABLE operations ADD COLUMN dispatched_ms INTEGER;
-     ALTER TABLE operations ADD COLUMN resolution TEXT;
-     ALTER TABLE operations ADD COLUMN resolved_by TEXT;
-     ALTER TABLE operations ADD COLUMN resolved_ms INTEGER;
-     DROP INDEX operations_open;
-     CREATE INDEX operations_open ON operations (installation_id)
-         WHERE status IN ('pending', 'awaiting_approval', 'in_doubt');",
-];
 
 /// The statuses whose price a budget counts before a charge is recorded (open money), as an SQL
 /// list for both backends' budget checks (`concat!`).

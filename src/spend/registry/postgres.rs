@@ -25,181 +25,13 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// The application marker in `callid_schema`.
-pub const APPLICATION: &str = "callid-registry";
-
 /// The advisory-lock namespace of callid (the registry's SQLite application id, `"cLiD"`):
 /// `(NAMESPACE, 0)` serializes migrations, `(NAMESPACE, k)` with `k > 0` is a replica's life.
-const NAMESPACE: i32 = super::APPLICATION_ID;
+const NAMESPACE: i32 = crate::storage::schema::registry::APPLICATION_ID;
 
 /// The advisory-lock namespace of budgeted inserts (`"cLGB"`): `(BUDGET_NAMESPACE,
 /// hashtext(installation id))` serializes the budget check and insert of one installation.
 const BUDGET_NAMESPACE: i32 = 0x634c_4742;
-
-/// The schema, one migration per version step. Append only: never edit a shipped entry.
-pub const MIGRATIONS: &[&str] = &[
-    // 1: the schema marker, the installation id and the operations.
-    "CREATE TABLE callid_schema (
-         application text NOT NULL,
-         version     integer NOT NULL
-     );
-     CREATE TABLE callid_settings (
-         name  text PRIMARY KEY,
-         value text NOT NULL
-     );
-     CREATE TABLE callid_operations (
-         platform            text NOT NULL,
-         installation_id     text NOT NULL,
-         source_installation text NOT NULL,
-         harness_call_id     text NOT NULL,
-         handle              text NOT NULL UNIQUE,
-         operation_key       text NOT NULL UNIQUE,
-         tool                text NOT NULL,
-         request_hash        text NOT NULL,
-         arguments           text NOT NULL,
-         amount_cents        bigint NOT NULL,
-         status              text NOT NULL,
-         approval            text NOT NULL,
-         result              text,
-         error_code          text,
-         error_message       text,
-         charged_cents       bigint,
-         lease_owner         text,
-         lease_lock          integer,
-         lease_expires       timestamptz,
-         created_ms          bigint NOT NULL,
-         updated_ms          bigint NOT NULL,
-         PRIMARY KEY (platform, installation_id, source_installation, harness_call_id)
-     );",
-    // 2: the authorization layer's decisions, shared by replicas (`crate::backend::shared`).
-    "CREATE TABLE callid_decisions (
-         agent_id      text NOT NULL,
-         operation_key text NOT NULL,
-         decision_id   text NOT NULL UNIQUE,
-         account       text NOT NULL,
-         amount_cents  bigint NOT NULL CHECK (amount_cents >= 0),
-         scope         text NOT NULL,
-         request_hash  text NOT NULL,
-         created_at    text NOT NULL,
-         state         text NOT NULL
-             CHECK (state IN ('reserved', 'dispatched', 'charged', 'released')),
-         reserved_ms   bigint NOT NULL,
-         charged_cents bigint,
-         PRIMARY KEY (agent_id, operation_key)
-     );
-     CREATE INDEX callid_decisions_by_account ON callid_decisions (account);",
-    // 3: the execution layer's records, shared by replicas (`crate::backend::shared`).
-    "CREATE TABLE callid_executions (
-         decision_id       text PRIMARY KEY,
-         provider_key      text NOT NULL UNIQUE,
-         request           text NOT NULL,
-         state             text NOT NULL CHECK (state IN ('dispatched', 'completed')),
-         attempts          bigint NOT NULL,
-         receipt           text,
-         provider_replayed boolean,
-         dispatched_at     timestamptz NOT NULL,
-         completed_at      timestamptz,
-         CHECK ((state = 'completed') = (receipt IS NOT NULL))
-     );",
-    // 4: running totals of settled money, kept by triggers (and filled from the rows already
-    // there), and indexes of the rows still open, so a budget check reads a few total rows and
-    // the open rows, whatever the number settled before (`COMMITTED`, `shared::SPENT`). A total
-    // is split in 16 stripes, one per server process modulo 16, so that replicas settling for
-    // one installation or account at once do not queue on one row's lock until their commits.
-    // Each trigger's WHEN skips the function call for the rows that do not touch a total (a new
-    // pending row, a decision marked `dispatched`), the common case on a new operation's path.
-    // The triggers are created before the totals are filled: they lock the tables against
-    // writers of an older build still running, so no row changes between the fill and them.
-    "CREATE TABLE callid_installation_totals (
-         installation_id text NOT NULL,
-         stripe          integer NOT NULL,
-         completed_cents bigint NOT NULL,
-         PRIMARY KEY (installation_id, stripe)
-     );
-     CREATE TABLE callid_account_totals (
-         account       text NOT NULL,
-         stripe        integer NOT NULL,
-         charged_cents bigint NOT NULL,
-         PRIMARY KEY (account, stripe)
-     );
-     CREATE FUNCTION callid_operations_total() RETURNS trigger LANGUAGE plpgsql AS $$
-     BEGIN
-         IF TG_OP <> 'INSERT' AND OLD.status = 'completed' THEN
-             INSERT INTO callid_installation_totals AS t VALUES
-                 (OLD.installation_id, pg_backend_pid() % 16,
-                  -COALESCE(OLD.charged_cents, OLD.amount_cents))
-             ON CONFLICT (installation_id, stripe) DO UPDATE
-                 SET completed_cents = t.completed_cents + EXCLUDED.completed_cents;
-         END IF;
-         IF TG_OP <> 'DELETE' AND NEW.status = 'completed' THEN
-             INSERT INTO callid_installation_totals AS t VALUES
-                 (NEW.installation_id, pg_backend_pid() % 16,
-                  COALESCE(NEW.charged_cents, NEW.amount_cents))
-             ON CONFLICT (installation_id, stripe) DO UPDATE
-                 SET completed_cents = t.completed_cents + EXCLUDED.completed_cents;
-         END IF;
-         RETURN NULL;
-     END $$;
-     CREATE TRIGGER callid_operations_total_insert AFTER INSERT ON callid_operations
-         FOR EACH ROW WHEN (NEW.status = 'completed')
-         EXECUTE FUNCTION callid_operations_total();
-     CREATE TRIGGER callid_operations_total_update
-         AFTER UPDATE OF status, charged_cents, amount_cents, installation_id
-         ON callid_operations
-         FOR EACH ROW WHEN (OLD.status = 'completed' OR NEW.status = 'completed')
-         EXECUTE FUNCTION callid_operations_total();
-     CREATE TRIGGER callid_operations_total_delete AFTER DELETE ON callid_operations
-         FOR EACH ROW WHEN (OLD.status = 'completed')
-         EXECUTE FUNCTION callid_operations_total();
-     CREATE FUNCTION callid_decisions_total() RETURNS trigger LANGUAGE plpgsql AS $$
-     BEGIN
-         IF TG_OP <> 'INSERT' AND OLD.state = 'charged' THEN
-             INSERT INTO callid_account_totals AS t VALUES
-                 (OLD.account, pg_backend_pid() % 16, -COALESCE(OLD.charged_cents, 0))
-             ON CONFLICT (account, stripe) DO UPDATE
-                 SET charged_cents = t.charged_cents + EXCLUDED.charged_cents;
-         END IF;
-         IF TG_OP <> 'DELETE' AND NEW.state = 'charged' THEN
-             INSERT INTO callid_account_totals AS t VALUES
-                 (NEW.account, pg_backend_pid() % 16, COALESCE(NEW.charged_cents, 0))
-             ON CONFLICT (account, stripe) DO UPDATE
-                 SET charged_cents = t.charged_cents + EXCLUDED.charged_cents;
-         END IF;
-         RETURN NULL;
-     END $$;
-     CREATE TRIGGER callid_decisions_total_insert AFTER INSERT ON callid_decisions
-         FOR EACH ROW WHEN (NEW.state = 'charged')
-         EXECUTE FUNCTION callid_decisions_total();
-     CREATE TRIGGER callid_decisions_total_update
-         AFTER UPDATE OF state, charged_cents, account ON callid_decisions
-         FOR EACH ROW WHEN (OLD.state = 'charged' OR NEW.state = 'charged')
-         EXECUTE FUNCTION callid_decisions_total();
-     CREATE TRIGGER callid_decisions_total_delete AFTER DELETE ON callid_decisions
-         FOR EACH ROW WHEN (OLD.state = 'charged')
-         EXECUTE FUNCTION callid_decisions_total();
-     INSERT INTO callid_installation_totals
-         SELECT installation_id, 0, SUM(COALESCE(charged_cents, amount_cents))
-         FROM callid_operations WHERE status = 'completed' GROUP BY installation_id;
-     INSERT INTO callid_account_totals
-         SELECT account, 0, SUM(COALESCE(charged_cents, 0))
-         FROM callid_decisions WHERE state = 'charged' GROUP BY account;
-     CREATE INDEX callid_operations_open ON callid_operations (installation_id)
-         WHERE status IN ('pending', 'awaiting_approval');
-     CREATE INDEX callid_decisions_open ON callid_decisions (account)
-         WHERE state IN ('reserved', 'dispatched');",
-    // 5: at-most-once dispatch, fencing tokens and resolutions, as SQLite's migration 6 (see
-    // there); the open-row index covers in-doubt rows.
-    "ALTER TABLE callid_operations ADD COLUMN at_most_once boolean NOT NULL DEFAULT false;
-     ALTER TABLE callid_operations ADD COLUMN lease_generation bigint NOT NULL DEFAULT 0;
-     ALTER TABLE callid_operations ADD COLUMN dispatch_generation bigint;
-     ALTER TABLE callid_operations ADD COLUMN dispatched_ms bigint;
-     ALTER TABLE callid_operations ADD COLUMN resolution text;
-     ALTER TABLE callid_operations ADD COLUMN resolved_by text;
-     ALTER TABLE callid_operations ADD COLUMN resolved_ms bigint;
-     DROP INDEX callid_operations_open;
-     CREATE INDEX callid_operations_open ON callid_operations (installation_id)
-         WHERE status IN ('pending', 'awaiting_approval', 'in_doubt');",
-];
 
 /// An open PostgreSQL registry: a statement connection, and this replica's liveness lock, which
 /// it shares with its [siblings](PgRegistry::sibling).
@@ -648,70 +480,11 @@ impl PgRegistry {
     }
 
     fn migrate(&self, conn: &mut Client) -> Result<(), RegistryError> {
-        let doing = "migrating its schema";
-        let mut tx = conn.transaction().map_err(self.err(doing))?;
-        tx.execute("SELECT pg_advisory_xact_lock($1, 0)", &[&NAMESPACE])
-            .map_err(self.err(doing))?;
-        let exists = |tx: &mut postgres::Transaction<'_>, table: &str| {
-            tx.query_one("SELECT to_regclass($1) IS NOT NULL", &[&table])
-                .and_then(|r| r.try_get::<_, bool>(0))
-        };
-        let version: i32 = if exists(&mut tx, "callid_schema").map_err(self.err(doing))? {
-            let rows = tx
-                .query("SELECT application, version FROM callid_schema", &[])
-                .map_err(self.err(doing))?;
-            match rows.as_slice() {
-                [row] => {
-                    let application: String = row.try_get(0).map_err(self.err(doing))?;
-                    if application != APPLICATION {
-                        return Err(self.refused(format!(
-                            "its `callid_schema` belongs to `{application}`, not callid's \
-                             registry; use another database"
-                        )));
-                    }
-                    row.try_get(1).map_err(self.err(doing))?
-                }
-                _ => {
-                    return Err(self.refused(format!(
-                        "its `callid_schema` holds {} rows instead of one; use another database",
-                        rows.len()
-                    )));
-                }
-            }
-        } else {
-            for table in ["callid_operations", "callid_settings"] {
-                if exists(&mut tx, table).map_err(self.err(doing))? {
-                    return Err(self.refused(format!(
-                        "it has a `{table}` table but no callid schema marker \
-                         (`callid_schema`); use another database"
-                    )));
-                }
-            }
-            0
-        };
-        let known = MIGRATIONS.len() as i32;
-        if version > known {
-            return Err(self.refused(format!(
-                "its schema version {version} is newer than this build knows ({known}); run a \
-                 newer callid"
-            )));
-        }
-        if version == known {
-            return Ok(());
-        }
-        for sql in &MIGRATIONS[version as usize..] {
-            tx.batch_execute(sql).map_err(self.err(doing))?;
-        }
-        if version == 0 {
-            tx.execute(
-                "INSERT INTO callid_schema (application, version) VALUES ($1, $2)",
-                &[&APPLICATION, &known],
-            )
-        } else {
-            tx.execute("UPDATE callid_schema SET version = $1", &[&known])
-        }
-        .map_err(self.err(doing))?;
-        tx.commit().map_err(self.err(doing))
+        use crate::storage::postgres::{MigrateError, migrate};
+        migrate(conn, &crate::storage::schema::registry::REGISTRY_PG).map_err(|e| match e {
+            MigrateError::Refused(detail) => self.refused(detail),
+            MigrateError::Postgres(cause) => self.err("migrating its schema")(cause),
+        })
     }
 
     /// Runs `f` on the statement connection, reconnecting first if a connection was lost; a

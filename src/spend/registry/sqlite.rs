@@ -2,11 +2,12 @@
 //! [`super`] for its Durability, Concurrency, Compatibility and Retention).
 
 use super::{
-    InTransaction, Insert, InsertDone, Lease, NewOperation, Operation, RawRow, RegistryError, SPEC,
+    InTransaction, Insert, InsertDone, Lease, NewOperation, Operation, RawRow, RegistryError,
     Status, Write, now_ms, owner_alive,
 };
 use crate::backend::LayerTx;
 use crate::keys::PublicHandle;
+use crate::storage::schema::registry::REGISTRY;
 use crate::storage::sqlite::{Cached as _, Create, Savepoint};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use serde_json::Value;
@@ -35,7 +36,7 @@ impl SqliteRegistry {
     /// migrating it to the newest schema. A foreign, newer, corrupt or world-readable file is
     /// refused untouched (see [`crate::storage::sqlite`]).
     pub fn open(path: &Path) -> Result<SqliteRegistry, RegistryError> {
-        let conn = crate::storage::sqlite::open_connection(path, &SPEC, Create::IfMissing)?;
+        let conn = crate::storage::sqlite::open_connection(path, &REGISTRY, Create::IfMissing)?;
         Self::init(conn, path.to_path_buf())
     }
 
@@ -46,14 +47,14 @@ impl SqliteRegistry {
                 path: path.to_path_buf(),
             });
         }
-        let conn = crate::storage::sqlite::open_connection(path, &SPEC, Create::Never)?;
+        let conn = crate::storage::sqlite::open_connection(path, &REGISTRY, Create::Never)?;
         Self::init(conn, path.to_path_buf())
     }
 
     /// Opens an in-memory registry (unit tests).
     #[cfg(test)]
     pub fn open_in_memory() -> Result<SqliteRegistry, RegistryError> {
-        let conn = crate::storage::sqlite::open_in_memory(&SPEC)?;
+        let conn = crate::storage::sqlite::open_in_memory(&REGISTRY)?;
         Self::init(conn, PathBuf::from(":memory:"))
     }
 
@@ -71,7 +72,7 @@ impl SqliteRegistry {
     /// Running it again is a no-op.
     #[cfg(test)]
     pub fn migrate(&mut self) -> Result<(), RegistryError> {
-        crate::storage::sqlite::migrate(&mut self.conn, &SPEC)
+        crate::storage::sqlite::migrate(&mut self.conn, &REGISTRY)
             .map_err(sqlite(&self.path, "migrating its schema"))
     }
 
@@ -896,12 +897,11 @@ fn sqlite<'a>(
 
 #[cfg(test)]
 mod tests {
-    use super::super::{
-        APPLICATION_ID, Approval, MIGRATIONS, process_owner, process_start, retire_owner,
-    };
+    use super::super::{Approval, process_owner, process_start, retire_owner};
     use super::*;
     use crate::keys::OperationKey;
     use crate::keys::{DEFAULT_HANDLE_PREFIX, DEFAULT_KEY_PREFIX};
+    use crate::storage::schema::registry::{APPLICATION_ID, MIGRATIONS};
     use serde_json::json;
 
     fn new_op(call: &str) -> NewOperation {
