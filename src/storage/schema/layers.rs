@@ -76,7 +76,8 @@ pub const LAYER_TABLES: &str = concat!(
     decisions_opening!(),
     decisions_later_columns!(),
     decisions_closing!(),
-    "\n    ",
+    r"
+    ",
     executions!()
 );
 
