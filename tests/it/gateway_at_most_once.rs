@@ -382,11 +382,13 @@ async fn a_gateway_killed_while_the_upstream_works_leaves_it_in_doubt_in(w: Worl
 #[tokio::test]
 async fn a_tool_declared_idempotent_is_continued_under_the_same_key() {
     let w = World::new();
-    // The first dispatch takes 1.5 s, past the 1 s timeout; later ones answer at once.
+    // The first dispatch takes 4 s, past the 3 s timeout; later ones answer at once (3 s is
+    // room for "at once" on a loaded machine: at 1 s, a load of 20 on two cores made a prompt
+    // answer time out now and then).
     let g = w
         .gateway_with(
-            &["--upstream-timeout", "1", "--idempotent", "pay"],
-            &["--first-seconds", "1.5"],
+            &["--upstream-timeout", "3", "--idempotent", "pay"],
+            &["--first-seconds", "4"],
         )
         .await;
     let first = pay_call(&g, pay(0.0), "c5").await;
@@ -508,8 +510,11 @@ async fn a_paused_dispatcher_is_never_doubled_and_its_late_answer_settles_the_do
 }
 
 async fn a_paused_dispatcher_is_never_doubled_and_its_late_answer_settles_the_doubt_in(w: World) {
-    let a = w.gateway(&["--lease-ttl", "1"]).await;
-    let b = w.gateway(&["--lease-ttl", "1"]).await;
+    // A 3 s lease: the unpaused dispatcher renews it every second and gives up only after 2.4 s
+    // without a renewal, room enough on a loaded machine (a 1 s lease gave up now and then at a
+    // load of 20 on two cores).
+    let a = w.gateway(&["--lease-ttl", "3"]).await;
+    let b = w.gateway(&["--lease-ttl", "3"]).await;
     let conn = a.conn.clone();
     let call = tokio::spawn(async move {
         conn.call_tool(next_id(), "pay", pay(2.0), Some(codex("p1")))
@@ -520,7 +525,7 @@ async fn a_paused_dispatcher_is_never_doubled_and_its_late_answer_settles_the_do
     let pid = a.child.pid().unwrap() as i32;
     // SAFETY: signals to our own child process.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
-    tokio::time::sleep(Duration::from_millis(1600)).await;
+    tokio::time::sleep(Duration::from_millis(4000)).await;
     let taken = pay_call(&b, pay(2.0), "p1").await;
     let h = assert_in_doubt(&taken);
     assert!(taken.raw.contains("paused past its lease"), "{}", taken.raw);
