@@ -36,7 +36,8 @@ pub const OPERATION_STATUS: &str = "operation_status";
 /// Runs an approved operation (added to the upstream's tools).
 pub const RESUME_OPERATION: &str = "resume_operation";
 
-/// Every error code a gateway tool call can answer.
+/// Every error code a gateway tool call can answer, and a [`Guard`](super::guard::Guard)'s (which
+/// alone answers `vouched_for_mismatch`, [`super::vouch::check_vouched_for`]).
 pub const ERROR_CODES: &[ToolCode] = &[
     ToolCode::MissingIdentity,
     ToolCode::AmbiguousIdentity,
@@ -49,6 +50,7 @@ pub const ERROR_CODES: &[ToolCode] = &[
     ToolCode::SignatureExpired,
     ToolCode::SignatureNotYetValid,
     ToolCode::UnsignedIdentity,
+    ToolCode::VouchedForMismatch,
     ToolCode::NonCanonicalArguments,
     ToolCode::InvalidArguments,
     ToolCode::RequestMismatch,

@@ -54,6 +54,8 @@ pub enum ToolCode {
     SignatureNotYetValid,
     /// `unsigned_identity`.
     UnsignedIdentity,
+    /// `vouched_for_mismatch`.
+    VouchedForMismatch,
     /// `non_canonical_arguments`.
     NonCanonicalArguments,
     /// `invalid_arguments`.
@@ -94,7 +96,7 @@ pub enum ToolCode {
 
 impl ToolCode {
     /// Every code, in catalogue order.
-    pub const ALL: [ToolCode; 29] = [
+    pub const ALL: [ToolCode; 30] = [
         ToolCode::MissingIdentity,
         ToolCode::AmbiguousIdentity,
         ToolCode::InvalidIdentity,
@@ -106,6 +108,7 @@ impl ToolCode {
         ToolCode::SignatureExpired,
         ToolCode::SignatureNotYetValid,
         ToolCode::UnsignedIdentity,
+        ToolCode::VouchedForMismatch,
         ToolCode::NonCanonicalArguments,
         ToolCode::InvalidArguments,
         ToolCode::RequestMismatch,
@@ -140,6 +143,7 @@ impl ToolCode {
             ToolCode::SignatureExpired => "signature_expired",
             ToolCode::SignatureNotYetValid => "signature_not_yet_valid",
             ToolCode::UnsignedIdentity => "unsigned_identity",
+            ToolCode::VouchedForMismatch => "vouched_for_mismatch",
             ToolCode::NonCanonicalArguments => "non_canonical_arguments",
             ToolCode::InvalidArguments => "invalid_arguments",
             ToolCode::RequestMismatch => "request_mismatch",
@@ -590,6 +594,7 @@ mod tests {
             (ToolCode::SignatureExpired, "signature_expired"),
             (ToolCode::SignatureNotYetValid, "signature_not_yet_valid"),
             (ToolCode::UnsignedIdentity, "unsigned_identity"),
+            (ToolCode::VouchedForMismatch, "vouched_for_mismatch"),
             (ToolCode::NonCanonicalArguments, "non_canonical_arguments"),
             (ToolCode::InvalidArguments, "invalid_arguments"),
             (ToolCode::RequestMismatch, "request_mismatch"),
