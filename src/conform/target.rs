@@ -744,8 +744,8 @@ impl Profile {
                 } else {
                     // A signing placeholder outside `signed_envelopes` was refused above.
                     SIGNING_PLACEHOLDERS.contains(&name)
-                        || known_placeholders(operator).contains(&name)
-                            && !(path == "registry" && name == "registry")
+                        || (known_placeholders(operator).contains(&name)
+                            && !(path == "registry" && name == "registry"))
                 };
                 if !known {
                     return Err(TargetError::UnknownPlaceholder {
