@@ -18,8 +18,9 @@
 //! the [`PRESETS`] ship in the binary, printed by `callid identity-sources --print-preset NAME`):
 //! each entry is a `_meta` key, a platform, a length bound and a
 //! trust note (a key is only as trustworthy as the harness that sets it). Loading refuses unknown
-//! fields, a key or platform listed twice, bad key names, reserved keys (`progressToken`, which
-//! is per attempt; `io.modelcontextprotocol/*`; `callid/*`) and a built-in platform name, naming
+//! fields, a key or platform listed twice, bad key names, reserved keys ([`RESERVED_KEYS`]:
+//! `progressToken`, which is per attempt; `io.modelcontextprotocol/*`; `callid/*`; the
+//! envelope's signature key) and a built-in platform name, naming
 //! the file, the entry and the fix ([`SourcesError`]). The rules below apply to every entry.
 //!
 //! # Guarantees
@@ -599,6 +600,12 @@ pub const RESERVED_KEYS: &[(&str, &str)] = &[
     (
         "callid/",
         "is callid's own namespace (`callid/replayed` marks replayed results)",
+    ),
+    (
+        signature::SIGNATURE_KEY,
+        "is the signature beside the `hubu.dev/platform-invocation` envelope: it is verified \
+         with `--trust-keys`, and a platform may sign each delivery afresh, so a redelivery can \
+         carry another one",
     ),
 ];
 
@@ -1358,6 +1365,7 @@ mod tests {
             entry("key: progressToken\n    platform: p\n    trust: t"),
             entry("key: io.modelcontextprotocol/clientInfo\n    platform: p\n    trust: t"),
             entry("key: callid/replayed\n    platform: p\n    trust: t"),
+            entry("key: hubu.dev/platform-invocation-signature\n    platform: p\n    trust: t"),
             entry("key: k\n    platform: Codex\n    trust: t"),
             entry("key: k\n    platform: claude-code\n    trust: t"),
             entry("key: k\n    platform: \"a b\"\n    trust: t"),

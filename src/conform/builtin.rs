@@ -168,6 +168,34 @@ pub const SCENARIOS: &[(&str, &str)] = &[
         include_str!("../../scenarios/request-hash-canonical.yaml"),
     ),
     ("schema.yaml", include_str!("../../scenarios/schema.yaml")),
+    (
+        "signature-expired.yaml",
+        include_str!("../../scenarios/signature-expired.yaml"),
+    ),
+    (
+        "signature-forged.yaml",
+        include_str!("../../scenarios/signature-forged.yaml"),
+    ),
+    (
+        "signature-key-not-allowed.yaml",
+        include_str!("../../scenarios/signature-key-not-allowed.yaml"),
+    ),
+    (
+        "signature-missing.yaml",
+        include_str!("../../scenarios/signature-missing.yaml"),
+    ),
+    (
+        "signature-not-yet-valid.yaml",
+        include_str!("../../scenarios/signature-not-yet-valid.yaml"),
+    ),
+    (
+        "signature-unknown-key.yaml",
+        include_str!("../../scenarios/signature-unknown-key.yaml"),
+    ),
+    (
+        "signature-valid-replays.yaml",
+        include_str!("../../scenarios/signature-valid-replays.yaml"),
+    ),
     ("status.yaml", include_str!("../../scenarios/status.yaml")),
 ];
 

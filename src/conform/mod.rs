@@ -24,6 +24,9 @@
 //!   once fail any check that counts charges.
 //! - A profile's `idempotent_backend: false` makes the provider (or upstream) charge every
 //!   request; the checks written for the other kind of backend are skipped, never passed.
+//! - The checks that sign envelopes (`signature.*`) run only against a profile that declares
+//!   `signed_envelopes` (otherwise skipped, saying so), each with a fresh key the runner makes
+//!   and hands to the router ([`signer`]).
 //! - Every byte of every response is scanned for the private key pattern.
 //! - A router that dies mid-scenario is an `error` for that scenario; the run goes on.
 //! - Check ids are stable: they are the `id:` of the scenario files, each citing its article rule.
@@ -38,6 +41,7 @@ mod provider;
 pub(crate) mod report;
 mod runner;
 pub(crate) mod scenario;
+pub(crate) mod signer;
 pub(crate) mod target;
 pub(crate) mod upstream;
 
@@ -386,6 +390,13 @@ async fn run_one(
     let sink = ScenarioProgress {
         progress,
         id: &scenario.id,
+    };
+    let signing;
+    let profile = if scenario.signed_envelopes {
+        signing = profile.with_signed_envelopes();
+        &signing
+    } else {
+        profile
     };
     Ok(
         ScenarioRun::new(profile, provider.as_deref(), scenario, callid)?

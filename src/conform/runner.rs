@@ -122,6 +122,9 @@ pub fn not_runnable(profile: &Profile, scenario: &Scenario) -> Option<Outcome> {
             }
         }
     };
+    if scenario.signed_envelopes {
+        need(profile.signed_envelopes());
+    }
     for step in &scenario.steps {
         if router_of(profile, step) != super::scenario::RouterChoice::First {
             need(profile.shared_registry());
@@ -210,6 +213,8 @@ pub struct ScenarioRun<'a> {
     second: second::Second,
     /// What the run could check so far.
     judge: judge::Judge,
+    /// The check's signing key (a scenario with `signed_envelopes: true`).
+    signer: Option<super::signer::Signer>,
     _state: tempfile::TempDir,
     _port: PortLease,
 }
@@ -261,10 +266,20 @@ impl<'a> ScenarioRun<'a> {
                 .map(RunnerProvider::upstream_url)
                 .unwrap_or_default(),
             upstream_argv: upstream_argv(provider, callid),
+            trust_keys: String::new(),
+            signing_public_key: String::new(),
         };
         if let Some(registry) = &profile.registry {
             vars.registry = vars.apply(registry);
         }
+        let signer = if scenario.signed_envelopes {
+            let signer = super::signer::Signer::new()?;
+            vars.trust_keys = signer.trust_file().display().to_string();
+            vars.signing_public_key = signer.public_key().to_string();
+            Some(signer)
+        } else {
+            None
+        };
         Ok(ScenarioRun {
             profile,
             provider,
@@ -277,6 +292,7 @@ impl<'a> ScenarioRun<'a> {
             baseline: 0,
             second: second::Second::default(),
             judge: judge::Judge::new(scenario),
+            signer,
             _state: state,
             _port: port,
         })
@@ -363,7 +379,7 @@ impl<'a> ScenarioRun<'a> {
     async fn step(&mut self, step: &Step) -> StepResult {
         match step {
             Step::Call(s) => {
-                let params = self.params(&s.meta, &s.arguments, None);
+                let params = self.params(&s.meta, &s.arguments, None, s.sign);
                 let id = self.id(s.jsonrpc_id.clone());
                 if let (Some(status), Some(provider)) = (s.provider_fails, self.provider) {
                     provider.hooks().fail_next(status);
@@ -498,6 +514,7 @@ impl<'a> ScenarioRun<'a> {
         meta: &Option<Map<String, Value>>,
         arguments: &Arguments,
         tool: Option<&str>,
+        sign: Option<super::signer::SignAs>,
     ) -> Params {
         let args = match (&arguments.set, &arguments.literal) {
             (_, Some(literal)) => literal.clone(),
@@ -519,9 +536,20 @@ impl<'a> ScenarioRun<'a> {
         if let Some(form) = arguments.form {
             args = form.apply(&args);
         }
-        let meta = meta
+        let mut meta = meta
             .as_ref()
             .map(|m| expand(&Value::Object(m.clone()), &mut self.ids));
+        if let (Some(how), Some(signer), Some(Value::Object(m))) =
+            (sign, &self.signer, meta.as_mut())
+            && let Some(jws) = m
+                .get(crate::identity::ENVELOPE_KEY)
+                .and_then(|e| signer.sign(e, how, crate::identity::trust::now_secs()))
+        {
+            m.insert(
+                crate::identity::signature::SIGNATURE_KEY.into(),
+                Value::String(jws),
+            );
+        }
         (
             tool.unwrap_or(&self.profile.tools.spend).to_string(),
             args,
@@ -624,7 +652,7 @@ impl<'a> ScenarioRun<'a> {
     }
 
     async fn concurrent(&mut self, s: &super::scenario::ConcurrentStep) -> StepResult {
-        let params = self.params(&s.meta, &s.arguments, None);
+        let params = self.params(&s.meta, &s.arguments, None, None);
         if s.hold_ms > 0
             && let Some(p) = self.provider
         {
@@ -902,5 +930,19 @@ mod tests {
         for (profile, steps, want) in cases {
             assert_eq!(not_runnable(profile, &scenario(steps)), want, "{steps}");
         }
+        let signed = parse(
+            "id: a.b\ntitle: t\nrule: r\narticle: q\nsigned_envelopes: true\nsteps:\n  - do: call\n",
+            Path::new("x.yaml"),
+        )
+        .unwrap();
+        assert_eq!(not_runnable(&reference, &signed), None);
+        assert!(matches!(
+            not_runnable(&url, &signed),
+            Some(Outcome::Skipped(r)) if r.contains("does not declare `signed_envelopes`")
+        ));
+        assert!(matches!(
+            not_runnable(&reference.clone().at_url("http://127.0.0.1:9/mcp"), &signed),
+            Some(Outcome::NotRun(r)) if r.contains("cannot hand it the check's key")
+        ));
     }
 }

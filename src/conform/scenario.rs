@@ -19,6 +19,12 @@
 //! (`at-most-once.*`: `dispatches:` counts, `do: resolve` runs the profile's resolve command);
 //! against a profile declaring the other kind it is skipped ([`Scenario::idempotent_backend`]).
 //!
+//! # Signed envelopes
+//! A scenario with `signed_envelopes: true` runs the router as the profile's `signed_envelopes`
+//! says, with a key the runner makes for the check, and is skipped for a profile without it; its
+//! `call` steps may `sign:` their envelope ([`SignAs`]: `valid`, `forged`, `unknown_key`,
+//! `expired`, `not_yet_valid`). A redelivery sends the same signed `_meta` again.
+//!
 //! # Placeholders in `_meta` and argument strings
 //! - `{call:NAME}`: a fresh ID, the same for every use of `NAME` within one run of the scenario and
 //!   different in every run (so a router with a long-lived registry never sees an old ID).
@@ -26,6 +32,7 @@
 //! - `{repeat:N:TEXT}`: `TEXT` (no `}`) `N` times, e.g. `{repeat:171:€}` is 171 characters and
 //!   513 bytes (bounds counted in bytes).
 
+pub use super::signer::SignAs;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 use std::collections::HashMap;
@@ -52,6 +59,10 @@ pub struct Scenario {
     /// `Some(false)` one that charges every request; `None` either. A check whose backend is not
     /// the profile's (`idempotent_backend`) is skipped.
     pub idempotent_backend: Option<bool>,
+    /// The check signs envelopes (`sign:` steps, or an unsigned envelope a router with trust
+    /// keys must refuse): it runs the router as the profile's `signed_envelopes` says, with a
+    /// key the runner makes for it ([`super::signer`]), and is skipped for a profile without it.
+    pub signed_envelopes: bool,
     /// The file it was read from.
     pub file: PathBuf,
 }
@@ -72,6 +83,8 @@ struct RawScenario {
     protocol: Option<String>,
     #[serde(default)]
     idempotent_backend: Option<bool>,
+    #[serde(default)]
+    signed_envelopes: bool,
     steps: Vec<serde_yaml::Value>,
 }
 
@@ -196,6 +209,10 @@ pub struct CallStep {
     /// router's own timeout may end its wait first).
     #[serde(default)]
     pub hold_ms: u64,
+    /// Sign the `_meta` envelope with the check's key this way ([`SignAs`]); needs
+    /// `signed_envelopes: true`. A redelivery of the step sends the same signature again.
+    #[serde(default)]
+    pub sign: Option<SignAs>,
     /// Which router process takes this step (`first`, the default; `second`, a second process
     /// of the same profile on the same state, started on first use).
     #[serde(default)]
@@ -770,6 +787,7 @@ pub fn parse(text: &str, file: &Path) -> Result<Scenario, ScenarioError> {
         protocol: raw.protocol.unwrap_or_else(|| DEFAULT_PROTOCOL.to_string()),
         steps,
         idempotent_backend: raw.idempotent_backend,
+        signed_envelopes: raw.signed_envelopes,
         file: file.to_path_buf(),
     };
     validate(&scenario)?;
@@ -884,6 +902,30 @@ fn validate(scenario: &Scenario) -> Result<(), ScenarioError> {
         match step {
             Step::Call(s) => {
                 check_arguments(&s.arguments, file, &at)?;
+                if s.sign.is_some() {
+                    if !scenario.signed_envelopes {
+                        return Err(invalid(
+                            file,
+                            format!("{at}.sign"),
+                            "a step that signs needs `signed_envelopes: true` on the scenario",
+                        ));
+                    }
+                    let envelope = s
+                        .meta
+                        .as_ref()
+                        .and_then(|m| m.get(crate::identity::ENVELOPE_KEY));
+                    if !envelope.is_some_and(Value::is_object) {
+                        return Err(invalid(
+                            file,
+                            format!("{at}.sign"),
+                            format!(
+                                "`sign` signs the `{}` envelope object in `meta`, and this step \
+                                 has none",
+                                crate::identity::ENVELOPE_KEY
+                            ),
+                        ));
+                    }
+                }
                 if s.arguments.form == Some(Form::Escaped) && s.kill.is_some() {
                     return Err(invalid(
                         file,
@@ -1077,6 +1119,18 @@ mod tests {
             (
                 "steps:\n  - {do: call, router: both}\n",
                 "scenarios/x.yaml: steps[0].router: `both` goes in `concurrent` steps only",
+            ),
+            (
+                "steps:\n  - {do: call, sign: valid, meta: {\"hubu.dev/platform-invocation\": {platform: p, invocation_id: i}}}\n",
+                "scenarios/x.yaml: steps[0].sign: a step that signs needs `signed_envelopes: true` on the scenario",
+            ),
+            (
+                "signed_envelopes: true\nsteps:\n  - {do: call, sign: valid, meta: {callId: c}}\n",
+                "scenarios/x.yaml: steps[0].sign: `sign` signs the `hubu.dev/platform-invocation` envelope object in `meta`, and this step has none",
+            ),
+            (
+                "signed_envelopes: true\nsteps:\n  - {do: call, sign: stolen}\n",
+                "scenarios/x.yaml: steps[0].sign: unknown variant `stolen`, expected one of `valid`, `forged`, `unknown_key`, `expired`, `not_yet_valid`",
             ),
             (
                 "steps:\n  - {do: restart, router: third}\n",

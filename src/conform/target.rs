@@ -16,7 +16,7 @@
 //! with every valid name and the nearest one ([`TargetError::UnknownName`]). Only `env` maps and
 //! the argument sets take any key.
 //!
-//! # Placeholders (in command, args, env, url, registry, setup and the operator commands)
+//! # Placeholders (in command, args, env, url, registry, setup, operator commands, signed_envelopes)
 //! `{callid}` this binary, `{state_dir}` a fresh directory per scenario, `{registry}`
 //! (`{state_dir}/registry.sqlite3`, or the profile's `registry`), `{provider_url}` the runner's
 //! provider, `{port}` a free loopback port picked per scenario (and router process), `{handle}`
@@ -32,6 +32,13 @@
 //! router on a database server gets a fresh database per check. `capabilities.shared_registry`
 //! declares that two processes of the router may share one state (the scenarios' second router
 //! process), and `redeliver_on_second` sends every redelivery to the second process (replicas).
+//!
+//! # Signed envelopes
+//! `signed_envelopes` ([`SignedEnvelopes`]) says how the router is started in the checks that
+//! sign envelopes (`signature.*`): its `args` (instead of `args`) and `env` may use
+//! [`SIGNING_PLACEHOLDERS`], `{trust_keys}` and `{signing_public_key}`, which hand it the public
+//! half of the key the runner makes for each such check ([`super::signer`]), and must use one of
+//! them. They are an error anywhere else. Left out, those checks are skipped.
 //!
 //! With `backend: upstream` ([`Backend`]): `{upstream_url}` the runner's upstream MCP endpoint,
 //! `{upstream_command}` one shell-quoted command line of a stdio upstream that reaches it, and an
@@ -126,10 +133,35 @@ pub struct Profile {
     /// its upstream MCP server.
     #[serde(default)]
     pub backend: Backend,
+    /// The router verifies signed envelopes: how to start it, in the `signature.*` checks, with
+    /// the runner's key (`{trust_keys}`, `{signing_public_key}`). Left out, those checks are
+    /// skipped, saying this key turns them on.
+    #[serde(default)]
+    pub signed_envelopes: Option<SignedEnvelopes>,
     /// The profile's directory (`{profile_dir}`), set on load.
     #[serde(skip)]
     pub dir: PathBuf,
 }
+
+/// `signed_envelopes:`: how the router is started in the checks that sign envelopes. The runner
+/// makes a fresh Ed25519 key for each of those checks ([`super::signer`]) and hands its public
+/// half to the router through [`SIGNING_PLACEHOLDERS`], which are known here only.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SignedEnvelopes {
+    /// The router's arguments in those checks, instead of `args` (left out: `args`).
+    #[serde(default)]
+    pub args: Option<Vec<String>>,
+    /// Environment added to `env` in those checks.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+}
+
+/// The placeholders that hand the router the runner's signing key, known only in
+/// `signed_envelopes`: `{trust_keys}` (a trust file in callid's format: key id `conform-signer`,
+/// Ed25519, platform `conform-signed`) and `{signing_public_key}` (the raw public key,
+/// base64url without padding).
+pub const SIGNING_PLACEHOLDERS: [&str; 2] = ["trust_keys", "signing_public_key"];
 
 /// The runner's role behind the router: what the router calls to spend, and what counts the
 /// charges.
@@ -690,6 +722,17 @@ impl Profile {
                 if name == "outcome" && path.starts_with(&format!("{RESOLVE_COMMAND}.")) {
                     continue;
                 }
+                if SIGNING_PLACEHOLDERS.contains(&name) && !path.starts_with("signed_envelopes.") {
+                    return Err(TargetError::Invalid {
+                        file: file.to_string(),
+                        path,
+                        message: format!(
+                            "`{{{name}}}` hands the router the runner's signing key, known only in \
+                             `signed_envelopes` (`args`, `env`): the other checks start the \
+                             router without it"
+                        ),
+                    });
+                }
                 if name == "handle" && !operator {
                     return Err(TargetError::HandleOutsideOperator {
                         file: file.to_string(),
@@ -699,8 +742,10 @@ impl Profile {
                 let known = if let Some(var) = name.strip_prefix("env:") {
                     is_env_name(var)
                 } else {
-                    known_placeholders(operator).contains(&name)
-                        && !(path == "registry" && name == "registry")
+                    // A signing placeholder outside `signed_envelopes` was refused above.
+                    SIGNING_PLACEHOLDERS.contains(&name)
+                        || (known_placeholders(operator).contains(&name)
+                            && !(path == "registry" && name == "registry"))
                 };
                 if !known {
                     return Err(TargetError::UnknownPlaceholder {
@@ -722,12 +767,37 @@ impl Profile {
                         self.backend.name()
                     )));
                 }
-                let whole_arg = path.starts_with("args[") && text == UPSTREAM_ARGV;
+                let whole_arg = (path.starts_with("args[")
+                    || path.starts_with("signed_envelopes.args["))
+                    && text == UPSTREAM_ARGV;
                 if name == "upstream_argv" && !whole_arg {
                     return Err(invalid(
                         "`{upstream_argv}` expands into several arguments: give it as a whole `args` element (`args: [..., \"--\", \"{upstream_argv}\"]`), or use `{upstream_command}` for one string".into(),
                     ));
                 }
+            }
+        }
+        if let Some(signed) = &self.signed_envelopes {
+            let hands_key = signed
+                .args
+                .iter()
+                .flatten()
+                .chain(signed.env.values())
+                .any(|t| {
+                    placeholders_in(t)
+                        .iter()
+                        .any(|p| SIGNING_PLACEHOLDERS.contains(p))
+                });
+            if !hands_key {
+                return Err(TargetError::Invalid {
+                    file: file.to_string(),
+                    path: "signed_envelopes".into(),
+                    message: "hand the router the runner's key: use `{trust_keys}` or \
+                              `{signing_public_key}` in `signed_envelopes.args` or \
+                              `signed_envelopes.env` (e.g. `args: [..., --trust-keys, \
+                              \"{trust_keys}\"]`)"
+                        .into(),
+                });
             }
         }
         if self.backend == Backend::Upstream && self.provider_listen.is_some() {
@@ -787,6 +857,14 @@ impl Profile {
         }
         if let Some(r) = &self.registry {
             fields.push(("registry".into(), r, false));
+        }
+        if let Some(signed) = &self.signed_envelopes {
+            for (i, a) in signed.args.iter().flatten().enumerate() {
+                fields.push((format!("signed_envelopes.args[{i}]"), a, false));
+            }
+            for (k, v) in &signed.env {
+                fields.push((format!("signed_envelopes.env.{k}"), v, false));
+            }
         }
         for (i, op) in self.setup.iter().enumerate() {
             fields.push((format!("setup[{i}].command"), &op.command, false));
@@ -864,6 +942,7 @@ impl Profile {
         };
         profile.approve = Some(operator("approve"));
         profile.deny = Some(operator("deny"));
+        profile.signed_envelopes = None;
         profile.dir = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."));
         Ok(profile)
     }
@@ -880,6 +959,7 @@ impl Profile {
         profile.approve = None;
         profile.deny = None;
         profile.resolve = None;
+        profile.signed_envelopes = None;
         profile.capabilities = Capabilities::default();
         profile
     }
@@ -974,6 +1054,35 @@ impl Profile {
             ),
             _ => Can::Yes,
         }
+    }
+
+    /// Whether the checks that sign envelopes can run: the profile says how to start the router
+    /// with the runner's key, and the runner starts it.
+    pub fn signed_envelopes(&self) -> Can {
+        match &self.signed_envelopes {
+            None => Can::DeclaredAbsent(
+                "signed envelopes: the profile does not declare `signed_envelopes`; declare how the router is started with the runner's key (`signed_envelopes: {args: [..., --trust-keys, \"{trust_keys}\"]}`) to run these checks".into(),
+            ),
+            Some(_) if !self.runner_starts() => Can::Cannot(
+                "signed envelopes: the runner does not start this router (no `command` in the profile, or `--url`), so it cannot hand it the check's key".into(),
+            ),
+            Some(_) => Can::Yes,
+        }
+    }
+
+    /// This profile as the checks that sign envelopes start the router: `signed_envelopes.args`
+    /// instead of `args` (when given), `signed_envelopes.env` added to `env`.
+    pub fn with_signed_envelopes(&self) -> Profile {
+        let mut profile = self.clone();
+        if let Some(signed) = &self.signed_envelopes {
+            if let Some(args) = &signed.args {
+                profile.args = args.clone();
+            }
+            profile
+                .env
+                .extend(signed.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+        }
+        profile
     }
 
     /// Whether an in-doubt operation can be resolved (the profile's `resolve` command).
@@ -1099,6 +1208,10 @@ pub struct Vars {
     /// `{upstream_argv}`: the stdio upstream's program and arguments (`{upstream_command}` is
     /// them quoted into one line).
     pub upstream_argv: Vec<String>,
+    /// `{trust_keys}` (the checks that sign envelopes only).
+    pub trust_keys: String,
+    /// `{signing_public_key}` (the checks that sign envelopes only).
+    pub signing_public_key: String,
 }
 
 impl Vars {
@@ -1138,7 +1251,9 @@ impl Vars {
             .replace("{profile_dir}", &self.profile_dir)
             .replace("{handle}", &self.handle)
             .replace("{outcome}", &self.outcome)
-            .replace("{check_slug}", &self.check_slug);
+            .replace("{check_slug}", &self.check_slug)
+            .replace("{trust_keys}", &self.trust_keys)
+            .replace("{signing_public_key}", &self.signing_public_key);
         for name in placeholders_in(&text.clone()) {
             if let Some(var) = name.strip_prefix("env:") {
                 text = text.replace(
@@ -1409,6 +1524,73 @@ mod tests {
             text.starts_with("p.yaml: registry: the environment variable `PG`")
                 || std::env::var_os("PG").is_some(),
             "{text}"
+        );
+    }
+
+    /// The key's placeholders work in `signed_envelopes` only, which must use one; the checks
+    /// that sign start the router with its `args` and `env`, and a profile the runner does not
+    /// start cannot run them.
+    #[test]
+    fn signing_placeholders_belong_to_signed_envelopes() {
+        let gateway = include_str!("../../scenarios/targets/gateway.yaml");
+        let p = Profile::parse(gateway, "g.yaml", PathBuf::new()).unwrap();
+        assert_eq!(p.signed_envelopes(), Can::Yes);
+        let vars = Vars {
+            trust_keys: "/tmp/t/trust-keys.yaml".into(),
+            upstream_argv: vec!["relay".into()],
+            ..Vars::default()
+        };
+        let signing = p.with_signed_envelopes();
+        let args = vars.apply_args(&signing.args);
+        assert_eq!(
+            args[args.len() - 4..],
+            ["--trust-keys", "/tmp/t/trust-keys.yaml", "--", "relay"]
+        );
+        assert!(
+            !vars
+                .apply_args(&p.args)
+                .contains(&"--trust-keys".to_string())
+        );
+        assert!(matches!(
+            Profile::url("http://127.0.0.1:9/mcp").signed_envelopes(),
+            Can::DeclaredAbsent(r) if r.contains("does not declare `signed_envelopes`")
+        ));
+        assert!(matches!(
+            p.clone().at_url("http://127.0.0.1:9/mcp").signed_envelopes(),
+            Can::Cannot(r) if r.contains("cannot hand it the check's key")
+        ));
+        let env_only = format!(
+            "{}\nsigned_envelopes: {{env: {{KEY: \"{{signing_public_key}}\"}}}}\n",
+            gateway.split_once("\n# The signature.*").unwrap().0
+        );
+        let p = Profile::parse(&env_only, "g.yaml", PathBuf::new()).unwrap();
+        assert_eq!(p.with_signed_envelopes().args, p.args);
+        assert_eq!(p.with_signed_envelopes().env["KEY"], "{signing_public_key}");
+
+        let bad = |from: &str, to: &str| {
+            let text = gateway.replacen(from, to, 1);
+            assert_ne!(text, gateway, "{from}");
+            let err = Profile::parse(&text, "g.yaml", PathBuf::new()).unwrap_err();
+            format!("{} ({})", err, err.code())
+        };
+        insta::assert_snapshot!(
+            [
+                bad(
+                    "--spend, generate_image, --",
+                    "--trust-keys, \"{trust_keys}\", --"
+                ),
+                bad("env: {}", "env: {K: \"{signing_public_key}\"}"),
+                bad(
+                    "\"{trust_keys}\", --, \"{upstream_argv}\"]",
+                    "x, --, \"{upstream_argv}\"]"
+                ),
+                bad(
+                    "--trust-keys, \"{trust_keys}\"",
+                    "--trust-keys, \"x{upstream_argv}\""
+                ),
+                bad("signed_envelopes:\n", "signed_envelopes:\n  argz: []\n"),
+            ]
+            .join("\n")
         );
     }
 

@@ -10,6 +10,9 @@
 //! `_meta` (fail closed), request hash, the registry row committed before [`Decision::Run`] is
 //! returned, redelivery replayed, the same call id with other arguments refused. Built with trust
 //! keys ([`GuardBuilder::trust_keys`]), it verifies signed envelopes as `--trust-keys` does.
+//! Behind a vouching gateway ([`super::vouch`]), a call whose `_meta["callid/vouched-for"]` is
+//! not the identity its envelope's `task_id` binds is refused first (`vouched_for_mismatch`,
+//! [`super::vouch::check_vouched_for`]), before anything is recorded.
 //!
 //! A ticket dropped without [`Ticket::finish`] (the handler failed or was cancelled) leaves the
 //! operation's outcome unknown: a tool the policy declares `idempotent` runs again under the
@@ -294,6 +297,13 @@ impl Guard {
         arguments: &Map<String, Value>,
         meta: &Map<String, Value>,
     ) -> Decision {
+        if let Err(e) = super::vouch::check_vouched_for(meta) {
+            let refusal = ToolError::new(
+                ToolCode::VouchedForMismatch,
+                format!("{e}; nothing was recorded"),
+            );
+            return Decision::Answer(self.core.finish(tool, Reply::Err(refusal), &[]));
+        }
         let (ticket_tx, ticket_rx) = oneshot::channel();
         let (reply_tx, reply_rx) = oneshot::channel();
         let core = self.core.clone();
@@ -414,6 +424,80 @@ mod tests {
             .query_row("SELECT count(*) FROM operations", [], |r| r.get(0))
             .unwrap();
         assert_eq!(rows, 1, "only the signed call is recorded");
+    }
+
+    /// A guard behind a vouching gateway runs what the gateway wrote, and refuses the same
+    /// signed envelope with another `callid/vouched-for` identity (or none beside a foreign
+    /// one), recording nothing for it.
+    #[tokio::test]
+    async fn a_guard_refuses_a_vouched_for_identity_its_envelope_does_not_bind() {
+        use crate::gateway::vouch::{VOUCHED_FOR_META, vouched_for_digest};
+        use crate::identity::signature::{Alg, SIGNATURE_KEY, sign, write_new_key};
+        use crate::identity::trust::{HarnessIds, TrustKeys, now_secs};
+        let dir = tempfile::tempdir().unwrap();
+        let key = write_new_key(&dir.path().join("gw.key"), Alg::Ed25519).unwrap();
+        let trust = dir.path().join("trust.yaml");
+        std::fs::write(
+            &trust,
+            format!(
+                "keys:\n  - {{kid: gw-1, alg: ed25519, public_key: {}, platforms: [my-gateway]}}\n",
+                key.public_key().unwrap()
+            ),
+        )
+        .unwrap();
+        let registry = dir.path().join("registry.sqlite3");
+        let guard = Guard::builder(&registry)
+            .trust_keys(TrustKeys::load(&trust, HarnessIds::Refuse).unwrap())
+            .build();
+        let args = json!({"prompt": "fox"}).as_object().unwrap().clone();
+        let vouched = |call_id: &str, invocation: &str| {
+            let vouched_for = json!({"platform": "codex", "call_id": call_id});
+            let envelope = json!({
+                "platform": "my-gateway",
+                "invocation_id": invocation,
+                "task_id": vouched_for_digest(&vouched_for).unwrap(),
+            });
+            let jws = sign(&envelope, &key, "gw-1", now_secs(), now_secs() + 60).unwrap();
+            json!({crate::identity::ENVELOPE_KEY: envelope, SIGNATURE_KEY: jws,
+                   VOUCHED_FOR_META: vouched_for})
+            .as_object()
+            .unwrap()
+            .clone()
+        };
+        let mut altered = vouched("call_1", "op-1");
+        altered.insert(
+            VOUCHED_FOR_META.into(),
+            json!({"platform": "codex", "call_id": "call_2"}),
+        );
+        let mut foreign = json!({"callId": "call_3"}).as_object().unwrap().clone();
+        foreign.insert(
+            VOUCHED_FOR_META.into(),
+            json!({"platform": "codex", "call_id": "call_3"}),
+        );
+        for meta in [altered, foreign] {
+            match guard.begin("pay", &args, &meta).await {
+                Decision::Answer(err) => {
+                    assert_eq!(
+                        err["structuredContent"]["error"], "vouched_for_mismatch",
+                        "{err}"
+                    );
+                    assert!(err["structuredContent"]["handle"].is_null(), "{err}");
+                }
+                Decision::Run(t) => panic!("a mismatched vouch must not run: {t:?}"),
+            }
+        }
+        match guard.begin("pay", &args, &vouched("call_1", "op-1")).await {
+            Decision::Run(ticket) => {
+                let reply = ticket.finish(json!({"content": []})).await;
+                assert_eq!(reply["_meta"]["callid/replayed"], false, "{reply}");
+            }
+            Decision::Answer(a) => panic!("what the gateway vouched for runs: {a}"),
+        }
+        let rows: i64 = rusqlite::Connection::open(&registry)
+            .unwrap()
+            .query_row("SELECT count(*) FROM operations", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(rows, 1, "only the call the gateway vouched for is recorded");
     }
 
     /// A `begin` abandoned before its ticket was handed out ran nothing: the operation stays

@@ -33,7 +33,8 @@ pub const IDEMPOTENCY_META: &str = "callid/idempotency-key";
 pub const STATUS_META: &str = "callid/status";
 pub use crate::spend::tools::{OPERATION_STATUS, RESUME_OPERATION};
 
-/// Every error code a gateway tool call can answer.
+/// Every error code a gateway tool call can answer, and a [`Guard`](super::guard::Guard)'s (which
+/// alone answers `vouched_for_mismatch`, [`super::vouch::check_vouched_for`]).
 pub const ERROR_CODES: &[ToolCode] = &[
     ToolCode::MissingIdentity,
     ToolCode::AmbiguousIdentity,
@@ -46,6 +47,7 @@ pub const ERROR_CODES: &[ToolCode] = &[
     ToolCode::SignatureExpired,
     ToolCode::SignatureNotYetValid,
     ToolCode::UnsignedIdentity,
+    ToolCode::VouchedForMismatch,
     ToolCode::NonCanonicalArguments,
     ToolCode::InvalidArguments,
     ToolCode::RequestMismatch,

@@ -115,6 +115,18 @@ impl SigningKey {
         }
     }
 
+    /// A fresh Ed25519 key held in memory only, never written anywhere (the conformance
+    /// runner's key for one check).
+    pub fn generate_ed25519() -> SigningKey {
+        let rng = ring::rand::SystemRandom::new();
+        let doc = ring::signature::Ed25519KeyPair::generate_pkcs8(&rng)
+            .expect("the system random generator works");
+        SigningKey::Ed25519(
+            ring::signature::Ed25519KeyPair::from_pkcs8(doc.as_ref())
+                .expect("a generated key parses"),
+        )
+    }
+
     fn sign_bytes(&self, input: &[u8]) -> Vec<u8> {
         match self {
             SigningKey::Ed25519(pair) => pair.sign(input).as_ref().to_vec(),

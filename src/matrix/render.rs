@@ -4,6 +4,9 @@
 //! order of the data, which `add` and `measure` write sorted. Nothing volatile (no clock, no
 //! path of the machine) enters the output, so `--check` can compare byte for byte.
 //!
+//! The identity sources come first, from the identity module's built-in table (the one list)
+//! and its signed envelope, so they cannot drift from what a router accepts.
+//!
 //! The routers table has one row per check and one column per router (name, version, day):
 //! checks are grouped by the level their built-in scenario declares (required, recommended,
 //! then ids this build does not know), and the command that reproduces each column is listed
@@ -31,11 +34,62 @@ pub fn render(matrix: &Matrix) -> String {
          types, lengths and short digests, never a value). A `reported` row comes from the named \
          source and claims no version.\n\n",
     );
+    render_identity_sources(&mut out);
     render_clients(&mut out, &matrix.clients.clients);
     render_stability(&mut out, &matrix.clients.clients);
     render_sources(&mut out, &matrix.clients.clients);
     render_routers(&mut out, &matrix.routers.routers);
     out
+}
+
+/// The identity sources a callid router accepts: its built-in table
+/// ([`crate::identity::IdentitySources::built_in`], the one list), and the signed envelope a
+/// router given trust keys requires ([`crate::identity::signature`]).
+fn render_identity_sources(out: &mut String) {
+    use crate::identity::{IdentitySources, ValueRule, signature};
+    out.push_str(
+        "## Identity sources\n\n\
+         The `_meta` keys a callid router accepts as a call's identity, exactly one per call \
+         (`callid identity-sources` prints the table in force, with an operator's \
+         `--identity-sources` additions). A source is only as trustworthy as whoever writes \
+         `_meta`, unless it is signed: a router given trust keys (`--trust-keys`) accepts an \
+         envelope only with a valid signature, and the `signature.*` checks below judge that.\n\n\
+         | `_meta` keys | Platform | Identifier | Signed |\n\
+         |---|---|---|---|\n",
+    );
+    let envelope_platform = "the envelope's `platform`";
+    let envelope_id = "the envelope's `invocation_id`, scoped by its `installation_id`";
+    for entry in IdentitySources::built_in().entries() {
+        let (platform, identifier) = match (&entry.value, entry.platform.as_deref()) {
+            (ValueRule::Envelope, _) => (envelope_platform.to_string(), envelope_id),
+            (ValueRule::Identifier { .. }, p) => (
+                p.map_or_else(|| "none".into(), markdown_code),
+                "the string itself",
+            ),
+        };
+        let _ = writeln!(
+            out,
+            "| {} | {platform} | {identifier} | no: trusted as far as whoever writes `_meta` |",
+            markdown_code(&entry.key)
+        );
+    }
+    // Harness identities cannot be signed: `unsigned_identity` is not an envelope's refusal.
+    let codes: Vec<String> = signature::SignatureError::CODES
+        .iter()
+        .filter(|c| **c != "unsigned_identity")
+        .map(|c| markdown_code(c))
+        .collect();
+    let _ = writeln!(
+        out,
+        "| {} with {} | {envelope_platform}, which the signing key must \
+         be allowed for | {envelope_id} | yes, with `--trust-keys`: a detached JWS (Ed25519 or \
+         HMAC-SHA-256) over the envelope's canonical JSON, its key id, issue time and expiry; \
+         refused with {} |",
+        markdown_code(crate::identity::ENVELOPE_KEY),
+        markdown_code(signature::SIGNATURE_KEY),
+        codes.join(", "),
+    );
+    out.push('\n');
 }
 
 fn render_clients(out: &mut String, rows: &[ClientRow]) {
@@ -461,6 +515,36 @@ fn keys(list: Option<&[String]>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The identity sources are every built-in source, then the signed envelope with each
+    /// refusal an envelope can get, as the table a reader sees.
+    #[test]
+    fn the_identity_sources_are_the_built_in_table_and_the_signed_envelope() {
+        let mut out = String::new();
+        render_identity_sources(&mut out);
+        let rows: Vec<&str> = out
+            .lines()
+            .filter(|l| l.starts_with("| `"))
+            .skip(1)
+            .collect();
+        let keys: Vec<&str> = rows
+            .iter()
+            .map(|r| r.split(" | ").next().unwrap().trim_start_matches("| "))
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                "`callId`",
+                "`claudecode/toolUseId`",
+                "`hubu.dev/platform-invocation`",
+                "`hubu.dev/platform-invocation` with `hubu.dev/platform-invocation-signature`",
+            ]
+        );
+        let signed = rows.last().unwrap();
+        for code in crate::identity::signature::SignatureError::CODES {
+            assert_eq!(signed.contains(code), code != "unsigned_identity", "{code}");
+        }
+    }
 
     /// Every (d) and (e) finding as its column shows it.
     #[test]

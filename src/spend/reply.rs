@@ -51,6 +51,8 @@ pub enum ToolCode {
     SignatureNotYetValid,
     /// `unsigned_identity`.
     UnsignedIdentity,
+    /// `vouched_for_mismatch`.
+    VouchedForMismatch,
     /// `non_canonical_arguments`.
     NonCanonicalArguments,
     /// `invalid_arguments`.
@@ -91,7 +93,7 @@ pub enum ToolCode {
 
 impl ToolCode {
     /// Every code, in catalogue order.
-    pub const ALL: [ToolCode; 29] = [
+    pub const ALL: [ToolCode; 30] = [
         ToolCode::MissingIdentity,
         ToolCode::AmbiguousIdentity,
         ToolCode::InvalidIdentity,
@@ -103,6 +105,7 @@ impl ToolCode {
         ToolCode::SignatureExpired,
         ToolCode::SignatureNotYetValid,
         ToolCode::UnsignedIdentity,
+        ToolCode::VouchedForMismatch,
         ToolCode::NonCanonicalArguments,
         ToolCode::InvalidArguments,
         ToolCode::RequestMismatch,
@@ -137,6 +140,7 @@ impl ToolCode {
             ToolCode::SignatureExpired => "signature_expired",
             ToolCode::SignatureNotYetValid => "signature_not_yet_valid",
             ToolCode::UnsignedIdentity => "unsigned_identity",
+            ToolCode::VouchedForMismatch => "vouched_for_mismatch",
             ToolCode::NonCanonicalArguments => "non_canonical_arguments",
             ToolCode::InvalidArguments => "invalid_arguments",
             ToolCode::RequestMismatch => "request_mismatch",
@@ -442,6 +446,7 @@ mod tests {
             (ToolCode::SignatureExpired, "signature_expired"),
             (ToolCode::SignatureNotYetValid, "signature_not_yet_valid"),
             (ToolCode::UnsignedIdentity, "unsigned_identity"),
+            (ToolCode::VouchedForMismatch, "vouched_for_mismatch"),
             (ToolCode::NonCanonicalArguments, "non_canonical_arguments"),
             (ToolCode::InvalidArguments, "invalid_arguments"),
             (ToolCode::RequestMismatch, "request_mismatch"),

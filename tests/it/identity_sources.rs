@@ -279,6 +279,59 @@ fn a_bad_table_is_a_clear_exit_2_error_everywhere() {
     );
 }
 
+/// The envelope's signature key is verified, never read as a call ID: a table that declares it
+/// stops the router and the gateway at start-up, before a registry exists.
+#[test]
+fn a_table_naming_the_signature_key_stops_router_and_gateway_at_start_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.yaml");
+    std::fs::write(
+        &bad,
+        "sources:\n  - key: hubu.dev/platform-invocation-signature\n    platform: acme\n    trust: t\n",
+    )
+    .unwrap();
+    let registry = dir.path().join("registry.sqlite3");
+    let (bad_arg, registry_arg) = (bad.to_str().unwrap(), registry.to_str().unwrap());
+    for args in [
+        vec![
+            "router",
+            "--registry",
+            registry_arg,
+            "--identity-sources",
+            bad_arg,
+        ],
+        vec![
+            "gateway",
+            "--registry",
+            registry_arg,
+            "--spend",
+            "pay",
+            "--identity-sources",
+            bad_arg,
+            "--",
+            "true",
+        ],
+    ] {
+        let out = callid(&args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.starts_with(&format!(
+                "error: identity-source table `{bad_arg}`: `sources[0]` \
+                 (`hubu.dev/platform-invocation-signature`): \
+                 `hubu.dev/platform-invocation-signature` is the signature beside the \
+                 `hubu.dev/platform-invocation` envelope"
+            )),
+            "{args:?}: {stderr}"
+        );
+        assert!(stderr.contains("remove this entry"), "{stderr}");
+    }
+    assert!(
+        !registry.exists(),
+        "a refused table must not create a registry"
+    );
+}
+
 #[test]
 fn identity_sources_prints_the_table_in_force() {
     let out = callid(&["identity-sources"]);

@@ -10,6 +10,7 @@ mod conform_contract;
 mod conform_contract_gaps;
 mod conform_replicas;
 mod conform_signals;
+mod conform_signatures;
 mod conform_upstream;
 mod gateway;
 mod gateway_at_most_once;

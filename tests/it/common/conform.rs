@@ -72,6 +72,14 @@ pub fn skipped_for_its_backend(id: &str, verdict: &str, reason: &str, idempotent
         }
 }
 
+/// Whether a check is skipped only because it signs envelopes and the profile does not declare
+/// `signed_envelopes` (the reason names the key).
+pub fn skipped_unsigned(id: &str, verdict: &str, reason: &str) -> bool {
+    verdict == "skipped"
+        && id.starts_with("signature.")
+        && reason.contains("the profile does not declare `signed_envelopes`")
+}
+
 /// The checks that continue an operation under its key after an unknown outcome: written for a
 /// backend that honours the key.
 pub const ID_KEYED_RESEND: &[&str] = &[
