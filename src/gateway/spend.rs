@@ -375,22 +375,30 @@ fn without_gateway_keys(mut result: Value) -> Value {
 }
 
 impl Spender for Gateway {
+    /// The price in cents: the arguments themselves are forwarded as the registry recorded
+    /// them ([`Operation::arguments`]).
+    type Request = u64;
+
     const ERROR_CODES: &'static [ToolCode] = ERROR_CODES;
     const OPERATOR: &'static str = "callid router";
 
-    fn check(&self, tool: &str, args: &Value) -> Result<(), ToolError> {
-        self.policy.price(tool, args).map(|_| ())
+    fn check(&self, tool: &str, args: &Value) -> Result<u64, ToolError> {
+        self.policy.price(tool, args)
+    }
+
+    fn recorded(&self, op: &Operation) -> Result<u64, ToolError> {
+        Ok(op.amount_cents)
     }
 
     fn idempotent(&self, tool: &str) -> bool {
         self.policy.idempotent(tool)
     }
 
-    async fn quote(&self, tool: &str, args: &Value) -> Result<Quote, ToolError> {
-        self.policy.quote(tool, args)
+    async fn quote(&self, tool: &str, amount_cents: &u64) -> Result<Quote, ToolError> {
+        Ok(self.policy.quote(tool, *amount_cents))
     }
 
-    async fn execute(&self, op: &Operation) -> Outcome {
+    async fn execute(&self, op: &Operation, _amount_cents: &u64) -> Outcome {
         let arguments = match &op.arguments {
             Value::Object(map) => map.clone(),
             _ => Map::new(),
