@@ -120,7 +120,8 @@ impl Ticket {
 
     /// Records `result` (a `CallToolResult` JSON; `isError: true` included) as the operation's
     /// outcome and answers the reply to send (scrubbed, with `_meta["callid/replayed"]` and
-    /// `_meta["callid/handle"]`).
+    /// `_meta["callid/handle"]`), as rmcp writes a `CallToolResult`. A `result` that is not a
+    /// `CallToolResult` is answered as the `structuredContent` of one with empty `content`.
     pub async fn finish(mut self, result: Value) -> Value {
         let is_error = result["isError"] == json!(true);
         let outcome = Outcome::Done {
@@ -141,8 +142,14 @@ impl Ticket {
         }
         (&mut self.reply)
             .await
-            .unwrap_or_else(|_| Reply::Err(lost()).to_value())
+            .unwrap_or_else(|_| answer(Reply::Err(lost()).into_result()))
     }
+}
+
+/// The guard's answer as the JSON its caller sends: the `CallToolResult` the core built, as
+/// rmcp puts it on the wire.
+fn answer(result: rmcp::model::CallToolResult) -> Value {
+    serde_json::to_value(result).unwrap_or(Value::Null)
 }
 
 fn lost() -> ToolError {
@@ -319,7 +326,7 @@ impl Guard {
                 reply_rx: Mutex::new(Some(reply_rx)),
             };
             let (reply, keys) = core.spend(&handoff, &tool, args, &meta).await;
-            let value = core.finish(&tool, reply, &keys);
+            let value = answer(core.finish(&tool, reply, &keys));
             let ticket_taken = handoff
                 .ticket
                 .lock()
@@ -344,7 +351,7 @@ impl Guard {
             biased;
             Ok(ticket) = ticket_rx => Decision::Run(ticket),
             answer = answer_rx => Decision::Answer(
-                answer.unwrap_or_else(|_| Reply::Err(lost()).to_value()),
+                answer.unwrap_or_else(|_| self::answer(Reply::Err(lost()).into_result())),
             ),
         }
     }

@@ -24,6 +24,7 @@ use crate::spend::policy::Policy;
 use crate::spend::registry::{NewOperation, Operation, RegistryLocation, Status};
 pub use crate::spend::reply::{Reply, ToolCode, ToolError};
 use crate::spend::reply::{chain, identity_error};
+use rmcp::model::CallToolResult;
 use serde_json::{Map, Value, json};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -102,7 +103,7 @@ impl Router {
         }
     }
 
-    /// Answers one `tools/call`: the scrubbed `CallToolResult` JSON, or `None` for an unknown
+    /// Answers one `tools/call`: the scrubbed `CallToolResult`, or `None` for an unknown
     /// tool (a JSON-RPC error, since no tool ran). `call` says what the transport knows about
     /// the call; it is asked only when `--diagnose-meta` records it, so diagnostics that are off
     /// cost nothing.
@@ -112,7 +113,7 @@ impl Router {
         name: &str,
         arguments: Option<Map<String, Value>>,
         meta: &Map<String, Value>,
-    ) -> Option<Value> {
+    ) -> Option<CallToolResult> {
         if let Some(d) = &self.diagnostics {
             d.record(&call(), name, arguments.as_ref(), meta);
         }

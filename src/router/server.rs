@@ -10,7 +10,7 @@
 use super::image::{CAPABILITIES, GENERATE_IMAGE, OPERATION_STATUS, RESUME_OPERATION, Router};
 use crate::spend::diagnose::CallInfo;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, Implementation, ListToolsResult,
+    CallToolRequestParams, CallToolResponse, Implementation, ListToolsResult,
     PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
 };
 use rmcp::service::RequestContext;
@@ -94,11 +94,7 @@ impl ServerHandler for RouterServer {
             .call_tool(|| call_info(&context), &name, request.arguments, meta)
             .await
         {
-            Some(value) => serde_json::from_value::<CallToolResult>(value)
-                .map(CallToolResponse::from)
-                .map_err(|e| {
-                    McpError::internal_error(format!("cannot encode a result: {e}"), None)
-                }),
+            Some(result) => Ok(CallToolResponse::from(result)),
             None => {
                 let mut message = Value::String(format!(
                     "unknown tool `{name}`; this router has {GENERATE_IMAGE}, {OPERATION_STATUS}, \

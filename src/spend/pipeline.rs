@@ -58,6 +58,7 @@ use crate::canonical::{self, RequestHash};
 use crate::crashpoint::{self, Boundary};
 use crate::identity::{self, Identity, Source};
 use crate::keys::{OperationKey, PublicHandle};
+use rmcp::model::CallToolResult;
 use serde_json::{Map, Value, json};
 use std::collections::HashMap;
 use std::future::Future;
@@ -348,23 +349,18 @@ impl Core {
         self.pool.is_some()
     }
 
-    /// The scrubbed `CallToolResult` JSON of `reply` to a call of `tool`; `keys` are the
-    /// private keys the call touched.
-    pub fn finish(&self, tool: &str, reply: Reply, keys: &[OperationKey]) -> Value {
+    /// The `CallToolResult` of `reply` to a call of `tool`, scrubbed and built once; `keys` are
+    /// the private keys the call touched.
+    pub fn finish(&self, tool: &str, mut reply: Reply, keys: &[OperationKey]) -> CallToolResult {
         if let Reply::Err(e) = &reply {
             tracing::info!(tool, code = e.code.code(), handle = ?e.handle.as_ref().map(|h| h.as_str()), "tool error");
         }
-        if let Reply::Ready(cached) = reply {
-            // Scrubbed when it was cached.
-            return cached.reply.clone();
-        }
-        let mut value = reply.to_value();
         let refs: Vec<&OperationKey> = keys.iter().collect();
-        let n = self.scrubber.scrub(&mut value, &refs);
+        let n = reply.scrub(&self.scrubber, &refs);
         if n > 0 {
             tracing::warn!(tool, strings = n, "scrubbed private keys from a reply");
         }
-        value
+        reply.into_result()
     }
 
     /// Scrubs any value (used for JSON-RPC error messages too).
@@ -751,12 +747,12 @@ impl Core {
     /// Renders the replay of a completed, durably recorded operation once (marked replayed,
     /// scrubbed of its key) and keeps it in the [`ReplayCache`] for the next redelivery.
     fn remember<S: Spender>(&self, spender: &S, op: &Operation) -> Arc<Cached> {
-        let mut value = spender.completed(op, true).to_value();
-        let n = self.scrubber.scrub(&mut value, &[&op.key]);
+        let mut reply = spender.completed(op, true);
+        let n = reply.scrub(&self.scrubber, &[&op.key]);
         if n > 0 {
             tracing::warn!(handle = %op.handle, strings = n, "scrubbed private keys from a reply");
         }
-        let cached = Arc::new(Cached::new(op.request_hash.clone(), value));
+        let cached = Arc::new(Cached::new(op.request_hash.clone(), reply.into_result()));
         self.replies.insert(
             replay::key(&op.platform, &op.source_installation, &op.harness_call_id),
             cached.clone(),
