@@ -3,8 +3,9 @@
 //! [`Router::call_tool`] answers one `tools/call`. The spend tool `generate_image` goes through
 //! the tool-agnostic [`pipeline`](crate::spend::pipeline) (identity, request hash, registry, keys,
 //! approvals, scrubbing, in the article's order); [`Router`] is its [`Spender`]: it checks the
-//! arguments against the tool's schema, prices the image, and spends it through the
-//! [`crate::backend`] layers with the private key. `operation_status`, `resume_operation` and
+//! arguments against the tool's schema, turning them into the provider's [`ImageRequest`] once,
+//! prices that request, and spends it through the [`crate::backend`] layers with the private
+//! key. `operation_status`, `resume_operation` and
 //! `capabilities` spend nothing.
 //!
 //! # Honest errors

@@ -237,6 +237,14 @@ pub trait Spender: Sync {
 
 type Flight = Arc<tokio::sync::Mutex<()>>;
 
+/// A spend call that passed the checks: its arguments as received (recorded with a new
+/// operation), the spender's request made of them, and their request hash.
+struct Checked<R> {
+    args: Value,
+    request: R,
+    hash: RequestHash,
+}
+
 /// Where the core keeps its state and how it names keys.
 #[derive(Debug, Clone)]
 pub struct CoreOptions {
@@ -433,8 +441,12 @@ impl Core {
                 self.resolve_existing(spender, op, &hash).await
             }
             Ok(None) => {
-                self.start(spender, &id, tool, args, request, hash, keys)
-                    .await
+                let call = Checked {
+                    args,
+                    request,
+                    hash,
+                };
+                self.start(spender, &id, tool, call, keys).await
             }
             Err(e) => Err(e),
         };
@@ -453,11 +465,14 @@ impl Core {
         spender: &S,
         id: &Identity,
         tool: &str,
-        args: Value,
-        request: S::Request,
-        hash: RequestHash,
+        call: Checked<S::Request>,
         keys: &mut Vec<OperationKey>,
     ) -> Result<Reply, ToolError> {
+        let Checked {
+            args,
+            request,
+            hash,
+        } = call;
         let quote = spender.quote(tool, &request).await?;
         let handle = PublicHandle::generate(&self.opts.handle_prefix);
         let key = match &self.pool {

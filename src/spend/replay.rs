@@ -195,7 +195,13 @@ mod tests {
             assert!(cache.len() <= 3);
         }
         assert_eq!(
-            cache.get("999").unwrap().reply.structured_content.as_ref().unwrap()["n"],
+            cache
+                .get("999")
+                .unwrap()
+                .reply
+                .structured_content
+                .as_ref()
+                .unwrap()["n"],
             999
         );
     }

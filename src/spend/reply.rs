@@ -407,7 +407,12 @@ fn foreign_result(mut recorded: Value) -> CallToolResult {
 
 /// A `_meta` object of these members.
 fn meta<const N: usize>(members: [(&str, Value); N]) -> MetaObject {
-    MetaObject(members.into_iter().map(|(k, v)| (k.to_string(), v)).collect())
+    MetaObject(
+        members
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect(),
+    )
 }
 
 /// A signature refusal as a tool error (nothing was recorded or dispatched).
@@ -563,7 +568,9 @@ mod tests {
         let key = OperationKey::generate("hubu:", "codex");
         let k = key.expose().to_string();
         let mut err = ToolError::new(ToolCode::OutcomeUnknown, format!("sent {k}"));
-        err.handle = Some(PublicHandle::from_stored("hubu:public-operation:v1:h".into()));
+        err.handle = Some(PublicHandle::from_stored(
+            "hubu:public-operation:v1:h".into(),
+        ));
         let replies = [
             Reply::Ok {
                 structured: json!({"echo": k}),
