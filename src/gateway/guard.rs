@@ -123,7 +123,8 @@ impl Ticket {
 
     /// Records `result` (a `CallToolResult` JSON; `isError: true` included) as the operation's
     /// outcome and answers the reply to send (scrubbed, with `_meta["callid/replayed"]` and
-    /// `_meta["callid/handle"]`).
+    /// `_meta["callid/handle"]`), as rmcp writes a `CallToolResult`. A `result` that is not a
+    /// `CallToolResult` is answered as the `structuredContent` of one with empty `content`.
     pub async fn finish(mut self, result: Value) -> Value {
         let is_error = result["isError"] == json!(true);
         let outcome = Outcome::Done {
@@ -144,8 +145,14 @@ impl Ticket {
         }
         (&mut self.reply)
             .await
-            .unwrap_or_else(|_| Reply::Err(lost()).to_value())
+            .unwrap_or_else(|_| answer(Reply::Err(lost()).into_result()))
     }
+}
+
+/// The guard's answer as the JSON its caller sends: the `CallToolResult` the core built, as
+/// rmcp puts it on the wire.
+fn answer(result: rmcp::model::CallToolResult) -> Value {
+    serde_json::to_value(result).unwrap_or(Value::Null)
 }
 
 fn lost() -> ToolError {
@@ -165,22 +172,29 @@ struct Handoff<'a> {
 }
 
 impl Spender for Handoff<'_> {
+    /// The price in cents (the caller runs the operation with its own arguments).
+    type Request = u64;
+
     const ERROR_CODES: &'static [ToolCode] = super::spend::ERROR_CODES;
     const OPERATOR: &'static str = "callid router";
 
-    fn check(&self, tool: &str, args: &Value) -> Result<(), ToolError> {
-        self.policy.price(tool, args).map(|_| ())
+    fn check(&self, tool: &str, args: &Value) -> Result<u64, ToolError> {
+        self.policy.price(tool, args)
+    }
+
+    fn recorded(&self, op: &Operation) -> Result<u64, ToolError> {
+        Ok(op.amount_cents)
     }
 
     fn idempotent(&self, tool: &str) -> bool {
         self.policy.idempotent(tool)
     }
 
-    async fn quote(&self, tool: &str, args: &Value) -> Result<Quote, ToolError> {
-        self.policy.quote(tool, args)
+    async fn quote(&self, tool: &str, amount_cents: &u64) -> Result<Quote, ToolError> {
+        Ok(self.policy.quote(tool, *amount_cents))
     }
 
-    async fn execute(&self, op: &Operation) -> Outcome {
+    async fn execute(&self, op: &Operation, _amount_cents: &u64) -> Outcome {
         let (otx, orx) = oneshot::channel();
         let sender = self.ticket.lock().unwrap_or_else(|p| p.into_inner()).take();
         let reply = self
@@ -322,7 +336,7 @@ impl Guard {
                 reply_rx: Mutex::new(Some(reply_rx)),
             };
             let (reply, keys) = core.spend(&handoff, &tool, args, &meta).await;
-            let value = core.finish(&tool, reply, &keys);
+            let value = answer(core.finish(&tool, reply, &keys));
             let ticket_taken = handoff
                 .ticket
                 .lock()
@@ -347,7 +361,7 @@ impl Guard {
             biased;
             Ok(ticket) = ticket_rx => Decision::Run(ticket),
             answer = answer_rx => Decision::Answer(
-                answer.unwrap_or_else(|_| Reply::Err(lost()).to_value()),
+                answer.unwrap_or_else(|_| self::answer(Reply::Err(lost()).into_result())),
             ),
         }
     }

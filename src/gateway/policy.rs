@@ -139,16 +139,15 @@ impl GatewayPolicy {
         Ok(t.price_cents.unwrap_or(0))
     }
 
-    /// The quote of a call of `tool` with `args`: its [price](Self::price), whether it
+    /// The quote of a call of `tool` whose [price](Self::price) is `amount_cents`: whether it
     /// [needs a person](Self::needs_approval), and the budget. Both of the gateway's spenders
     /// (the upstream and the guard's hand-off) quote with this one rule.
-    pub fn quote(&self, tool: &str, args: &Value) -> Result<Quote, ToolError> {
-        let amount_cents = self.price(tool, args)?;
-        Ok(Quote {
+    pub fn quote(&self, tool: &str, amount_cents: u64) -> Quote {
+        Quote {
             amount_cents,
             needs_approval: self.needs_approval(tool, amount_cents),
             budget_cents: self.budget_cents,
-        })
+        }
     }
 
     /// Whether `tool`'s upstream is declared to honour the idempotency key (default: no).

@@ -315,29 +315,22 @@ impl ServerHandler for GatewayServer {
         mut request: CallToolRequestParams,
         mut context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
-        let meta = std::mem::take(&mut context.meta.0.0);
-        let name = request.name.to_string();
-        let arguments = request.arguments.take();
+        let Some(tool) = self.gateway.own_tool(&request.name) else {
+            // Passed through as it came: its arguments and `_meta` (moved back from the
+            // context, where rmcp put it) untouched.
+            let meta = std::mem::take(&mut context.meta);
+            let agent_token = meta.get_progress_token();
+            request.meta = Some(meta);
+            return self.forward_call(request, agent_token, context).await;
+        };
         let session = self.session(&context.peer);
-        match Upstream::within(
+        let result = Upstream::within(
             session,
-            self.gateway.call_tool(&name, arguments.clone(), &meta),
+            self.gateway
+                .call_tool(tool, &request.name, request.arguments, &context.meta.0.0),
         )
-        .await
-        {
-            Some(value) => serde_json::from_value::<CallToolResult>(value)
-                .map(CallToolResponse::from)
-                .map_err(|e| {
-                    McpError::internal_error(format!("cannot encode a result: {e}"), None)
-                }),
-            None => {
-                let agent_token =
-                    rmcp::model::RequestMetaObject::from(meta.clone()).get_progress_token();
-                request.arguments = arguments;
-                request.meta = Some(rmcp::model::RequestMetaObject::from(meta));
-                self.forward_call(request, agent_token, context).await
-            }
-        }
+        .await;
+        Ok(CallToolResponse::from(result))
     }
 
     async fn list_resources(

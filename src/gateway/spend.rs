@@ -22,7 +22,7 @@ use super::upstream::{Upstream, UpstreamError};
 use crate::identity;
 use crate::spend::pipeline::{Core, Outcome, Quote, Reply, Spender, ToolCode, ToolError};
 use crate::spend::registry::{Operation, Status};
-use rmcp::model::{CallToolRequestParams, CallToolResponse, Tool};
+use rmcp::model::{CallToolRequestParams, CallToolResponse, CallToolResult, MetaObject, Tool};
 use serde_json::{Map, Value, json};
 use std::collections::BTreeSet;
 
@@ -282,59 +282,81 @@ impl Gateway {
         self.spend.contains(tool)
     }
 
-    /// Answers a call of a spend tool or of the gateway's own tools: the scrubbed
-    /// `CallToolResult` JSON; `None` for any other tool (the caller passes it through).
+    /// Which of the gateway's own tools `name` is: a spend tool, `operation_status` or
+    /// `resume_operation`; `None` for any other tool (passed through to the upstream).
+    pub fn own_tool(&self, name: &str) -> Option<OwnTool> {
+        if self.is_spend(name) {
+            Some(OwnTool::Spend)
+        } else if name == OPERATION_STATUS {
+            Some(OwnTool::OperationStatus)
+        } else if name == RESUME_OPERATION {
+            Some(OwnTool::ResumeOperation)
+        } else {
+            None
+        }
+    }
+
+    /// Answers a call of one of the gateway's own tools (`tool`, named `name`): the scrubbed
+    /// `CallToolResult`.
     pub async fn call_tool(
         &self,
+        tool: OwnTool,
         name: &str,
         arguments: Option<Map<String, Value>>,
         meta: &Map<String, Value>,
-    ) -> Option<Value> {
+    ) -> CallToolResult {
         let args = Value::Object(arguments.unwrap_or_default());
-        let (reply, keys) = if self.is_spend(name) {
-            self.core.spend(self, name, args, meta).await
-        } else if name == OPERATION_STATUS {
-            (self.core.operation_status(args).await, vec![])
-        } else if name == RESUME_OPERATION {
-            self.core.resume_operation(self, args).await
-        } else {
-            return None;
+        let (reply, keys) = match tool {
+            OwnTool::Spend => self.core.spend(self, name, args, meta).await,
+            OwnTool::OperationStatus => (self.core.operation_status(args).await, vec![]),
+            OwnTool::ResumeOperation => self.core.resume_operation(self, args).await,
         };
-        let mut value = self.core.finish(name, reply, &keys);
-        name_operation(&mut value);
-        Some(value)
+        let mut result = self.core.finish(name, reply, &keys);
+        name_operation(&mut result);
+        result
     }
+}
+
+/// A tool the gateway answers itself ([`Gateway::own_tool`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OwnTool {
+    /// A spend tool, through the spend pipeline.
+    Spend,
+    /// `operation_status`.
+    OperationStatus,
+    /// `resume_operation`.
+    ResumeOperation,
 }
 
 /// Puts the operation's handle and status in `_meta` of every answer about one, so a client
 /// reads them in one place whatever the answer: an upstream result (whose `structuredContent`
 /// is the upstream's own, so they cannot go there; a recorded result is `completed`), a refusal
 /// or `operation_status` (which also carry them in `structuredContent`).
-fn name_operation(value: &mut Value) {
+fn name_operation(result: &mut CallToolResult) {
     use crate::spend::pipeline::HANDLE_META;
-    let raw = value["_meta"][HANDLE_META].is_string();
-    let structured = &value["structuredContent"];
+    let raw = result
+        .meta
+        .as_ref()
+        .and_then(|m| m.get(HANDLE_META))
+        .is_some_and(Value::is_string);
     let (handle, status) = if raw {
         (None, Some(Status::Completed.name().to_string()))
     } else {
-        match structured["handle"].as_str() {
-            Some(h) => (
-                Some(h.to_string()),
-                structured["status"].as_str().map(str::to_string),
-            ),
+        let structured = result.structured_content.as_ref();
+        let field = |name: &str| structured.and_then(|s| s.get(name)).and_then(Value::as_str);
+        match field("handle") {
+            Some(h) => (Some(json!(h)), field("status").map(str::to_string)),
             None => return,
         }
     };
-    if !value["_meta"].is_object() {
-        value["_meta"] = json!({});
-    }
+    let meta = &mut result.meta.get_or_insert_with(MetaObject::new).0;
     if let Some(h) = handle {
-        value["_meta"][HANDLE_META] = json!(h);
+        meta.insert(HANDLE_META.into(), h);
     }
     if let Some(s) = status
-        && value["_meta"][STATUS_META].is_null()
+        && meta.get(STATUS_META).is_none_or(Value::is_null)
     {
-        value["_meta"][STATUS_META] = json!(s);
+        meta.insert(STATUS_META.into(), json!(s));
     }
 }
 
@@ -359,8 +381,8 @@ fn unknown_outcome(op: &Operation, e: &UpstreamError) -> ToolError {
 /// The upstream's result as the gateway records it: `callid/*` keys of its own `_meta` are
 /// dropped (the gateway's answers name the operation's handle and status under those names,
 /// and an upstream's `callid/status` must not contradict them).
-fn without_gateway_keys(mut result: Value) -> Value {
-    if let Some(meta) = result.get_mut("_meta").and_then(Value::as_object_mut) {
+fn without_gateway_keys(mut result: CallToolResult) -> CallToolResult {
+    if let Some(meta) = &mut result.meta {
         let before = meta.len();
         meta.retain(|k, _| !k.starts_with("callid/"));
         if meta.len() != before {
@@ -370,29 +392,37 @@ fn without_gateway_keys(mut result: Value) -> Value {
             );
         }
         if meta.is_empty() {
-            result.as_object_mut().map(|o| o.remove("_meta"));
+            result.meta = None;
         }
     }
     result
 }
 
 impl Spender for Gateway {
+    /// The price in cents: the arguments themselves are forwarded as the registry recorded
+    /// them ([`Operation::arguments`]).
+    type Request = u64;
+
     const ERROR_CODES: &'static [ToolCode] = ERROR_CODES;
     const OPERATOR: &'static str = "callid router";
 
-    fn check(&self, tool: &str, args: &Value) -> Result<(), ToolError> {
-        self.policy.price(tool, args).map(|_| ())
+    fn check(&self, tool: &str, args: &Value) -> Result<u64, ToolError> {
+        self.policy.price(tool, args)
+    }
+
+    fn recorded(&self, op: &Operation) -> Result<u64, ToolError> {
+        Ok(op.amount_cents)
     }
 
     fn idempotent(&self, tool: &str) -> bool {
         self.policy.idempotent(tool)
     }
 
-    async fn quote(&self, tool: &str, args: &Value) -> Result<Quote, ToolError> {
-        self.policy.quote(tool, args)
+    async fn quote(&self, tool: &str, amount_cents: &u64) -> Result<Quote, ToolError> {
+        Ok(self.policy.quote(tool, *amount_cents))
     }
 
-    async fn execute(&self, op: &Operation) -> Outcome {
+    async fn execute(&self, op: &Operation, _amount_cents: &u64) -> Outcome {
         let arguments = match &op.arguments {
             Value::Object(map) => map.clone(),
             _ => Map::new(),
@@ -410,7 +440,7 @@ impl Spender for Gateway {
             Ok(CallToolResponse::Complete(result)) => {
                 let is_error = result.is_error == Some(true);
                 let result =
-                    without_gateway_keys(serde_json::to_value(&result).unwrap_or(Value::Null));
+                    serde_json::to_value(without_gateway_keys(result)).unwrap_or(Value::Null);
                 Outcome::Done {
                     result: json!({
                         "handle": op.handle.as_str(),

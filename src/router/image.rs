@@ -3,8 +3,9 @@
 //! [`Router::call_tool`] answers one `tools/call`. The spend tool `generate_image` goes through
 //! the tool-agnostic [`pipeline`](crate::spend::pipeline) (identity, request hash, registry, keys,
 //! approvals, scrubbing, in the article's order); [`Router`] is its [`Spender`]: it checks the
-//! arguments against the tool's schema, prices the image, and spends it through the
-//! [`crate::backend`] layers with the private key. `operation_status`, `resume_operation` and
+//! arguments against the tool's schema, turning them into the provider's [`ImageRequest`] once,
+//! prices that request, and spends it through the [`crate::backend`] layers with the private
+//! key. `operation_status`, `resume_operation` and
 //! `capabilities` spend nothing.
 //!
 //! # Honest errors
@@ -24,6 +25,7 @@ use crate::spend::policy::Policy;
 use crate::spend::registry::{NewOperation, Operation, RegistryLocation, Status};
 pub use crate::spend::reply::{Reply, ToolCode, ToolError};
 use crate::spend::reply::{chain, identity_error};
+use rmcp::model::CallToolResult;
 use serde_json::{Map, Value, json};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -102,17 +104,19 @@ impl Router {
         }
     }
 
-    /// Answers one `tools/call`: the scrubbed `CallToolResult` JSON, or `None` for an unknown
-    /// tool (a JSON-RPC error, since no tool ran).
+    /// Answers one `tools/call`: the scrubbed `CallToolResult`, or `None` for an unknown
+    /// tool (a JSON-RPC error, since no tool ran). `call` says what the transport knows about
+    /// the call; it is asked only when `--diagnose-meta` records it, so diagnostics that are off
+    /// cost nothing.
     pub async fn call_tool(
         &self,
-        call: &CallInfo,
+        call: impl FnOnce() -> CallInfo,
         name: &str,
         arguments: Option<Map<String, Value>>,
         meta: &Map<String, Value>,
-    ) -> Option<Value> {
+    ) -> Option<CallToolResult> {
         if let Some(d) = &self.diagnostics {
-            d.record(call, name, arguments.as_ref(), meta);
+            d.record(&call(), name, arguments.as_ref(), meta);
         }
         let args = Value::Object(arguments.unwrap_or_default());
         let (reply, keys) = match name {
@@ -245,11 +249,18 @@ impl Router {
 }
 
 impl Spender for Router {
+    /// The provider request the arguments ask for.
+    type Request = ImageRequest;
+
     const ERROR_CODES: &'static [ToolCode] = ERROR_CODES;
     const OPERATOR: &'static str = "callid router";
 
-    fn check(&self, _tool: &str, args: &Value) -> Result<(), ToolError> {
-        image_request(args).map(|_| ())
+    fn check(&self, _tool: &str, args: &Value) -> Result<ImageRequest, ToolError> {
+        image_request(args)
+    }
+
+    fn recorded(&self, op: &Operation) -> Result<ImageRequest, ToolError> {
+        image_request(&op.arguments)
     }
 
     /// The router's backend is idempotent by construction: its authorization and execution
@@ -260,10 +271,9 @@ impl Spender for Router {
         true
     }
 
-    async fn quote(&self, _tool: &str, args: &Value) -> Result<Quote, ToolError> {
-        let request = image_request(args)?;
+    async fn quote(&self, _tool: &str, request: &ImageRequest) -> Result<Quote, ToolError> {
         let backend = self.backend().await?;
-        let amount = backend.quote(&request).map_err(backend_error)?;
+        let amount = backend.quote(request).map_err(backend_error)?;
         Ok(Quote {
             amount_cents: amount,
             needs_approval: self.opts.policy.needs_approval(amount, &request.model),
@@ -272,10 +282,10 @@ impl Spender for Router {
         })
     }
 
-    async fn stage(&self, new: &NewOperation) -> Option<Stage> {
+    async fn stage(&self, new: &NewOperation, request: &ImageRequest) -> Option<Stage> {
         let backend = self.backend().await.ok().filter(|b| b.hosted())?;
-        let request = image_request(&new.arguments).ok()?;
-        let (key, hash) = (new.key.clone(), new.request_hash.clone());
+        // The writer thread runs the steps: they own their copy.
+        let (key, hash, request) = (new.key.clone(), new.request_hash.clone(), request.clone());
         Some(Box::new(move |conn| {
             backend
                 .prepare_in(conn, &key, &request, &hash)
@@ -284,19 +294,20 @@ impl Spender for Router {
         }))
     }
 
-    async fn execute_staged(&self, op: &Operation, staged: Staged) -> Outcome {
+    async fn execute_staged(
+        &self,
+        op: &Operation,
+        request: &ImageRequest,
+        staged: Staged,
+    ) -> Outcome {
         let (backend, prepared) = match (self.backend().await, staged.0.downcast::<Prepared>()) {
             (Ok(backend), Ok(prepared)) => (backend, *prepared),
-            _ => return self.execute(op).await,
+            _ => return self.execute(op, request).await,
         };
         dispatch(op, &backend, prepared).await
     }
 
-    async fn execute(&self, op: &Operation) -> Outcome {
-        let request = match image_request(&op.arguments) {
-            Ok(r) => r,
-            Err(e) => return Outcome::Open(e),
-        };
+    async fn execute(&self, op: &Operation, request: &ImageRequest) -> Outcome {
         let backend = match self.backend().await {
             Ok(b) => b,
             Err(e) => return Outcome::Open(e),
@@ -304,12 +315,12 @@ impl Spender for Router {
         if backend.hosted() {
             // A continuation: the layers' steps in a transaction of their own, the record of
             // the outcome with the result.
-            return match backend.prepare(&op.key, &request, &op.request_hash).await {
+            return match backend.prepare(&op.key, request, &op.request_hash).await {
                 Ok(prepared) => dispatch(op, &backend, prepared).await,
                 Err(err) => failed(op, err),
             };
         }
-        match backend.spend(&op.key, &request, &op.request_hash).await {
+        match backend.spend(&op.key, request, &op.request_hash).await {
             Ok(receipt) => done(op, &receipt, None),
             Err(err) => failed(op, err),
         }

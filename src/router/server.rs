@@ -10,7 +10,7 @@
 use super::image::{CAPABILITIES, GENERATE_IMAGE, OPERATION_STATUS, RESUME_OPERATION, Router};
 use crate::spend::diagnose::CallInfo;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, Implementation, ListToolsResult,
+    CallToolRequestParams, CallToolResponse, Implementation, ListToolsResult,
     PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
 };
 use rmcp::service::RequestContext;
@@ -87,25 +87,14 @@ impl ServerHandler for RouterServer {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
-        let meta = context.meta.0.0;
+        let meta = &context.meta.0.0;
         let name = request.name.to_string();
-        let call = CallInfo {
-            request_id: serde_json::to_value(&context.id).ok(),
-            initialize: context
-                .peer
-                .peer_info()
-                .and_then(|info| serde_json::to_value(&*info).ok()),
-        };
         match self
             .router
-            .call_tool(&call, &name, request.arguments, &meta)
+            .call_tool(|| call_info(&context), &name, request.arguments, meta)
             .await
         {
-            Some(value) => serde_json::from_value::<CallToolResult>(value)
-                .map(CallToolResponse::from)
-                .map_err(|e| {
-                    McpError::internal_error(format!("cannot encode a result: {e}"), None)
-                }),
+            Some(result) => Ok(CallToolResponse::from(result)),
             None => {
                 let mut message = Value::String(format!(
                     "unknown tool `{name}`; this router has {GENERATE_IMAGE}, {OPERATION_STATUS}, \
@@ -118,6 +107,20 @@ impl ServerHandler for RouterServer {
                 ))
             }
         }
+    }
+}
+
+/// What the transport knows about a call for `--diagnose-meta`: its JSON-RPC id and the
+/// connection's `initialize` params, each serialised only when a record is written.
+fn call_info(context: &RequestContext<RoleServer>) -> CallInfo {
+    #[cfg(test)]
+    tests::CALL_INFOS.with(|n| n.set(n.get() + 1));
+    CallInfo {
+        request_id: serde_json::to_value(&context.id).ok(),
+        initialize: context
+            .peer
+            .peer_info()
+            .and_then(|info| serde_json::to_value(&*info).ok()),
     }
 }
 
@@ -144,4 +147,65 @@ pub async fn serve_http(
     crate::http_guard::serve_mcp(RouterServer::new(router), bound, "router")
         .await
         .context("serving streamable HTTP")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::router::RouterOptions;
+    use rmcp::model::CallToolRequestParams;
+    use std::cell::Cell;
+
+    thread_local! {
+        /// How many [`call_info`]s this thread built.
+        pub(super) static CALL_INFOS: Cell<usize> = const { Cell::new(0) };
+    }
+
+    /// Serves a router over an in-memory pipe, calls `capabilities` once from an rmcp client,
+    /// and answers how many call infos were built for it (the runtime has one thread, so every
+    /// task counts on this one).
+    async fn call_infos_for_one_call(diagnose_meta: Option<std::path::PathBuf>) -> usize {
+        let dir = tempfile::tempdir().unwrap();
+        let router = Arc::new(Router::new(RouterOptions {
+            registry: crate::spend::registry::RegistryLocation::File(
+                dir.path().join("registry.sqlite3"),
+            ),
+            provider: None,
+            policy: crate::spend::policy::Policy::default(),
+            preallocated_keys: None,
+            key_prefix: crate::keys::DEFAULT_KEY_PREFIX.into(),
+            handle_prefix: crate::keys::DEFAULT_HANDLE_PREFIX.into(),
+            diagnose_meta,
+            identity_sources: crate::identity::IdentitySources::built_in_shared(),
+            lease_ttl: crate::spend::pipeline::LEASE_TTL,
+            trust: None,
+        }));
+        let (server_io, client_io) = tokio::io::duplex(64 * 1024);
+        let server = tokio::spawn(async move {
+            let running = RouterServer::new(router).serve(server_io).await.unwrap();
+            running.waiting().await.unwrap();
+        });
+        let client = ().serve(client_io).await.unwrap();
+        let before = CALL_INFOS.with(Cell::get);
+        let result = client
+            .call_tool(CallToolRequestParams::new(CAPABILITIES))
+            .await
+            .unwrap();
+        assert_ne!(result.is_error, Some(true), "{result:?}");
+        let built = CALL_INFOS.with(Cell::get) - before;
+        client.cancel().await.unwrap();
+        server.await.unwrap();
+        built
+    }
+
+    /// `--diagnose-meta` off costs nothing: no call info is serialised for a call; on, one per
+    /// call.
+    #[tokio::test(flavor = "current_thread")]
+    async fn diagnostics_off_build_nothing() {
+        assert_eq!(call_infos_for_one_call(None).await, 0);
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("meta.jsonl");
+        assert_eq!(call_infos_for_one_call(Some(log.clone())).await, 1);
+        assert_eq!(std::fs::read_to_string(&log).unwrap().lines().count(), 1);
+    }
 }

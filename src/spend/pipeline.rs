@@ -7,7 +7,9 @@
 //! 2. reads the trusted identity from `_meta` ([`identity::IdentitySources::from_meta_map`]),
 //!    failing closed, and, with trust keys, verifies its signature
 //!    ([`identity::trust::TrustKeys::verify`]) before anything below is consulted or recorded;
-//! 3. hashes the request ([`canonical::request_hash`]) and lets the spender check the arguments;
+//! 3. hashes the request ([`canonical::request_hash`], once) and lets the spender check the
+//!    arguments, turning them into its typed request once ([`Spender::check`]), which the
+//!    quote, the spender's staged steps and its execution of a new operation all take;
 //! 4. looks the registry up by (platform, installation, the envelope's installation, harness call
 //!    id);
 //! 5. resolves: a new call gets a price and approval from the spender, a fresh private key and
@@ -56,6 +58,7 @@ use crate::canonical::{self, RequestHash};
 use crate::crashpoint::{self, Boundary};
 use crate::identity::{self, Identity, Source};
 use crate::keys::{OperationKey, PublicHandle};
+use rmcp::model::CallToolResult;
 use serde_json::{Map, Value, json};
 use std::collections::HashMap;
 use std::future::Future;
@@ -156,18 +159,33 @@ pub type Stage = InTransaction<Staged, String>;
 /// What is spent for a spend call: the part of the pipeline that differs between the built-in
 /// router and the gateway.
 ///
+/// # One request, one form
+/// A spend call's arguments are turned into the spender's [`Spender::Request`] once, by
+/// [`Spender::check`], before the registry is consulted; a new operation's quote, staged steps
+/// and execution all take that one value, and the registry records the arguments as received.
+/// A recorded operation continued later (a redelivery, `resume_operation`) is executed with
+/// the request rebuilt from its record ([`Spender::recorded`]): what runs is always what was
+/// recorded.
+///
 /// # Guarantee the core gives
 /// [`Spender::execute`] is called only for an operation whose registry row is committed and
 /// whose dispatch lease this process holds; every continuation of one operation carries the
 /// same private key.
 pub trait Spender: Sync {
+    /// What a spend call's arguments become once checked: what the spender prices and runs.
+    type Request: Send + Sync;
+
     /// Every error code a tool call can answer (recorded codes are mapped onto these).
     const ERROR_CODES: &'static [ToolCode];
     /// The command an operator runs to approve (e.g. `callid router`).
     const OPERATOR: &'static str;
 
-    /// Checks a spend call's arguments before the registry is consulted.
-    fn check(&self, tool: &str, args: &Value) -> Result<(), ToolError>;
+    /// Checks a spend call's arguments before the registry is consulted and turns them into
+    /// the request.
+    fn check(&self, tool: &str, args: &Value) -> Result<Self::Request, ToolError>;
+
+    /// The request of a recorded operation, rebuilt from its record (to continue it).
+    fn recorded(&self, op: &Operation) -> Result<Self::Request, ToolError>;
 
     /// Whether `tool`'s backend honours the idempotency key, so that an operation whose outcome
     /// is unknown may be sent again under the same key. `false` (what most real paid backends
@@ -180,17 +198,25 @@ pub trait Spender: Sync {
     fn quote(
         &self,
         tool: &str,
-        args: &Value,
+        request: &Self::Request,
     ) -> impl Future<Output = Result<Quote, ToolError>> + Send;
 
     /// Runs a recorded, pending operation under its private key.
-    fn execute(&self, op: &Operation) -> impl Future<Output = Outcome> + Send;
+    fn execute(
+        &self,
+        op: &Operation,
+        request: &Self::Request,
+    ) -> impl Future<Output = Outcome> + Send;
 
     /// The spender's own steps before dispatching the new operation `new`, to run inside the
     /// registry's transaction that records its row and lease (one commit for both; SQLite
     /// registries only). When they fail they are rolled back alone, the row and lease are
     /// committed, and [`Spender::execute`] runs instead. Default: none.
-    fn stage(&self, _new: &NewOperation) -> impl Future<Output = Option<Stage>> + Send {
+    fn stage(
+        &self,
+        _new: &NewOperation,
+        _request: &Self::Request,
+    ) -> impl Future<Output = Option<Stage>> + Send {
         std::future::ready(None)
     }
 
@@ -199,9 +225,10 @@ pub trait Spender: Sync {
     fn execute_staged(
         &self,
         op: &Operation,
+        request: &Self::Request,
         _staged: Staged,
     ) -> impl Future<Output = Outcome> + Send {
-        self.execute(op)
+        self.execute(op, request)
     }
 
     /// The reply of a completed operation (`replayed`: answered from the record).
@@ -209,6 +236,14 @@ pub trait Spender: Sync {
 }
 
 type Flight = Arc<tokio::sync::Mutex<()>>;
+
+/// A spend call that passed the checks: its arguments as received (recorded with a new
+/// operation), the spender's request made of them, and their request hash.
+struct Checked<R> {
+    args: Value,
+    request: R,
+    hash: RequestHash,
+}
 
 /// Where the core keeps its state and how it names keys.
 #[derive(Debug, Clone)]
@@ -322,23 +357,18 @@ impl Core {
         self.pool.is_some()
     }
 
-    /// The scrubbed `CallToolResult` JSON of `reply` to a call of `tool`; `keys` are the
-    /// private keys the call touched.
-    pub fn finish(&self, tool: &str, reply: Reply, keys: &[OperationKey]) -> Value {
+    /// The `CallToolResult` of `reply` to a call of `tool`, scrubbed and built once; `keys` are
+    /// the private keys the call touched.
+    pub fn finish(&self, tool: &str, mut reply: Reply, keys: &[OperationKey]) -> CallToolResult {
         if let Reply::Err(e) = &reply {
             tracing::info!(tool, code = e.code.code(), handle = ?e.handle.as_ref().map(|h| h.as_str()), "tool error");
         }
-        if let Reply::Ready(cached) = reply {
-            // Scrubbed when it was cached.
-            return cached.reply.clone();
-        }
-        let mut value = reply.to_value();
         let refs: Vec<&OperationKey> = keys.iter().collect();
-        let n = self.scrubber.scrub(&mut value, &refs);
+        let n = reply.scrub(&self.scrubber, &refs);
         if n > 0 {
             tracing::warn!(tool, strings = n, "scrubbed private keys from a reply");
         }
-        value
+        reply.into_result()
     }
 
     /// Scrubs any value (used for JSON-RPC error messages too).
@@ -393,7 +423,7 @@ impl Core {
                 return Ok(Reply::Ready(hit));
             }
         }
-        spender.check(tool, &args)?;
+        let request = spender.check(tool, &args)?;
 
         let flight = self.flight(&id.platform, id.key_installation(), &id.harness_call_id);
         let guard = flight.lock().await;
@@ -410,7 +440,14 @@ impl Core {
                 keys.push(op.key.clone());
                 self.resolve_existing(spender, op, &hash).await
             }
-            Ok(None) => self.start(spender, &id, tool, args, hash, keys).await,
+            Ok(None) => {
+                let call = Checked {
+                    args,
+                    request,
+                    hash,
+                };
+                self.start(spender, &id, tool, call, keys).await
+            }
             Err(e) => Err(e),
         };
         drop(guard);
@@ -428,11 +465,15 @@ impl Core {
         spender: &S,
         id: &Identity,
         tool: &str,
-        args: Value,
-        hash: RequestHash,
+        call: Checked<S::Request>,
         keys: &mut Vec<OperationKey>,
     ) -> Result<Reply, ToolError> {
-        let quote = spender.quote(tool, &args).await?;
+        let Checked {
+            args,
+            request,
+            hash,
+        } = call;
+        let quote = spender.quote(tool, &request).await?;
         let handle = PublicHandle::generate(&self.opts.handle_prefix);
         let key = match &self.pool {
             None => OperationKey::generate(&self.opts.key_prefix, &id.platform),
@@ -465,7 +506,7 @@ impl Core {
         };
         let amount = quote.amount_cents;
         let budget = quote.budget_cents;
-        let stage = spender.stage(&new).await;
+        let stage = spender.stage(&new, &request).await;
         let leased_at = tokio::time::Instant::now();
         // The row, its dispatch lease and the spender's own steps: one commit, shared with the
         // other writes waiting at that moment (group commit).
@@ -515,10 +556,17 @@ impl Core {
                 None => None,
             };
             return self
-                .run(spender, op, FIRST_GENERATION, leased_at, staged)
+                .run(
+                    spender,
+                    op,
+                    FIRST_GENERATION,
+                    leased_at,
+                    staged,
+                    Some(request),
+                )
                 .await;
         }
-        self.dispatch(spender, op).await
+        self.dispatch(spender, op, Some(request)).await
     }
 
     async fn resolve_existing<S: Spender>(
@@ -554,11 +602,18 @@ impl Core {
             Status::Denied => Err(denied(&op)),
             Status::AwaitingApproval => Err(awaiting_approval::<S>(&op, &self.opts.registry)),
             Status::InDoubt => Err(in_doubt::<S>(&op, &self.opts.registry)),
-            Status::Pending => self.dispatch(spender, op).await,
+            Status::Pending => self.dispatch(spender, op, None).await,
         }
     }
 
-    async fn dispatch<S: Spender>(&self, spender: &S, op: Operation) -> Result<Reply, ToolError> {
+    /// Claims a pending operation's dispatch lease and runs it: with `request` when this
+    /// delivery recorded it, else with the one rebuilt from its record ([`Spender::recorded`]).
+    async fn dispatch<S: Spender>(
+        &self,
+        spender: &S,
+        op: Operation,
+        request: Option<S::Request>,
+    ) -> Result<Reply, ToolError> {
         let ttl = self.opts.lease_ttl;
         let claim = || {
             let (owner, handle) = (self.owner.clone(), op.handle.clone());
@@ -599,7 +654,8 @@ impl Core {
                 return Box::pin(self.continue_operation(spender, now)).await;
             }
         };
-        self.run(spender, op, generation, leased_at, None).await
+        self.run(spender, op, generation, leased_at, None, request)
+            .await
     }
 
     /// Executes a pending operation whose dispatch lease this process holds (under
@@ -612,6 +668,7 @@ impl Core {
         generation: i64,
         leased_at: tokio::time::Instant,
         staged: Option<Staged>,
+        request: Option<S::Request>,
     ) -> Result<Reply, ToolError> {
         if leased_at.elapsed() >= self.opts.lease_ttl.mul_f64(ABANDON_AFTER) {
             // The server computed the lease's expiry when its statement began, before any wait
@@ -622,7 +679,7 @@ impl Core {
             return Err(lease_came_late(&op, leased_at.elapsed()));
         }
         let Some(outcome) = self
-            .execute_renewing(spender, &op, generation, leased_at, staged)
+            .execute_renewing(spender, &op, generation, leased_at, staged, request)
             .await
         else {
             let err = abandoned(&op, self.opts.lease_ttl);
@@ -705,12 +762,12 @@ impl Core {
     /// Renders the replay of a completed, durably recorded operation once (marked replayed,
     /// scrubbed of its key) and keeps it in the [`ReplayCache`] for the next redelivery.
     fn remember<S: Spender>(&self, spender: &S, op: &Operation) -> Arc<Cached> {
-        let mut value = spender.completed(op, true).to_value();
-        let n = self.scrubber.scrub(&mut value, &[&op.key]);
+        let mut reply = spender.completed(op, true);
+        let n = reply.scrub(&self.scrubber, &[&op.key]);
         if n > 0 {
             tracing::warn!(handle = %op.handle, strings = n, "scrubbed private keys from a reply");
         }
-        let cached = Arc::new(Cached::new(op.request_hash.clone(), value));
+        let cached = Arc::new(Cached::new(op.request_hash.clone(), reply.into_result()));
         self.replies.insert(
             replay::key(&op.platform, &op.source_installation, &op.harness_call_id),
             cached.clone(),
@@ -777,6 +834,7 @@ impl Core {
         generation: i64,
         leased_at: tokio::time::Instant,
         staged: Option<Staged>,
+        request: Option<S::Request>,
     ) -> Option<Outcome> {
         let ttl = self.opts.lease_ttl;
         let period = (ttl / 3).max(Duration::from_millis(10));
@@ -814,9 +872,13 @@ impl Core {
             }
         });
         let work = async {
+            let request = match request.map_or_else(|| spender.recorded(op), Ok) {
+                Ok(request) => request,
+                Err(e) => return Outcome::Open(e),
+            };
             match staged {
-                Some(staged) => spender.execute_staged(op, staged).await,
-                None => spender.execute(op).await,
+                Some(staged) => spender.execute_staged(op, &request, staged).await,
+                None => spender.execute(op, &request).await,
             }
         };
         tokio::pin!(work);

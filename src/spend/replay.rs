@@ -14,14 +14,14 @@
 //!   the registry's commit returned), so a cached answer is always the durable record's answer.
 //! - Memory is bounded: at most `max_entries` replies and `max_bytes` bytes of serialized reply
 //!   JSON; the least recently used replies are evicted first. A reply larger than `max_bytes`
-//!   alone is not cached. A cached reply is a parsed JSON value, a few KiB of heap for a
+//!   alone is not cached. A cached reply is a typed `CallToolResult`, a few KiB of heap for a
 //!   `generate_image` result: the default bounds keep the cache to a few MB, so the router stays
 //!   within its resident-memory target (`callid bench --only router_rss`).
 //! - Nothing invalidates an entry (results are immutable); eviction only costs the next
 //!   redelivery a registry look-up.
 
 use crate::canonical::RequestHash;
-use serde_json::Value;
+use rmcp::model::CallToolResult;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
@@ -30,19 +30,19 @@ pub const DEFAULT_MAX_ENTRIES: usize = 256;
 /// How many bytes of serialized replies the router keeps by default.
 pub const DEFAULT_MAX_BYTES: usize = 1024 * 1024;
 
-/// One cached reply: what it answers and the scrubbed `CallToolResult` JSON to send.
+/// One cached reply: what it answers and the scrubbed `CallToolResult` to send.
 #[derive(Debug)]
 pub struct Cached {
     /// The recorded request hash; a redelivery must carry the same.
     pub request_hash: RequestHash,
     /// The reply, rendered as a replay and scrubbed.
-    pub reply: Value,
+    pub reply: CallToolResult,
     bytes: usize,
 }
 
 impl Cached {
     /// A reply to keep for `request_hash`.
-    pub fn new(request_hash: RequestHash, reply: Value) -> Cached {
+    pub fn new(request_hash: RequestHash, reply: CallToolResult) -> Cached {
         let bytes =
             serde_json::to_string(&reply).map_or(0, |t| t.len()) + request_hash.as_str().len();
         Cached {
@@ -164,7 +164,8 @@ mod tests {
         let args = json!({"n": n});
         Arc::new(Cached::new(
             crate::canonical::request_hash("t", &args).unwrap(),
-            json!({"structuredContent": {"n": n, "pad": "x".repeat(100)}}),
+            serde_json::from_value(json!({"structuredContent": {"n": n, "pad": "x".repeat(100)}}))
+                .unwrap(),
         ))
     }
 
@@ -194,7 +195,13 @@ mod tests {
             assert!(cache.len() <= 3);
         }
         assert_eq!(
-            cache.get("999").unwrap().reply["structuredContent"]["n"],
+            cache
+                .get("999")
+                .unwrap()
+                .reply
+                .structured_content
+                .as_ref()
+                .unwrap()["n"],
             999
         );
     }

@@ -16,8 +16,11 @@
 
 use super::registry::{Operation, RegistryError, Status};
 use super::replay::Cached;
+use super::scrub::Scrubber;
 use crate::identity;
-use crate::keys::PublicHandle;
+use crate::keys::{OperationKey, PublicHandle};
+use rmcp::model::{CallToolResult, ContentBlock, MetaObject};
+use serde::Deserialize as _;
 use serde_json::{Value, json};
 use std::sync::Arc;
 
@@ -275,7 +278,8 @@ impl ToolError {
     }
 }
 
-/// A tool's answer before it is scrubbed and put on the wire.
+/// A tool's answer before it is scrubbed ([`Reply::scrub`]) and put on the wire
+/// ([`Reply::into_result`]), each once, at the edge ([`super::pipeline::Core::finish`]).
 #[derive(Debug)]
 pub enum Reply {
     /// A result.
@@ -314,49 +318,105 @@ impl From<ToolError> for Reply {
 pub const HANDLE_META: &str = "callid/handle";
 
 impl Reply {
-    /// The `CallToolResult` JSON of this reply.
-    pub fn to_value(&self) -> Value {
+    /// Scrubs this reply's text in place, before it is put on the wire: every string that
+    /// holds one of `keys` or the scrubber's key prefix (see [`Scrubber`]); returns how many
+    /// strings it rewrote. A [`Reply::Ready`] reply was scrubbed when it was cached.
+    pub fn scrub(&mut self, scrubber: &Scrubber, keys: &[&OperationKey]) -> usize {
+        match self {
+            Reply::Ok {
+                structured, text, ..
+            } => scrubber.scrub(structured, keys) + usize::from(scrubber.scrub_string(text, keys)),
+            Reply::Raw { result, .. } => scrubber.scrub(result, keys),
+            Reply::Err(e) => {
+                let mut n = usize::from(scrubber.scrub_string(&mut e.message, keys));
+                if let Some(handle) = &e.handle {
+                    let mut text = handle.as_str().to_string();
+                    if scrubber.scrub_string(&mut text, keys) {
+                        e.handle = Some(PublicHandle::from_stored(text));
+                        n += 1;
+                    }
+                }
+                n
+            }
+            Reply::Ready(_) => 0,
+        }
+    }
+
+    /// The `CallToolResult` of this reply, built once from its parts (moved, not copied). A
+    /// result someone else wrote ([`Reply::Raw`]) keeps every member of `CallToolResult` it has
+    /// (a `_meta` that is not an object is replaced); one that is not a `CallToolResult` at
+    /// all is carried as `structuredContent`, with empty `content`.
+    pub fn into_result(self) -> CallToolResult {
         match self {
             Reply::Ok {
                 structured,
                 text,
                 replayed,
             } => {
-                let mut v = json!({
-                    "content": [{"type": "text", "text": text}],
-                    "structuredContent": structured,
-                });
-                if let Some(r) = replayed {
-                    v["_meta"] = json!({ REPLAYED_META: r });
-                }
-                v
+                let mut result = text_result(text, structured);
+                result.meta = replayed.map(|r| meta([(REPLAYED_META, json!(r))]));
+                result
             }
             Reply::Raw {
                 result,
                 replayed,
                 handle,
             } => {
-                let mut v = match result {
-                    Value::Object(_) => result.clone(),
-                    other => json!({"content": [], "structuredContent": other}),
-                };
-                if !v["_meta"].is_object() {
-                    v["_meta"] = json!({});
-                }
-                v["_meta"][REPLAYED_META] = json!(replayed);
+                let mut result = foreign_result(result);
+                let meta = &mut result.meta.get_or_insert_with(MetaObject::new).0;
+                meta.insert(REPLAYED_META.into(), json!(replayed));
                 if let Some(h) = handle {
-                    v["_meta"][HANDLE_META] = json!(h.as_str());
+                    meta.insert(HANDLE_META.into(), json!(h.as_str()));
                 }
-                v
+                result
             }
             Reply::Ready(cached) => cached.reply.clone(),
-            Reply::Err(e) => json!({
-                "isError": true,
-                "content": [{"type": "text", "text": e.message}],
-                "structuredContent": e.structured(),
-            }),
+            Reply::Err(e) => {
+                let structured = e.structured();
+                let mut result = text_result(e.message, structured);
+                result.is_error = Some(true);
+                result
+            }
         }
     }
+}
+
+/// A result of one text block and its `structuredContent`, as the wire had it when it was
+/// written as JSON (no `resultType`: rmcp's server sets what the peer's version needs).
+fn text_result(text: String, structured: Value) -> CallToolResult {
+    let mut result = CallToolResult::default();
+    result.result_type = None;
+    result.content = vec![ContentBlock::text(text)];
+    result.structured_content = Some(structured);
+    result
+}
+
+/// A `CallToolResult` someone else wrote, as recorded: read as one when it is one.
+fn foreign_result(mut recorded: Value) -> CallToolResult {
+    if let Value::Object(map) = &mut recorded
+        && map.get("_meta").is_some_and(|m| !m.is_object())
+    {
+        map.remove("_meta");
+    }
+    if recorded.is_object()
+        && let Ok(result) = CallToolResult::deserialize(&recorded)
+    {
+        return result;
+    }
+    let mut result = CallToolResult::default();
+    result.result_type = None;
+    result.structured_content = Some(recorded);
+    result
+}
+
+/// A `_meta` object of these members.
+fn meta<const N: usize>(members: [(&str, Value); N]) -> MetaObject {
+    MetaObject(
+        members
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect(),
+    )
 }
 
 /// A signature refusal as a tool error (nothing was recorded or dispatched).
@@ -421,14 +481,118 @@ mod tests {
         err.handle = Some(handle);
         err.status = Some(Status::AwaitingApproval);
         let bare = ToolError::new(ToolCode::MissingIdentity, "no identity");
+        let wire = |reply: Reply| serde_json::to_value(reply.into_result()).unwrap();
         insta::assert_json_snapshot!(
             "reply_shapes",
             json!({
-                "success": ok.to_value(),
-                "error_with_operation": Reply::Err(err).to_value(),
-                "error_without_operation": Reply::Err(bare).to_value(),
+                "success": wire(ok),
+                "error_with_operation": wire(Reply::Err(err)),
+                "error_without_operation": wire(Reply::Err(bare)),
             })
         );
+    }
+
+    /// Each reply's typed result is the one rmcp read from the JSON the reply was written as
+    /// before it was built typed (so the wire is unchanged), an upstream's result included.
+    #[test]
+    fn typed_results_equal_the_json_they_replace() {
+        let handle = PublicHandle::from_stored("hubu:public-operation:v1:h".into());
+        let mut err = ToolError::new(ToolCode::OutcomeUnknown, "lost");
+        err.handle = Some(handle.clone());
+        err.status = Some(Status::Pending);
+        let cases = [
+            (
+                Reply::Ok {
+                    structured: json!({"handle": "h", "result": {"n": 1}}),
+                    text: "done".into(),
+                    replayed: Some(false),
+                },
+                json!({"content": [{"type": "text", "text": "done"}],
+                       "structuredContent": {"handle": "h", "result": {"n": 1}},
+                       "_meta": {"callid/replayed": false}}),
+            ),
+            (
+                Reply::Ok {
+                    structured: json!({"status": "pending"}),
+                    text: "status".into(),
+                    replayed: None,
+                },
+                json!({"content": [{"type": "text", "text": "status"}],
+                       "structuredContent": {"status": "pending"}}),
+            ),
+            (
+                Reply::Err(err),
+                json!({"isError": true, "content": [{"type": "text", "text": "lost"}],
+                       "structuredContent": {"error": "outcome_unknown", "message": "lost",
+                                             "handle": "hubu:public-operation:v1:h",
+                                             "status": "pending"}}),
+            ),
+            (
+                Reply::Raw {
+                    result: json!({"content": [{"type": "image", "data": "AA==", "mimeType": "image/png"}],
+                                   "isError": false, "_meta": {"vendor": 1}}),
+                    replayed: true,
+                    handle: Some(handle.clone()),
+                },
+                json!({"content": [{"type": "image", "data": "AA==", "mimeType": "image/png"}],
+                       "isError": false,
+                       "_meta": {"vendor": 1, "callid/replayed": true,
+                                 "callid/handle": "hubu:public-operation:v1:h"}}),
+            ),
+            (
+                Reply::Raw {
+                    result: json!({"content": [], "_meta": "not an object"}),
+                    replayed: false,
+                    handle: None,
+                },
+                json!({"content": [], "_meta": {"callid/replayed": false}}),
+            ),
+            (
+                Reply::Raw {
+                    result: json!([1, 2]),
+                    replayed: false,
+                    handle: None,
+                },
+                json!({"content": [], "structuredContent": [1, 2],
+                       "_meta": {"callid/replayed": false}}),
+            ),
+        ];
+        for (reply, before) in cases {
+            let want: CallToolResult = serde_json::from_value(before.clone()).unwrap();
+            assert_eq!(reply.into_result(), want, "{before}");
+        }
+    }
+
+    /// Scrubbing reaches every part of every reply that carries text, the handle of an error
+    /// included (a key prefix that a handle shares is a configuration the scrubber still
+    /// honours).
+    #[test]
+    fn scrubbing_reaches_every_part() {
+        let scrubber = Scrubber::new("hubu:");
+        let key = OperationKey::generate("hubu:", "codex");
+        let k = key.expose().to_string();
+        let mut err = ToolError::new(ToolCode::OutcomeUnknown, format!("sent {k}"));
+        err.handle = Some(PublicHandle::from_stored(
+            "hubu:public-operation:v1:h".into(),
+        ));
+        let replies = [
+            Reply::Ok {
+                structured: json!({"echo": k}),
+                text: format!("charged {k}"),
+                replayed: Some(false),
+            },
+            Reply::Raw {
+                result: json!({"content": [{"type": "text", "text": k}], "_meta": {"k": k}}),
+                replayed: false,
+                handle: None,
+            },
+            Reply::Err(err),
+        ];
+        for mut reply in replies {
+            assert!(reply.scrub(&scrubber, &[&key]) > 0);
+            let wire = serde_json::to_string(&reply.into_result()).unwrap();
+            assert!(!wire.contains(&k) && !wire.contains("hubu:"), "{wire}");
+        }
     }
 
     /// The wire strings, written out by hand: a renamed variant or string fails here.
