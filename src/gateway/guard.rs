@@ -316,7 +316,7 @@ impl Guard {
                 ToolCode::VouchedForMismatch,
                 format!("{e}; nothing was recorded"),
             );
-            return Decision::Answer(self.core.finish(tool, Reply::Err(refusal), &[]));
+            return Decision::Answer(answer(self.core.finish(tool, Reply::Err(refusal), &[])));
         }
         let (ticket_tx, ticket_rx) = oneshot::channel();
         let (reply_tx, reply_rx) = oneshot::channel();
