@@ -33,6 +33,7 @@
 
 mod builtin;
 pub(crate) mod expected;
+mod hooks;
 pub(crate) mod interrupt;
 mod provider;
 pub(crate) mod report;
