@@ -110,3 +110,69 @@ fn signal(pids: &[u32], sig: &str) {
             .status();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::process::ExitStatusExt as _;
+    use std::time::Instant;
+
+    /// The state letter of process `pid` (`T`: stopped), read from `/proc`.
+    fn state(pid: u32) -> char {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        let (_, rest) = stat.rsplit_once(") ").unwrap();
+        rest.chars().next().unwrap()
+    }
+
+    /// Waits until `pid` is stopped (`true`) or running (`false`); a signal is delivered
+    /// asynchronously after `kill` returns.
+    fn wait_until_stopped(pid: u32, stopped: bool) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while (state(pid) == 'T') != stopped {
+            assert!(
+                Instant::now() < deadline,
+                "process {pid} state {}",
+                state(pid)
+            );
+            std::thread::yield_now();
+        }
+    }
+
+    #[test]
+    fn stops_resumes_and_kills_the_listed_processes() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("60")
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let dir = tempfile::tempdir().unwrap();
+        let pid_file = dir.path().join("server.pids");
+        std::fs::write(&pid_file, format!("{pid}\n")).unwrap();
+        let control = ServerControl::new(Some(pid_file));
+        assert!(!control.froze_once() && !control.is_frozen());
+
+        control.freeze();
+        assert!(control.froze_once() && control.is_frozen());
+        wait_until_stopped(pid, true);
+        control.thaw();
+        assert!(!control.is_frozen() && control.froze_once());
+        wait_until_stopped(pid, false);
+
+        control.freeze();
+        wait_until_stopped(pid, true);
+        control.kill_after(Duration::ZERO);
+        let status = child.wait().unwrap();
+        assert_eq!(status.signal(), Some(9), "{status:?}");
+        assert!(
+            !control.is_frozen(),
+            "the killed processes are no longer held"
+        );
+    }
+
+    #[test]
+    fn without_a_pid_file_nothing_is_stopped() {
+        let control = ServerControl::new(None);
+        control.freeze();
+        assert!(!control.froze_once() && !control.is_frozen());
+    }
+}
