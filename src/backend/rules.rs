@@ -49,7 +49,7 @@ pub struct Decision {
 /// The decision id of (agent, operation key): derived, not random, so every replica of a router
 /// (each with its own authorization file, sharing one registry and so one agent id) gives one
 /// operation the same decision, hence the same provider idempotency key
-/// ([`super::execution::provider_key`]): a redelivery that lands on another replica after a
+/// ([`provider_key`]): a redelivery that lands on another replica after a
 /// crash after the provider charged is answered from the provider's record instead of charged
 /// again. A hash of the key (`sha256`, shaped as a UUID): the decision id never reveals the key.
 pub fn decision_id(agent_id: &str, operation_key: &str) -> String {

@@ -12,15 +12,17 @@
 //! Every key of a profile is checked: a key of a fixed mapping (`tools`, `pointers`,
 //! `capabilities`, ...) or a word of a closed set (`transport`, `backend`) that is not known, and
 //! a key of `statuses` or `error_codes` that is not one of the names a profile may map
-//! ([`mappable_statuses`], [`mappable_error_codes`]: the router's own catalogues), is refused
-//! with every valid name and the nearest one ([`TargetError::UnknownName`]). Only `env` maps and
-//! the argument sets take any key.
+//! ([`mappable_statuses`](profile::mappable_statuses),
+//! [`mappable_error_codes`](profile::mappable_error_codes): the router's own catalogues), is
+//! refused with every valid name and the nearest one ([`TargetError::UnknownName`]). Only `env`
+//! maps and the argument sets take any key.
 //!
 //! # Placeholders (in command, args, env, url, registry, setup and the operator commands)
 //! `{callid}` this binary, `{state_dir}` a fresh directory per scenario, `{registry}`
 //! (`{state_dir}/registry.sqlite3`, or the profile's `registry`), `{provider_url}` the runner's
 //! provider, `{port}` a free loopback port picked per scenario (and router process), `{handle}`
-//! (the operator commands only, [`OPERATOR_COMMANDS`]; anywhere else an error saying so),
+//! (the operator commands only, [`OPERATOR_COMMANDS`](profile::OPERATOR_COMMANDS); anywhere
+//! else an error saying so),
 //! `{outcome}` (the `resolve` command only: `charged` or `not-charged`), `{profile_dir}` the
 //! profile's directory, `{check_slug}` a unique SQL-identifier-safe name per
 //! check run, `{env:NAME}` the environment variable `NAME` (a profile file naming an unset one is
