@@ -41,6 +41,7 @@
 //! recorded by version 1 are `dispatched`.
 
 use super::error::BackendError;
+use super::rules::{AuthorizationRequest, Decision, decision_id, lapsed};
 use crate::storage::schema::layers::AUTHORIZATION;
 use crate::storage::sqlite::{Cached as _, Store, StoreError};
 use rusqlite::{OptionalExtension as _, params};
@@ -51,44 +52,6 @@ use std::time::Duration;
 /// How long a reservation whose provider call never started holds its budget by default.
 pub const DEFAULT_RESERVATION_EXPIRY: Duration = Duration::from_secs(3600);
 
-/// What is asked to be authorized.
-#[derive(Debug, Clone)]
-pub struct AuthorizationRequest<'a> {
-    /// The agent (router installation) asking.
-    pub agent_id: &'a str,
-    /// The private operation key: the idempotency key of this layer.
-    pub operation_key: &'a str,
-    /// The account to charge.
-    pub account: &'a str,
-    /// The price in cents.
-    pub amount_cents: u64,
-    /// What the money may be spent on (`generate_image:<model>:<width>x<height>`).
-    pub scope: &'a str,
-    /// The router's request hash.
-    pub request_hash: &'a str,
-    /// The account's budget, when it has one.
-    pub budget_cents: Option<u64>,
-}
-
-/// A recorded authorization.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Decision {
-    /// Random id of the decision; the execution layer keys on it.
-    pub decision_id: String,
-    /// The account.
-    pub account: String,
-    /// The amount in cents.
-    pub amount_cents: u64,
-    /// The scope.
-    pub scope: String,
-    /// The request hash.
-    pub request_hash: String,
-    /// When it was recorded (RFC 3339, UTC).
-    pub created_at: String,
-    /// `true` when this call recorded it, `false` when it already existed.
-    pub newly_recorded: bool,
-}
-
 /// The authorization store. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Authorization {
@@ -98,27 +61,6 @@ pub struct Authorization {
     /// When set (router replicas on PostgreSQL), every decision lives there instead, and no
     /// local file is opened.
     shared: Option<Arc<super::shared::SharedState>>,
-}
-
-/// The decision id of (agent, operation key): derived, not random, so every replica of a router
-/// (each with its own authorization file, sharing one registry and so one agent id) gives one
-/// operation the same decision, hence the same provider idempotency key
-/// ([`super::execution::provider_key`]): a redelivery that lands on another replica after a
-/// crash after the provider charged is answered from the provider's record instead of charged
-/// again. A hash of the key (`sha256`, shaped as a UUID): the decision id never reveals the key.
-pub fn decision_id(agent_id: &str, operation_key: &str) -> String {
-    use sha2::{Digest as _, Sha256};
-    let mut hash = Sha256::new();
-    hash.update(b"callid-decision:v1\0");
-    hash.update(agent_id.as_bytes());
-    hash.update(b"\0");
-    hash.update(operation_key.as_bytes());
-    let digest = hash.finalize();
-    let mut bytes = [0u8; 16];
-    bytes.copy_from_slice(&digest[..16]);
-    uuid::Builder::from_custom_bytes(bytes)
-        .into_uuid()
-        .to_string()
 }
 
 fn now_ms() -> i64 {
@@ -441,29 +383,6 @@ impl Authorization {
                 .map_err(|e| self.sql_error(e))
         })
     }
-}
-
-impl Decision {
-    /// What of `req` differs from this recorded decision (`account`, `amount`, `scope`,
-    /// `request`): anything makes the key's reuse `create_new_operation`.
-    pub(super) fn differs_from(&self, req: &AuthorizationRequest<'_>) -> Vec<&'static str> {
-        [
-            ("account", self.account == req.account),
-            ("amount", self.amount_cents == req.amount_cents),
-            ("scope", self.scope == req.scope),
-            ("request", self.request_hash == req.request_hash),
-        ]
-        .into_iter()
-        .filter(|(_, same)| !same)
-        .map(|(name, _)| name)
-        .collect()
-    }
-}
-
-/// Whether a decision in `state`, reserved at `reserved_ms`, holds no budget any more at `now_ms`
-/// (released, or a reservation that expired): an identical retry reserves it again.
-pub(super) fn lapsed(state: &str, reserved_ms: i64, expiry_ms: i64, now_ms: i64) -> bool {
-    state == "released" || (state == "reserved" && reserved_ms.saturating_add(expiry_ms) <= now_ms)
 }
 
 const SPENT: &str =

@@ -26,35 +26,15 @@
 //! and migrated by [`crate::storage::sqlite`].
 
 use super::error::BackendError;
+use super::rules::{Begin, Executed, provider_key};
 use crate::crashpoint::{self, Boundary};
 use crate::provider::{ChargeOutcome, ImageRequest, ProviderApi, Receipt};
 use crate::storage::schema::layers::EXECUTION;
 use crate::storage::sqlite::{Cached as _, Store, StoreError};
 use rusqlite::{OptionalExtension as _, params};
-use sha2::{Digest as _, Sha256};
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
-
-/// The provider idempotency key of a decision: `gongbu:` and the first 32 hex digits of
-/// `sha256(decision_id)`.
-pub fn provider_key(decision_id: &str) -> String {
-    let digest = crate::canonical::hex(&Sha256::digest(decision_id.as_bytes()));
-    format!("gongbu:{}", &digest[..32])
-}
-
-/// The recorded result of an execution.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Executed {
-    /// The provider's receipt.
-    pub receipt: Receipt,
-    /// Whether the provider said its answer was a replay when it was recorded.
-    pub provider_replayed: bool,
-    /// `true` when this call returned the stored result without calling the provider.
-    pub from_record: bool,
-    /// How many times the provider has been called for this decision.
-    pub attempts: u64,
-}
 
 /// One `executions` row as `begin` reads it.
 struct Row {
@@ -63,12 +43,6 @@ struct Row {
     attempts: i64,
     receipt: Option<String>,
     provider_replayed: Option<i64>,
-}
-
-#[derive(Debug)]
-pub(super) enum Begin {
-    Done(Executed),
-    Dispatch { key: String },
 }
 
 /// The execution store. Cheap to clone; clones share the single-flight map.

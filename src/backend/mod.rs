@@ -24,7 +24,8 @@
 //!
 //! The in-process provider's ledger is always its own file, `provider-ledger.sqlite3`. Every
 //! schema of these files (and of the PostgreSQL tables) is declared in
-//! [`crate::storage::schema`].
+//! [`crate::storage::schema`]. The records and rules both storages of a layer apply (the SQLite
+//! files and the replicas' PostgreSQL state in [`shared`]) are one file, `rules`, below both.
 //!
 //! # Guarantee
 //! [`Backend::spend`], and [`Backend::prepare_in`] (or [`Backend::prepare`]) then
@@ -46,14 +47,16 @@
 pub(crate) mod authorization;
 mod error;
 mod execution;
+mod rules;
 pub(crate) mod shared;
 
-pub(crate) use authorization::{Authorization, AuthorizationRequest, Decision};
+pub(crate) use authorization::Authorization;
 pub use error::BackendError;
 pub(crate) use execution::Execution;
-pub use execution::provider_key;
+pub use rules::provider_key;
+pub(crate) use rules::{AuthorizationRequest, Decision};
 
-use execution::Begin;
+use rules::Begin;
 
 use crate::canonical::RequestHash;
 use crate::crashpoint::{self, Boundary};

@@ -12,9 +12,10 @@
 //! [`POOL_SIZE`] connections, each set up as above; a lost connection is dropped and a fresh one
 //! opened on the next call; until the database answers, every spend fails closed.
 
-use super::authorization::{AuthorizationRequest, Decision, decision_id, lapsed};
 use super::error::BackendError;
-use super::execution::{Begin, Executed, provider_key};
+use super::rules::{
+    AuthorizationRequest, Begin, Decision, Executed, decision_id, lapsed, provider_key,
+};
 use crate::provider::Receipt;
 use crate::storage::postgres::{PgUrl, drop_off_runtime};
 use crate::storage::sqlite::Store;

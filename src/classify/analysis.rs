@@ -32,6 +32,7 @@
 //! same `--digest-salt` (or none).
 
 use super::kinds::RunKind;
+use super::pointer::pointer_key;
 use crate::probe::read::shown_path;
 pub use crate::probe::read::{BadLine, ReadError as ClassifyError, read_logs};
 use crate::probe::record::{IdentityVerdict, Kind, Record};
@@ -659,12 +660,6 @@ fn per_call_ids(accepted: &[(&Record, &str, &str)]) -> PerCallIds {
         redelivered,
         reused_with_different_request: reused,
     }
-}
-
-pub(crate) fn pointer_key(path: &str) -> String {
-    path.trim_start_matches('/')
-        .replace("~1", "/")
-        .replace("~0", "~")
 }
 
 #[cfg(test)]

@@ -239,7 +239,7 @@ fn top_level(r: &Record) -> Vec<(String, &str)> {
                 .filter(|e| e.valid_key.is_some())
                 .map(|e| {
                     (
-                        super::analysis::pointer_key(&e.path),
+                        super::pointer::pointer_key(&e.path),
                         e.value.digest.as_str(),
                     )
                 })

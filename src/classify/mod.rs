@@ -7,6 +7,7 @@
 //! # Layout
 //! - [`analysis`]: grouping, verdicts, the call-level / context key split, per-call ID checks.
 //! - [`kinds`]: call IDs, per-attempt values and context told apart from measured runs.
+//! - `pointer`: the `_meta` key a record's JSON pointer names (used by both of the above).
 //! - [`runs`]: the runs a measurement records, their log names and scripted tool-call ids.
 //! - [`table`], [`markdown`], [`json`]: the renderers.
 
@@ -14,6 +15,7 @@ mod analysis;
 mod json;
 pub(crate) mod kinds;
 mod markdown;
+mod pointer;
 pub(crate) mod runs;
 mod table;
 

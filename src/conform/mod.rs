@@ -36,6 +36,7 @@
 
 mod builtin;
 pub(crate) mod expected;
+mod hooks;
 pub(crate) mod interrupt;
 mod provider;
 pub(crate) mod report;

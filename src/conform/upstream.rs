@@ -28,7 +28,7 @@
 //! - Every `generate_image` call is logged as a dispatch from its arrival to its answer
 //!   ([`RunnerHooks::dispatch_started`]).
 //!
-//! # Crash points and failures ([`super::provider::RunnerHooks`], the same triggers as the
+//! # Crash points and failures ([`super::hooks::RunnerHooks`], the same triggers as the
 //! provider's)
 //! - `before_charge`: the router is killed when its paid call arrives, before anything is
 //!   charged; the POST is answered 503.
@@ -38,7 +38,7 @@
 //!   is charged (an upstream outage). Over stdio the relay exits on it: the router sees its
 //!   upstream die mid-call.
 
-use super::provider::RunnerHooks;
+use super::hooks::RunnerHooks;
 use crate::provider::mcp::{GENERATE_IMAGE, IDEMPOTENCY_META, LIST_CHARGES};
 use crate::provider::{ChargesPage, HookAction, ImageRequest, Ledger, ProviderHooks};
 use axum::Router;

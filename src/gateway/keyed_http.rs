@@ -17,6 +17,10 @@ use sse_stream::Sse;
 use std::collections::HashMap;
 use std::sync::Arc;
 
+/// `_meta` key of the idempotency key every upstream receives (over stdio too); an HTTP upstream
+/// also gets it in [`IDEMPOTENCY_HEADER`].
+pub const IDEMPOTENCY_META: &str = "callid/idempotency-key";
+
 /// The header carrying a spend's idempotency key.
 pub const IDEMPOTENCY_HEADER: &str = "idempotency-key";
 
@@ -41,7 +45,7 @@ pub fn idempotency_key(message: &ClientJsonRpcMessage) -> Option<String> {
     if value["method"] != "tools/call" {
         return None;
     }
-    value["params"]["_meta"][super::spend::IDEMPOTENCY_META]
+    value["params"]["_meta"][IDEMPOTENCY_META]
         .as_str()
         .map(str::to_owned)
 }
@@ -183,10 +187,9 @@ mod tests {
             )
         };
         let mut meta = RequestMetaObject::default();
-        meta.0.0.insert(
-            crate::gateway::spend::IDEMPOTENCY_META.into(),
-            json!("callid-idem-v1-ab"),
-        );
+        meta.0
+            .0
+            .insert(IDEMPOTENCY_META.into(), json!("callid-idem-v1-ab"));
         let headers = with_key(&call(Some(meta)), HashMap::new());
         assert_eq!(
             headers[&HeaderName::from_static(IDEMPOTENCY_HEADER)],

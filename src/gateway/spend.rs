@@ -17,6 +17,7 @@
 //! leaves the operation open either way (nothing was sent). A vouching gateway also sends a
 //! signed envelope of the call it checked ([`super::vouch`]).
 
+use super::keyed_http::IDEMPOTENCY_META;
 use super::policy::GatewayPolicy;
 use super::upstream::{Upstream, UpstreamError};
 use crate::identity;
@@ -26,8 +27,6 @@ use rmcp::model::{CallToolRequestParams, CallToolResponse, CallToolResult, MetaO
 use serde_json::{Map, Value, json};
 use std::collections::BTreeSet;
 
-/// `_meta` key of the idempotency key the upstream receives.
-pub const IDEMPOTENCY_META: &str = "callid/idempotency-key";
 /// `_meta` key of a gateway answer that names its operation's status (the handle is in
 /// [`crate::spend::pipeline::HANDLE_META`]).
 pub const STATUS_META: &str = "callid/status";

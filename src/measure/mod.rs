@@ -18,7 +18,7 @@
 //! # Guarantees
 //! - Nothing leaves the machine: the only model endpoint is on 127.0.0.1, and each client runs
 //!   with a cleared environment and a temporary home.
-//! - Bounded: at most [`endpoint::MAX_MODEL_REQUESTS`] scripted answers per run and
+//! - Bounded: at most `MAX_MODEL_REQUESTS` scripted answers (see [`endpoint`]) per run and
 //!   [`run::SCENARIO_TIMEOUT`] per scenario, after which the client's process group is killed.
 
 pub mod client;

@@ -61,7 +61,7 @@ fn keep(level: Level, key: &str) -> Keep {
         (Level::Params, "arguments") => Keep::TypeOnly,
         (Level::Meta, super::record::PROTOCOL_VERSION_META_KEY)
         | (Level::Meta, super::record::CLIENT_INFO_META_KEY) => Keep::Whole,
-        (Level::Meta, super::tap::INLINE_CAPABILITIES_META_KEY) => Keep::TypeOnly,
+        (Level::Meta, super::record::INLINE_CAPABILITIES_META_KEY) => Keep::TypeOnly,
         _ => Keep::Skip,
     }
 }
@@ -212,8 +212,9 @@ impl<'de> Visitor<'de> for TypeVisitor {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::probe::record::{CLIENT_INFO_META_KEY, PROTOCOL_VERSION_META_KEY};
-    use crate::probe::tap::INLINE_CAPABILITIES_META_KEY;
+    use crate::probe::record::{
+        CLIENT_INFO_META_KEY, INLINE_CAPABILITIES_META_KEY, PROTOCOL_VERSION_META_KEY,
+    };
     use serde_json::json;
 
     /// The questions the tap asks of a message (`TapConnection::one_message`).

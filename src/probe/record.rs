@@ -47,6 +47,8 @@ pub const MAX_LABEL_BYTES: usize = 128;
 pub const CLIENT_INFO_META_KEY: &str = "io.modelcontextprotocol/clientInfo";
 /// The `_meta` key of the per-request protocol version (protocol 2026-07-28).
 pub const PROTOCOL_VERSION_META_KEY: &str = "io.modelcontextprotocol/protocolVersion";
+/// The `_meta` key of the per-request client capabilities (protocol 2026-07-28).
+pub(crate) const INLINE_CAPABILITIES_META_KEY: &str = "io.modelcontextprotocol/clientCapabilities";
 
 /// How the message reached the probe.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -43,16 +43,14 @@
 
 pub use super::frame::{Accumulator, Frame, LineFramer, MAX_MESSAGE_BYTES, Skim, Skimmer};
 use super::record::{
-    self, ClientInfo, ClientInfoFrom, Kind, Record, RecordContext, RecordError, ShapeLog, Transport,
+    self, ClientInfo, ClientInfoFrom, INLINE_CAPABILITIES_META_KEY, Kind, Record, RecordContext,
+    RecordError, ShapeLog, Transport,
 };
 use super::writer::{Job, RecordWriter, WriterSummary};
 use crate::shape::{self, Digester};
 use rmcp::model::ClientJsonRpcMessage;
 use serde_json::{Value, json};
 use std::sync::Arc;
-
-/// The per-request client capabilities key of protocol 2026-07-28.
-pub(crate) const INLINE_CAPABILITIES_META_KEY: &str = "io.modelcontextprotocol/clientCapabilities";
 
 /// JSON-RPC error codes the tap answers with.
 pub mod codes {

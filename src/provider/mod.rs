@@ -49,6 +49,8 @@ mod ledger;
 pub mod mcp;
 pub(crate) mod prices;
 mod server;
+#[cfg(test)]
+mod tests;
 pub(crate) mod types;
 
 /// Environment variable holding the provider's bearer token (for `callid provider` and for the

@@ -2,7 +2,7 @@
 
 use super::error::ProviderError;
 use super::ledger::Ledger;
-use super::types::{ChargesPage, ImageRequest, validate_key};
+use super::types::{ChargesPage, ImageRequest, KEY_HEADER, REPLAYED_HEADER, validate_key};
 use crate::secret::Secret;
 use axum::Router;
 use axum::body::Bytes;
@@ -14,10 +14,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Header that marks a replayed answer.
-pub const REPLAYED_HEADER: &str = "idempotent-replayed";
-/// Header that carries the idempotency key.
-pub const KEY_HEADER: &str = "idempotency-key";
 /// How hooks see a request without any idempotency key (it holds a space, so no valid key can
 /// look like it).
 pub const NO_KEY: &str = "(no idempotency key)";
@@ -330,95 +326,4 @@ async fn not_found() -> Response {
         }
     });
     (StatusCode::NOT_FOUND, axum::Json(body)).into_response()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::provider::{Client, ProviderApi as _};
-    use std::sync::Mutex;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-
-    /// Fails the first request before charging, holds the second, and records what it saw.
-    #[derive(Default)]
-    struct Script {
-        before: AtomicUsize,
-        seen: Mutex<Vec<(String, bool)>>,
-    }
-
-    impl ProviderHooks for Script {
-        fn before_charge(&self, _key: &str) -> HookAction {
-            match self.before.fetch_add(1, Ordering::SeqCst) {
-                0 => HookAction::Fail(503),
-                1 => HookAction::Hold(Duration::from_millis(300)),
-                _ => HookAction::Proceed,
-            }
-        }
-
-        fn after_charge(&self, key: &str, replayed: bool) -> HookAction {
-            self.seen.lock().unwrap().push((key.to_owned(), replayed));
-            HookAction::Proceed
-        }
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn hooks_fail_hold_and_observe_and_the_client_maps_every_answer() {
-        let dir = tempfile::tempdir().unwrap();
-        let ledger = Ledger::open(&dir.path().join("ledger.sqlite3")).unwrap();
-        let script = Arc::new(Script::default());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let server = spawn(listener, ledger.clone(), Some(script.clone())).unwrap();
-        let client = Client::new(format!("{}/", server.base_url())).unwrap();
-        assert_eq!(client.base_url(), server.base_url());
-        let req = ImageRequest::new("fox");
-
-        let err = client.create_image("k", &req).await.unwrap_err();
-        assert!(
-            matches!(&err, ProviderError::Http { status: 503, code, .. } if code == "injected_failure"),
-            "{err:?}"
-        );
-        assert!(err.is_transient());
-        assert_eq!(
-            ledger.charge_count().unwrap(),
-            0,
-            "failed before the charge"
-        );
-
-        let started = std::time::Instant::now();
-        let first = client.create_image("k", &req).await.unwrap();
-        assert!(started.elapsed() >= Duration::from_millis(300), "held");
-        assert!(!first.replayed);
-        let again = client.create_image("k", &req).await.unwrap();
-        assert!(again.replayed);
-        assert_eq!(again.receipt, first.receipt);
-        assert_eq!(
-            *script.seen.lock().unwrap(),
-            [("k".to_owned(), false), ("k".to_owned(), true)]
-        );
-
-        let mut other = req.clone();
-        other.prompt = "wolf".into();
-        assert!(matches!(
-            client.create_image("k", &other).await,
-            Err(ProviderError::KeyReused)
-        ));
-        other.model = "dall-e".into();
-        let err = client.create_image("k2", &other).await.unwrap_err();
-        assert_eq!(err.code(), "unknown_model");
-        let err = client.create_image("bad key", &req).await.unwrap_err();
-        assert!(
-            matches!(&err, ProviderError::Http { status: 400, code, .. } if code == "invalid_idempotency_key"),
-            "{err:?}"
-        );
-        assert!(!err.is_transient());
-
-        let page = client.charges().await.unwrap();
-        assert_eq!((page.count, page.total_cents), (1, 3));
-        assert_eq!(page.charges[0].charge_id, first.receipt.charge_id);
-
-        server.shutdown().await.unwrap();
-        let err = client.create_image("k", &req).await.unwrap_err();
-        assert_eq!(err.code(), "provider_unavailable");
-        assert!(err.is_transient());
-    }
 }

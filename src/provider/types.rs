@@ -4,6 +4,11 @@ use super::error::ProviderError;
 use super::prices;
 use serde::{Deserialize, Serialize};
 
+/// Header that marks a replayed answer.
+pub const REPLAYED_HEADER: &str = "idempotent-replayed";
+/// Header that carries the idempotency key.
+pub const KEY_HEADER: &str = "idempotency-key";
+
 /// Width and height used when a request names none.
 pub const DEFAULT_SIZE: u32 = 1024;
 /// Smallest and largest accepted width or height, in pixels.

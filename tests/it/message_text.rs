@@ -33,7 +33,7 @@ const SQL: &[&str] = &[
 
 /// Literals whose runs of spaces are meant: (file under `src/`, a part of the literal's text, why).
 const ALIGNED: &[(&str, &str, &str)] = &[(
-    "identity.rs",
+    "identity/sources.rs",
     "\n  value:    {value}\n  origin:   {}\n",
     "`callid identity-sources` aligns the values of each source's fields in one column",
 )];

@@ -14,7 +14,7 @@
 //!   dispatches (2 at once), 1 charge in this scenario".
 
 use super::{ScenarioRun, StepError, StepResult, fail};
-use crate::conform::provider::Dispatch;
+use crate::conform::hooks::Dispatch;
 use crate::conform::scenario::Expect;
 use std::collections::BTreeMap;
 

@@ -61,7 +61,7 @@ impl Process {
     pub(super) async fn kill9(&mut self) {
         let pid = self.pid();
         if let Some(pid) = pid {
-            crate::conform::provider::sigkill(pid);
+            crate::conform::hooks::sigkill(pid);
         }
         let reaped = match self {
             Process::Stdio(c) => c.kill9().await,

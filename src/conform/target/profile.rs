@@ -1,58 +1,17 @@
-//! Target profiles: how the runner starts, reaches and operates one router.
-//!
-//! A [`Profile`] (YAML, strict) says how to start the router (a command over stdio, or a URL with
-//! an optional start command), the spend, status and resume tools, three argument sets, the JSON
-//! pointers of the handle, error code, status, result and charge id in a tool result, the private
-//! key pattern to scan for, the operator commands, and the capabilities the runner may use. What a
-//! target cannot do makes the scenarios that need it not applicable, never passed; a pointer set to
-//! `null` (`handle`, `status`, `replayed`: a transparent proxy's results carry none) makes the
-//! expectations that read it not checked, and each check is judged on the rest.
-//!
-//! # Strictness
-//! Every key of a profile is checked: a key of a fixed mapping (`tools`, `pointers`,
-//! `capabilities`, ...) or a word of a closed set (`transport`, `backend`) that is not known, and
-//! a key of `statuses` or `error_codes` that is not one of the names a profile may map
-//! ([`mappable_statuses`], [`mappable_error_codes`]: the router's own catalogues), is refused
-//! with every valid name and the nearest one ([`TargetError::UnknownName`]). Only `env` maps and
-//! the argument sets take any key.
-//!
-//! # Placeholders (in command, args, env, url, registry, setup, operator commands, signed_envelopes)
-//! `{callid}` this binary, `{state_dir}` a fresh directory per scenario, `{registry}`
-//! (`{state_dir}/registry.sqlite3`, or the profile's `registry`), `{provider_url}` the runner's
-//! provider, `{port}` a free loopback port picked per scenario (and router process), `{handle}`
-//! (the operator commands only, [`OPERATOR_COMMANDS`]; anywhere else an error saying so),
-//! `{outcome}` (the `resolve` command only: `charged` or `not-charged`), `{profile_dir}` the
-//! profile's directory, `{check_slug}` a unique SQL-identifier-safe name per
-//! check run, `{env:NAME}` the environment variable `NAME` (a profile file naming an unset one is
-//! refused on load).
-//!
-//! # Per-check state beyond a directory
-//! `setup` commands run before each check's router starts (e.g. `createdb {check_slug}`), and
-//! `registry` says what `{registry}` is (e.g. `{env:CALLID_CONFORM_POSTGRES}/{check_slug}`), so a
-//! router on a database server gets a fresh database per check. `capabilities.shared_registry`
-//! declares that two processes of the router may share one state (the scenarios' second router
-//! process), and `redeliver_on_second` sends every redelivery to the second process (replicas).
-//!
-//! # Signed envelopes
-//! `signed_envelopes` ([`SignedEnvelopes`]) says how the router is started in the checks that
-//! sign envelopes (`signature.*`): its `args` (instead of `args`) and `env` may use
-//! [`SIGNING_PLACEHOLDERS`], `{trust_keys}` and `{signing_public_key}`, which hand it the public
-//! half of the key the runner makes for each such check ([`super::signer`]), and must use one of
-//! them. They are an error anywhere else. Left out, those checks are skipped.
-//!
-//! With `backend: upstream` ([`Backend`]): `{upstream_url}` the runner's upstream MCP endpoint,
-//! `{upstream_command}` one shell-quoted command line of a stdio upstream that reaches it, and an
-//! `args` element exactly `{upstream_argv}`, which becomes that command's words (program and
-//! arguments) as several elements. A placeholder of the other backend is an error, as is
-//! `{upstream_argv}` anywhere but as a whole `args` element.
+//! The target profile: its types, loading and validation from YAML, the capabilities it
+//! declares, and the `--print-profile` template (the placeholders it may use are checked here,
+//! and expanded by [`super::Vars`]).
 
 use serde::Deserialize;
 use serde_json::{Map, Value};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use super::placeholders::{UPSTREAM_ARGV, is_env_name, known_placeholders, placeholders_in};
+use super::shell::split_words;
+
 /// The shipped profile of the reference router.
-pub const REFERENCE_PROFILE: &str = include_str!("../../scenarios/targets/reference.yaml");
+pub const REFERENCE_PROFILE: &str = include_str!("../../../scenarios/targets/reference.yaml");
 
 /// One target profile.
 #[derive(Debug, Clone, Deserialize)]
@@ -193,9 +152,6 @@ impl Backend {
         }
     }
 }
-
-/// The `args` element that expands into the stdio upstream's words.
-pub const UPSTREAM_ARGV: &str = "{upstream_argv}";
 
 fn default_private_prefix() -> String {
     crate::keys::DEFAULT_KEY_PREFIX.to_string()
@@ -356,22 +312,6 @@ pub enum Can {
     /// It cannot for another reason: the check is not run.
     Cannot(String),
 }
-
-/// The placeholders a profile may use, for error messages.
-pub const PLACEHOLDERS: &[&str] = &[
-    "callid",
-    "state_dir",
-    "registry",
-    "provider_url",
-    "port",
-    "profile_dir",
-    "handle",
-    "upstream_url",
-    "upstream_command",
-    "upstream_argv",
-    "check_slug",
-    "env:NAME",
-];
 
 /// The operator commands of a profile: the only fields where `{handle}` is known.
 pub const OPERATOR_COMMANDS: [&str; 3] = ["approve", "deny", "resolve"];
@@ -1141,231 +1081,10 @@ impl TargetError {
     }
 }
 
-/// The placeholders known in a field: every one but `{handle}`, which only an operator command
-/// knows.
-fn known_placeholders(operator: bool) -> Vec<&'static str> {
-    PLACEHOLDERS
-        .iter()
-        .copied()
-        .filter(|p| operator || *p != "handle")
-        .collect()
-}
-
-/// Whether `name` can name an environment variable (`{env:NAME}`): a letter or `_`, then
-/// letters, digits and `_`.
-fn is_env_name(name: &str) -> bool {
-    name.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
-        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
-}
-
-/// The `{name}` tokens of `text` (a name of letters, digits and `_`, or `env:` and one).
-fn placeholders_in(text: &str) -> Vec<&str> {
-    let mut found = Vec::new();
-    let mut rest = text;
-    while let Some(start) = rest.find('{') {
-        let after = &rest[start + 1..];
-        match after.find('}') {
-            Some(end)
-                if end > 0
-                    && after[..end]
-                        .strip_prefix("env:")
-                        .unwrap_or(&after[..end])
-                        .chars()
-                        .all(|c| c.is_ascii_alphanumeric() || c == '_') =>
-            {
-                found.push(&after[..end]);
-                rest = &after[end + 1..];
-            }
-            _ => rest = after,
-        }
-    }
-    found
-}
-
-/// Values of the placeholders for one scenario.
-#[derive(Debug, Clone, Default)]
-pub struct Vars {
-    /// `{callid}`.
-    pub callid: String,
-    /// `{state_dir}`.
-    pub state_dir: String,
-    /// `{registry}`.
-    pub registry: String,
-    /// `{provider_url}`.
-    pub provider_url: String,
-    /// `{port}`.
-    pub port: String,
-    /// `{profile_dir}`.
-    pub profile_dir: String,
-    /// `{handle}`.
-    pub handle: String,
-    /// `{outcome}` (the `resolve` command only): `charged` or `not-charged`.
-    pub outcome: String,
-    /// `{check_slug}`.
-    pub check_slug: String,
-    /// `{upstream_url}`.
-    pub upstream_url: String,
-    /// `{upstream_argv}`: the stdio upstream's program and arguments (`{upstream_command}` is
-    /// them quoted into one line).
-    pub upstream_argv: Vec<String>,
-    /// `{trust_keys}` (the checks that sign envelopes only).
-    pub trust_keys: String,
-    /// `{signing_public_key}` (the checks that sign envelopes only).
-    pub signing_public_key: String,
-}
-
-impl Vars {
-    /// `{upstream_command}`: [`Vars::upstream_argv`] as one POSIX shell line.
-    pub fn upstream_command(&self) -> String {
-        self.upstream_argv
-            .iter()
-            .map(|w| shell_quote(w))
-            .collect::<Vec<_>>()
-            .join(" ")
-    }
-
-    /// The router's arguments: every placeholder replaced, and an element exactly
-    /// `{upstream_argv}` replaced by the stdio upstream's words.
-    pub fn apply_args(&self, args: &[String]) -> Vec<String> {
-        let mut out = Vec::with_capacity(args.len());
-        for a in args {
-            if a == UPSTREAM_ARGV {
-                out.extend(self.upstream_argv.iter().cloned());
-            } else {
-                out.push(self.apply(a));
-            }
-        }
-        out
-    }
-
-    /// Replaces every known placeholder in `text`.
-    pub fn apply(&self, text: &str) -> String {
-        let mut text = text
-            .replace("{upstream_url}", &self.upstream_url)
-            .replace("{upstream_command}", &self.upstream_command())
-            .replace("{callid}", &self.callid)
-            .replace("{state_dir}", &self.state_dir)
-            .replace("{registry}", &self.registry)
-            .replace("{provider_url}", &self.provider_url)
-            .replace("{port}", &self.port)
-            .replace("{profile_dir}", &self.profile_dir)
-            .replace("{handle}", &self.handle)
-            .replace("{outcome}", &self.outcome)
-            .replace("{check_slug}", &self.check_slug)
-            .replace("{trust_keys}", &self.trust_keys)
-            .replace("{signing_public_key}", &self.signing_public_key);
-        for name in placeholders_in(&text.clone()) {
-            if let Some(var) = name.strip_prefix("env:") {
-                text = text.replace(
-                    &format!("{{{name}}}"),
-                    &std::env::var(var).unwrap_or_default(),
-                );
-            }
-        }
-        text
-    }
-}
-
-/// `word` quoted for a POSIX shell (as is when it needs no quoting); [`split_words`] reads it
-/// back.
-pub fn shell_quote(word: &str) -> String {
-    let plain = !word.is_empty()
-        && word
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "-_./:=@%+,".contains(c));
-    if plain {
-        word.to_string()
-    } else {
-        format!("'{}'", word.replace('\'', "'\\''"))
-    }
-}
-
-/// Splits a command line into words like a POSIX shell does for quotes and backslashes (no
-/// expansion of any kind). `None` on an unbalanced quote.
-pub fn split_words(line: &str) -> Option<Vec<String>> {
-    let mut words = Vec::new();
-    let mut word = String::new();
-    let mut in_word = false;
-    let mut chars = line.chars();
-    while let Some(c) = chars.next() {
-        match c {
-            '\'' => {
-                in_word = true;
-                loop {
-                    match chars.next()? {
-                        '\'' => break,
-                        c => word.push(c),
-                    }
-                }
-            }
-            '"' => {
-                in_word = true;
-                loop {
-                    match chars.next()? {
-                        '"' => break,
-                        '\\' => match chars.next()? {
-                            c @ ('"' | '\\' | '$' | '`') => word.push(c),
-                            c => {
-                                word.push('\\');
-                                word.push(c);
-                            }
-                        },
-                        c => word.push(c),
-                    }
-                }
-            }
-            '\\' => {
-                in_word = true;
-                word.push(chars.next()?);
-            }
-            c if c.is_whitespace() => {
-                if in_word {
-                    words.push(std::mem::take(&mut word));
-                    in_word = false;
-                }
-            }
-            c => {
-                in_word = true;
-                word.push(c);
-            }
-        }
-    }
-    if in_word {
-        words.push(word);
-    }
-    Some(words)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn split_words_follows_shell_quoting() {
-        let cases: &[(&str, Option<&[&str]>)] = &[
-            (
-                "python3 router.py --flaw x",
-                Some(&["python3", "router.py", "--flaw", "x"]),
-            ),
-            (
-                "  a   'b c'  \"d \\\" e\" f\\ g ",
-                Some(&["a", "b c", "d \" e", "f g"]),
-            ),
-            ("''", Some(&[""])),
-            ("", Some(&[])),
-            ("a 'b", None),
-            ("a \"b", None),
-        ];
-        for (line, want) in cases {
-            let got = split_words(line);
-            assert_eq!(
-                got.as_deref()
-                    .map(|w| w.iter().map(String::as_str).collect::<Vec<_>>()),
-                want.map(|w| w.to_vec()),
-                "{line:?}"
-            );
-        }
-    }
+    use crate::conform::target::Vars;
 
     #[test]
     fn the_backend_key_says_which_checks_apply_and_resolve_knows_the_outcome() {
@@ -1532,7 +1251,7 @@ mod tests {
     /// start cannot run them.
     #[test]
     fn signing_placeholders_belong_to_signed_envelopes() {
-        let gateway = include_str!("../../scenarios/targets/gateway.yaml");
+        let gateway = include_str!("../../../scenarios/targets/gateway.yaml");
         let p = Profile::parse(gateway, "g.yaml", PathBuf::new()).unwrap();
         assert_eq!(p.signed_envelopes(), Can::Yes);
         let vars = Vars {
@@ -1596,7 +1315,7 @@ mod tests {
 
     #[test]
     fn upstream_placeholders_belong_to_the_upstream_backend() {
-        let gateway = include_str!("../../scenarios/targets/gateway.yaml");
+        let gateway = include_str!("../../../scenarios/targets/gateway.yaml");
         let p = Profile::parse(gateway, "g.yaml", PathBuf::new()).unwrap();
         assert_eq!(p.backend, Backend::Upstream);
         assert_eq!(p.ledger(), Can::Yes);
@@ -1627,8 +1346,6 @@ mod tests {
             split_words(&vars.upstream_command()).unwrap(),
             vars.upstream_argv
         );
-        assert_eq!(shell_quote("it's"), "'it'\\''s'");
-        assert_eq!(split_words(&shell_quote("it's")).unwrap(), ["it's"]);
 
         let bad = |from: &str, to: &str| {
             Profile::parse(&gateway.replace(from, to), "g.yaml", PathBuf::new())
