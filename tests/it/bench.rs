@@ -70,7 +70,7 @@ fn bench_unknown_row_is_a_usage_error_naming_the_known_rows() {
     let (code, stdout, stderr) = bench(&["--only", "nope"]);
     assert_eq!(code, 2);
     assert_eq!(stdout, "");
-    insta::assert_snapshot!(stderr, @"error: unknown bench row `nope` (known: probe_round_trip, probe_throughput, shape_extraction, request_hash, router_new_operation, router_concurrent, router_replay, conform_suite, probe_rss, router_rss, postgres_new_operation, postgres_replicas)");
+    insta::assert_snapshot!(stderr, @"error: unknown bench row `nope` (known: probe_round_trip, probe_throughput, shape_extraction, request_hash, router_new_operation, router_concurrent, router_replay, conform_suite, probe_rss, router_rss, postgres_new_operation, postgres_replicas, postgres_network)");
 }
 
 #[test]
