@@ -5,14 +5,14 @@
 //! - Bytes pass unchanged and in order in both directions; each accepted connection gets its own
 //!   connection to the server, closed when either side closes.
 //! - A **round trip** is counted when a client sends bytes after the relay delivered it bytes
-//!   from the server since the client's previous send (the first send of a connection counts
+//!   from the server (began writing them) since the client's previous send (the first send of a connection counts
 //!   too): a client that waits for an answer before its next request makes one per request, a
 //!   client that pipelines several statements before reading makes one for all of them. It is
 //!   counted on the wire, whatever the client's library, statements or transactions.
 //! - With a delay set ([`Relay::set_delay`]), each chunk read from either side is written to the
 //!   other no earlier than that long after it was read, in order: a link that far away each way.
-//!   The time each chunk was actually held is summed ([`Counts::held`]), so a reader can see what
-//!   the scheduler added to the delay asked for.
+//!   The time each chunk was actually held, from read to the start of its write, is summed
+//!   ([`Counts::held`]), so a reader can see what the scheduler added to the delay asked for.
 //!
 //! The relay runs on threads of its own (blocking sockets, timer slack cut to 1 µs), not on the
 //! bench's runtime, whose timer has millisecond resolution.
@@ -31,7 +31,7 @@ pub struct Counts {
     pub round_trips: u64,
     /// Chunks forwarded, both directions.
     pub chunks: u64,
-    /// Time the forwarded chunks were held in total, from read to written.
+    /// Time the forwarded chunks were held in total, from read to the start of their write.
     pub held: Duration,
 }
 
@@ -215,14 +215,16 @@ fn pump(
                 if due > now {
                     std::thread::sleep(due - now);
                 }
-                if to.write_all(&chunk).is_err() {
-                    break;
-                }
+                // Counted before the write: once the peer holds the bytes, it may act on them
+                // (send its next request, read the counts) before this thread runs again.
                 let held = u64::try_from(read_at.elapsed().as_nanos()).unwrap_or(u64::MAX);
                 shared.held_ns.fetch_add(held, Ordering::Relaxed);
                 shared.chunks.fetch_add(1, Ordering::Relaxed);
                 if let Direction::Down { answered } = &direction {
                     answered.store(true, Ordering::Release);
+                }
+                if to.write_all(&chunk).is_err() {
+                    break;
                 }
             }
             // The other side closed: pass the end on, so the peer sees it too.

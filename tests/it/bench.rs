@@ -173,3 +173,59 @@ fn bench_end_to_end_rows_measure_the_real_probe_and_router() {
         .unwrap_or_else(|| panic!("no ceiling in the note: {note}"));
     assert!(ceiling > 0.0 && ceiling < 1.0 / 3.0, "{note}");
 }
+
+/// The number before `marker` in `note` (`18.9 round trips to the server` -> 18.9).
+fn number_before(note: &str, marker: &str) -> f64 {
+    note.split(marker)
+        .next()
+        .and_then(|head| head.rsplit(' ').next())
+        .map(|n| n.trim_start_matches('('))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no number before `{marker}` in: {note}"))
+}
+
+#[test]
+fn bench_postgres_rows_count_round_trips_delay_the_link_and_charge_cpu_per_operation() {
+    let test = "bench_postgres_rows_count_round_trips_delay_the_link_and_charge_cpu_per_operation";
+    if callid::pg_cluster::bindir().is_none() {
+        // The rows skip themselves then; `tests/it/pg.rs` says why (and fails in CI).
+        assert!(crate::pg::PgCluster::start(test).is_none());
+        return;
+    }
+    let rows = quick_rows(&[
+        "postgres_new_operation",
+        "postgres_replicas",
+        "postgres_network",
+    ]);
+    for row in &rows {
+        assert_eq!(row["outcome"], "measured", "{row}");
+    }
+    // Counted on the wire, not estimated: a new operation needs at least the row's commit and
+    // the result's, so two round trips or more, and a whole number of them per operation at
+    // about the same count in both rows.
+    let note = |i: usize| rows[i]["note"].as_str().unwrap().to_string();
+    let counted = number_before(&note(0), " round trips to the server per new operation");
+    assert!(counted >= 2.0, "{}", note(0));
+    let far = number_before(
+        &note(2),
+        " round trips to the server per new operation counted",
+    );
+    let near = number_before(&note(2), " at no delay");
+    assert!((far - counted).abs() < 2.0 && (near - counted).abs() < 2.0, "{}", note(2));
+    // The delay is there: each round trip adds at least the 1 ms of the link, so the latency
+    // added, in round trips, is at least most of those counted.
+    let added = rows[2]["value"].as_f64().unwrap();
+    assert!(added >= 0.8 * far, "added {added} round trips for {far} counted");
+    assert!(number_before(&note(2), " ms on average each way") >= 0.5);
+    // CPU time per operation of every process, for 16 clients and for 1.
+    let replicas = note(1);
+    let cpu = replicas
+        .split("CPU time per operation")
+        .nth(1)
+        .and_then(|rest| rest.split("; the whole machine").next())
+        .unwrap_or_else(|| panic!("no CPU time per operation in: {replicas}"));
+    for part in ["(replicas ", ", provider ", ", PostgreSQL ", ", clients (this bench) "] {
+        assert_eq!(cpu.matches(part).count(), 2, "{part} in {cpu}");
+    }
+    assert!(number_before(cpu, " ms (replicas ") > 0.0, "{cpu}");
+}
