@@ -244,23 +244,41 @@ pub fn value_shape(value: &Value, digester: &Digester) -> ValueShape {
 /// the value on its own. A value without a canonical form (an unsafe number inside) is digested
 /// as [`Digester::value`] digests it.
 pub fn meta_shape(meta: &Value, digester: &Digester) -> MetaShape {
-    // Sized for a Codex-sized `_meta` (about 20 entries; each value's text is written once and
-    // each object's once more when assembled), so the buffers do not grow on a typical call.
+    let (text, path) = SCRATCH.with(|scratch| std::mem::take(&mut *scratch.borrow_mut()));
     let mut pass = Pass {
         digester,
-        text: String::with_capacity(4096),
-        path: String::with_capacity(64),
+        text,
+        path,
+        // Sized for a Codex-sized `_meta` (about 20 entries), so it does not grow on a typical
+        // call.
         entries: Vec::with_capacity(32),
         truncated: false,
         stopped: false,
     };
     let span = pass.canon(meta, Some(1));
     let root = pass.shape(meta, span);
+    let (mut text, mut path) = (pass.text, pass.path);
+    if text.capacity() <= MAX_KEPT_SCRATCH {
+        text.clear();
+        path.clear();
+        SCRATCH.with(|scratch| *scratch.borrow_mut() = (text, path));
+    }
     MetaShape {
         root,
         entries: pass.entries,
         truncated: pass.truncated,
     }
+}
+
+/// Most bytes of canonical text a thread keeps between [`meta_shape`] calls.
+const MAX_KEPT_SCRATCH: usize = 64 * 1024;
+
+thread_local! {
+    /// The canonical text and path buffers of the thread's last [`meta_shape`] call, emptied:
+    /// a typical call then allocates only what it returns.
+    static SCRATCH: std::cell::RefCell<(String, String)> = const {
+        std::cell::RefCell::new((String::new(), String::new()))
+    };
 }
 
 /// The state of one [`meta_shape`] pass.

@@ -211,11 +211,18 @@ fn bench_postgres_rows_count_round_trips_delay_the_link_and_charge_cpu_per_opera
         " round trips to the server per new operation counted",
     );
     let near = number_before(&note(2), " at no delay");
-    assert!((far - counted).abs() < 2.0 && (near - counted).abs() < 2.0, "{}", note(2));
+    assert!(
+        (far - counted).abs() < 2.0 && (near - counted).abs() < 2.0,
+        "{}",
+        note(2)
+    );
     // The delay is there: each round trip adds at least the 1 ms of the link, so the latency
     // added, in round trips, is at least most of those counted.
     let added = rows[2]["value"].as_f64().unwrap();
-    assert!(added >= 0.8 * far, "added {added} round trips for {far} counted");
+    assert!(
+        added >= 0.8 * far,
+        "added {added} round trips for {far} counted"
+    );
     assert!(number_before(&note(2), " ms on average each way") >= 0.5);
     // CPU time per operation of every process, for 16 clients and for 1.
     let replicas = note(1);
@@ -224,7 +231,12 @@ fn bench_postgres_rows_count_round_trips_delay_the_link_and_charge_cpu_per_opera
         .nth(1)
         .and_then(|rest| rest.split("; the whole machine").next())
         .unwrap_or_else(|| panic!("no CPU time per operation in: {replicas}"));
-    for part in ["(replicas ", ", provider ", ", PostgreSQL ", ", clients (this bench) "] {
+    for part in [
+        "(replicas ",
+        ", provider ",
+        ", PostgreSQL ",
+        ", clients (this bench) ",
+    ] {
         assert_eq!(cpu.matches(part).count(), 2, "{part} in {cpu}");
     }
     assert!(number_before(cpu, " ms (replicas ") > 0.0, "{cpu}");
