@@ -12,7 +12,8 @@
 //!   Key names are recorded, since they are the structure being diagnosed.
 //! - Bounded work and output: at most [`MAX_DEPTH`] levels and [`MAX_ENTRIES`] entries; past
 //!   either bound the shape says `truncated` and stops. Key names longer than [`MAX_KEY_BYTES`]
-//!   are cut (and the shape marked truncated).
+//!   are cut (and the shape marked truncated). A thread keeps at most 64 KiB of scratch text
+//!   between calls.
 
 use crate::canonical;
 use crate::identity;
@@ -242,7 +243,9 @@ pub fn value_shape(value: &Value, digester: &Digester) -> ValueShape {
 /// object's text is assembled from its members' texts, RFC 8785 being compositional), and each
 /// digest hashes its value's span of it, so every digest is the one [`Digester::value`] gives
 /// the value on its own. A value without a canonical form (an unsafe number inside) is digested
-/// as [`Digester::value`] digests it.
+/// as [`Digester::value`] digests it. The buffer and the path being walked are the calling
+/// thread's, kept between calls (up to 64 KiB of text), so a typical call allocates only the
+/// shape it returns.
 pub fn meta_shape(meta: &Value, digester: &Digester) -> MetaShape {
     let (text, path) = SCRATCH.with(|scratch| std::mem::take(&mut *scratch.borrow_mut()));
     let mut pass = Pass {
