@@ -284,6 +284,12 @@ thread_local! {
     };
 }
 
+/// A member's name and the span of its value's canonical text (`None`: it has none).
+type Member<'a> = (&'a str, Option<std::ops::Range<usize>>);
+
+/// Members of an object kept on the stack while its canonical text is assembled.
+const INLINE_MEMBERS: usize = 16;
+
 /// The state of one [`meta_shape`] pass.
 struct Pass<'a> {
     digester: &'a Digester,
@@ -320,24 +326,33 @@ impl Pass<'_> {
         let start = self.text.len();
         match (value, members) {
             (Value::Object(map), Some(depth)) => {
-                let mut spans = Vec::with_capacity(map.len());
-                for (key, child) in map {
-                    spans.push((key.as_str(), self.member(key, child, depth)));
+                // On the stack for the objects a `_meta` has (a heap copy for larger ones).
+                let mut inline: [Member<'_>; INLINE_MEMBERS] = Default::default();
+                let mut heap: Vec<Member<'_>>;
+                let spans: &mut [Member<'_>] = if map.len() <= INLINE_MEMBERS {
+                    &mut inline[..map.len()]
+                } else {
+                    heap = vec![Member::default(); map.len()];
+                    &mut heap
+                };
+                for (slot, (key, child)) in spans.iter_mut().zip(map) {
+                    *slot = (key.as_str(), self.member(key, child, depth));
                 }
                 if spans.iter().any(|(_, span)| span.is_none()) {
                     return None;
                 }
-                sort_members(&mut spans);
+                sort_members(spans);
                 let start = self.text.len();
                 self.text.push('{');
-                for (i, (key, span)) in spans.into_iter().enumerate() {
+                for (i, (key, span)) in spans.iter().enumerate() {
                     if i > 0 {
                         self.text.push(',');
                     }
                     canonical::push_string(key, &mut self.text);
                     self.text.push(':');
-                    self.text
-                        .extend_from_within(span.expect("checked: every member has a span"));
+                    self.text.extend_from_within(
+                        span.clone().expect("checked: every member has a span"),
+                    );
                 }
                 self.text.push('}');
                 return Some(start..self.text.len());
@@ -605,6 +620,9 @@ mod tests {
                 }
                 deep
             },
+            // More members than an object keeps on the stack, nested in one that fits.
+            json!({"wide": (0..20).map(|i| (format!("m{}", 19 - i), json!(i)))
+                .collect::<serde_json::Map<String, Value>>(), "z": 0}),
             // A Codex-sized `_meta`, as the benchmark's fixture.
             json!({"callId": "call_000000000000000000000007", "itemId": "fc_0007",
                    "threadId": "0199a3f2", "progressToken": 7,
