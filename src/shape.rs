@@ -243,44 +243,66 @@ pub fn value_shape(value: &Value, digester: &Digester) -> ValueShape {
 /// object's text is assembled from its members' texts, RFC 8785 being compositional), and each
 /// digest hashes its value's span of it, so every digest is the one [`Digester::value`] gives
 /// the value on its own. A value without a canonical form (an unsafe number inside) is digested
-/// as [`Digester::value`] digests it. The buffer and the path being walked are the calling
-/// thread's, kept between calls (up to 64 KiB of text), so a typical call allocates only the
-/// shape it returns.
+/// as [`Digester::value`] digests it. The text buffer, the path being walked and the entries
+/// being collected are the calling thread's, kept between calls (up to 64 KiB of text), so a
+/// typical call allocates only the shape it returns.
 pub fn meta_shape(meta: &Value, digester: &Digester) -> MetaShape {
-    let (text, path) = SCRATCH.with(|scratch| std::mem::take(&mut *scratch.borrow_mut()));
+    let Scratch {
+        text,
+        path,
+        entries,
+    } = SCRATCH.with(|scratch| std::mem::take(&mut *scratch.borrow_mut()));
     let mut pass = Pass {
         digester,
         text,
         path,
-        // Sized for a Codex-sized `_meta` (about 20 entries), so it does not grow on a typical
-        // call.
-        entries: Vec::with_capacity(32),
+        entries,
         truncated: false,
         stopped: false,
     };
     let span = pass.canon(meta, Some(1));
     let root = pass.shape(meta, span);
-    let (mut text, mut path) = (pass.text, pass.path);
-    if text.capacity() <= MAX_KEPT_SCRATCH {
-        text.clear();
-        path.clear();
-        SCRATCH.with(|scratch| *scratch.borrow_mut() = (text, path));
-    }
-    MetaShape {
+    // The shape's own vector is allocated last, once its small strings took back the memory
+    // the previous shape freed: allocated first, it made the allocator sort all of that memory
+    // before each call (a request of more than 1 KiB consolidates the freed small chunks).
+    let shape = MetaShape {
         root,
-        entries: pass.entries,
+        entries: pass.entries.drain(..).collect(),
         truncated: pass.truncated,
+    };
+    if pass.text.capacity() <= MAX_KEPT_SCRATCH && pass.entries.capacity() <= MAX_ENTRIES {
+        pass.text.clear();
+        pass.path.clear();
+        let kept = Scratch {
+            text: pass.text,
+            path: pass.path,
+            entries: pass.entries,
+        };
+        SCRATCH.with(|scratch| *scratch.borrow_mut() = kept);
     }
+    shape
 }
 
 /// Most bytes of canonical text a thread keeps between [`meta_shape`] calls.
 const MAX_KEPT_SCRATCH: usize = 64 * 1024;
 
+/// The buffers of a [`meta_shape`] call, kept empty by each thread between calls.
+#[derive(Default)]
+struct Scratch {
+    text: String,
+    path: String,
+    entries: Vec<ShapeEntry>,
+}
+
 thread_local! {
-    /// The canonical text and path buffers of the thread's last [`meta_shape`] call, emptied:
-    /// a typical call then allocates only what it returns.
-    static SCRATCH: std::cell::RefCell<(String, String)> = const {
-        std::cell::RefCell::new((String::new(), String::new()))
+    /// The buffers of the thread's last [`meta_shape`] call: a typical call then allocates
+    /// only what it returns.
+    static SCRATCH: std::cell::RefCell<Scratch> = const {
+        std::cell::RefCell::new(Scratch {
+            text: String::new(),
+            path: String::new(),
+            entries: Vec::new(),
+        })
     };
 }
 
