@@ -12,8 +12,8 @@
 //!   Key names are recorded, since they are the structure being diagnosed.
 //! - Bounded work and output: at most [`MAX_DEPTH`] levels and [`MAX_ENTRIES`] entries; past
 //!   either bound the shape says `truncated` and stops. Key names longer than [`MAX_KEY_BYTES`]
-//!   are cut (and the shape marked truncated). A thread keeps at most 64 KiB of scratch text
-//!   between calls.
+//!   are cut (and the shape marked truncated). Between calls a thread keeps at most 64 KiB of
+//!   scratch text and room for [`MAX_ENTRIES`] entries.
 
 use crate::canonical;
 use crate::identity;
