@@ -82,8 +82,8 @@ pub fn canonical_json(value: &Value) -> Result<String, CanonicalError> {
 /// Appends the canonical text of a string, for callers that assemble canonical text themselves
 /// (the shape module digests every sub-value of a `_meta` from one pass).
 pub fn push_string(s: &str, out: &mut String) {
-    // Most strings need no escape: one scan the compiler vectorizes, then one copy.
-    if !s.bytes().any(|b| b < 0x20 || b == b'"' || b == b'\\') {
+    // Most strings need no escape: one scan eight bytes at a time, then one copy.
+    if !any_word(s.as_bytes(), b'a', escapes_in) {
         out.reserve(s.len() + 2);
         out.push('"');
         out.push_str(s);
@@ -203,7 +203,7 @@ fn write_value(value: &Value, out: &mut String, path: &mut String) -> Result<(),
 
 /// Appends `key` escaped as one RFC 6901 JSON-pointer reference token (`~` → `~0`, `/` → `~1`).
 pub fn push_pointer_token(path: &mut String, key: &str) {
-    if !key.contains(['~', '/']) {
+    if !any_word(key.as_bytes(), b'a', pointer_specials_in) {
         path.push_str(key);
         return;
     }
@@ -295,6 +295,48 @@ fn write_es_number(f: f64, out: &mut String) {
     }
 }
 
+/// Whether `test` holds for any eight-byte word of `bytes` (read little-endian; the last word
+/// padded with `pad`, a byte `test` never matches): the scans of the strings and keys of a
+/// `_meta`, most of them a few dozen bytes, where a byte-at-a-time loop cost as much as the
+/// copy and a vectorized one as much in its set-up.
+fn any_word(bytes: &[u8], pad: u8, test: impl Fn(u64) -> bool) -> bool {
+    let (words, tail) = bytes.as_chunks::<8>();
+    let mut found = false;
+    for word in words {
+        found |= test(u64::from_le_bytes(*word));
+    }
+    if !tail.is_empty() {
+        let mut last = [pad; 8];
+        last[..tail.len()].copy_from_slice(tail);
+        found |= test(u64::from_le_bytes(last));
+    }
+    found
+}
+
+/// Whether a word has a byte a JSON string escapes: a control character, `"` or `\\`.
+fn escapes_in(word: u64) -> bool {
+    has_byte_below(word, 0x20) | has_byte(word, b'"') | has_byte(word, b'\\')
+}
+
+/// Whether a word has a byte a JSON pointer token escapes: `~` or `/`.
+fn pointer_specials_in(word: u64) -> bool {
+    has_byte(word, b'~') | has_byte(word, b'/')
+}
+
+const ONES: u64 = 0x0101_0101_0101_0101;
+const HIGHS: u64 = 0x8080_8080_8080_8080;
+
+/// Whether any byte of `word` is below `n` (`n` <= 128). A borrow may also mark a byte above a
+/// match, never a word without one, so the answer for the word is exact.
+fn has_byte_below(word: u64, n: u8) -> bool {
+    word.wrapping_sub(ONES * u64::from(n)) & !word & HIGHS != 0
+}
+
+/// Whether any byte of `word` is `b`.
+fn has_byte(word: u64, b: u8) -> bool {
+    has_byte_below(word ^ (ONES * u64::from(b)), 1)
+}
+
 fn write_string(s: &str, out: &mut String) {
     out.push('"');
     // Runs of characters that need no escape are copied whole; only `"`, `\` and control
@@ -328,6 +370,41 @@ fn write_string(s: &str, out: &mut String) {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn word_scans_find_every_byte_at_every_position() {
+        // Every byte value at every position of strings up to three words long, in a run of
+        // bytes that match nothing: the word scans answer as a byte-at-a-time scan.
+        for len in 1..=24 {
+            for at in 0..len {
+                for b in 0..=255u8 {
+                    let mut bytes = vec![b'a'; len];
+                    bytes[at] = b;
+                    let escape = any_word(&bytes, b'a', escapes_in);
+                    assert_eq!(
+                        escape,
+                        b < 0x20 || b == b'"' || b == b'\\',
+                        "{b:#x} at {at}/{len}"
+                    );
+                    let token = any_word(&bytes, b'a', pointer_specials_in);
+                    assert_eq!(token, b == b'~' || b == b'/', "{b:#x} at {at}/{len}");
+                }
+            }
+        }
+        assert!(!any_word(b"", b'a', |_| true), "nothing to scan");
+        // The strings the scans guard, end to end.
+        let mut out = String::new();
+        push_string("plain-ascii_0123456789", &mut out);
+        push_string("tab\there \"q\" back\\slash \u{1f}", &mut out);
+        assert_eq!(
+            out,
+            r#""plain-ascii_0123456789""tab\there \"q\" back\\slash \u001f""#
+        );
+        let mut path = String::new();
+        push_pointer_token(&mut path, "a/b~c");
+        push_pointer_token(&mut path, "plain");
+        assert_eq!(path, "a~1b~0cplain");
+    }
 
     fn canon(text: &str) -> String {
         canonical_json(&serde_json::from_str(text).unwrap()).unwrap()

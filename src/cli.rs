@@ -831,8 +831,8 @@ pub struct BenchArgs {
     pub format: PlainFormatArg,
     /// Run only these rows (repeatable): probe_round_trip, probe_throughput, shape_extraction,
     /// request_hash, router_new_operation, router_concurrent, router_replay, conform_suite,
-    /// probe_rss, router_rss, postgres_new_operation, postgres_replicas (PostgreSQL: a throwaway
-    /// cluster, or the database of `CALLID_BENCH_POSTGRES_URL`).
+    /// probe_rss, router_rss, postgres_new_operation, postgres_replicas, postgres_network
+    /// (PostgreSQL: a throwaway cluster, or the database of `CALLID_BENCH_POSTGRES_URL`).
     #[arg(long, value_name = "ID", num_args = 1..)]
     pub only: Vec<String>,
     /// The Python that runs the `mcp` SDK probe baseline (default: `matrices/clients/.venv` of

@@ -12,7 +12,8 @@
 //!   Key names are recorded, since they are the structure being diagnosed.
 //! - Bounded work and output: at most [`MAX_DEPTH`] levels and [`MAX_ENTRIES`] entries; past
 //!   either bound the shape says `truncated` and stops. Key names longer than [`MAX_KEY_BYTES`]
-//!   are cut (and the shape marked truncated).
+//!   are cut (and the shape marked truncated). Between calls a thread keeps at most 64 KiB of
+//!   scratch text and room for [`MAX_ENTRIES`] entries.
 
 use crate::canonical;
 use crate::identity;
@@ -242,26 +243,74 @@ pub fn value_shape(value: &Value, digester: &Digester) -> ValueShape {
 /// object's text is assembled from its members' texts, RFC 8785 being compositional), and each
 /// digest hashes its value's span of it, so every digest is the one [`Digester::value`] gives
 /// the value on its own. A value without a canonical form (an unsafe number inside) is digested
-/// as [`Digester::value`] digests it.
+/// as [`Digester::value`] digests it. The text buffer, the path being walked and the entries
+/// being collected are the calling thread's, kept between calls (up to 64 KiB of text), so a
+/// typical call allocates only the shape it returns.
 pub fn meta_shape(meta: &Value, digester: &Digester) -> MetaShape {
-    // Sized for a Codex-sized `_meta` (about 20 entries; each value's text is written once and
-    // each object's once more when assembled), so the buffers do not grow on a typical call.
+    let Scratch {
+        text,
+        path,
+        entries,
+    } = SCRATCH.with(|scratch| std::mem::take(&mut *scratch.borrow_mut()));
     let mut pass = Pass {
         digester,
-        text: String::with_capacity(4096),
-        path: String::with_capacity(64),
-        entries: Vec::with_capacity(32),
+        text,
+        path,
+        entries,
         truncated: false,
         stopped: false,
     };
     let span = pass.canon(meta, Some(1));
     let root = pass.shape(meta, span);
-    MetaShape {
+    // The shape's own vector is allocated last, once its small strings took back the memory
+    // the previous shape freed: allocated first, it made the allocator sort all of that memory
+    // before each call (a request of more than 1 KiB consolidates the freed small chunks).
+    let shape = MetaShape {
         root,
-        entries: pass.entries,
+        entries: pass.entries.drain(..).collect(),
         truncated: pass.truncated,
+    };
+    if pass.text.capacity() <= MAX_KEPT_SCRATCH && pass.entries.capacity() <= MAX_ENTRIES {
+        pass.text.clear();
+        pass.path.clear();
+        let kept = Scratch {
+            text: pass.text,
+            path: pass.path,
+            entries: pass.entries,
+        };
+        SCRATCH.with(|scratch| *scratch.borrow_mut() = kept);
     }
+    shape
 }
+
+/// Most bytes of canonical text a thread keeps between [`meta_shape`] calls.
+const MAX_KEPT_SCRATCH: usize = 64 * 1024;
+
+/// The buffers of a [`meta_shape`] call, kept empty by each thread between calls.
+#[derive(Default)]
+struct Scratch {
+    text: String,
+    path: String,
+    entries: Vec<ShapeEntry>,
+}
+
+thread_local! {
+    /// The buffers of the thread's last [`meta_shape`] call: a typical call then allocates
+    /// only what it returns.
+    static SCRATCH: std::cell::RefCell<Scratch> = const {
+        std::cell::RefCell::new(Scratch {
+            text: String::new(),
+            path: String::new(),
+            entries: Vec::new(),
+        })
+    };
+}
+
+/// A member's name and the span of its value's canonical text (`None`: it has none).
+type Member<'a> = (&'a str, Option<std::ops::Range<usize>>);
+
+/// Members of an object kept on the stack while its canonical text is assembled.
+const INLINE_MEMBERS: usize = 16;
 
 /// The state of one [`meta_shape`] pass.
 struct Pass<'a> {
@@ -299,24 +348,33 @@ impl Pass<'_> {
         let start = self.text.len();
         match (value, members) {
             (Value::Object(map), Some(depth)) => {
-                let mut spans = Vec::with_capacity(map.len());
-                for (key, child) in map {
-                    spans.push((key.as_str(), self.member(key, child, depth)));
+                // On the stack for the objects a `_meta` has (a heap copy for larger ones).
+                let mut inline: [Member<'_>; INLINE_MEMBERS] = Default::default();
+                let mut heap: Vec<Member<'_>>;
+                let spans: &mut [Member<'_>] = if map.len() <= INLINE_MEMBERS {
+                    &mut inline[..map.len()]
+                } else {
+                    heap = vec![Member::default(); map.len()];
+                    &mut heap
+                };
+                for (slot, (key, child)) in spans.iter_mut().zip(map) {
+                    *slot = (key.as_str(), self.member(key, child, depth));
                 }
                 if spans.iter().any(|(_, span)| span.is_none()) {
                     return None;
                 }
-                sort_members(&mut spans);
+                sort_members(spans);
                 let start = self.text.len();
                 self.text.push('{');
-                for (i, (key, span)) in spans.into_iter().enumerate() {
+                for (i, (key, span)) in spans.iter().enumerate() {
                     if i > 0 {
                         self.text.push(',');
                     }
                     canonical::push_string(key, &mut self.text);
                     self.text.push(':');
-                    self.text
-                        .extend_from_within(span.expect("checked: every member has a span"));
+                    self.text.extend_from_within(
+                        span.clone().expect("checked: every member has a span"),
+                    );
                 }
                 self.text.push('}');
                 return Some(start..self.text.len());
@@ -584,6 +642,9 @@ mod tests {
                 }
                 deep
             },
+            // More members than an object keeps on the stack, nested in one that fits.
+            json!({"wide": (0..20).map(|i| (format!("m{}", 19 - i), json!(i)))
+                .collect::<serde_json::Map<String, Value>>(), "z": 0}),
             // A Codex-sized `_meta`, as the benchmark's fixture.
             json!({"callId": "call_000000000000000000000007", "itemId": "fc_0007",
                    "threadId": "0199a3f2", "progressToken": 7,

@@ -294,7 +294,7 @@ pub async fn router_rows(ctx: &Context) -> Vec<(RowId, Outcome)> {
         let mut cpu = None;
         let result = router_concurrent(ctx).await.map(|((pairs, busy), peak)| {
             http_peak = Some(peak);
-            cpu = busy;
+            cpu = busy.cores;
             pairs
         });
         let outcome = paired::outcome(
@@ -463,7 +463,7 @@ pub(super) fn ceiling_note(ceiling: f64, floor: &str) -> String {
 /// Runs the 16-client rounds on an HTTP router; also returns its peak RSS afterwards.
 async fn router_concurrent(
     ctx: &Context,
-) -> BenchResult<((Pairs, paired::CoresBusy), Result<f64, String>)> {
+) -> BenchResult<((Pairs, paired::Cpu), Result<f64, String>)> {
     let plan = ctx.plan;
     let dir = ctx.dir.join("router-http");
     let _ = std::fs::create_dir_all(&dir);
@@ -494,7 +494,7 @@ async fn router_concurrent(
             ..Calls::on(&router, &new_spend_call, check_completed)
         };
         let one = Calls::on(&router, &new_spend_call, check_completed);
-        let pairs = many_against_one(plan, many, one).await?;
+        let pairs = many_against_one(plan, many, one, &[]).await?;
         let peak = router.peak_rss_mb().map_err(|e| drive::chain(&e));
         for session in &sessions {
             session.close().await;
@@ -533,12 +533,14 @@ async fn router_replay(ctx: &Context, router: &Server) -> BenchResult<Pairs> {
 /// New operations from `plan.in_flight` calls at a time over `many` sessions against one at a
 /// time over `one` (the same router or router group): both warmed up, then paired rounds of
 /// `plan.concurrent_ops`.
-/// Also returns the machine's busy cores during each side ([`paired::rounds_with_cpu`]).
+/// Also returns the machine's busy cores during each side and the CPU time per operation of
+/// `processes` ([`paired::rounds_with_cpu`]).
 pub async fn many_against_one(
     plan: Plan,
     many: Calls<'_>,
     one: Calls<'_>,
-) -> BenchResult<(Pairs, paired::CoresBusy)> {
+    processes: &[paired::Metered],
+) -> BenchResult<(Pairs, paired::Cpu)> {
     many.concurrent(plan.in_flight * 2, plan.in_flight).await?;
     one.concurrent(plan.warm_up.min(10), 1).await?;
     paired::rounds_with_cpu(
@@ -546,6 +548,7 @@ pub async fn many_against_one(
         plan.concurrent_ops,
         &mut Batch::Concurrent(many, plan.in_flight),
         &mut Batch::Concurrent(one, 1),
+        processes,
     )
     .await
 }

@@ -28,6 +28,7 @@
 //! - [`baseline`]: the bare rmcp server.
 //! - [`python`]: finding a Python with the `mcp` SDK, or making the pinned venv that has it.
 //! - [`postgres`]: the PostgreSQL rows and their throwaway cluster.
+//! - [`relay`]: the TCP relay that counts round trips to PostgreSQL and delays them.
 //! - [`report`]: rows, verdicts, and the three renderings.
 
 pub mod baseline;
@@ -38,6 +39,7 @@ pub mod micro;
 pub mod paired;
 pub mod postgres;
 pub mod python;
+pub mod relay;
 pub mod report;
 pub mod stats;
 

@@ -160,40 +160,206 @@ fn cpu_ticks() -> Option<(u64, u64)> {
 /// baseline's: `(figure, baseline)`.
 pub type CoresBusy = Option<(f64, f64)>;
 
+/// A process whose CPU time a row charges to its operations, with the children it reaps if
+/// asked (a PostgreSQL server's backends): see [`process_ticks`].
+#[derive(Debug, Clone)]
+pub struct Metered {
+    /// What it is, in the row's note (`the replicas`, `PostgreSQL`): processes with one name are
+    /// summed.
+    pub name: String,
+    /// Its process id.
+    pub pid: u32,
+    /// Whether its children count too (a server's backends); never for a process whose
+    /// children are metered on their own (this bench, which starts the servers).
+    pub children: bool,
+}
+
+/// CPU time per operation of one named group of processes, in seconds: during the figure's
+/// batches and during the baseline's.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProcessCpu {
+    /// The group's name.
+    pub name: String,
+    /// Seconds of CPU per operation of the figure's batches.
+    pub figure: f64,
+    /// Seconds of CPU per operation of the baseline's batches.
+    pub baseline: f64,
+}
+
+/// What [`rounds_with_cpu`] measured besides the pairs.
+#[derive(Debug, Clone, Default)]
+pub struct Cpu {
+    /// Busy cores of the whole machine.
+    pub cores: CoresBusy,
+    /// CPU time per operation of each group of [`Metered`] processes, in the order first named
+    /// (empty where `/proc` cannot be read).
+    pub per_op: Vec<ProcessCpu>,
+}
+
+/// CPU time of process `pid` in clock ticks (`/proc/PID/stat`): its own user and system time
+/// (all its threads) and, `with_children`, that of the children it reaped and of its live
+/// children, so a server's per-connection processes count whether or not they exited meanwhile.
+pub fn process_ticks(pid: u32, with_children: bool) -> Option<u64> {
+    let own = stat_ticks(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)?;
+    if !with_children {
+        return Some(own.0);
+    }
+    let mut children = 0;
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let name = entry.file_name();
+        let Some(child) = name.to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{child}/stat")) else {
+            continue;
+        };
+        if stat_parent(&stat) == Some(pid) {
+            children += stat_ticks(&stat).map_or(0, |(_, with_reaped)| with_reaped);
+        }
+    }
+    Some(own.1 + children)
+}
+
+/// The fields of a `/proc/PID/stat` line after the command name (which may hold spaces and
+/// parentheses): field 3 (`state`) first.
+fn stat_fields(stat: &str) -> impl Iterator<Item = &str> {
+    stat.rsplit_once(')')
+        .map_or("", |(_, rest)| rest)
+        .split_whitespace()
+}
+
+fn stat_parent(stat: &str) -> Option<u32> {
+    stat_fields(stat).nth(1)?.parse().ok()
+}
+
+/// `(utime + stime, utime + stime + cutime + cstime)` of a `/proc/PID/stat` line.
+fn stat_ticks(stat: &str) -> Option<(u64, u64)> {
+    // Fields 14-17 (utime stime cutime cstime) are the 12th to 15th after the name.
+    let times: Vec<u64> = stat_fields(stat)
+        .skip(11)
+        .take(4)
+        .map(|t| t.parse().ok())
+        .collect::<Option<_>>()?;
+    let [utime, stime, cutime, cstime] = times[..] else {
+        return None;
+    };
+    Some((utime + stime, utime + stime + cutime + cstime))
+}
+
+fn clock_ticks_per_second() -> f64 {
+    // SAFETY: sysconf reads a constant of the system; no pointers.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if ticks > 0 { ticks as f64 } else { 100.0 }
+}
+
+/// Ticks of each metered process; `None` if any cannot be read.
+fn metered_ticks(processes: &[Metered]) -> Option<Vec<u64>> {
+    processes
+        .iter()
+        .map(|p| process_ticks(p.pid, p.children))
+        .collect()
+}
+
 /// [`rounds`], also measuring the machine's busy cores during each side's batches (every
-/// process counts: the servers, the database, the clients, and anything else running).
+/// process counts: the servers, the database, the clients, and anything else running), and the
+/// CPU time per operation of each of `processes` on each side.
 pub async fn rounds_with_cpu(
     rounds: usize,
     n: usize,
     figure: &mut Batch<'_>,
     baseline: &mut Batch<'_>,
-) -> BenchResult<(Pairs, CoresBusy)> {
+    processes: &[Metered],
+) -> BenchResult<(Pairs, Cpu)> {
     let cores = std::thread::available_parallelism().map_or(1, |c| c.get()) as f64;
     let mut pairs = Pairs::new();
     let mut busy = [(0u64, 0u64); 2];
     let mut known = true;
+    let mut spent = [vec![0u64; processes.len()], vec![0u64; processes.len()]];
+    let mut metered_known = true;
     for _ in 0..rounds {
-        let mut metered = |side: usize, before: Option<(u64, u64)>| match (before, cpu_ticks()) {
-            (Some((b0, t0)), Some((b1, t1))) => {
-                busy[side].0 += b1.saturating_sub(b0);
-                busy[side].1 += t1.saturating_sub(t0);
+        let mut got = [None, None];
+        for side in 0..2 {
+            let before = cpu_ticks();
+            let before_processes = metered_ticks(processes);
+            let quantity = if side == 0 {
+                figure.run(n).await?
+            } else {
+                baseline.run(n).await?
+            };
+            match (before, cpu_ticks()) {
+                (Some((b0, t0)), Some((b1, t1))) => {
+                    busy[side].0 += b1.saturating_sub(b0);
+                    busy[side].1 += t1.saturating_sub(t0);
+                }
+                _ => known = false,
             }
-            _ => known = false,
-        };
-        let before = cpu_ticks();
-        let a = figure.run(n).await?;
-        metered(0, before);
-        let before = cpu_ticks();
-        let b = baseline.run(n).await?;
-        metered(1, before);
-        pairs.push(a, b);
+            match (before_processes, metered_ticks(processes)) {
+                (Some(b), Some(a)) => {
+                    for (k, (b, a)) in b.iter().zip(&a).enumerate() {
+                        spent[side][k] += a.saturating_sub(*b);
+                    }
+                }
+                _ => metered_known = false,
+            }
+            got[side] = Some(quantity);
+        }
+        if let [Some(a), Some(b)] = got {
+            pairs.push(a, b);
+        }
     }
     let share = |(b, t): (u64, u64)| (t > 0).then(|| cores * b as f64 / t as f64);
-    let cpu = match (known, share(busy[0]), share(busy[1])) {
+    let cores_busy = match (known, share(busy[0]), share(busy[1])) {
         (true, Some(f), Some(b)) => Some((f, b)),
         _ => None,
     };
-    Ok((pairs, cpu))
+    let mut per_op: Vec<ProcessCpu> = Vec::new();
+    if metered_known && rounds > 0 && n > 0 {
+        let ops = (rounds * n) as f64;
+        let seconds = |ticks: u64| ticks as f64 / clock_ticks_per_second() / ops;
+        for (k, process) in processes.iter().enumerate() {
+            let (f, b) = (seconds(spent[0][k]), seconds(spent[1][k]));
+            match per_op.iter_mut().find(|p| p.name == process.name) {
+                Some(group) => {
+                    group.figure += f;
+                    group.baseline += b;
+                }
+                None => per_op.push(ProcessCpu {
+                    name: process.name.clone(),
+                    figure: f,
+                    baseline: b,
+                }),
+            }
+        }
+    }
+    Ok((
+        pairs,
+        Cpu {
+            cores: cores_busy,
+            per_op,
+        },
+    ))
+}
+
+/// What a row's note says of the CPU time per operation measured by [`rounds_with_cpu`]: the
+/// total of every metered group, then each group, for each side.
+pub fn cpu_per_op_note(per_op: &[ProcessCpu], figure: &str, baseline: &str) -> String {
+    if per_op.is_empty() {
+        return String::new();
+    }
+    let side = |pick: fn(&ProcessCpu) -> f64| {
+        let total: f64 = per_op.iter().map(pick).sum();
+        let parts: Vec<String> = per_op
+            .iter()
+            .map(|p| format!("{} {:.2}", p.name, pick(p) * 1e3))
+            .collect();
+        format!("{:.2} ms ({})", total * 1e3, parts.join(", "))
+    };
+    format!(
+        "; CPU time per operation (/proc/PID/stat of each process, in ms): {} with {figure}, \
+         {} with {baseline}",
+        side(|p| p.figure),
+        side(|p| p.baseline)
+    )
 }
 
 /// What a row's note says of the busy cores measured by [`rounds_with_cpu`].
@@ -329,10 +495,13 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_millis(30));
             Ok(1.0)
         }));
-        let (pairs, cpu) = rounds_with_cpu(3, 1, &mut spin, &mut sleep).await.unwrap();
+        let (pairs, cpu) = rounds_with_cpu(3, 1, &mut spin, &mut sleep, &[])
+            .await
+            .unwrap();
         assert_eq!(pairs.summary().expect("three rounds").rounds, 3);
         let cores = std::thread::available_parallelism().unwrap().get() as f64;
-        let (f, b) = cpu.expect("Linux has /proc/stat");
+        let (f, b) = cpu.cores.expect("Linux has /proc/stat");
+        assert_eq!(cpu.per_op, [], "no process metered");
         for busy in [f, b] {
             assert!((0.0..=cores).contains(&busy), "{busy} of {cores} cores");
         }
@@ -340,6 +509,106 @@ mod tests {
         let wanted = format!("1.50 of {cores} cores during the spins, 0.25 during the sleeps");
         assert!(note.ends_with(&wanted), "{note}");
         assert_eq!(cpu_note(None, "a", "b"), "");
+    }
+
+    #[test]
+    fn stat_lines_are_read_after_the_command_name() {
+        // pid (comm) state ppid ... utime(14) stime(15) cutime(16) cstime(17) ...
+        let line = |comm: &str| {
+            format!("4242 ({comm}) S 17 4242 4242 0 -1 4194560 100 0 0 0 30 12 5 2 20 0 1 0")
+        };
+        for comm in ["postgres", "a) S 9 9 (b", "two words", ")"] {
+            let stat = line(comm);
+            assert_eq!(stat_parent(&stat), Some(17), "{comm}");
+            assert_eq!(stat_ticks(&stat), Some((42, 49)), "{comm}");
+        }
+        assert_eq!(stat_ticks("4242 (short) S 1 2 3"), None);
+    }
+
+    /// A shell whose child loops on the CPU: the shell is metered, the child's time counts.
+    struct Spinner {
+        shell: std::process::Child,
+        child: u32,
+    }
+
+    impl Spinner {
+        fn start() -> Spinner {
+            let mut shell = std::process::Command::new("sh")
+                .args(["-c", "sh -c 'while :; do :; done' & echo $!; wait"])
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            let mut line = String::new();
+            std::io::BufRead::read_line(
+                &mut std::io::BufReader::new(shell.stdout.take().unwrap()),
+                &mut line,
+            )
+            .unwrap();
+            let spinner = Spinner {
+                shell,
+                child: line.trim().parse().unwrap(),
+            };
+            spinner.signal(libc::SIGSTOP);
+            spinner
+        }
+
+        fn signal(&self, signal: libc::c_int) {
+            // SAFETY: kill takes a pid and a signal number; the child is ours.
+            assert_eq!(unsafe { libc::kill(self.child as libc::pid_t, signal) }, 0);
+        }
+    }
+
+    impl Drop for Spinner {
+        fn drop(&mut self) {
+            self.signal(libc::SIGKILL);
+            let _ = self.shell.kill();
+            let _ = self.shell.wait();
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn cpu_per_operation_counts_a_metered_process_and_its_children() {
+        let spinner = Spinner::start();
+        let shell = spinner.shell.id();
+        let (spinning, resting) = (&spinner, &spinner);
+        let mut spin = Batch::Blocking(Box::new(move |_| {
+            spinning.signal(libc::SIGCONT);
+            std::thread::sleep(std::time::Duration::from_millis(150));
+            spinning.signal(libc::SIGSTOP);
+            Ok(1.0)
+        }));
+        let mut rest = Batch::Blocking(Box::new(move |_| {
+            let _ = resting;
+            std::thread::sleep(std::time::Duration::from_millis(150));
+            Ok(1.0)
+        }));
+        let metered = |name: &str, children| Metered {
+            name: name.into(),
+            pid: shell,
+            children,
+        };
+        let processes = [
+            metered("spinner", true),
+            metered("shell", false),
+            metered("spinner", true),
+        ];
+        let (_, cpu) = rounds_with_cpu(2, 5, &mut spin, &mut rest, &processes)
+            .await
+            .unwrap();
+        drop((spin, rest));
+        let [spinner, shell] = &cpu.per_op[..] else {
+            panic!("one group per name, in order: {:?}", cpu.per_op)
+        };
+        assert_eq!((&*spinner.name, &*shell.name), ("spinner", "shell"));
+        // The spinning child counts twice (two entries of one name) over 10 operations, about
+        // 2 x 300 ms / 10 (less on a busy machine); the shell alone only waits.
+        assert!(spinner.figure > 0.0, "{spinner:?}");
+        assert!(spinner.baseline < spinner.figure, "{spinner:?}");
+        assert!(shell.figure < spinner.figure, "{shell:?} {spinner:?}");
+        let note = cpu_per_op_note(&cpu.per_op, "spinning", "resting");
+        assert!(note.contains(" ms (spinner "), "{note}");
+        assert!(note.contains(", shell "), "{note}");
+        assert_eq!(cpu_per_op_note(&[], "a", "b"), "");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 1)]

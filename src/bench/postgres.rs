@@ -1,6 +1,7 @@
 //! The PostgreSQL rows: the router on a PostgreSQL registry beside a raw single-row
-//! INSERT+COMMIT on the same server, and 16 clients spread over two router replicas on one
-//! database beside one client on one replica.
+//! INSERT+COMMIT on the same server, 16 clients spread over two router replicas on one
+//! database beside one client on one replica, and the router with the server 0.5 ms away each
+//! way beside the same router with no delay.
 //!
 //! The database is `CALLID_BENCH_POSTGRES_URL` when set (a throwaway database: the bench creates
 //! callid's tables and a `callid_bench_baseline` table in it and leaves its rows behind);
@@ -15,25 +16,53 @@
 //! raw baseline commits each row with `synchronous_commit = on` through a prepared statement
 //! (one round trip, as the registry's own statements), and the pairs alternate batch after
 //! batch like every other row ([`super::stats`]).
+//!
+//! # Round trips and distance
+//! Both need the bench's own cluster (with `CALLID_BENCH_POSTGRES_URL` the count is left out
+//! and the network row is skipped), and both put a [`Relay`] between a router and the server:
+//! - The new-operation row's note gives the round trips one new operation makes to the server,
+//!   counted on the wire by the relay ([`super::relay`]) during [`COUNTED_OPERATIONS`]
+//!   sequential new operations of a second router (the measured router talks to the server
+//!   directly, so the relay's hops never weigh on the row's ratio). One call is in flight, so
+//!   every round trip counted lies on some operation's path, unless the router talks to the
+//!   server in the background meanwhile.
+//! - The network row holds every chunk [`ONE_WAY`] each way in the relay, batch after batch
+//!   against the same router through the same relay with no delay; its figure is the latency
+//!   added per operation in round trips of the delayed link (added time / (2 x [`ONE_WAY`])).
+//!   The delay is the relay's, not the kernel's (`tc qdisc … netem`): a kernel without the
+//!   netem queue (this machine's has `CONFIG_NET_SCH_NETEM` unset) could not run the row, and
+//!   the relay runs without privileges. The note gives the mean time the relay actually held
+//!   each chunk, which on a busy machine is longer than asked.
 
 use super::drive::{self, BenchError, BenchResult, Server, check_completed, check_success};
 use super::endtoend::{Context, SqliteBaseline, baseline_server, ceiling_note, many_against_one};
 use super::fixtures::{capabilities_call, new_spend_call};
-use super::paired::{self, Batch, Calls, every};
-use super::report::{Outcome, RowId};
-use super::stats::Pairs;
+use super::paired::{self, Batch, Calls, Metered, every};
+use super::relay::{Counts, Relay};
+use super::report::{Measurement, Outcome, RowId};
+use super::stats::{Pairs, Quantity, median};
 use crate::storage::cluster::{self, Cluster};
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+/// The one-way delay of the network row.
+pub const ONE_WAY: Duration = Duration::from_micros(500);
+
+/// Sequential new operations whose round trips the new-operation row counts.
+pub const COUNTED_OPERATIONS: usize = 20;
 
 /// A database URL given to the bench instead of a throwaway cluster.
 pub const URL_ENV: &str = "CALLID_BENCH_POSTGRES_URL";
 
 /// The PostgreSQL rows asked for in `ctx`.
 pub async fn rows(ctx: &Context) -> Vec<(RowId, Outcome)> {
-    let wanted: Vec<RowId> = [RowId::PostgresNewOperation, RowId::PostgresReplicas]
-        .into_iter()
-        .filter(|id| ctx.want.contains(id))
-        .collect();
+    let wanted: Vec<RowId> = [
+        RowId::PostgresNewOperation,
+        RowId::PostgresReplicas,
+        RowId::PostgresNetwork,
+    ]
+    .into_iter()
+    .filter(|id| ctx.want.contains(id))
+    .collect();
     if wanted.is_empty() {
         return Vec::new();
     }
@@ -63,6 +92,10 @@ pub async fn rows(ctx: &Context) -> Vec<(RowId, Outcome)> {
             ),
             Err(_) => String::new(),
         };
+        let counted = match &result {
+            Ok(_) => round_trips_note(ctx, &database).await,
+            Err(_) => String::new(),
+        };
         let outcome = paired::outcome(
             &result.map(|(pairs, _)| pairs),
             &format!(
@@ -70,10 +103,11 @@ pub async fn rows(ctx: &Context) -> Vec<(RowId, Outcome)> {
                      router whose registry (and authorization and execution records) is the \
                      database (each write committed with synchronous_commit=on), against {} \
                      prepared single-row INSERTs, each its own commit, on one connection to the \
-                     same server; {}{}",
+                     same server; {}{}{}",
                 ctx.plan.router_sequential_ops,
                 ctx.plan.router_sequential_ops,
                 database.describe(),
+                counted,
                 ceiling
             ),
         );
@@ -81,20 +115,34 @@ pub async fn rows(ctx: &Context) -> Vec<(RowId, Outcome)> {
     }
     if wanted.contains(&RowId::PostgresReplicas) {
         let result = replicas(ctx, &database).await;
-        let cpu = result.as_ref().ok().and_then(|(_, cpu)| *cpu);
+        let cpu = result.as_ref().ok().map(|(_, cpu)| cpu.clone());
+        let (figure, baseline) = ("16 clients", "1 client");
         let outcome = paired::outcome(
             &result.map(|(pairs, _)| pairs),
             &format!(
                 "{} new operations per round over streamable HTTP: {} sessions spread over two \
                      `callid router --http` replicas on one database, against one session on one \
-                     replica; both replicas call one `callid provider` process; {}{}",
+                     replica; both replicas call one `callid provider` process; {}{}{}",
                 ctx.plan.concurrent_ops,
                 ctx.plan.in_flight,
                 database.describe(),
-                paired::cpu_note(cpu, "the 16-client batches", "the 1-client batches")
+                cpu.as_ref()
+                    .map_or(String::new(), |cpu| paired::cpu_per_op_note(
+                        &cpu.per_op,
+                        figure,
+                        baseline
+                    )),
+                paired::cpu_note(
+                    cpu.and_then(|cpu| cpu.cores),
+                    "the 16-client batches",
+                    "the 1-client batches"
+                )
             ),
         );
         rows.push((RowId::PostgresReplicas, outcome));
+    }
+    if wanted.contains(&RowId::PostgresNetwork) {
+        rows.push((RowId::PostgresNetwork, network_row(ctx, &database).await));
     }
     drop(database);
     rows
@@ -137,6 +185,26 @@ impl Database {
                 c.sql("postgres", &format!("CREATE DATABASE {name}"))?;
                 Ok(c.url(name))
             }
+        }
+    }
+
+    /// The server's address, for a relay in front of it (the bench's own cluster only).
+    fn server_addr(&self) -> Option<std::net::SocketAddr> {
+        match self {
+            Database::Given(_) => None,
+            Database::Cluster(c) => Some(std::net::SocketAddr::from(([127, 0, 0, 1], c.port()))),
+        }
+    }
+
+    /// The PostgreSQL server's processes, for CPU time (the bench's own cluster only).
+    fn metered(&self) -> Option<Metered> {
+        match self {
+            Database::Given(_) => None,
+            Database::Cluster(c) => c.postmaster_pid().map(|pid| Metered {
+                name: "PostgreSQL".into(),
+                pid,
+                children: true,
+            }),
         }
     }
 
@@ -342,7 +410,7 @@ async fn replica(ctx: &Context, name: &str, url: &str, provider: &str) -> BenchR
     .await
 }
 
-async fn replicas(ctx: &Context, db: &Database) -> BenchResult<(Pairs, paired::CoresBusy)> {
+async fn replicas(ctx: &Context, db: &Database) -> BenchResult<(Pairs, paired::Cpu)> {
     let url = db.for_row("bench_replicas")?;
     let provider = Provider::start(ctx).await?;
     let a = replica(ctx, "a", &url, &provider.url).await?;
@@ -371,7 +439,24 @@ async fn replicas(ctx: &Context, db: &Database) -> BenchResult<(Pairs, paired::C
             check: check_completed,
         };
         let one = Calls::on(&a, &new_spend_call, check_completed);
-        let pairs = many_against_one(plan, many, one).await?;
+        let metered = |name: &str, pid: Option<u32>, children| {
+            pid.map(|pid| Metered {
+                name: name.into(),
+                pid,
+                children,
+            })
+        };
+        let processes: Vec<Metered> = [
+            metered("replicas", a.pid(), false),
+            metered("replicas", b.pid(), false),
+            metered("provider", provider.child.id(), false),
+            db.metered(),
+            metered("clients (this bench)", Some(std::process::id()), false),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        let pairs = many_against_one(plan, many, one, &processes).await?;
         for s in &sessions {
             s.close().await;
         }
@@ -382,4 +467,172 @@ async fn replicas(ctx: &Context, db: &Database) -> BenchResult<(Pairs, paired::C
     b.stop().await;
     drop(provider.child);
     result
+}
+
+/// A stdio router whose registry reaches the server through `relay`, on database `name`.
+async fn relayed_router(ctx: &Context, relay: &Relay, name: &str) -> BenchResult<Server> {
+    let data = ctx.dir.join(format!("pg-relayed-{name}"));
+    let _ = std::fs::create_dir_all(&data);
+    let url = format!("postgres://callid@{}/{name}", relay.addr());
+    Server::stdio(
+        "`callid router --registry postgres://…` (through the bench's relay)",
+        &ctx.program,
+        &["router".to_string(), "--registry".to_string(), url],
+        &[("XDG_DATA_HOME".to_string(), data.display().to_string())],
+    )
+    .await
+}
+
+fn relay_error(error: std::io::Error) -> BenchError {
+    BenchError::Io {
+        what: "starting the bench's relay in front of PostgreSQL".into(),
+        source: error,
+    }
+}
+
+/// Round trips per new operation: [`COUNTED_OPERATIONS`] sequential new operations of a router
+/// whose registry connections go through a relay, after a warm-up.
+async fn count_round_trips(ctx: &Context, db: &Database) -> BenchResult<Option<f64>> {
+    let Some(server) = db.server_addr() else {
+        return Ok(None);
+    };
+    db.for_row("bench_round_trips")?;
+    let relay = Relay::start(server).map_err(relay_error)?;
+    let router = relayed_router(ctx, &relay, "bench_round_trips").await?;
+    let calls = Calls::on(&router, &new_spend_call, check_completed);
+    let result = async {
+        calls.sequential(ctx.plan.warm_up.min(10)).await?;
+        let before = relay.counts();
+        calls.sequential(COUNTED_OPERATIONS).await?;
+        let counted = relay.counts().since(before);
+        Ok(Some(counted.round_trips as f64 / COUNTED_OPERATIONS as f64))
+    }
+    .await;
+    router.stop().await;
+    result
+}
+
+/// The new-operation row's note on its round trips (why not, when they cannot be counted).
+async fn round_trips_note(ctx: &Context, db: &Database) -> String {
+    match count_round_trips(ctx, db).await {
+        Ok(Some(per_op)) => format!(
+            "; {per_op:.1} round trips to the server per new operation (counted on the wire by \
+             the bench's relay over {COUNTED_OPERATIONS} sequential new operations of a second \
+             router)"
+        ),
+        Ok(None) => format!(
+            "; round trips not counted: `{URL_ENV}` names the server (the count needs the \
+             bench's own cluster)"
+        ),
+        Err(error) => format!("; round trips not counted: {}", drive::chain(&error)),
+    }
+}
+
+/// What the network row measured: the pairs (delayed, then not), the per-round latency added,
+/// and what the relay counted on each side.
+struct Network {
+    pairs: Pairs,
+    added: Vec<f64>,
+    far: Counts,
+    near: Counts,
+    operations: usize,
+}
+
+async fn network(
+    ctx: &Context,
+    db: &Database,
+    server: std::net::SocketAddr,
+) -> BenchResult<Network> {
+    db.for_row("bench_network")?;
+    let relay = Relay::start(server).map_err(relay_error)?;
+    let router = relayed_router(ctx, &relay, "bench_network").await?;
+    let plan = ctx.plan;
+    let calls = Calls::on(&router, &new_spend_call, check_completed);
+    let result = async {
+        calls.sequential(plan.warm_up.min(10)).await?;
+        let mut measured = Network {
+            pairs: Pairs::new(),
+            added: Vec::with_capacity(plan.rounds),
+            far: Counts::default(),
+            near: Counts::default(),
+            operations: 0,
+        };
+        let n = plan.router_sequential_ops;
+        for _ in 0..plan.rounds {
+            let side = async |delay: Duration| -> BenchResult<(f64, Counts)> {
+                relay.set_delay(delay);
+                let before = relay.counts();
+                let seconds = calls.sequential(n).await?;
+                Ok((seconds, relay.counts().since(before)))
+            };
+            let (far, far_counts) = side(ONE_WAY).await?;
+            let (near, near_counts) = side(Duration::ZERO).await?;
+            measured.far = add(measured.far, far_counts);
+            measured.near = add(measured.near, near_counts);
+            measured.operations += n;
+            measured
+                .pairs
+                .push(Quantity::SecondsPerOp(far), Quantity::SecondsPerOp(near));
+            measured.added.push(far - near);
+        }
+        Ok(measured)
+    }
+    .await;
+    relay.set_delay(Duration::ZERO);
+    router.stop().await;
+    result
+}
+
+fn add(a: Counts, b: Counts) -> Counts {
+    Counts {
+        round_trips: a.round_trips + b.round_trips,
+        chunks: a.chunks + b.chunks,
+        held: a.held + b.held,
+    }
+}
+
+/// The network row: latency added per new operation, in round trips of the delayed link.
+async fn network_row(ctx: &Context, db: &Database) -> Outcome {
+    let Some(server) = db.server_addr() else {
+        return Outcome::Skipped {
+            reason: format!(
+                "`{URL_ENV}` names the server: the delayed link is the bench's relay in front of \
+                 its own cluster (unset `{URL_ENV}` to run this row)"
+            ),
+        };
+    };
+    let measured = match network(ctx, db, server).await {
+        Ok(measured) => measured,
+        Err(error) => return paired::failed(&error),
+    };
+    let (Some(summary), Some(added)) = (measured.pairs.summary(), median(&measured.added)) else {
+        return Outcome::Failed {
+            error: "no round completed".into(),
+        };
+    };
+    let round_trip = 2.0 * ONE_WAY.as_secs_f64();
+    let ops = measured.operations.max(1) as f64;
+    let note = format!(
+        "{} sequential `generate_image` calls with new call ids per round on one stdio router \
+         whose registry reaches the server through the bench's relay, every chunk held {} ms \
+         each way (a round trip of {} ms), against the same router through the same relay with \
+         no delay; {}; median added latency {:.2} ms per new operation, {:.1} round trips to the \
+         server per new operation counted by the relay ({:.1} at no delay), each chunk held \
+         {:.3} ms on average each way",
+        ctx.plan.router_sequential_ops,
+        ONE_WAY.as_secs_f64() * 1e3,
+        round_trip * 1e3,
+        db.describe(),
+        added * 1e3,
+        measured.far.round_trips as f64 / ops,
+        measured.near.round_trips as f64 / ops,
+        measured.far.mean_hold().as_secs_f64() * 1e3,
+    );
+    Outcome::Measured(Measurement {
+        value: added / round_trip,
+        figure_median: Some(summary.figure),
+        baseline_median: Some(summary.baseline),
+        rounds: summary.rounds,
+        note: Some(note),
+    })
 }

@@ -35,11 +35,13 @@ pub enum RowId {
     PostgresNewOperation,
     /// 16 clients across two replicas on one PostgreSQL database against 1 client on 1.
     PostgresReplicas,
+    /// Router new operations with PostgreSQL 0.5 ms away each way against the same at no delay.
+    PostgresNetwork,
 }
 
 impl RowId {
     /// Every row, in report order.
-    pub const ALL: [RowId; 12] = [
+    pub const ALL: [RowId; 13] = [
         RowId::ProbeRoundTrip,
         RowId::ProbeThroughput,
         RowId::ShapeExtraction,
@@ -52,6 +54,7 @@ impl RowId {
         RowId::RouterRss,
         RowId::PostgresNewOperation,
         RowId::PostgresReplicas,
+        RowId::PostgresNetwork,
     ];
 
     /// The stable id (`--only` takes it).
@@ -69,6 +72,7 @@ impl RowId {
             RowId::RouterRss => "router_rss",
             RowId::PostgresNewOperation => "postgres_new_operation",
             RowId::PostgresReplicas => "postgres_replicas",
+            RowId::PostgresNetwork => "postgres_network",
         }
     }
 
@@ -92,6 +96,9 @@ impl RowId {
             RowId::RouterRss => "router resident memory under load",
             RowId::PostgresNewOperation => "router: new operation, durable, PostgreSQL registry",
             RowId::PostgresReplicas => "2 router replicas on one PostgreSQL: 16 clients",
+            RowId::PostgresNetwork => {
+                "router: new operation, PostgreSQL 0.5 ms away each way (latency added)"
+            }
         }
     }
 
@@ -109,6 +116,7 @@ impl RowId {
             RowId::ProbeRss | RowId::RouterRss => "(absolute)",
             RowId::PostgresNewOperation => "raw PostgreSQL INSERT + COMMIT, same server",
             RowId::PostgresReplicas => "1 client on 1 replica",
+            RowId::PostgresNetwork => "the same router, PostgreSQL with no delay",
         }
     }
 
@@ -127,6 +135,7 @@ impl RowId {
             RowId::RouterRss => Target::MegabytesAtMost(40.0),
             RowId::PostgresNewOperation => Target::RatioAtLeast(0.3),
             RowId::PostgresReplicas => Target::RatioAtLeast(3.0),
+            RowId::PostgresNetwork => Target::RoundTripsAtMost(6.0),
         }
     }
 }
@@ -143,6 +152,8 @@ pub enum Target {
     SecondsAtMost(f64),
     /// Resident memory in MB (10^6 bytes), at most.
     MegabytesAtMost(f64),
+    /// Latency added per operation, in round trips of the delayed link, at most.
+    RoundTripsAtMost(f64),
 }
 
 impl Target {
@@ -151,7 +162,8 @@ impl Target {
         match self {
             Target::RatioAtMost(limit)
             | Target::SecondsAtMost(limit)
-            | Target::MegabytesAtMost(limit) => value <= limit,
+            | Target::MegabytesAtMost(limit)
+            | Target::RoundTripsAtMost(limit) => value <= limit,
             Target::RatioAtLeast(limit) => value >= limit,
         }
     }
@@ -163,15 +175,17 @@ impl Target {
             Target::RatioAtLeast(l) => format!("≥ {l}x"),
             Target::SecondsAtMost(l) => format!("≤ {l} s"),
             Target::MegabytesAtMost(l) => format!("≤ {l} MB"),
+            Target::RoundTripsAtMost(l) => format!("≤ {l} round trips"),
         }
     }
 
-    /// How a measured value of this target reads: `1.04x`, `7.9 s`, `12.3 MB`.
+    /// How a measured value of this target reads: `1.04x`, `7.9 s`, `12.3 MB`, `4.2 round trips`.
     pub fn display_value(self, value: f64) -> String {
         match self {
             Target::RatioAtMost(_) | Target::RatioAtLeast(_) => format!("{value:.2}x"),
             Target::SecondsAtMost(_) => format_seconds(value),
             Target::MegabytesAtMost(_) => format!("{value:.1} MB"),
+            Target::RoundTripsAtMost(_) => format!("{value:.1} round trips"),
         }
     }
 }
@@ -179,7 +193,8 @@ impl Target {
 /// What one row measured.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Measurement {
-    /// The ratio figure / baseline, or the absolute value (seconds, MB).
+    /// The ratio figure / baseline, the absolute value (seconds, MB), or the latency added in
+    /// round trips.
     pub value: f64,
     /// Median of the figure's rounds (ratio rows).
     pub figure_median: Option<Quantity>,
@@ -507,6 +522,12 @@ mod tests {
                         error: "the server closed the connection".into(),
                     },
                     RowId::ConformSuite => absolute(7.25),
+                    RowId::PostgresNetwork => measured(
+                        4.2,
+                        Quantity::SecondsPerOp(12.1e-3),
+                        Quantity::SecondsPerOp(7.9e-3),
+                        Some("4.2 ms added per operation"),
+                    ),
                     RowId::ProbeRss | RowId::RouterRss => absolute(12.5),
                     _ => measured(
                         1.5,
@@ -554,6 +575,8 @@ mod tests {
             (Target::RatioAtLeast(10.0), 9.9, false),
             (Target::SecondsAtMost(20.0), 19.0, true),
             (Target::MegabytesAtMost(40.0), 41.0, false),
+            (Target::RoundTripsAtMost(6.0), 6.0, true),
+            (Target::RoundTripsAtMost(6.0), 6.1, false),
         ];
         for (target, value, met) in cases {
             assert_eq!(target.is_met(value), met, "{target:?} with {value}");

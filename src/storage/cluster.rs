@@ -302,6 +302,23 @@ impl Cluster {
             .unwrap_or_default()
     }
 
+    /// The loopback port the server listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The server's main process (`postmaster.pid`'s first line), while it runs.
+    pub fn postmaster_pid(&self) -> Option<u32> {
+        let pid_file = self.dir.path().join("data").join("postmaster.pid");
+        std::fs::read_to_string(pid_file)
+            .ok()?
+            .lines()
+            .next()?
+            .trim()
+            .parse()
+            .ok()
+    }
+
     /// The server's URL without a database name: `postgres://callid@127.0.0.1:PORT`.
     pub fn server_url(&self) -> String {
         format!("postgres://callid@127.0.0.1:{}", self.port)
