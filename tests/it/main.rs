@@ -41,4 +41,5 @@ mod router;
 mod router_perf;
 mod signed_envelopes;
 mod snippets;
+mod stdio_eof;
 mod store;
