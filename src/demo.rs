@@ -325,7 +325,7 @@ async fn chat_like(exe: &Path, log: &Path) -> Result<Vec<String>, DemoError> {
     Ok(mismatches)
 }
 
-/// Waits for the HTTP probe's "serving ... at URL" line on stderr.
+/// Waits for the HTTP probe's `listening on URL` line on stderr ([`crate::serve::http`]).
 pub async fn http_url(child: &Child) -> Result<String, DemoError> {
     let deadline = tokio::time::Instant::now() + TIMEOUT;
     loop {
@@ -334,7 +334,7 @@ pub async fn http_url(child: &Child) -> Result<String, DemoError> {
         let complete = &text[..text.rfind('\n').map_or(0, |i| i + 1)];
         if let Some(url) = complete
             .lines()
-            .find_map(|l| l.split(" at ").nth(1).filter(|u| u.starts_with("http://")))
+            .find_map(|l| l.split(" listening on ").nth(1).filter(|u| u.starts_with("http://")))
         {
             return Ok(url.trim().to_string());
         }

@@ -244,3 +244,123 @@ where
         self.inner.close().await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rmcp::model::{
+        CallToolRequestParams, CallToolResponse, CallToolResult, ServerCapabilities, ServerConfig,
+    };
+    use rmcp::service::RequestContext;
+    use serde_json::{Value, json};
+    use std::time::Duration;
+    use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader};
+
+    /// Tools that end only when cancelled (`until_cancelled`) or when the client answers a
+    /// request of the server (`ask_roots`).
+    #[derive(Clone)]
+    struct Waiting;
+
+    impl ServerHandler for Waiting {
+        fn get_info(&self) -> ServerConfig {
+            ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+        }
+
+        async fn call_tool(
+            &self,
+            request: CallToolRequestParams,
+            context: RequestContext<RoleServer>,
+        ) -> Result<CallToolResponse, rmcp::ErrorData> {
+            let text = match request.name.as_ref() {
+                "until_cancelled" => {
+                    context.ct.cancelled().await;
+                    "cancelled".to_string()
+                }
+                _ => match context.peer.list_roots().await {
+                    Ok(_) => "roots".to_string(),
+                    Err(e) => format!("no roots: {e}"),
+                },
+            };
+            let result: CallToolResult =
+                serde_json::from_value(json!({"content": [{"type": "text", "text": text}]}))
+                    .unwrap();
+            Ok(result.into())
+        }
+    }
+
+    /// Writes `lines` to a [`Waiting`] server served by [`stdio`], closes the input, and returns
+    /// what the server wrote once serving ended (it must end within 30 s).
+    async fn serve_lines(lines: &[Value]) -> Vec<Value> {
+        let (client, server) = tokio::io::duplex(1 << 16);
+        let (server_in, server_out) = tokio::io::split(server);
+        let serving = tokio::spawn(stdio(Waiting, (server_in, server_out), "test server"));
+        let (client_in, mut client_out) = tokio::io::split(client);
+        for line in lines {
+            client_out
+                .write_all(format!("{line}\n").as_bytes())
+                .await
+                .unwrap();
+        }
+        client_out.shutdown().await.unwrap();
+        drop(client_out);
+        let mut written = Vec::new();
+        let mut reader = BufReader::new(client_in).lines();
+        tokio::time::timeout(Duration::from_secs(30), async {
+            while let Some(line) = reader.next_line().await.unwrap() {
+                written.push(serde_json::from_str(&line).unwrap());
+            }
+        })
+        .await
+        .expect("serving ends once nothing is owed");
+        tokio::time::timeout(Duration::from_secs(30), serving)
+            .await
+            .expect("serving ends")
+            .unwrap()
+            .unwrap();
+        written
+    }
+
+    fn handshake() -> Vec<Value> {
+        vec![
+            json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+                "protocolVersion": "2025-06-18", "capabilities": {"roots": {}},
+                "clientInfo": {"name": "t", "version": "1"}}}),
+            json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+        ]
+    }
+
+    fn call(id: u64, tool: &str) -> Value {
+        json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+            "params": {"name": tool, "arguments": {}}})
+    }
+
+    /// A call the client cancelled gets no answer from rmcp, so it is not waited for.
+    #[tokio::test]
+    async fn a_cancelled_call_is_not_waited_for() {
+        let mut lines = handshake();
+        lines.push(call(1, "until_cancelled"));
+        lines.push(json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+            "params": {"requestId": 1, "reason": "the user gave up"}}));
+        let written = serve_lines(&lines).await;
+        assert!(written.iter().all(|m| m["id"] != json!(1)), "{written:?}");
+    }
+
+    /// A call waiting for the client's answer to the server's own request gets an error for
+    /// that request once the input has ended, and so ends and is answered.
+    #[tokio::test]
+    async fn a_request_to_a_client_that_closed_its_input_fails_and_its_call_is_answered() {
+        let mut lines = handshake();
+        lines.push(call(1, "ask_roots"));
+        let written = serve_lines(&lines).await;
+        assert!(
+            written.iter().any(|m| m["method"] == "roots/list"),
+            "{written:?}"
+        );
+        let answer = written.iter().find(|m| m["id"] == json!(1)).expect("answered");
+        let text = answer["result"]["content"][0]["text"].as_str().unwrap();
+        assert!(
+            text.starts_with("no roots:") && text.contains("the client closed its input"),
+            "{answer}"
+        );
+    }
+}
