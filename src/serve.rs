@@ -18,8 +18,8 @@
 
 use crate::http_guard::{Bound, nodelay};
 use rmcp::model::{
-    ClientJsonRpcMessage, ClientNotification, ClientRequest, ErrorCode, ErrorData,
-    JsonRpcMessage, RequestId, ServerJsonRpcMessage,
+    ClientJsonRpcMessage, ClientNotification, ClientRequest, ErrorCode, ErrorData, JsonRpcMessage,
+    RequestId, ServerJsonRpcMessage,
 };
 use rmcp::transport::{IntoTransport, Transport};
 use rmcp::{RoleServer, ServerHandler, ServiceExt};
@@ -342,8 +342,10 @@ mod tests {
     async fn a_cancelled_call_is_not_waited_for() {
         let mut lines = handshake();
         lines.push(call(1, "until_cancelled"));
-        lines.push(json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
-            "params": {"requestId": 1, "reason": "the user gave up"}}));
+        lines.push(
+            json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+            "params": {"requestId": 1, "reason": "the user gave up"}}),
+        );
         let written = serve_lines(&lines).await;
         assert!(written.iter().all(|m| m["id"] != json!(1)), "{written:?}");
     }
@@ -359,7 +361,10 @@ mod tests {
             written.iter().any(|m| m["method"] == "roots/list"),
             "{written:?}"
         );
-        let answer = written.iter().find(|m| m["id"] == json!(1)).expect("answered");
+        let answer = written
+            .iter()
+            .find(|m| m["id"] == json!(1))
+            .expect("answered");
         let text = answer["result"]["content"][0]["text"].as_str().unwrap();
         assert!(
             text.starts_with("no roots:") && text.contains("the client closed its input"),

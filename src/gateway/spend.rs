@@ -36,8 +36,7 @@ pub use crate::spend::tools::{OPERATION_STATUS, RESUME_OPERATION};
 
 /// Every error code a gateway tool call can answer: the codes the table of [`ToolCode`] gives
 /// to [`Catalogue::Gateway`], in its order.
-pub const ERROR_CODES: &[ToolCode] =
-    &Catalogue::Gateway.codes::<{ Catalogue::Gateway.size() }>();
+pub const ERROR_CODES: &[ToolCode] = &Catalogue::Gateway.codes::<{ Catalogue::Gateway.size() }>();
 
 /// Why the gateway refuses to start.
 #[derive(Debug, thiserror::Error)]

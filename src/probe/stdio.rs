@@ -215,10 +215,10 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rmcp::ServiceExt as _;
     use crate::probe::record::{Kind, Record, ShapeLog, Transport};
     use crate::probe::tap::Mode;
     use crate::shape::Digester;
+    use rmcp::ServiceExt as _;
     use rmcp::model::{CallToolRequestParams, MetaObject, RequestMetaObject};
     use serde_json::{Value, json};
     use std::io::Write;

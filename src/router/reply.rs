@@ -18,8 +18,7 @@ use serde_json::{Value, json};
 
 /// Every error code a tool call of this router can answer: the codes the table of
 /// [`ToolCode`] gives to [`Catalogue::Router`], in its order.
-pub const ERROR_CODES: &[ToolCode] =
-    &Catalogue::Router.codes::<{ Catalogue::Router.size() }>();
+pub const ERROR_CODES: &[ToolCode] = &Catalogue::Router.codes::<{ Catalogue::Router.size() }>();
 
 pub(crate) fn completed(op: &Operation, replayed: bool) -> Reply {
     let structured = op.result.clone().unwrap_or(Value::Null);

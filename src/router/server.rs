@@ -123,7 +123,12 @@ impl ServerHandler for RouterServer {
 
 /// Serves MCP over stdin/stdout until the client closes it and every call read is answered.
 pub async fn serve_stdio(router: Arc<Router>) -> anyhow::Result<()> {
-    crate::serve::stdio(RouterServer::new(router), rmcp::transport::stdio(), "router").await?;
+    crate::serve::stdio(
+        RouterServer::new(router),
+        rmcp::transport::stdio(),
+        "router",
+    )
+    .await?;
     Ok(())
 }
 

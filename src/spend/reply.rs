@@ -475,11 +475,7 @@ mod tests {
             "unknown_model",
             "provider_unavailable",
         ];
-        let only_gateway = [
-            "outcome_in_doubt",
-            "upstream_unavailable",
-            "upstream_error",
-        ];
+        let only_gateway = ["outcome_in_doubt", "upstream_unavailable", "upstream_error"];
         let expected = |not: &[&str]| -> Vec<&'static str> {
             ToolCode::ALL
                 .iter()

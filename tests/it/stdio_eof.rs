@@ -39,8 +39,10 @@ fn script(calls: &[(String, Value, Value)]) -> String {
         json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
     ];
     for (i, (tool, args, meta)) in calls.iter().enumerate() {
-        lines.push(json!({"jsonrpc": "2.0", "id": i + 1, "method": "tools/call",
-            "params": {"name": tool, "arguments": args, "_meta": meta}}));
+        lines.push(
+            json!({"jsonrpc": "2.0", "id": i + 1, "method": "tools/call",
+            "params": {"name": tool, "arguments": args, "_meta": meta}}),
+        );
     }
     lines.iter().map(|l| format!("{l}\n")).collect()
 }
@@ -65,7 +67,10 @@ async fn pipe_through(dir: &Path, args: &[String], input: String) -> (Vec<Value>
     let mut stderr = child.stderr.take().unwrap();
     let (mut out, mut err) = (String::new(), String::new());
     let ended = tokio::time::timeout(Duration::from_secs(120), async {
-        let (a, b) = tokio::join!(stdout.read_to_string(&mut out), stderr.read_to_string(&mut err));
+        let (a, b) = tokio::join!(
+            stdout.read_to_string(&mut out),
+            stderr.read_to_string(&mut err)
+        );
         a.unwrap();
         b.unwrap();
         child.wait().await.unwrap()
@@ -82,7 +87,10 @@ async fn pipe_through(dir: &Path, args: &[String], input: String) -> (Vec<Value>
 
 /// The id of every response, in order.
 fn ids(responses: &[Value]) -> Vec<u64> {
-    let mut ids: Vec<u64> = responses.iter().map(|r| r["id"].as_u64().unwrap()).collect();
+    let mut ids: Vec<u64> = responses
+        .iter()
+        .map(|r| r["id"].as_u64().unwrap())
+        .collect();
     ids.sort_unstable();
     ids
 }
@@ -95,7 +103,11 @@ async fn the_router_answers_every_call_read_before_stdin_closed() {
     let calls: Vec<_> = (1..=CALLS)
         .map(|i| {
             let args = json!({"prompt": format!("an origami fox {i}")});
-            ("generate_image".to_string(), args, codex(&format!("call-{i}")))
+            (
+                "generate_image".to_string(),
+                args,
+                codex(&format!("call-{i}")),
+            )
         })
         .collect();
     let args: Vec<String> = [
