@@ -485,11 +485,11 @@ mod tests {
         };
         let codes = |list: &[ToolCode]| list.iter().map(|c| c.code()).collect::<Vec<_>>();
         assert_eq!(
-            codes(crate::router::reply::ERROR_CODES),
+            codes(&Catalogue::Router.codes::<{ Catalogue::Router.size() }>()),
             expected(&only_gateway)
         );
         assert_eq!(
-            codes(crate::gateway::spend::ERROR_CODES),
+            codes(&Catalogue::Gateway.codes::<{ Catalogue::Gateway.size() }>()),
             expected(&only_router)
         );
         for code in ToolCode::ALL {
