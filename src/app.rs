@@ -264,11 +264,10 @@ fn identity_sources_command(args: crate::cli::IdentitySourcesArgs) -> anyhow::Re
 fn conform(args: crate::cli::ConformArgs) -> anyhow::Result<ExitCode> {
     use crate::conform::{Options, TargetSpec, report};
     use std::io::Write as _;
-    if args.print_profile || args.contract {
-        let text = if args.contract {
-            crate::conform::ROUTER_CONTRACT.to_owned()
-        } else {
-            crate::conform::target::template()
+    if args.print_profile.is_some() || args.contract {
+        let text = match args.print_profile {
+            Some(which) => crate::conform::target::shipped_profile(which.into()),
+            None => crate::conform::ROUTER_CONTRACT.to_owned(),
         };
         std::io::stdout()
             .lock()

@@ -49,6 +49,19 @@ impl CanonicalError {
     }
 }
 
+/// The non-negative integer that the JSON number `v` denotes, read as the request hash reads it:
+/// `3`, `3.0` and `3e0` are the number 3 (one canonical form, one hash), so an argument that is a
+/// count or an amount accepts them all. `None` for anything else: a fraction, a negative number,
+/// a number of 2^64 or more, or a value that is no number. The one rule for every integral
+/// argument (the router's image size, the gateway's price read from the arguments).
+pub fn whole_number(v: &Value) -> Option<u64> {
+    v.as_u64().or_else(|| {
+        v.as_f64()
+            .filter(|f| f.fract() == 0.0 && *f >= 0.0 && *f < u64::MAX as f64)
+            .map(|f| f as u64)
+    })
+}
+
 /// A request hash, written `sha256:<64 lowercase hex digits>`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RequestHash(String);
@@ -459,6 +472,32 @@ mod tests {
             "number `1e+17` at `/a/1/b~0~1` is outside ±(2^53-1) and would be rounded; send large \
              amounts as strings"
         );
+    }
+
+    /// One number, one reading: whatever `whole_number` accepts as `n` hashes as `n` does.
+    #[test]
+    fn whole_numbers_are_the_integers_the_hash_reads() {
+        let cases: [(&str, Option<u64>); 12] = [
+            ("3", Some(3)),
+            ("3.0", Some(3)),
+            ("3e0", Some(3)),
+            ("0", Some(0)),
+            ("-0.0", Some(0)),
+            ("18446744073709551615", Some(u64::MAX)),
+            ("3.5", None),
+            ("-1", None),
+            ("-3.0", None),
+            ("1.8446744073709552e19", None),
+            ("\"3\"", None),
+            ("null", None),
+        ];
+        for (text, want) in cases {
+            let v: Value = serde_json::from_str(text).unwrap();
+            assert_eq!(whole_number(&v), want, "{text}");
+            if let Some(n) = want.filter(|n| *n <= MAX_SAFE_INTEGER) {
+                assert_eq!(canonical_json(&v).unwrap(), n.to_string(), "{text}");
+            }
+        }
     }
 
     #[test]

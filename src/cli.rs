@@ -90,6 +90,26 @@ pub enum SourcesFormatArg {
     Json,
 }
 
+/// `--print-profile` of `callid conform`: which shipped profile it prints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ProfileArg {
+    /// The reference router's, its comment listing every name a profile may map (the default).
+    Router,
+    /// `callid gateway` in front of the runner's upstream MCP server (`backend: upstream`); its
+    /// spend policy is `gateway-policy.yaml` beside the profile.
+    Gateway,
+}
+
+impl From<ProfileArg> for crate::conform::target::Shipped {
+    fn from(arg: ProfileArg) -> Self {
+        use crate::conform::target::Shipped;
+        match arg {
+            ProfileArg::Router => Shipped::Router,
+            ProfileArg::Gateway => Shipped::Gateway,
+        }
+    }
+}
+
 /// Shells `callid completions` writes a completion script for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum ShellArg {
@@ -660,7 +680,8 @@ article's rules; recommended: callid's conventions), is ROUTER-CONTRACT.md in ca
 repository, and `callid conform --contract` prints it. Start a profile for your router with \
 `callid conform --print-profile > router.yaml`; list the checks with `--list`. A gateway or an \
 MCP-native router spends through the runner's upstream MCP server instead of its HTTP provider: \
-`backend: upstream` in the profile (e.g. scenarios/targets/gateway.yaml)."
+`backend: upstream` in the profile (`callid conform --print-profile gateway` prints the one of \
+callid's gateway)."
 )]
 pub struct ConformArgs {
     /// A target profile (YAML) saying how to start and drive the router
@@ -708,9 +729,18 @@ pub struct ConformArgs {
     /// Print every check id with the rule it cites, and exit.
     #[arg(long, conflicts_with_all = ["target", "stdio", "url", "print_profile"])]
     pub list: bool,
-    /// Print the reference router's profile as a commented template for a new router, and exit.
-    #[arg(long, conflicts_with_all = ["target", "stdio", "url", "contract"])]
-    pub print_profile: bool,
+    /// Print a shipped profile as a commented template for a new target, and exit: the reference
+    /// router's (the default), or `gateway` for `callid gateway` in front of the runner's
+    /// upstream.
+    #[arg(
+        long,
+        value_enum,
+        value_name = "TARGET",
+        num_args = 0..=1,
+        default_missing_value = "router",
+        conflicts_with_all = ["target", "stdio", "url", "contract"]
+    )]
+    pub print_profile: Option<ProfileArg>,
     /// Print the router contract (ROUTER-CONTRACT.md), and exit.
     #[arg(long, conflicts_with_all = ["target", "stdio", "url", "list"])]
     pub contract: bool,

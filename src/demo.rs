@@ -325,17 +325,18 @@ async fn chat_like(exe: &Path, log: &Path) -> Result<Vec<String>, DemoError> {
     Ok(mismatches)
 }
 
-/// Waits for the HTTP probe's "serving ... at URL" line on stderr.
+/// Waits for the HTTP probe's `listening on URL` line on stderr ([`crate::serve::http`]).
 pub async fn http_url(child: &Child) -> Result<String, DemoError> {
     let deadline = tokio::time::Instant::now() + TIMEOUT;
     loop {
         let text = child.stderr_text();
         // Only whole lines: the line may still be arriving.
         let complete = &text[..text.rfind('\n').map_or(0, |i| i + 1)];
-        if let Some(url) = complete
-            .lines()
-            .find_map(|l| l.split(" at ").nth(1).filter(|u| u.starts_with("http://")))
-        {
+        if let Some(url) = complete.lines().find_map(|l| {
+            l.split(" listening on ")
+                .nth(1)
+                .filter(|u| u.starts_with("http://"))
+        }) {
             return Ok(url.trim().to_string());
         }
         if tokio::time::Instant::now() > deadline {

@@ -176,34 +176,6 @@ pub fn nodelay(
     })
 }
 
-/// Serves the MCP server `server` as streamable HTTP at `http://ADDR/mcp` on `bound`, every
-/// request through the bound address's [`Guard`], on a [`nodelay`] listener, until Ctrl-C. It
-/// first says `callid {who}: listening on http://ADDR/mcp` on standard error.
-pub async fn serve_mcp<S>(server: S, bound: Bound, who: &str) -> std::io::Result<()>
-where
-    S: rmcp::ServerHandler + Clone + Send + Sync + 'static,
-{
-    use rmcp::transport::StreamableHttpService;
-    use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
-    let service = StreamableHttpService::new(
-        move || Ok(server.clone()),
-        Arc::new(LocalSessionManager::default()),
-        bound.guard.rmcp_config(),
-    );
-    let app = bound
-        .guard
-        .protect(axum::Router::new().nest_service("/mcp", service));
-    crate::logging::line(format_args!(
-        "callid {who}: listening on http://{}/mcp",
-        bound.addr
-    ));
-    axum::serve(nodelay(bound.listener), app)
-        .with_graceful_shutdown(async {
-            let _ = tokio::signal::ctrl_c().await;
-        })
-        .await
-}
-
 /// Checks the loopback policy and the `--allow-origin` values, then binds `addr`. Nothing is
 /// bound when a check fails.
 pub async fn bind(

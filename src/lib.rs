@@ -21,6 +21,8 @@
 //! - [`logging`]: best-effort standard error and the log set-up: a failed write never costs a
 //!   reply.
 //! - [`http_guard`]: the loopback, `Host` and `Origin` policy of every HTTP server of callid.
+//! - [`serve`]: serving an rmcp server, once for all of callid's: stdio (every request read is
+//!   answered, however late the client closed its side) and streamable HTTP behind [`http_guard`].
 //! - [`secret`]: credentials (tokens, URLs with passwords or API keys) that never show.
 //! - [`crashpoint`]: test-only crash points that kill the process at a named spend boundary
 //!   (armed only with the `test-hooks` feature; empty in an installed binary).
@@ -109,6 +111,7 @@ mod matrix;
 mod measure;
 mod router;
 mod secret;
+mod serve;
 mod spend;
 mod storage;
 mod text;

@@ -26,6 +26,7 @@
 //! [`crate::spend::registry::Write::Insert`]): completed operations count by
 //! what they charged (0 for an upstream tool error), open and waiting ones by their price.
 
+use crate::canonical::whole_number;
 use crate::spend::pipeline::{Quote, ToolCode, ToolError};
 use crate::spend::policy::PolicyError;
 use serde::Deserialize;
@@ -118,15 +119,7 @@ impl GatewayPolicy {
             return Ok(0);
         };
         if let Some(p) = &t.price_pointer {
-            // `3.0` is the number 3, as the request hash says: the same request, the same price.
-            let cents = |v: &Value| {
-                v.as_u64().or_else(|| {
-                    v.as_f64()
-                        .filter(|f| f.fract() == 0.0 && *f >= 0.0 && *f < u64::MAX as f64)
-                        .map(|f| f as u64)
-                })
-            };
-            return args.pointer(p).and_then(cents).ok_or_else(|| {
+            return args.pointer(p).and_then(whole_number).ok_or_else(|| {
                 ToolError::new(
                     ToolCode::InvalidArguments,
                     format!(

@@ -29,7 +29,7 @@ use rmcp::model::{
     SubscribeRequestParams, UnsubscribeRequestParams,
 };
 use rmcp::service::{PeerRequestOptions, RequestContext};
-use rmcp::{ErrorData as McpError, RoleServer, ServerHandler, ServiceError, ServiceExt};
+use rmcp::{ErrorData as McpError, RoleServer, ServerHandler, ServiceError};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -408,16 +408,9 @@ impl ServerHandler for GatewayServer {
     }
 }
 
-/// Serves MCP over stdin/stdout until the client closes it.
+/// Serves MCP over stdin/stdout until the client closes it and every call read is answered.
 pub async fn serve_stdio(server: GatewayServer) -> anyhow::Result<()> {
-    let service = server
-        .serve(rmcp::transport::stdio())
-        .await
-        .map_err(|e| anyhow::anyhow!("starting the gateway on stdio: {e}"))?;
-    service
-        .waiting()
-        .await
-        .map_err(|e| anyhow::anyhow!("serving the gateway on stdio: {e}"))?;
+    crate::serve::stdio(server, rmcp::transport::stdio(), "gateway").await?;
     Ok(())
 }
 
@@ -428,7 +421,7 @@ pub async fn serve_http(
     bound: crate::http_guard::Bound,
 ) -> anyhow::Result<()> {
     use anyhow::Context as _;
-    crate::http_guard::serve_mcp(server, bound, "gateway")
+    crate::serve::http(server, bound, "gateway", |app| app)
         .await
         .context("serving streamable HTTP")
 }

@@ -26,52 +26,34 @@ use axum::extract::{Request, State};
 use axum::http::{Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use rmcp::transport::streamable_http_server::StreamableHttpService;
-use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-
-/// The path the probe serves MCP on.
-pub const MCP_PATH: &str = "/mcp";
 
 struct HttpTap {
     tap: Arc<Tap>,
     sessions: Mutex<HashMap<String, TapConnection>>,
 }
 
-/// Serves MCP at [`MCP_PATH`] on `bound` until the process ends. Every request passes the
-/// bound address's [`crate::http_guard::Guard`] before the tap sees it: a refused request is
-/// neither recorded nor answered by MCP.
+/// Serves MCP at [`crate::serve::MCP_PATH`] on `bound` until the process ends. Every request
+/// passes the bound address's [`crate::http_guard::Guard`] before the tap sees it: a refused
+/// request is neither recorded nor answered by MCP.
 pub async fn serve_http(
     bound: crate::http_guard::Bound,
     tap: Arc<Tap>,
     server: ProbeServer,
 ) -> Result<(), ProbeError> {
-    let service = StreamableHttpService::new(
-        move || Ok(server.clone()),
-        Arc::new(LocalSessionManager::default()),
-        bound.guard.rmcp_config(),
-    );
     let state = Arc::new(HttpTap {
         tap,
         sessions: Mutex::new(HashMap::new()),
     });
-    let app = axum::Router::new()
-        .nest_service(MCP_PATH, service)
-        .layer(axum::middleware::from_fn_with_state(state, tap_layer));
-    // TCP_NODELAY: an SSE reply goes out as several small writes (headers, then each event);
-    // with Nagle's algorithm the later ones wait for the client's delayed ACK, ~40 ms per call.
-    let listener = axum::serve::ListenerExt::tap_io(bound.listener, |tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!("could not set TCP_NODELAY: {e}");
-        }
-    });
-    axum::serve(listener, bound.guard.protect(app))
-        .await
-        .map_err(|source| ProbeError::Io {
-            doing: "serving HTTP",
-            source,
-        })
+    crate::serve::http(server, bound, "probe", |app| {
+        app.layer(axum::middleware::from_fn_with_state(state, tap_layer))
+    })
+    .await
+    .map_err(|source| ProbeError::Io {
+        doing: "serving HTTP",
+        source,
+    })
 }
 
 async fn tap_layer(State(st): State<Arc<HttpTap>>, req: Request, next: Next) -> Response {

@@ -139,11 +139,6 @@ pub(crate) async fn run(options: ProbeOptions) -> Result<i32, ProbeError> {
                 .with_identity_sources(options.identity_sources.clone())
                 .legacy_handshake(options.legacy_handshake),
         );
-        crate::logging::line(format_args!(
-            "callid probe: serving MCP over streamable HTTP at http://{}{}",
-            bound.addr,
-            http::MCP_PATH
-        ));
         // Ended by SIGINT or SIGTERM: the records still queued are written before exiting.
         let served = tokio::select! {
             served = http::serve_http(bound, tap.clone(), server) => served,

@@ -10,14 +10,14 @@
 //! written there too, whole lines under one lock, so nothing interleaves within a line.
 //!
 //! # Shutdown
-//! End of input ends rmcp's session; the last replies and answers are written and
-//! [`serve_stdio`] returns. Should rmcp's session end first, the rest of the input is still read
+//! End of input ends rmcp's session once every request read is answered
+//! ([`crate::serve::stdio`]); the last replies and answers are written and [`serve_stdio`]
+//! returns. Should rmcp's session end first, the rest of the input is still read
 //! and recorded (the tap still answers what it answers itself).
 
 use super::error::ProbeError;
 use super::server::ProbeServer;
 use super::tap::{Frame, LineFramer, Tap, TapConnection};
-use rmcp::ServiceExt as _;
 use rmcp::model::{ClientJsonRpcMessage, JsonRpcMessage, ServerJsonRpcMessage, ServerResult};
 use rmcp::service::RoleServer;
 use std::collections::VecDeque;
@@ -183,11 +183,8 @@ where
         conn: conn.clone(),
         out: out.clone(),
     };
-    match server.serve(transport).await {
-        Ok(running) => {
-            let _ = running.waiting().await;
-        }
-        Err(e) => tracing::debug!("the probe's MCP session ended before it began: {e}"),
+    if let Err(e) = crate::serve::stdio(server, transport, "probe").await {
+        tracing::debug!("the probe's MCP session ended: {e}");
     }
     // Whatever rmcp left unread is still recorded (and answered where the tap answers).
     let mut input = input.lock().await;
@@ -221,6 +218,7 @@ mod tests {
     use crate::probe::record::{Kind, Record, ShapeLog, Transport};
     use crate::probe::tap::Mode;
     use crate::shape::Digester;
+    use rmcp::ServiceExt as _;
     use rmcp::model::{CallToolRequestParams, MetaObject, RequestMetaObject};
     use serde_json::{Value, json};
     use std::io::Write;

@@ -21,7 +21,7 @@ use rmcp::model::{
     ReadResourceResult, Resource, ResourceContents, ServerCapabilities, ServerConfig, Tool,
 };
 use rmcp::service::RequestContext;
-use rmcp::{ErrorData as McpError, RoleServer, ServerHandler, ServiceExt};
+use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde_json::{Map, Value, json};
 
 /// `_meta` key carrying the idempotency key a paid call is charged under.
@@ -253,15 +253,14 @@ impl ServerHandler for McpProvider {
     }
 }
 
-/// Serves the provider over stdin/stdout until the client closes it.
+/// Serves the provider over stdin/stdout until the client closes it and every call read is
+/// answered.
 pub async fn serve_stdio(ledger: Ledger) -> anyhow::Result<()> {
-    let service = McpProvider::new(ledger)
-        .serve(rmcp::transport::stdio())
-        .await
-        .map_err(|e| anyhow::anyhow!("starting the MCP provider on stdio: {e}"))?;
-    service
-        .waiting()
-        .await
-        .map_err(|e| anyhow::anyhow!("serving the MCP provider on stdio: {e}"))?;
+    crate::serve::stdio(
+        McpProvider::new(ledger),
+        rmcp::transport::stdio(),
+        "MCP provider",
+    )
+    .await?;
     Ok(())
 }

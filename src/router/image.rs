@@ -417,14 +417,7 @@ fn image_request(args: &Value) -> Result<ImageRequest, ToolError> {
     let size = |name: &str| -> Result<u32, ToolError> {
         match map.get(name) {
             None => Ok(crate::provider::types::DEFAULT_SIZE),
-            // `512.0` is the number 512 (the request hash agrees), so it is accepted.
-            Some(v) => v
-                .as_u64()
-                .or_else(|| {
-                    v.as_f64()
-                        .filter(|f| f.fract() == 0.0 && *f >= 0.0)
-                        .map(|f| f as u64)
-                })
+            Some(v) => crate::canonical::whole_number(v)
                 .and_then(|n| u32::try_from(n).ok())
                 .ok_or_else(|| {
                     invalid(format!(

@@ -14,7 +14,7 @@ use rmcp::model::{
     PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
 };
 use rmcp::service::RequestContext;
-use rmcp::{ErrorData as McpError, RoleServer, ServerHandler, ServiceExt};
+use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde_json::{Value, json};
 use std::sync::Arc;
 
@@ -124,16 +124,14 @@ fn call_info(context: &RequestContext<RoleServer>) -> CallInfo {
     }
 }
 
-/// Serves MCP over stdin/stdout until the client closes it.
+/// Serves MCP over stdin/stdout until the client closes it and every call read is answered.
 pub async fn serve_stdio(router: Arc<Router>) -> anyhow::Result<()> {
-    let service = RouterServer::new(router)
-        .serve(rmcp::transport::stdio())
-        .await
-        .map_err(|e| anyhow::anyhow!("starting the MCP server on stdio: {e}"))?;
-    service
-        .waiting()
-        .await
-        .map_err(|e| anyhow::anyhow!("serving MCP on stdio: {e}"))?;
+    crate::serve::stdio(
+        RouterServer::new(router),
+        rmcp::transport::stdio(),
+        "router",
+    )
+    .await?;
     Ok(())
 }
 
@@ -144,7 +142,7 @@ pub async fn serve_http(
     bound: crate::http_guard::Bound,
 ) -> anyhow::Result<()> {
     use anyhow::Context as _;
-    crate::http_guard::serve_mcp(RouterServer::new(router), bound, "router")
+    crate::serve::http(RouterServer::new(router), bound, "router", |app| app)
         .await
         .context("serving streamable HTTP")
 }
@@ -153,6 +151,7 @@ pub async fn serve_http(
 mod tests {
     use super::*;
     use crate::router::RouterOptions;
+    use rmcp::ServiceExt as _;
     use rmcp::model::CallToolRequestParams;
     use std::cell::Cell;
 

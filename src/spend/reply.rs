@@ -1,10 +1,10 @@
 //! The tool reply and error catalogue: what every answer of a tool call looks like on the wire.
 //!
 //! The [`pipeline`](super::pipeline) decides *what* to answer; this module says *how*: a result
-//! ([`Reply`]), a tool error with its stable code ([`ToolError`]), the router's catalogue of codes
-//! of every spender ([`ToolCode::ALL`]) and how identity errors map onto it. Each spender's
-//! own catalogue and result text live with it ([`crate::router::reply`],
-//! [`crate::gateway::spend::ERROR_CODES`]).
+//! ([`Reply`]), a tool error with its stable code ([`ToolError`]), the one table of every code
+//! with the spenders that answer it ([`ToolCode::ALL`], [`Catalogue`]) and how identity errors
+//! map onto it. Each spender names its catalogue and keeps its result text
+//! ([`crate::router::reply`], [`crate::gateway::spend::ERROR_CODES`]).
 //!
 //! # Guarantees
 //! - A tool error's `structuredContent` is `{"error": code, "message", "handle"?, "status"?}`
@@ -27,144 +27,129 @@ use std::sync::Arc;
 /// `_meta` key of a result that says whether it was replayed.
 pub const REPLAYED_META: &str = "callid/replayed";
 
-/// A tool error's stable code: every code a tool call of the router or the gateway can answer.
-/// The wire string ([`ToolCode::code`]) never changes; which codes a spender answers is its
-/// catalogue ([`crate::router::reply::ERROR_CODES`], [`crate::gateway::spend::ERROR_CODES`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ToolCode {
-    /// `missing_identity`.
-    MissingIdentity,
-    /// `ambiguous_identity`.
-    AmbiguousIdentity,
-    /// `invalid_identity`.
-    InvalidIdentity,
-    /// `identity_in_arguments`.
-    IdentityInArguments,
-    /// `missing_signature`.
-    MissingSignature,
-    /// `invalid_signature`.
-    InvalidSignature,
-    /// `unknown_signing_key`.
-    UnknownSigningKey,
-    /// `signing_key_not_allowed`.
-    SigningKeyNotAllowed,
-    /// `signature_expired`.
-    SignatureExpired,
-    /// `signature_not_yet_valid`.
-    SignatureNotYetValid,
-    /// `unsigned_identity`.
-    UnsignedIdentity,
-    /// `vouched_for_mismatch`.
-    VouchedForMismatch,
-    /// `non_canonical_arguments`.
-    NonCanonicalArguments,
-    /// `invalid_arguments`.
-    InvalidArguments,
-    /// `request_mismatch`.
-    RequestMismatch,
-    /// `operation_in_progress`.
-    OperationInProgress,
-    /// `awaiting_approval`.
-    AwaitingApproval,
-    /// `operation_denied`.
-    OperationDenied,
-    /// `unknown_operation`.
-    UnknownOperation,
-    /// `registry_unavailable`.
-    RegistryUnavailable,
-    /// `outcome_unknown`.
-    OutcomeUnknown,
-    /// `outcome_in_doubt`.
-    OutcomeInDoubt,
-    /// `backend_state_corrupt`.
-    BackendStateCorrupt,
-    /// `budget_exceeded`.
-    BudgetExceeded,
-    /// `create_new_operation`.
-    CreateNewOperation,
-    /// `unknown_model`.
-    UnknownModel,
-    /// `provider_unavailable`.
-    ProviderUnavailable,
-    /// `provider_error`.
-    ProviderError,
-    /// `upstream_unavailable`.
-    UpstreamUnavailable,
-    /// `upstream_error`.
-    UpstreamError,
+/// Which spender's catalogue a [`ToolCode`] belongs to: the codes a tool call of the built-in
+/// router ([`crate::router::reply::ERROR_CODES`]) or of the gateway
+/// ([`crate::gateway::spend::ERROR_CODES`]) can answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Catalogue {
+    /// The built-in router in front of the image backend.
+    Router,
+    /// The gateway in front of an upstream MCP server.
+    Gateway,
+}
+
+impl Catalogue {
+    /// How many codes this catalogue has.
+    pub const fn size(self) -> usize {
+        let mut n = 0;
+        let mut i = 0;
+        while i < ToolCode::ALL.len() {
+            if ToolCode::ALL[i].in_catalogue(self) {
+                n += 1;
+            }
+            i += 1;
+        }
+        n
+    }
+
+    /// This catalogue's codes, in [`ToolCode::ALL`] order; `N` is [`Catalogue::size`] (checked
+    /// when the constant is compiled).
+    pub const fn codes<const N: usize>(self) -> [ToolCode; N] {
+        let mut codes = [ToolCode::ALL[0]; N];
+        let mut n = 0;
+        let mut i = 0;
+        while i < ToolCode::ALL.len() {
+            if ToolCode::ALL[i].in_catalogue(self) {
+                codes[n] = ToolCode::ALL[i];
+                n += 1;
+            }
+            i += 1;
+        }
+        assert!(n == N, "N is the catalogue's size");
+        codes
+    }
+}
+
+/// The table of every tool error code: its variant, its wire string and the catalogues that
+/// answer it, one line each. [`ToolCode`], [`ToolCode::ALL`] (in table order),
+/// [`ToolCode::code`] and each spender's catalogue ([`Catalogue::codes`]) all come from it, so
+/// adding a code is one line here and no catalogue can hold a code that `ALL` lacks.
+macro_rules! tool_codes {
+    ($($variant:ident = $wire:literal: $($catalogue:ident)+;)+) => {
+        /// A tool error's stable code: every code a tool call of the router or the gateway can
+        /// answer. The wire string ([`ToolCode::code`]) never changes; which codes a spender
+        /// answers is its [`Catalogue`].
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum ToolCode {
+            $(
+                #[doc = concat!("`", $wire, "`.")]
+                $variant,
+            )+
+        }
+
+        impl ToolCode {
+            /// Every code, in catalogue order.
+            pub const ALL: [ToolCode; [$(ToolCode::$variant),+].len()] = [$(ToolCode::$variant),+];
+
+            /// The stable wire string (`structuredContent.error`, the registry's recorded code).
+            pub const fn code(self) -> &'static str {
+                match self {
+                    $(ToolCode::$variant => $wire,)+
+                }
+            }
+
+            /// Whether `catalogue` holds this code.
+            pub const fn in_catalogue(self, catalogue: Catalogue) -> bool {
+                let holders: &[Catalogue] = match self {
+                    $(ToolCode::$variant => &[$(Catalogue::$catalogue),+],)+
+                };
+                let mut i = 0;
+                while i < holders.len() {
+                    if holders[i] as u8 == catalogue as u8 {
+                        return true;
+                    }
+                    i += 1;
+                }
+                false
+            }
+        }
+    };
+}
+
+tool_codes! {
+    MissingIdentity = "missing_identity": Router Gateway;
+    AmbiguousIdentity = "ambiguous_identity": Router Gateway;
+    InvalidIdentity = "invalid_identity": Router Gateway;
+    IdentityInArguments = "identity_in_arguments": Router Gateway;
+    MissingSignature = "missing_signature": Router Gateway;
+    InvalidSignature = "invalid_signature": Router Gateway;
+    UnknownSigningKey = "unknown_signing_key": Router Gateway;
+    SigningKeyNotAllowed = "signing_key_not_allowed": Router Gateway;
+    SignatureExpired = "signature_expired": Router Gateway;
+    SignatureNotYetValid = "signature_not_yet_valid": Router Gateway;
+    UnsignedIdentity = "unsigned_identity": Router Gateway;
+    VouchedForMismatch = "vouched_for_mismatch": Gateway;
+    NonCanonicalArguments = "non_canonical_arguments": Router Gateway;
+    InvalidArguments = "invalid_arguments": Router Gateway;
+    RequestMismatch = "request_mismatch": Router Gateway;
+    OperationInProgress = "operation_in_progress": Router Gateway;
+    AwaitingApproval = "awaiting_approval": Router Gateway;
+    OperationDenied = "operation_denied": Router Gateway;
+    UnknownOperation = "unknown_operation": Router Gateway;
+    RegistryUnavailable = "registry_unavailable": Router Gateway;
+    OutcomeUnknown = "outcome_unknown": Router Gateway;
+    OutcomeInDoubt = "outcome_in_doubt": Gateway;
+    BackendStateCorrupt = "backend_state_corrupt": Router;
+    BudgetExceeded = "budget_exceeded": Router Gateway;
+    CreateNewOperation = "create_new_operation": Router;
+    UnknownModel = "unknown_model": Router;
+    ProviderUnavailable = "provider_unavailable": Router;
+    ProviderError = "provider_error": Router Gateway;
+    UpstreamUnavailable = "upstream_unavailable": Gateway;
+    UpstreamError = "upstream_error": Gateway;
 }
 
 impl ToolCode {
-    /// Every code, in catalogue order.
-    pub const ALL: [ToolCode; 30] = [
-        ToolCode::MissingIdentity,
-        ToolCode::AmbiguousIdentity,
-        ToolCode::InvalidIdentity,
-        ToolCode::IdentityInArguments,
-        ToolCode::MissingSignature,
-        ToolCode::InvalidSignature,
-        ToolCode::UnknownSigningKey,
-        ToolCode::SigningKeyNotAllowed,
-        ToolCode::SignatureExpired,
-        ToolCode::SignatureNotYetValid,
-        ToolCode::UnsignedIdentity,
-        ToolCode::VouchedForMismatch,
-        ToolCode::NonCanonicalArguments,
-        ToolCode::InvalidArguments,
-        ToolCode::RequestMismatch,
-        ToolCode::OperationInProgress,
-        ToolCode::AwaitingApproval,
-        ToolCode::OperationDenied,
-        ToolCode::UnknownOperation,
-        ToolCode::RegistryUnavailable,
-        ToolCode::OutcomeUnknown,
-        ToolCode::OutcomeInDoubt,
-        ToolCode::BackendStateCorrupt,
-        ToolCode::BudgetExceeded,
-        ToolCode::CreateNewOperation,
-        ToolCode::UnknownModel,
-        ToolCode::ProviderUnavailable,
-        ToolCode::ProviderError,
-        ToolCode::UpstreamUnavailable,
-        ToolCode::UpstreamError,
-    ];
-
-    /// The stable wire string (`structuredContent.error`, the registry's recorded code).
-    pub fn code(self) -> &'static str {
-        match self {
-            ToolCode::MissingIdentity => "missing_identity",
-            ToolCode::AmbiguousIdentity => "ambiguous_identity",
-            ToolCode::InvalidIdentity => "invalid_identity",
-            ToolCode::IdentityInArguments => "identity_in_arguments",
-            ToolCode::MissingSignature => "missing_signature",
-            ToolCode::InvalidSignature => "invalid_signature",
-            ToolCode::UnknownSigningKey => "unknown_signing_key",
-            ToolCode::SigningKeyNotAllowed => "signing_key_not_allowed",
-            ToolCode::SignatureExpired => "signature_expired",
-            ToolCode::SignatureNotYetValid => "signature_not_yet_valid",
-            ToolCode::UnsignedIdentity => "unsigned_identity",
-            ToolCode::VouchedForMismatch => "vouched_for_mismatch",
-            ToolCode::NonCanonicalArguments => "non_canonical_arguments",
-            ToolCode::InvalidArguments => "invalid_arguments",
-            ToolCode::RequestMismatch => "request_mismatch",
-            ToolCode::OperationInProgress => "operation_in_progress",
-            ToolCode::AwaitingApproval => "awaiting_approval",
-            ToolCode::OperationDenied => "operation_denied",
-            ToolCode::UnknownOperation => "unknown_operation",
-            ToolCode::RegistryUnavailable => "registry_unavailable",
-            ToolCode::OutcomeUnknown => "outcome_unknown",
-            ToolCode::OutcomeInDoubt => "outcome_in_doubt",
-            ToolCode::BackendStateCorrupt => "backend_state_corrupt",
-            ToolCode::BudgetExceeded => "budget_exceeded",
-            ToolCode::CreateNewOperation => "create_new_operation",
-            ToolCode::UnknownModel => "unknown_model",
-            ToolCode::ProviderUnavailable => "provider_unavailable",
-            ToolCode::ProviderError => "provider_error",
-            ToolCode::UpstreamUnavailable => "upstream_unavailable",
-            ToolCode::UpstreamError => "upstream_error",
-        }
-    }
-
     /// The code whose wire string is `code`, if any.
     pub fn from_code(code: &str) -> Option<ToolCode> {
         ToolCode::ALL.into_iter().find(|c| c.code() == code)
@@ -643,6 +628,46 @@ mod tests {
         }
         for wire in identity::signature::SignatureError::CODES {
             assert!(ToolCode::from_code(wire).is_some(), "{wire}");
+        }
+    }
+
+    /// Each spender's catalogue, written out by hand: moving a code into or out of one is a
+    /// deliberate change of this list too.
+    #[test]
+    fn each_catalogue_holds_the_codes_its_spender_answers() {
+        let only_router = [
+            "backend_state_corrupt",
+            "create_new_operation",
+            "unknown_model",
+            "provider_unavailable",
+        ];
+        let only_gateway = [
+            "vouched_for_mismatch",
+            "outcome_in_doubt",
+            "upstream_unavailable",
+            "upstream_error",
+        ];
+        let expected = |not: &[&str]| -> Vec<&'static str> {
+            ToolCode::ALL
+                .iter()
+                .map(|c| c.code())
+                .filter(|w| !not.contains(w))
+                .collect()
+        };
+        let codes = |list: &[ToolCode]| list.iter().map(|c| c.code()).collect::<Vec<_>>();
+        assert_eq!(
+            codes(&Catalogue::Router.codes::<{ Catalogue::Router.size() }>()),
+            expected(&only_gateway)
+        );
+        assert_eq!(
+            codes(&Catalogue::Gateway.codes::<{ Catalogue::Gateway.size() }>()),
+            expected(&only_router)
+        );
+        for code in ToolCode::ALL {
+            assert!(
+                code.in_catalogue(Catalogue::Router) || code.in_catalogue(Catalogue::Gateway),
+                "{code} is answered by no spender"
+            );
         }
     }
 }

@@ -115,6 +115,56 @@ fn print_profile_writes_a_commented_template_that_runs_as_is() {
     );
 }
 
+/// `--print-profile gateway` prints the shipped gateway profile, and that profile, with the
+/// shipped policy beside it, runs as is from a directory outside the repository.
+#[test]
+fn print_profile_gateway_writes_the_gateway_profile_that_runs_as_is() {
+    let dir = empty_dir();
+    let output = conform_in(dir.path(), &["--print-profile", "gateway"]);
+    assert_eq!(code(&output), 0, "{}", stderr(&output));
+    let profile = stdout(&output);
+    insta::assert_snapshot!("print_profile_gateway", profile);
+    let targets = repo().join("scenarios/targets");
+    assert_eq!(
+        profile,
+        std::fs::read_to_string(targets.join("gateway.yaml")).unwrap()
+    );
+    std::fs::write(dir.path().join("gateway.yaml"), &profile).unwrap();
+    std::fs::copy(
+        targets.join("gateway-policy.yaml"),
+        dir.path().join("gateway-policy.yaml"),
+    )
+    .unwrap();
+    let output = conform_in(
+        dir.path(),
+        &[
+            "--target",
+            "gateway.yaml",
+            "--only",
+            "identity.missing-fails-closed",
+            "redelivery.same-connection",
+        ],
+    );
+    assert_eq!(code(&output), 0, "{}{}", stdout(&output), stderr(&output));
+    assert!(
+        stdout(&output).contains("2 checks: 2 pass, 0 fail, 0 skipped by profile, 0 not run"),
+        "{}",
+        stdout(&output)
+    );
+    let router = conform_in(dir.path(), &["--print-profile", "router"]);
+    assert_eq!(
+        stdout(&router),
+        stdout(&conform_in(dir.path(), &["--print-profile"]))
+    );
+    let unknown = conform_in(dir.path(), &["--print-profile", "proxy"]);
+    assert_eq!(code(&unknown), 2);
+    assert!(
+        stderr(&unknown).contains("[possible values: router, gateway]"),
+        "{}",
+        stderr(&unknown)
+    );
+}
+
 #[test]
 fn contract_is_printed_and_linked_from_help() {
     let dir = empty_dir();

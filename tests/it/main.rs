@@ -42,5 +42,6 @@ mod router;
 mod router_perf;
 mod signed_envelopes;
 mod snippets;
+mod stdio_eof;
 mod storage_home;
 mod store;

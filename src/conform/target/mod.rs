@@ -59,5 +59,6 @@ mod shell;
 
 pub use placeholders::Vars;
 pub use profile::{
-    Backend, Can, OperatorCommand, Pointers, Profile, TargetError, Transport, template,
+    Backend, Can, OperatorCommand, Pointers, Profile, Shipped, TargetError, Transport,
+    shipped_profile,
 };

@@ -13,6 +13,26 @@ use super::shell::split_words;
 /// The shipped profile of the reference router.
 pub const REFERENCE_PROFILE: &str = include_str!("../../../scenarios/targets/reference.yaml");
 
+/// The shipped profile of `callid gateway` in front of the runner's upstream MCP server.
+pub const GATEWAY_PROFILE: &str = include_str!("../../../scenarios/targets/gateway.yaml");
+
+/// A shipped profile `callid conform --print-profile` prints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shipped {
+    /// The reference router's ([`template`]).
+    Router,
+    /// The gateway's ([`GATEWAY_PROFILE`]), whose policy is `gateway-policy.yaml` beside it.
+    Gateway,
+}
+
+/// The text `callid conform --print-profile` prints for `which`: the shipped file.
+pub fn shipped_profile(which: Shipped) -> String {
+    match which {
+        Shipped::Router => template(),
+        Shipped::Gateway => GATEWAY_PROFILE.to_owned(),
+    }
+}
+
 /// One target profile.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -525,10 +545,11 @@ impl Profile {
             file: file.to_path_buf(),
             source,
         })?;
+        // A bare file name's parent is the empty path: `{profile_dir}/x` must not become `/x`.
         let dir = file
             .parent()
-            .map(Path::to_path_buf)
-            .unwrap_or_else(|| PathBuf::from("."));
+            .filter(|d| !d.as_os_str().is_empty())
+            .map_or_else(|| PathBuf::from("."), Path::to_path_buf);
         let profile = Profile::parse(&text, &file.display().to_string(), dir)?;
         profile.check_env(&file.display().to_string())?;
         Ok(profile)
@@ -1315,7 +1336,7 @@ mod tests {
 
     #[test]
     fn upstream_placeholders_belong_to_the_upstream_backend() {
-        let gateway = include_str!("../../../scenarios/targets/gateway.yaml");
+        let gateway = GATEWAY_PROFILE;
         let p = Profile::parse(gateway, "g.yaml", PathBuf::new()).unwrap();
         assert_eq!(p.backend, Backend::Upstream);
         assert_eq!(p.ledger(), Can::Yes);
