@@ -727,6 +727,7 @@ pub enum Lease {
     NotPending(Status),
 }
 
+mod machine;
 pub mod postgres;
 pub mod sqlite;
 
@@ -810,6 +811,22 @@ macro_rules! each {
     };
 }
 
+/// `$e` with `$r` the open backend as a [`machine::RegistryStore`].
+macro_rules! each_store {
+    ($self:ident, $r:ident => $e:expr) => {
+        match $self {
+            Registry::Sqlite(open) => {
+                let $r: &mut SqliteRegistry = open;
+                $e
+            }
+            Registry::Postgres(open) => {
+                let $r: &mut postgres::PgRegistry = open;
+                $e
+            }
+        }
+    };
+}
+
 impl Registry {
     /// Opens the registry at `location`, creating it if absent and migrating it to the newest
     /// schema. A foreign or newer registry is refused untouched.
@@ -866,48 +883,14 @@ impl Registry {
         each!(self, r => r.find_by_handle(handle))
     }
 
-    /// Runs `writes` with one commit for all on a SQLite file (group commit: see
-    /// [`SqliteRegistry::write_batch`]); on PostgreSQL one after the other, each its own
-    /// transaction (the server shares WAL flushes between concurrent commits itself). Every
-    /// write is answered on its channel only after its commit returned.
+    /// Runs `writes` with one commit for all (group commit: each in a savepoint of its own, a
+    /// lone write in none; see [`machine`]). The router's SQLite writer batches what queued
+    /// while its previous commit ran; its PostgreSQL writers take one write each, on a
+    /// connection each (the server shares WAL flushes between concurrent commits itself), and a
+    /// write with nothing to commit beside it (no budget, no layer step) is one statement.
+    /// Every write is answered on its channel only after its commit returned.
     pub fn write_batch<T>(&mut self, writes: Vec<Write<T>>) {
-        match self {
-            Registry::Sqlite(r) => r.write_batch(writes),
-            Registry::Postgres(r) => {
-                for write in writes {
-                    match write {
-                        Write::Insert {
-                            new,
-                            budget_cents,
-                            owner,
-                            ttl,
-                            stage,
-                            reply,
-                        } => {
-                            let done = r.insert_staged(*new, budget_cents, &owner, ttl, stage);
-                            drop(reply.send(done));
-                        }
-                        Write::Result {
-                            handle,
-                            result,
-                            charged_cents,
-                            generation,
-                            settle,
-                            reply,
-                        } => {
-                            let done = r.record_settled(
-                                &handle,
-                                generation,
-                                &result,
-                                charged_cents,
-                                settle,
-                            );
-                            drop(reply.send(done));
-                        }
-                    }
-                }
-            }
-        }
+        each_store!(self, r => machine::write_batch(r, writes))
     }
 
     /// Takes the dispatch lease of a pending operation for `owner` until `now + ttl`.
@@ -917,7 +900,7 @@ impl Registry {
         owner: &str,
         ttl: Duration,
     ) -> Result<Lease, RegistryError> {
-        each!(self, r => r.claim_lease(handle, owner, ttl))
+        each_store!(self, r => machine::claim(r, handle, owner, ttl))
     }
 
     /// Gives up a dispatch lease without recording a result (a retryable failure): the row
@@ -930,7 +913,11 @@ impl Registry {
         handle: &PublicHandle,
         generation: i64,
     ) -> Result<(), RegistryError> {
-        each!(self, r => r.release_lease(handle, generation))
+        let step = machine::Step::Release {
+            handle: handle.as_str(),
+            generation,
+        };
+        each_store!(self, r => machine::apply(r, step)).map(drop)
     }
 
     /// Extends the dispatch lease of `generation` to `now + ttl` while its dispatcher waits for
@@ -942,7 +929,12 @@ impl Registry {
         generation: i64,
         ttl: Duration,
     ) -> Result<bool, RegistryError> {
-        each!(self, r => r.renew_lease(handle, generation, ttl))
+        let step = machine::Step::Renew {
+            handle: handle.as_str(),
+            generation,
+            ttl,
+        };
+        each_store!(self, r => machine::apply(r, step))
     }
 
     /// Marks a pending at-most-once row, dispatched under `generation`, as
@@ -954,7 +946,12 @@ impl Registry {
         generation: i64,
         reason: &str,
     ) -> Result<bool, RegistryError> {
-        each!(self, r => r.mark_in_doubt(handle, generation, reason))
+        let step = machine::Step::MarkInDoubt {
+            handle: handle.as_str(),
+            generation,
+            reason,
+        };
+        each_store!(self, r => machine::apply(r, step))
     }
 
     /// Records a final error of an operation (answered again on redelivery), fenced by the
@@ -966,7 +963,7 @@ impl Registry {
         code: &str,
         message: &str,
     ) -> Result<(), RegistryError> {
-        each!(self, r => r.record_failure(handle, generation, code, message))
+        each_store!(self, r => machine::record_failure(r, handle, generation, code, message))
     }
 
     /// A person's resolution of an [`Status::InDoubt`] operation, recorded with who and when.
@@ -980,26 +977,7 @@ impl Registry {
         result: Option<&Value>,
         by: &str,
     ) -> Result<Operation, RegistryError> {
-        let unknown = |r: &Registry| RegistryError::UnknownHandle {
-            handle: handle.to_string(),
-            path: each!(r, b => b.location()),
-        };
-        let op = self.find_by_handle(handle)?.ok_or_else(|| unknown(self))?;
-        if op.status != Status::InDoubt {
-            return Err(RegistryError::NotInDoubt {
-                handle: handle.to_string(),
-                status: op.status.name(),
-            });
-        }
-        // Conditional on the row still being in doubt: a second person's resolution, or the
-        // late answer of the only dispatch, may have settled it meanwhile.
-        if !each!(self, r => r.resolve_row(handle, charged, result, by))? {
-            return Err(RegistryError::NotInDoubt {
-                handle: handle.to_string(),
-                status: "changed meanwhile",
-            });
-        }
-        self.find_by_handle(handle)?.ok_or_else(|| unknown(self))
+        each_store!(self, r => machine::resolve(r, handle, charged, result, by))
     }
 
     /// A person's decision on an operation waiting for approval.
@@ -1009,7 +987,7 @@ impl Registry {
         approve: bool,
         reason: Option<&str>,
     ) -> Result<Operation, RegistryError> {
-        each!(self, r => r.decide(handle, approve, reason))
+        each_store!(self, r => machine::decide(r, handle, approve, reason))
     }
 }
 
