@@ -667,16 +667,16 @@ impl NewOperation {
 
     /// The operation this row is once stored with `status` and `approval` (no result yet): what
     /// every backend answers for the row it just created.
-    pub fn into_operation(self, status: Status, approval: Approval) -> Operation {
+    pub fn operation(&self, status: Status, approval: Approval) -> Operation {
         Operation {
-            platform: self.platform,
-            source_installation: self.source_installation,
-            harness_call_id: self.harness_call_id,
-            handle: self.handle,
-            key: self.key,
-            tool: self.tool,
-            request_hash: self.request_hash,
-            arguments: self.arguments,
+            platform: self.platform.clone(),
+            source_installation: self.source_installation.clone(),
+            harness_call_id: self.harness_call_id.clone(),
+            handle: self.handle.clone(),
+            key: self.key.clone(),
+            tool: self.tool.clone(),
+            request_hash: self.request_hash.clone(),
+            arguments: self.arguments.clone(),
             amount_cents: self.amount_cents,
             status,
             approval,

@@ -575,7 +575,7 @@ impl SqliteRegistry {
         budget_cents: Option<u64>,
     ) -> Result<super::Insert, RegistryError> {
         self.transact("recording a new operation", true, |tx| {
-            super::machine::insert_in::<_, ()>(tx, new, budget_cents, None, None)
+            super::machine::insert_in::<_, ()>(tx, &new, budget_cents, None, None)
         })
         .map(|(insert, _, _)| insert)
     }
