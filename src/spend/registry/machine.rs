@@ -14,8 +14,8 @@
 //! nothing else.
 
 use super::{
-    Approval, InTransaction, Insert, InsertDone, Lease, NewOperation, Operation,
-    RegistryError, Status, Write,
+    Approval, InTransaction, Insert, InsertDone, Lease, NewOperation, Operation, RegistryError,
+    Status, Write,
 };
 use crate::keys::PublicHandle;
 use serde_json::Value;
@@ -145,8 +145,10 @@ pub(super) trait StoreTx {
     /// Runs `step`; `true` when it matched its row.
     fn apply(&mut self, step: &Step<'_>) -> Result<bool, RegistryError>;
     /// Runs another layer's step in this transaction.
-    fn layer<T>(&mut self, step: InTransaction<T, String>)
-    -> Result<Result<T, String>, RegistryError>;
+    fn layer<T>(
+        &mut self,
+        step: InTransaction<T, String>,
+    ) -> Result<Result<T, String>, RegistryError>;
     /// `SAVEPOINT name`.
     fn savepoint(&mut self, name: &'static str) -> Result<(), RegistryError>;
     /// Keeps (`keep`) or rolls back what was written since `SAVEPOINT name`, and releases it.
@@ -183,7 +185,10 @@ pub(super) trait RegistryStore {
 }
 
 /// Runs one conditional row change in a transaction of its own; `true` when it matched.
-pub(super) fn apply<S: RegistryStore>(store: &mut S, step: Step<'_>) -> Result<bool, RegistryError> {
+pub(super) fn apply<S: RegistryStore>(
+    store: &mut S,
+    step: Step<'_>,
+) -> Result<bool, RegistryError> {
     store.transact(step.doing(), false, |tx| tx.apply(&step))
 }
 
@@ -489,8 +494,9 @@ pub(super) fn write_batch<S: RegistryStore, T>(store: &mut S, writes: Vec<Write<
                 owner,
                 ttl,
                 stage,
-            } => insert_lone(store, &new, budget_cents, Some((&owner, ttl)), stage)
-                .map(Done::Insert),
+            } => {
+                insert_lone(store, &new, budget_cents, Some((&owner, ttl)), stage).map(Done::Insert)
+            }
             op => store.transact(op.doing(), op.atomic(), |tx| op.run(tx)),
         };
         reply.send(done);
@@ -680,7 +686,11 @@ mod tests {
                 LayerTx::Sqlite(c) => c.execute_batch(&sql).map_err(|e| e.to_string())?,
                 LayerTx::Postgres(t) => t.batch_execute(&sql).map_err(|e| e.to_string())?,
             }
-            if ok { Ok(()) } else { Err(format!("layer {x} refused")) }
+            if ok {
+                Ok(())
+            } else {
+                Err(format!("layer {x} refused"))
+            }
         })
     }
 
@@ -773,7 +783,7 @@ mod tests {
         lone(store, w);
         seen.push(shown(within.try_recv().unwrap()));
         let find = |store: &mut S, call: &str| {
-            let handle = store
+            store
                 .transact("looking up a call", false, |tx| {
                     tx.find(CallKey {
                         platform: "codex",
@@ -783,29 +793,46 @@ mod tests {
                 })
                 .unwrap()
                 .unwrap()
-                .handle;
-            handle
+                .handle
         };
         let (ha, hb) = (find(store, "a"), find(store, "b"));
         let (w, mut r) = result(&ha, 1, Some(layer(3, true)));
         lone(store, w);
-        seen.push(format!("{:?}", r.try_recv().unwrap().map_err(|e| error(&e))));
+        seen.push(format!(
+            "{:?}",
+            r.try_recv().unwrap().map_err(|e| error(&e))
+        ));
         // A stale generation records nothing, its layers' record included.
         let (w, mut r) = result(&hb, 2, Some(layer(4, true)));
         lone(store, w);
-        seen.push(format!("{:?}", r.try_recv().unwrap().map_err(|e| error(&e))));
+        seen.push(format!(
+            "{:?}",
+            r.try_recv().unwrap().map_err(|e| error(&e))
+        ));
         let (w, mut r) = result(&hb, 1, Some(layer(5, false)));
         lone(store, w);
-        seen.push(format!("{:?}", r.try_recv().unwrap().map_err(|e| error(&e))));
+        seen.push(format!(
+            "{:?}",
+            r.try_recv().unwrap().map_err(|e| error(&e))
+        ));
         // A group: a new row whose stage fails, a result, and a fenced result.
         let (w1, mut g1) = insert("c", None, Some(layer(6, false)));
         let (w2, mut g2) = result(&hb, 1, Some(layer(7, true)));
         let (w3, mut g3) = result(&ha, 1, None);
         write_batch(store, vec![w1, w2, w3]);
         seen.push(shown(g1.try_recv().unwrap()));
-        seen.push(format!("{:?}", g2.try_recv().unwrap().map_err(|e| error(&e))));
-        seen.push(format!("{:?}", g3.try_recv().unwrap().map_err(|e| error(&e))));
-        seen.push(format!("{:?}", claim(store, &ha, "me", Duration::from_secs(5)).unwrap()));
+        seen.push(format!(
+            "{:?}",
+            g2.try_recv().unwrap().map_err(|e| error(&e))
+        ));
+        seen.push(format!(
+            "{:?}",
+            g3.try_recv().unwrap().map_err(|e| error(&e))
+        ));
+        seen.push(format!(
+            "{:?}",
+            claim(store, &ha, "me", Duration::from_secs(5)).unwrap()
+        ));
         seen.push(match decide(store, ha.as_str(), true, None) {
             Ok(op) => op.status.name().to_string(),
             Err(e) => error(&e),

@@ -6,6 +6,13 @@
 //! router replicas ([`postgres`], `--registry postgres://USER@HOST:PORT/DB`). Each contract
 //! section below says what holds for both and where PostgreSQL differs.
 //!
+//! The rules are written once, in `machine.rs` (the operation state machine: a new row's budget,
+//! insert-if-absent, lease and layer stage; the fenced record of a result or failure; group
+//! commit; a claim's answer; approval, denial and resolution, with their errors), over a small
+//! set of storage primitives each backend implements as statements (find a row, insert if
+//! absent, one conditional change of a row, the claim, a savepoint, a layer's step). A backend
+//! owns statements only; a test runs one scenario through both and compares the transcripts.
+//!
 //! The registry maps each trusted call identity
 //! to its private operation key, its public handle, the hash of what it asked for, and, once the
 //! backend answered, its recorded result. The router consults it before any money moves: a call
@@ -38,8 +45,8 @@
 //!   never both read "absent" and both insert). Readers and writers from other processes wait up
 //!   to [`BUSY_TIMEOUT`](crate::storage::sqlite::BUSY_TIMEOUT) for a lock before the call fails closed.
 //!   A router's rows and results go through [`Registry::write_batch`]: the writes queued while
-//!   one commits share the next transaction, each in a savepoint of its own, and each is
-//!   answered only once that transaction's commit returned (group commit).
+//!   one commits share the next transaction, each in a savepoint of its own (a lone write in
+//!   none), and each is answered only once that transaction's commit returned (group commit).
 //! - Dispatch is guarded by a lease on the row ([`Registry::claim_lease`]): a process that is about
 //!   to call the backend writes its owner id and an expiry (a new row is written with its lease,
 //!   one commit: [`Write::Insert`]); another process that finds a live lease answers
@@ -66,7 +73,9 @@
 //!   fresh `SELECT` of the winner's row (never check-then-insert); a new row takes its lease in
 //!   that insert, an existing one in one conditional `UPDATE`, both on the server's clock
 //!   (`clock_timestamp()`, no clock skew between machines); each write is its own transaction, run
-//!   by one of a replica's writer threads, each on a connection of its own; a replica's liveness is
+//!   by one of a replica's writer threads, each on a connection of its own (a write with nothing
+//!   to commit beside it, no budget and no layer step, is one statement in its own implicit
+//!   transaction: one round trip); a replica's liveness is
 //!   a session-level advisory lock held on its own idle connection (shared by all of the replica's
 //!   connections, so a lease taken on one is fenced on all), which the server releases when the
 //!   replica's connection drops; every session sets the server's TCP keepalives and
@@ -424,8 +433,9 @@ pub enum Write<T> {
     /// cents committed by this installation's operations above `budget_cents` (the gateway's
     /// policy budget; on PostgreSQL under an advisory lock, so it holds across replicas). A
     /// created, pending row gets its dispatch lease for `owner`, and `stage`, another layer's
-    /// steps for it, runs in a savepoint of the same transaction: one commit for all. When the
-    /// stage fails, its writes are rolled back alone, the row and its lease stay, and its error
+    /// steps for it, runs in the same transaction: one commit for all. When the stage fails,
+    /// its writes are rolled back alone (its savepoint in a group; a lone write's transaction is
+    /// rolled back and its row written again alone), the row and its lease stay, and its error
     /// is answered beside the row (the caller then runs those steps on their own).
     Insert {
         /// The new operation.

@@ -427,11 +427,7 @@ impl StoreTx for SqliteTx<'_> {
                  WHERE handle = ?1 AND installation_id = ?2 AND status = 'awaiting_approval'",
                 params![handle, self.installation_id, message, now],
             ),
-            Step::ResolveCharged {
-                handle,
-                result,
-                by,
-            } => self.conn.exec(
+            Step::ResolveCharged { handle, result, by } => self.conn.exec(
                 r"UPDATE operations SET status = 'completed', result = ?3,
                      charged_cents = amount_cents, error_code = NULL, error_message = NULL,
                      resolution = 'charged', resolved_by = ?4, resolved_ms = ?5, updated_ms = ?5
@@ -671,10 +667,10 @@ mod tests {
         retire_owner,
     };
     use super::*;
-    use crate::keys::PublicHandle;
-    use serde_json::Value;
     use crate::keys::OperationKey;
+    use crate::keys::PublicHandle;
     use crate::keys::{DEFAULT_HANDLE_PREFIX, DEFAULT_KEY_PREFIX};
+    use serde_json::Value;
     use serde_json::json;
 
     fn new_op(call: &str) -> NewOperation {
