@@ -6,6 +6,13 @@
 //! router replicas ([`postgres`], `--registry postgres://USER@HOST:PORT/DB`). Each contract
 //! section below says what holds for both and where PostgreSQL differs.
 //!
+//! The rules are written once, in `machine.rs` (the operation state machine: a new row's budget,
+//! insert-if-absent, lease and layer stage; the fenced record of a result or failure; group
+//! commit; a claim's answer; approval, denial and resolution, with their errors), over a small
+//! set of storage primitives each backend implements as statements (find a row, insert if
+//! absent, one conditional change of a row, the claim, a savepoint, a layer's step). A backend
+//! owns statements only; a test runs one scenario through both and compares the transcripts.
+//!
 //! The registry maps each trusted call identity
 //! to its private operation key, its public handle, the hash of what it asked for, and, once the
 //! backend answered, its recorded result. The router consults it before any money moves: a call
@@ -38,8 +45,8 @@
 //!   never both read "absent" and both insert). Readers and writers from other processes wait up
 //!   to [`BUSY_TIMEOUT`](crate::storage::sqlite::BUSY_TIMEOUT) for a lock before the call fails closed.
 //!   A router's rows and results go through [`Registry::write_batch`]: the writes queued while
-//!   one commits share the next transaction, each in a savepoint of its own, and each is
-//!   answered only once that transaction's commit returned (group commit).
+//!   one commits share the next transaction, each in a savepoint of its own (a lone write in
+//!   none), and each is answered only once that transaction's commit returned (group commit).
 //! - Dispatch is guarded by a lease on the row ([`Registry::claim_lease`]): a process that is about
 //!   to call the backend writes its owner id and an expiry (a new row is written with its lease,
 //!   one commit: [`Write::Insert`]); another process that finds a live lease answers
@@ -66,7 +73,9 @@
 //!   fresh `SELECT` of the winner's row (never check-then-insert); a new row takes its lease in
 //!   that insert, an existing one in one conditional `UPDATE`, both on the server's clock
 //!   (`clock_timestamp()`, no clock skew between machines); each write is its own transaction, run
-//!   by one of a replica's writer threads, each on a connection of its own; a replica's liveness is
+//!   by one of a replica's writer threads, each on a connection of its own (a write with nothing
+//!   to commit beside it, no budget and no layer step, is one statement in its own implicit
+//!   transaction: one round trip); a replica's liveness is
 //!   a session-level advisory lock held on its own idle connection (shared by all of the replica's
 //!   connections, so a lease taken on one is fenced on all), which the server releases when the
 //!   replica's connection drops; every session sets the server's TCP keepalives and
@@ -288,8 +297,9 @@ pub enum Write<T> {
     /// cents committed by this installation's operations above `budget_cents` (the gateway's
     /// policy budget; on PostgreSQL under an advisory lock, so it holds across replicas). A
     /// created, pending row gets its dispatch lease for `owner`, and `stage`, another layer's
-    /// steps for it, runs in a savepoint of the same transaction: one commit for all. When the
-    /// stage fails, its writes are rolled back alone, the row and its lease stay, and its error
+    /// steps for it, runs in the same transaction: one commit for all. When the stage fails,
+    /// its writes are rolled back alone (its savepoint in a group; a lone write's transaction is
+    /// rolled back and its row written again alone), the row and its lease stay, and its error
     /// is answered beside the row (the caller then runs those steps on their own).
     Insert {
         /// The new operation.
@@ -531,16 +541,16 @@ impl NewOperation {
 
     /// The operation this row is once stored with `status` and `approval` (no result yet): what
     /// every backend answers for the row it just created.
-    pub fn into_operation(self, status: Status, approval: Approval) -> Operation {
+    pub fn operation(&self, status: Status, approval: Approval) -> Operation {
         Operation {
-            platform: self.platform,
-            source_installation: self.source_installation,
-            harness_call_id: self.harness_call_id,
-            handle: self.handle,
-            key: self.key,
-            tool: self.tool,
-            request_hash: self.request_hash,
-            arguments: self.arguments,
+            platform: self.platform.clone(),
+            source_installation: self.source_installation.clone(),
+            harness_call_id: self.harness_call_id.clone(),
+            handle: self.handle.clone(),
+            key: self.key.clone(),
+            tool: self.tool.clone(),
+            request_hash: self.request_hash.clone(),
+            arguments: self.arguments.clone(),
             amount_cents: self.amount_cents,
             status,
             approval,
@@ -591,6 +601,7 @@ pub enum Lease {
     NotPending(Status),
 }
 
+mod machine;
 pub mod postgres;
 pub mod sqlite;
 
@@ -674,6 +685,22 @@ macro_rules! each {
     };
 }
 
+/// `$e` with `$r` the open backend as a [`machine::RegistryStore`].
+macro_rules! each_store {
+    ($self:ident, $r:ident => $e:expr) => {
+        match $self {
+            Registry::Sqlite(open) => {
+                let $r: &mut SqliteRegistry = open;
+                $e
+            }
+            Registry::Postgres(open) => {
+                let $r: &mut postgres::PgRegistry = open;
+                $e
+            }
+        }
+    };
+}
+
 impl Registry {
     /// Opens the registry at `location`, creating it if absent and migrating it to the newest
     /// schema. A foreign or newer registry is refused untouched.
@@ -730,48 +757,14 @@ impl Registry {
         each!(self, r => r.find_by_handle(handle))
     }
 
-    /// Runs `writes` with one commit for all on a SQLite file (group commit: see
-    /// [`SqliteRegistry::write_batch`]); on PostgreSQL one after the other, each its own
-    /// transaction (the server shares WAL flushes between concurrent commits itself). Every
-    /// write is answered on its channel only after its commit returned.
+    /// Runs `writes` with one commit for all (group commit: each in a savepoint of its own, a
+    /// lone write in none; see [`machine`]). The router's SQLite writer batches what queued
+    /// while its previous commit ran; its PostgreSQL writers take one write each, on a
+    /// connection each (the server shares WAL flushes between concurrent commits itself), and a
+    /// write with nothing to commit beside it (no budget, no layer step) is one statement.
+    /// Every write is answered on its channel only after its commit returned.
     pub fn write_batch<T>(&mut self, writes: Vec<Write<T>>) {
-        match self {
-            Registry::Sqlite(r) => r.write_batch(writes),
-            Registry::Postgres(r) => {
-                for write in writes {
-                    match write {
-                        Write::Insert {
-                            new,
-                            budget_cents,
-                            owner,
-                            ttl,
-                            stage,
-                            reply,
-                        } => {
-                            let done = r.insert_staged(*new, budget_cents, &owner, ttl, stage);
-                            drop(reply.send(done));
-                        }
-                        Write::Result {
-                            handle,
-                            result,
-                            charged_cents,
-                            generation,
-                            settle,
-                            reply,
-                        } => {
-                            let done = r.record_settled(
-                                &handle,
-                                generation,
-                                &result,
-                                charged_cents,
-                                settle,
-                            );
-                            drop(reply.send(done));
-                        }
-                    }
-                }
-            }
-        }
+        each_store!(self, r => machine::write_batch(r, writes))
     }
 
     /// Takes the dispatch lease of a pending operation for `owner` until `now + ttl`.
@@ -781,7 +774,7 @@ impl Registry {
         owner: &str,
         ttl: Duration,
     ) -> Result<Lease, RegistryError> {
-        each!(self, r => r.claim_lease(handle, owner, ttl))
+        each_store!(self, r => machine::claim(r, handle, owner, ttl))
     }
 
     /// Gives up a dispatch lease without recording a result (a retryable failure): the row
@@ -794,7 +787,11 @@ impl Registry {
         handle: &PublicHandle,
         generation: i64,
     ) -> Result<(), RegistryError> {
-        each!(self, r => r.release_lease(handle, generation))
+        let step = machine::Step::Release {
+            handle: handle.as_str(),
+            generation,
+        };
+        each_store!(self, r => machine::apply(r, step)).map(drop)
     }
 
     /// Extends the dispatch lease of `generation` to `now + ttl` while its dispatcher waits for
@@ -806,7 +803,12 @@ impl Registry {
         generation: i64,
         ttl: Duration,
     ) -> Result<bool, RegistryError> {
-        each!(self, r => r.renew_lease(handle, generation, ttl))
+        let step = machine::Step::Renew {
+            handle: handle.as_str(),
+            generation,
+            ttl,
+        };
+        each_store!(self, r => machine::apply(r, step))
     }
 
     /// Marks a pending at-most-once row, dispatched under `generation`, as
@@ -818,7 +820,12 @@ impl Registry {
         generation: i64,
         reason: &str,
     ) -> Result<bool, RegistryError> {
-        each!(self, r => r.mark_in_doubt(handle, generation, reason))
+        let step = machine::Step::MarkInDoubt {
+            handle: handle.as_str(),
+            generation,
+            reason,
+        };
+        each_store!(self, r => machine::apply(r, step))
     }
 
     /// Records a final error of an operation (answered again on redelivery), fenced by the
@@ -830,7 +837,7 @@ impl Registry {
         code: &str,
         message: &str,
     ) -> Result<(), RegistryError> {
-        each!(self, r => r.record_failure(handle, generation, code, message))
+        each_store!(self, r => machine::record_failure(r, handle, generation, code, message))
     }
 
     /// A person's resolution of an [`Status::InDoubt`] operation, recorded with who and when.
@@ -844,26 +851,7 @@ impl Registry {
         result: Option<&Value>,
         by: &str,
     ) -> Result<Operation, RegistryError> {
-        let unknown = |r: &Registry| RegistryError::UnknownHandle {
-            handle: handle.to_string(),
-            path: each!(r, b => b.location()),
-        };
-        let op = self.find_by_handle(handle)?.ok_or_else(|| unknown(self))?;
-        if op.status != Status::InDoubt {
-            return Err(RegistryError::NotInDoubt {
-                handle: handle.to_string(),
-                status: op.status.name(),
-            });
-        }
-        // Conditional on the row still being in doubt: a second person's resolution, or the
-        // late answer of the only dispatch, may have settled it meanwhile.
-        if !each!(self, r => r.resolve_row(handle, charged, result, by))? {
-            return Err(RegistryError::NotInDoubt {
-                handle: handle.to_string(),
-                status: "changed meanwhile",
-            });
-        }
-        self.find_by_handle(handle)?.ok_or_else(|| unknown(self))
+        each_store!(self, r => machine::resolve(r, handle, charged, result, by))
     }
 
     /// A person's decision on an operation waiting for approval.
@@ -873,7 +861,7 @@ impl Registry {
         approve: bool,
         reason: Option<&str>,
     ) -> Result<Operation, RegistryError> {
-        each!(self, r => r.decide(handle, approve, reason))
+        each_store!(self, r => machine::decide(r, handle, approve, reason))
     }
 }
 

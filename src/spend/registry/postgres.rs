@@ -12,14 +12,22 @@
 //! every connection of a replica carry one key and live or die together. A failed connection is
 //! dropped and opened again (the liveness lock retaken) on the next call, so the router fails
 //! closed while the database is down and recovers when it returns.
+//!
+//! It holds the statements of the storage primitives ([`RegistryStore`], [`StoreTx`]); the rules
+//! that use them are `machine.rs`'s. Every primitive is one prepared statement (one round trip),
+//! and a step that needs no transaction runs without `BEGIN`/`COMMIT`. Round trips of a new
+//! operation, counted at the socket: the lookup 1, the row 1 (its insert with its lease) and
+//! the result 1 when nothing commits beside them; with the built-in router's layers, the row's
+//! transaction 3 (`BEGIN`, insert, `COMMIT`) plus the layers' 7 and the result's 3 plus the
+//! layers' 3: 17 in all.
 
-use super::InTransaction;
-use super::{Insert, Lease, NewOperation, Operation, RawRow, RegistryError, Status, now_ms};
+use super::machine::{CallKey, Claimed, RegistryStore, Step, StoreTx};
+use super::{
+    Approval, InTransaction, NewOperation, Operation, RawRow, RegistryError, Status, now_ms,
+};
 use crate::backend::LayerTx;
-use crate::keys::PublicHandle;
 use crate::storage::postgres::{PgUrl, drop_off_runtime};
-use postgres::{Client, Statement};
-use serde_json::Value;
+use postgres::{Client, GenericClient, Statement};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -212,15 +220,8 @@ const COMMITTED: &str = concat!(
     "))::bigint"
 );
 
-/// What one attempt of [`PgRegistry::insert_within_budget`] found.
-enum Inserted {
-    /// The INSERT ran: whether it created the row (false: another replica's row won).
-    Row(bool),
-    /// The row already existed (seen under the budget lock).
-    Existing(Box<RawRow>),
-    /// Over budget: the cents already committed.
-    OverBudget(u64),
-}
+/// The budget lock of an installation ([`StoreTx::lock_budget`]).
+const BUDGET_LOCK: &str = "SELECT pg_advisory_xact_lock($1, hashtext($2))";
 
 /// A row's status after a claim that took nothing, and, when its lease is held by another
 /// replica whose liveness lock is gone on a dispatched row ([`CLAIM`] waits for its expiry),
@@ -494,6 +495,16 @@ impl PgRegistry {
         doing: &'static str,
         f: impl FnOnce(&mut Client, &mut Prepared<'_>) -> Result<T, postgres::Error>,
     ) -> Result<T, RegistryError> {
+        let url = self.url.clone();
+        self.run_step(|c, p| f(c, p).map_err(|cause| pg_error(&url, doing)(cause)))
+    }
+
+    /// [`PgRegistry::run`] for a step whose own errors are registry errors: a database error
+    /// among them ([`RegistryError::Postgres`]) that ended the connection drops it too.
+    fn run_step<T>(
+        &mut self,
+        f: impl FnOnce(&mut Client, &mut Prepared<'_>) -> Result<T, RegistryError>,
+    ) -> Result<T, RegistryError> {
         let idle = self.answered.elapsed();
         if self
             .conn
@@ -511,28 +522,18 @@ impl PgRegistry {
         };
         let outcome = f(conn, &mut prepared);
         self.answered = Instant::now();
-        match outcome {
-            Ok(v) => Ok(v),
-            Err(source) => {
-                if source.code().is_none() || conn.is_closed() {
-                    self.conn = None;
-                    self.statements.clear();
-                    self.lose_liveness();
-                }
-                Err(RegistryError::Postgres {
-                    url: self.url.clone(),
-                    doing,
-                    cause: source,
-                })
+        if let Err(e) = &outcome {
+            let lost = match e {
+                RegistryError::Postgres { cause, .. } => cause.code().is_none(),
+                _ => false,
+            };
+            if lost || conn.is_closed() {
+                self.conn = None;
+                self.statements.clear();
+                self.lose_liveness();
             }
         }
-    }
-
-    fn corrupt(&self, detail: String) -> RegistryError {
-        RegistryError::Corrupt {
-            path: PathBuf::from(self.url.to_string()),
-            detail,
-        }
+        outcome
     }
 
     pub(super) fn location(&self) -> PathBuf {
@@ -584,377 +585,18 @@ impl PgRegistry {
         let at = self.location();
         raw.map(|r| r.into_operation(&at)).transpose()
     }
-
-    /// Inserts `new` with conflict handling (never check-then-insert): whichever replica's
-    /// INSERT commits first owns the call identity; the others read the winner's row with a
-    /// fresh statement. The row is committed (`synchronous_commit = on`) when this returns.
-    /// Refuses a new operation that would take the cents committed by this installation's
-    /// operations (completed ones by what they charged, pending and awaiting ones by their
-    /// amount) above `budget_cents`, as the SQLite backend does.
-    ///
-    /// With a budget, the lookup, the sum and the insert run in one transaction under a
-    /// transaction-level advisory lock on the installation ([`BUDGET_NAMESPACE`]): every
-    /// replica's budgeted insert for one installation takes the same lock, and each statement
-    /// after it sees every row the previous holder committed (READ COMMITTED takes a snapshot
-    /// per statement), so concurrent spends across replicas never overspend together. The lock
-    /// is released at commit; no connection is pinned across a dispatch.
-    ///
-    /// A created, pending row gets its dispatch lease for `owner`, and `stage` (another layer's
-    /// steps, in a savepoint) runs, in the same transaction: one commit for the row, its lease
-    /// and the layers' records. An existing row is returned untouched, with no stage run; a
-    /// failed stage is rolled back alone (see [`super::Write::Insert`]).
-    #[allow(clippy::type_complexity)]
-    pub fn insert_staged<T, E>(
-        &mut self,
-        new: NewOperation,
-        budget_cents: Option<u64>,
-        owner: &str,
-        ttl: Duration,
-        stage: Option<InTransaction<T, E>>,
-    ) -> Result<(Insert, bool, Option<Result<T, E>>), RegistryError> {
-        let installation = self.installation_id.clone();
-        let (status, approval) = new.initial_state();
-        let now = now_ms();
-        let arguments = new.arguments.to_string();
-        let amount = new.amount_cents as i64;
-        let budget = budget_cents.map(|b| b.min(i64::MAX as u64) as i64);
-        let ttl_ms = ttl.as_millis() as i64;
-        let pending = status == Status::Pending;
-        // Only a pending row is dispatched; one waiting for a person gets no lease.
-        let lease_owner = pending.then_some(owner);
-        let done = self.run("recording a new operation", |c, p| {
-            let lease_lock = pending.then_some(p.key);
-            let insert = p.get(c, INSERT)?;
-            let find = p.get(c, FIND)?;
-            let committed = p.get(c, COMMITTED)?;
-            let params: [&(dyn postgres::types::ToSql + Sync); 17] = [
-                &new.platform,
-                &installation,
-                &new.harness_call_id,
-                &new.handle.as_str(),
-                &new.key.expose(),
-                &new.tool,
-                &new.request_hash.as_str(),
-                &arguments,
-                &amount,
-                &status.name(),
-                &approval.name(),
-                &now,
-                &new.source_installation,
-                &lease_owner,
-                &lease_lock,
-                &ttl_ms,
-                &new.at_most_once,
-            ];
-            let mut tx = c.transaction()?;
-            if let Some(budget) = budget {
-                tx.execute(
-                    "SELECT pg_advisory_xact_lock($1, hashtext($2))",
-                    &[&BUDGET_NAMESPACE, &installation],
-                )?;
-                let existing = tx.query_opt(
-                    &find,
-                    &[
-                        &new.platform,
-                        &installation,
-                        &new.harness_call_id,
-                        &new.source_installation,
-                    ],
-                )?;
-                if let Some(row) = existing {
-                    return Ok((Inserted::Existing(Box::new(row_to_raw(&row)?)), false, None));
-                }
-                let spent: i64 = tx.query_one(&committed, &[&installation])?.try_get(0)?;
-                if spent.max(0).saturating_add(amount) > budget {
-                    return Ok((Inserted::OverBudget(spent.max(0) as u64), false, None));
-                }
-            }
-            let created = tx.query_opt(&insert, &params)?.is_some();
-            let leased = created && pending;
-            let staged = match stage.filter(|_| leased) {
-                None => None,
-                Some(stage) => {
-                    let mut sp = tx.transaction()?;
-                    let outcome = stage(LayerTx::Postgres(&mut sp));
-                    if outcome.is_ok() {
-                        sp.commit()?;
-                    } else {
-                        sp.rollback()?;
-                    }
-                    Some(outcome)
-                }
-            };
-            tx.commit()?;
-            Ok((Inserted::Row(created), leased, staged))
-        })?;
-        let (inserted, leased, staged) = done;
-        match inserted {
-            Inserted::Row(true) => Ok((
-                Insert::Stored(Box::new(new.into_operation(status, approval)), true),
-                leased,
-                staged,
-            )),
-            Inserted::Row(false) => {
-                let existing = self.find(
-                    &new.platform,
-                    &new.source_installation,
-                    &new.harness_call_id,
-                )?;
-                match existing {
-                    Some(op) => Ok((Insert::Stored(Box::new(op), false), false, None)),
-                    None => Err(self.corrupt(format!(
-                        "the row of call `{}` conflicted on insert and then could not be found",
-                        new.harness_call_id
-                    ))),
-                }
-            }
-            Inserted::Existing(raw) => {
-                let op = raw.into_operation(&self.location())?;
-                Ok((Insert::Stored(Box::new(op), false), false, None))
-            }
-            Inserted::OverBudget(committed_cents) => {
-                Ok((Insert::OverBudget { committed_cents }, false, None))
-            }
-        }
-    }
-
-    /// Takes the dispatch lease of a pending operation for `owner` until the server's
-    /// `clock_timestamp() + ttl`. A lease held by another owner is taken over only if it
-    /// expired or its replica's liveness lock is gone.
-    pub fn claim_lease(
-        &mut self,
-        handle: &PublicHandle,
-        owner: &str,
-        ttl: Duration,
-    ) -> Result<Lease, RegistryError> {
-        let ttl_ms = ttl.as_millis() as i64;
-        let now = now_ms();
-        let (claimed, status) = self.run("taking a dispatch lease", |c, p| {
-            let s = p.get(c, CLAIM)?;
-            let row = c.query_opt(
-                &s,
-                &[
-                    &handle.as_str(),
-                    &owner,
-                    &p.key,
-                    &ttl_ms,
-                    &NAMESPACE,
-                    &super::TAKEN_OVER_IN_DOUBT,
-                    &now,
-                ],
-            )?;
-            if let Some(row) = row {
-                let status: String = row.try_get(0)?;
-                let generation: i64 = row.try_get(1)?;
-                return Ok((Ok(generation), status));
-            }
-            let s = p.get(c, STATUS_OF)?;
-            let row = c.query_one(&s, &[&handle.as_str(), &owner, &NAMESPACE])?;
-            let status: String = row.try_get(0)?;
-            let orphaned: Option<i64> = row.try_get(1)?;
-            Ok((Err(orphaned), status))
-        })?;
-        match (claimed, Status::parse(&status)) {
-            (Ok(generation), Some(Status::Pending)) => Ok(Lease::Granted { generation }),
-            (Err(Some(ms)), Some(Status::Pending)) => Ok(Lease::Orphaned {
-                expires_in: Duration::from_millis(ms.max(0) as u64),
-            }),
-            (Err(None), Some(Status::Pending)) => Ok(Lease::HeldElsewhere),
-            (_, Some(other)) => Ok(Lease::NotPending(other)),
-            (_, None) => Err(self.corrupt(format!("unknown status `{status}`"))),
-        }
-    }
-
-    /// See [`super::Registry::renew_lease`].
-    pub fn renew_lease(
-        &mut self,
-        handle: &PublicHandle,
-        generation: i64,
-        ttl: Duration,
-    ) -> Result<bool, RegistryError> {
-        let ttl_ms = ttl.as_millis() as i64;
-        self.run("renewing a dispatch lease", |c, p| {
-            let s = p.get(c, RENEW)?;
-            c.execute(&s, &[&handle.as_str(), &generation, &ttl_ms, &p.key])
-        })
-        .map(|n| n == 1)
-    }
-
-    /// See [`super::Registry::mark_in_doubt`].
-    pub fn mark_in_doubt(
-        &mut self,
-        handle: &PublicHandle,
-        generation: i64,
-        reason: &str,
-    ) -> Result<bool, RegistryError> {
-        self.run("marking an operation in doubt", |c, p| {
-            let s = p.get(c, MARK_IN_DOUBT)?;
-            c.execute(&s, &[&handle.as_str(), &generation, &reason, &now_ms()])
-        })
-        .map(|n| n == 1)
-    }
-
-    /// The row write of [`super::Registry::resolve`]: `true` when an `in_doubt` row changed.
-    pub(super) fn resolve_row(
-        &mut self,
-        handle: &str,
-        charged: bool,
-        result: Option<&Value>,
-        by: &str,
-    ) -> Result<bool, RegistryError> {
-        let installation = self.installation_id.clone();
-        let text = result.unwrap_or(&Value::Null).to_string();
-        let changed = self.run("recording a resolution", |c, _| {
-            if charged {
-                c.execute(
-                    RESOLVE_CHARGED,
-                    &[&handle, &installation, &text, &by, &now_ms()],
-                )
-            } else {
-                c.execute(
-                    RESOLVE_NOT_CHARGED,
-                    &[&handle, &installation, &by, &now_ms()],
-                )
-            }
-        })?;
-        Ok(changed == 1)
-    }
-
-    /// Gives up a dispatch lease without recording a result.
-    pub fn release_lease(
-        &mut self,
-        handle: &PublicHandle,
-        generation: i64,
-    ) -> Result<(), RegistryError> {
-        self.run("releasing a dispatch lease", |c, p| {
-            let s = p.get(c, RELEASE)?;
-            c.execute(&s, &[&handle.as_str(), &generation])
-        })
-        .map(|_| ())
-    }
-
-    /// Records the result of a completed operation, with what the provider charged (fenced by
-    /// this replica's lease), and `settle`, another layer's record of the same outcome, in the
-    /// same transaction; when it fails nothing is recorded.
-    pub fn record_settled<E: std::fmt::Display>(
-        &mut self,
-        handle: &PublicHandle,
-        generation: i64,
-        result: &Value,
-        charged_cents: u64,
-        settle: Option<InTransaction<(), E>>,
-    ) -> Result<(), RegistryError> {
-        let text = result.to_string();
-        let charged = charged_cents as i64;
-        let settled = self.run("recording a result", |c, p| {
-            let s = p.get(c, RECORD_RESULT)?;
-            let params: [&(dyn postgres::types::ToSql + Sync); 5] =
-                [&handle.as_str(), &text, &now_ms(), &charged, &generation];
-            let Some(settle) = settle else {
-                return Ok(match c.execute(&s, &params)? {
-                    1 => Settled::Recorded,
-                    _ => Settled::Fenced,
-                });
-            };
-            let mut tx = c.transaction()?;
-            if tx.execute(&s, &params)? != 1 {
-                // A stale fencing token: dropped, rolled back, and the layers' record with it.
-                return Ok(Settled::Fenced);
-            }
-            if let Err(e) = settle(LayerTx::Postgres(&mut tx)) {
-                // Dropped: rolled back, nothing recorded.
-                return Ok(Settled::Layer(e.to_string()));
-            }
-            tx.commit()?;
-            Ok(Settled::Recorded)
-        })?;
-        match settled {
-            Settled::Recorded => Ok(()),
-            Settled::Fenced => Err(RegistryError::Fenced {
-                handle: handle.as_str().to_string(),
-                doing: "the result",
-            }),
-            Settled::Layer(detail) => Err(RegistryError::layer(self.location(), detail)),
-        }
-    }
-
-    /// Records a final error of an operation (fenced by this replica's lease).
-    pub fn record_failure(
-        &mut self,
-        handle: &PublicHandle,
-        generation: i64,
-        code: &str,
-        message: &str,
-    ) -> Result<(), RegistryError> {
-        let n = self.run("recording a failure", |c, p| {
-            let s = p.get(c, RECORD_FAILURE)?;
-            c.execute(
-                &s,
-                &[&handle.as_str(), &code, &message, &now_ms(), &generation],
-            )
-        })?;
-        if n == 1 {
-            Ok(())
-        } else {
-            Err(RegistryError::Fenced {
-                handle: handle.as_str().to_string(),
-                doing: "a failure",
-            })
-        }
-    }
-
-    /// A person's decision on an operation waiting for approval, seen by every replica.
-    pub fn decide(
-        &mut self,
-        handle: &str,
-        approve: bool,
-        reason: Option<&str>,
-    ) -> Result<Operation, RegistryError> {
-        let unknown = |at: PathBuf| RegistryError::UnknownHandle {
-            handle: handle.to_string(),
-            path: at,
-        };
-        let op = self
-            .find_by_handle(handle)?
-            .ok_or_else(|| unknown(self.location()))?;
-        if op.status != Status::AwaitingApproval {
-            return Err(RegistryError::NotAwaitingApproval {
-                handle: handle.to_string(),
-                status: op.status.name(),
-            });
-        }
-        let installation = self.installation_id.clone();
-        let changed = if approve {
-            self.run("recording an approval", |c, _| {
-                c.execute(APPROVE, &[&handle, &installation, &now_ms()])
-            })?
-        } else {
-            let message = match reason {
-                Some(r) => format!("a person denied this operation: {r}"),
-                None => "a person denied this operation".to_string(),
-            };
-            self.run("recording a denial", |c, _| {
-                c.execute(DENY, &[&handle, &installation, &message, &now_ms()])
-            })?
-        };
-        if changed == 0 {
-            return Err(RegistryError::NotAwaitingApproval {
-                handle: handle.to_string(),
-                status: "changed meanwhile",
-            });
-        }
-        self.find_by_handle(handle)?
-            .ok_or_else(|| unknown(self.location()))
-    }
 }
 
-/// How a fenced record of a result ended.
-enum Settled {
-    Recorded,
-    /// The row was not pending under the dispatcher's generation: nothing recorded.
-    Fenced,
-    /// The layers' step failed: nothing recorded.
-    Layer(String),
+/// A database error of the registry at `url` while `doing`.
+fn pg_error<'a>(
+    url: &'a PgUrl,
+    doing: &'static str,
+) -> impl Fn(postgres::Error) -> RegistryError + 'a {
+    move |cause| RegistryError::Postgres {
+        url: url.clone(),
+        doing,
+        cause,
+    }
 }
 
 /// Prepared statements of the current statement connection, and the liveness key its leases
@@ -965,13 +607,326 @@ struct Prepared<'a> {
 }
 
 impl Prepared<'_> {
-    fn get(&mut self, c: &mut Client, sql: &'static str) -> Result<Statement, postgres::Error> {
+    fn get(
+        &mut self,
+        c: &mut impl GenericClient,
+        sql: &'static str,
+    ) -> Result<Statement, postgres::Error> {
         if let Some(s) = self.cache.get(sql) {
             return Ok(s.clone());
         }
         let s = c.prepare(sql)?;
         self.cache.insert(sql, s.clone());
         Ok(s)
+    }
+}
+
+/// The statement connection of a step: each statement its own implicit transaction (one round
+/// trip each), or one explicit transaction.
+enum PgConn<'t> {
+    Auto(&'t mut Client),
+    Tx(postgres::Transaction<'t>),
+}
+
+/// A step of the machine on the statement connection ([`RegistryStore::transact`]).
+pub(super) struct PgTx<'t> {
+    conn: PgConn<'t>,
+    prepared: Prepared<'t>,
+    url: &'t PgUrl,
+    installation_id: &'t str,
+    doing: &'static str,
+}
+
+impl PgTx<'_> {
+    fn query_opt(
+        &mut self,
+        sql: &'static str,
+        params: &[&(dyn postgres::types::ToSql + Sync)],
+    ) -> Result<Option<postgres::Row>, RegistryError> {
+        let rows = match &mut self.conn {
+            PgConn::Auto(c) => self
+                .prepared
+                .get(*c, sql)
+                .and_then(|s| c.query_opt(&s, params)),
+            PgConn::Tx(t) => self
+                .prepared
+                .get(t, sql)
+                .and_then(|s| t.query_opt(&s, params)),
+        };
+        rows.map_err(pg_error(self.url, self.doing))
+    }
+
+    fn execute(
+        &mut self,
+        sql: &'static str,
+        params: &[&(dyn postgres::types::ToSql + Sync)],
+    ) -> Result<u64, RegistryError> {
+        let n = match &mut self.conn {
+            PgConn::Auto(c) => self
+                .prepared
+                .get(*c, sql)
+                .and_then(|s| c.execute(&s, params)),
+            PgConn::Tx(t) => self
+                .prepared
+                .get(t, sql)
+                .and_then(|s| t.execute(&s, params)),
+        };
+        n.map_err(pg_error(self.url, self.doing))
+    }
+
+    fn batch(&mut self, sql: &str) -> Result<(), RegistryError> {
+        match &mut self.conn {
+            PgConn::Auto(c) => c.batch_execute(sql),
+            PgConn::Tx(t) => t.batch_execute(sql),
+        }
+        .map_err(pg_error(self.url, self.doing))
+    }
+}
+
+impl RegistryStore for PgRegistry {
+    type Tx<'t> = PgTx<'t>;
+
+    fn location(&self) -> PathBuf {
+        PgRegistry::location(self)
+    }
+
+    /// Not `atomic`: each statement runs in its own implicit transaction (one round trip, no
+    /// `BEGIN` or `COMMIT`), committed with `synchronous_commit = on` like any other.
+    fn transact<R>(
+        &mut self,
+        doing: &'static str,
+        atomic: bool,
+        f: impl FnOnce(&mut PgTx<'_>) -> Result<R, RegistryError>,
+    ) -> Result<R, RegistryError> {
+        let (url, installation_id) = (self.url.clone(), self.installation_id.clone());
+        self.run_step(|c, p| {
+            let conn = if atomic {
+                PgConn::Tx(c.transaction().map_err(pg_error(&url, doing))?)
+            } else {
+                PgConn::Auto(c)
+            };
+            let mut tx = PgTx {
+                conn,
+                prepared: Prepared {
+                    cache: &mut *p.cache,
+                    key: p.key,
+                },
+                url: &url,
+                installation_id: &installation_id,
+                doing,
+            };
+            // An error drops an explicit transaction: rolled back.
+            let done = f(&mut tx)?;
+            if let PgConn::Tx(t) = tx.conn {
+                t.commit().map_err(pg_error(&url, doing))?;
+            }
+            Ok(done)
+        })
+    }
+
+    fn find_by_handle(&mut self, handle: &str) -> Result<Option<Operation>, RegistryError> {
+        PgRegistry::find_by_handle(self, handle)
+    }
+
+    /// [`CLAIM`], and when it took nothing a fresh statement for the row's status ([`STATUS_OF`]:
+    /// it sees what the holder committed while the claim waited for the row).
+    fn claim(
+        &mut self,
+        handle: &str,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<Claimed, RegistryError> {
+        let ttl_ms = ttl.as_millis() as i64;
+        let now = now_ms();
+        self.run("taking a dispatch lease", |c, p| {
+            let s = p.get(c, CLAIM)?;
+            let row = c.query_opt(
+                &s,
+                &[
+                    &handle,
+                    &owner,
+                    &p.key,
+                    &ttl_ms,
+                    &NAMESPACE,
+                    &super::TAKEN_OVER_IN_DOUBT,
+                    &now,
+                ],
+            )?;
+            if let Some(row) = row {
+                return Ok(Claimed {
+                    status: row.try_get(0)?,
+                    granted: Some(row.try_get(1)?),
+                    orphaned_ms: None,
+                });
+            }
+            let s = p.get(c, STATUS_OF)?;
+            let row = c.query_one(&s, &[&handle, &owner, &NAMESPACE])?;
+            Ok(Claimed {
+                status: row.try_get(0)?,
+                granted: None,
+                orphaned_ms: row.try_get(1)?,
+            })
+        })
+    }
+}
+
+impl StoreTx for PgTx<'_> {
+    fn location(&self) -> PathBuf {
+        PathBuf::from(self.url.to_string())
+    }
+
+    fn find(&mut self, key: CallKey<'_>) -> Result<Option<Operation>, RegistryError> {
+        let installation = self.installation_id;
+        let row = self.query_opt(
+            FIND,
+            &[
+                &key.platform,
+                &installation,
+                &key.harness_call_id,
+                &key.source_installation,
+            ],
+        )?;
+        let raw = row
+            .as_ref()
+            .map(row_to_raw)
+            .transpose()
+            .map_err(pg_error(self.url, self.doing))?;
+        raw.map(|r| r.into_operation(&self.location())).transpose()
+    }
+
+    /// A transaction-level advisory lock on the installation ([`BUDGET_NAMESPACE`]): every
+    /// replica's budgeted insert for one installation takes it, and each statement after it
+    /// sees every row the previous holder committed (READ COMMITTED takes a snapshot per
+    /// statement), so concurrent spends across replicas never overspend together. Released at
+    /// the commit; no connection is pinned across a dispatch.
+    fn lock_budget(&mut self) -> Result<(), RegistryError> {
+        let installation = self.installation_id;
+        self.execute(BUDGET_LOCK, &[&BUDGET_NAMESPACE, &installation])
+            .map(drop)
+    }
+
+    fn committed_cents(&mut self) -> Result<i64, RegistryError> {
+        let installation = self.installation_id;
+        let row = self.query_opt(COMMITTED, &[&installation])?;
+        row.map_or(Ok(0), |r| r.try_get(0))
+            .map_err(pg_error(self.url, self.doing))
+    }
+
+    fn insert(
+        &mut self,
+        new: &NewOperation,
+        status: Status,
+        approval: Approval,
+        lease: Option<(&str, Duration)>,
+    ) -> Result<bool, RegistryError> {
+        let installation = self.installation_id;
+        let lease_owner = lease.map(|(owner, _)| owner);
+        let lease_lock = lease.map(|_| self.prepared.key);
+        let ttl_ms = lease.map_or(0, |(_, ttl)| ttl.as_millis() as i64);
+        let row = self.query_opt(
+            INSERT,
+            &[
+                &new.platform,
+                &installation,
+                &new.harness_call_id,
+                &new.handle.as_str(),
+                &new.key.expose(),
+                &new.tool,
+                &new.request_hash.as_str(),
+                &new.arguments.to_string(),
+                &(new.amount_cents as i64),
+                &status.name(),
+                &approval.name(),
+                &now_ms(),
+                &new.source_installation,
+                &lease_owner,
+                &lease_lock,
+                &ttl_ms,
+                &new.at_most_once,
+            ],
+        )?;
+        Ok(row.is_some())
+    }
+
+    fn apply(&mut self, step: &Step<'_>) -> Result<bool, RegistryError> {
+        let now = now_ms();
+        let installation = self.installation_id;
+        let key = self.prepared.key;
+        let n = match *step {
+            Step::Renew {
+                handle,
+                generation,
+                ttl,
+            } => {
+                let ttl_ms = ttl.as_millis() as i64;
+                self.execute(RENEW, &[&handle, &generation, &ttl_ms, &key])?
+            }
+            Step::Release { handle, generation } => {
+                self.execute(RELEASE, &[&handle, &generation])?
+            }
+            Step::MarkInDoubt {
+                handle,
+                generation,
+                reason,
+            } => self.execute(MARK_IN_DOUBT, &[&handle, &generation, &reason, &now])?,
+            Step::RecordResult {
+                handle,
+                generation,
+                result,
+                charged_cents,
+            } => self.execute(
+                RECORD_RESULT,
+                &[&handle, &result, &now, &charged_cents, &generation],
+            )?,
+            Step::RecordFailure {
+                handle,
+                generation,
+                code,
+                message,
+            } => self.execute(
+                RECORD_FAILURE,
+                &[&handle, &code, &message, &now, &generation],
+            )?,
+            Step::Approve { handle } => self.execute(APPROVE, &[&handle, &installation, &now])?,
+            Step::Deny { handle, message } => {
+                self.execute(DENY, &[&handle, &installation, &message, &now])?
+            }
+            Step::ResolveCharged { handle, result, by } => self.execute(
+                RESOLVE_CHARGED,
+                &[&handle, &installation, &result, &by, &now],
+            )?,
+            Step::ResolveNotCharged { handle, by } => {
+                self.execute(RESOLVE_NOT_CHARGED, &[&handle, &installation, &by, &now])?
+            }
+        };
+        Ok(n == 1)
+    }
+
+    fn layer<T>(
+        &mut self,
+        step: InTransaction<T, String>,
+    ) -> Result<Result<T, String>, RegistryError> {
+        match &mut self.conn {
+            PgConn::Tx(t) => Ok(step(LayerTx::Postgres(t))),
+            PgConn::Auto(_) => Err(RegistryError::layer(
+                self.location(),
+                "a layer's step runs only inside the registry's transaction",
+            )),
+        }
+    }
+
+    fn savepoint(&mut self, name: &'static str) -> Result<(), RegistryError> {
+        self.batch(&format!("SAVEPOINT {name}"))
+    }
+
+    fn end_savepoint(&mut self, name: &'static str, keep: bool) -> Result<(), RegistryError> {
+        if keep {
+            self.batch(&format!("RELEASE SAVEPOINT {name}"))
+        } else {
+            self.batch(&format!(
+                "ROLLBACK TO SAVEPOINT {name}; RELEASE SAVEPOINT {name}"
+            ))
+        }
     }
 }
 

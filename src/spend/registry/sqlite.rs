@@ -1,19 +1,19 @@
 //! The SQLite backend of the registry: one file on this machine (see the module docs of
-//! [`super`] for its Durability, Concurrency, Compatibility and Retention).
+//! [`super`] for its Durability, Concurrency, Compatibility and Retention). It holds the
+//! statements of the storage primitives ([`RegistryStore`], [`StoreTx`]); the rules that use
+//! them are [`super::machine`]'s.
 
+use super::machine::{CallKey, Claimed, RegistryStore, Step, StoreTx};
 use super::{
-    InTransaction, Insert, InsertDone, Lease, NewOperation, Operation, RawRow, RegistryError,
-    Status, Write, now_ms, owner_alive,
+    Approval, InTransaction, NewOperation, Operation, RawRow, RegistryError, Status, now_ms,
+    owner_alive,
 };
 use crate::backend::LayerTx;
-use crate::keys::PublicHandle;
 use crate::storage::schema::registry::REGISTRY;
-use crate::storage::sqlite::{Cached as _, Create, Savepoint};
+use crate::storage::sqlite::{Cached as _, Create};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
-use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
-use tokio::sync::oneshot;
 
 /// An open registry.
 pub struct SqliteRegistry {
@@ -119,29 +119,12 @@ impl SqliteRegistry {
         source_installation: &str,
         harness_call_id: &str,
     ) -> Result<Option<Operation>, RegistryError> {
-        // Cached: every spend call (and every redelivery) looks its call up first, and preparing
-        // the statement each time cost more than running it (`callid bench --only router_replay`).
-        self.conn
-            .prepare_cached(&format!(
-                "{SELECT} WHERE platform = ?1 AND installation_id = ?2 AND harness_call_id = ?3 \
-                 AND source_installation = ?4"
-            ))
-            .and_then(|mut statement| {
-                statement
-                    .query_row(
-                        params![
-                            platform,
-                            self.installation_id,
-                            harness_call_id,
-                            source_installation
-                        ],
-                        row_to_raw,
-                    )
-                    .optional()
-            })
-            .map_err(sqlite(&self.path, "looking up a call"))?
-            .map(|raw| raw.into_operation(&self.path))
-            .transpose()
+        let key = CallKey {
+            platform,
+            source_installation,
+            harness_call_id,
+        };
+        find_in(&self.conn, &self.path, &self.installation_id, key)
     }
 
     /// The operation with this public handle.
@@ -159,88 +142,100 @@ impl SqliteRegistry {
             .map(|raw| raw.into_operation(&self.path))
             .transpose()
     }
+}
 
-    /// Records `new` unless its call identity already has a row, in one IMMEDIATE transaction;
-    /// returns the row now stored and whether it was created by this call. The row is committed
-    /// (durably, `synchronous=FULL`) when this returns.
-    #[cfg(test)]
-    pub fn insert_or_get(&mut self, new: NewOperation) -> Result<(Operation, bool), RegistryError> {
-        match self.insert_within_budget(new, None)? {
-            Insert::Stored(op, created) => Ok((*op, created)),
-            Insert::OverBudget { .. } => unreachable!("no budget was given"),
-        }
+/// The row of a call identity, by a statement prepared once per connection: every spend call
+/// (and every redelivery) looks its call up first, and preparing the statement each time cost
+/// more than running it (`callid bench --only router_replay`).
+fn find_in(
+    conn: &Connection,
+    path: &Path,
+    installation_id: &str,
+    key: CallKey<'_>,
+) -> Result<Option<Operation>, RegistryError> {
+    conn.prepare_cached(&format!(
+        "{SELECT} WHERE platform = ?1 AND installation_id = ?2 AND harness_call_id = ?3 \
+         AND source_installation = ?4"
+    ))
+    .and_then(|mut statement| {
+        statement
+            .query_row(
+                params![
+                    key.platform,
+                    installation_id,
+                    key.harness_call_id,
+                    key.source_installation
+                ],
+                row_to_raw,
+            )
+            .optional()
+    })
+    .map_err(sqlite(path, "looking up a call"))?
+    .map(|raw| raw.into_operation(path))
+    .transpose()
+}
+
+/// An open `IMMEDIATE` transaction on the registry file (every write takes the write lock
+/// first, so two writers never both read "absent").
+pub(super) struct SqliteTx<'t> {
+    conn: &'t Connection,
+    path: &'t Path,
+    installation_id: &'t str,
+}
+
+impl RegistryStore for SqliteRegistry {
+    type Tx<'t> = SqliteTx<'t>;
+
+    fn location(&self) -> PathBuf {
+        self.path.clone()
     }
 
-    #[cfg(test)]
-    /// Records `new` unless its call identity already has a row, and answers the row now stored
-    /// and whether this call created it; refuses a new operation whose amount would take the cents
-    /// committed by this installation's operations (completed ones by what they charged, pending
-    /// and awaiting ones by their amount) above `budget_cents`. The sum and the insert run in
-    /// one IMMEDIATE transaction, so concurrent operations, from any process sharing the file,
-    /// never overspend together.
-    pub fn insert_within_budget(
+    /// Always one `IMMEDIATE` transaction (a local commit costs no round trip).
+    fn transact<R>(
         &mut self,
-        new: NewOperation,
-        budget_cents: Option<u64>,
-    ) -> Result<Insert, RegistryError> {
-        self.insert_leased::<(), ()>(new, budget_cents, None, None)
-            .map(|(insert, _)| insert)
-    }
-
-    #[cfg(test)]
-    /// [`SqliteRegistry::insert_within_budget`] that also gives a new, pending row its dispatch
-    /// lease for `lease` (owner, time to live) in the same transaction: the row and the lease are
-    /// one commit. An existing row is returned untouched (its lease is claimed separately).
-    ///
-    /// `stage` (another layer's steps, see [`super::Write::Insert`]) runs for a
-    /// created, leased row inside a savepoint of the same transaction; its outcome is returned
-    /// beside the row (`None`: it did not run).
-    #[allow(clippy::type_complexity)]
-    pub fn insert_leased<T, E>(
-        &mut self,
-        new: NewOperation,
-        budget_cents: Option<u64>,
-        lease: Option<(&str, Duration)>,
-        stage: Option<InTransaction<T, E>>,
-    ) -> Result<(Insert, Option<Result<T, E>>), RegistryError> {
-        let path = self.path.clone();
+        doing: &'static str,
+        _atomic: bool,
+        f: impl FnOnce(&mut SqliteTx<'_>) -> Result<R, RegistryError>,
+    ) -> Result<R, RegistryError> {
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(sqlite(&path, "recording a new operation"))?;
-        let done = insert_in(
-            &tx,
-            &self.installation_id,
-            &path,
-            new,
-            budget_cents,
-            lease,
-            stage,
-        )?;
-        tx.commit()
-            .map_err(sqlite(&path, "committing a new operation"))?;
+            .map_err(sqlite(&self.path, doing))?;
+        let mut open = SqliteTx {
+            conn: &tx,
+            path: &self.path,
+            installation_id: &self.installation_id,
+        };
+        // An error drops `tx`: rolled back.
+        let done = f(&mut open)?;
+        tx.commit().map_err(sqlite(&self.path, doing))?;
         Ok(done)
     }
 
-    /// Takes the dispatch lease of a pending operation for `owner` until `now + ttl`. A lease
-    /// held by another owner is taken over only if it expired or its process is gone.
-    pub fn claim_lease(
+    fn find_by_handle(&mut self, handle: &str) -> Result<Option<Operation>, RegistryError> {
+        SqliteRegistry::find_by_handle(self, handle)
+    }
+
+    /// Reads the row and decides in one `IMMEDIATE` transaction: the owner's process is on this
+    /// machine, so whether it is gone is certain ([`owner_alive`]), whatever the dispatch mark.
+    fn claim(
         &mut self,
-        handle: &PublicHandle,
+        handle: &str,
         owner: &str,
         ttl: Duration,
-    ) -> Result<Lease, RegistryError> {
+    ) -> Result<Claimed, RegistryError> {
+        let doing = "taking a dispatch lease";
         let path = self.path.clone();
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(sqlite(&path, "taking a dispatch lease"))?;
-        type Claimed = (String, Option<String>, Option<i64>, i64, Option<i64>, i64);
-        let (status, lease_owner, expires, at_most_once, dispatched, generation): Claimed = tx
+            .map_err(sqlite(&path, doing))?;
+        type Row = (String, Option<String>, Option<i64>, i64, Option<i64>, i64);
+        let (status, lease_owner, expires, at_most_once, dispatched, generation): Row = tx
             .row(
                 "SELECT status, lease_owner, lease_expires_ms, at_most_once, dispatch_generation,
                      lease_generation FROM operations WHERE handle = ?1",
-                [handle.as_str()],
+                [handle],
                 |r| {
                     Ok((
                         r.get(0)?,
@@ -252,23 +247,23 @@ impl SqliteRegistry {
                     ))
                 },
             )
-            .map_err(sqlite(&path, "taking a dispatch lease"))?;
-        let status = Status::parse(&status).ok_or_else(|| RegistryError::Corrupt {
-            path: path.clone(),
-            detail: format!("unknown status `{status}`"),
-        })?;
-        if status != Status::Pending {
-            return Ok(Lease::NotPending(status));
+            .map_err(sqlite(&path, doing))?;
+        let refused = |status: String| Claimed {
+            status,
+            granted: None,
+            orphaned_ms: None,
+        };
+        if status != Status::Pending.name() {
+            return Ok(refused(status));
         }
         let now = now_ms();
         if let Some(other) = lease_owner.filter(|o| o != owner) {
             let expired = expires.is_none_or(|e| e <= now);
             if !expired && owner_alive(&other) {
-                return Ok(Lease::HeldElsewhere);
+                return Ok(refused(status));
             }
         }
-        let at_most_once = at_most_once != 0;
-        if at_most_once && dispatched.is_some() {
+        if at_most_once != 0 && dispatched.is_some() {
             // Dispatched before and never settled: its outcome is unknown, so it is never sent
             // again; a person resolves it.
             tx.exec(
@@ -276,12 +271,12 @@ impl SqliteRegistry {
                      error_message = ?2, lease_owner = NULL, lease_expires_ms = NULL,
                      updated_ms = ?3
                  WHERE handle = ?1",
-                params![handle.as_str(), super::TAKEN_OVER_IN_DOUBT, now],
+                params![handle, super::TAKEN_OVER_IN_DOUBT, now],
             )
             .map_err(sqlite(&path, "marking an operation in doubt"))?;
             tx.commit()
                 .map_err(sqlite(&path, "marking an operation in doubt"))?;
-            return Ok(Lease::NotPending(Status::InDoubt));
+            return Ok(refused(Status::InDoubt.name().to_string()));
         }
         let generation = generation + 1;
         tx.exec(
@@ -289,336 +284,193 @@ impl SqliteRegistry {
                  dispatch_generation = CASE WHEN at_most_once = 1 THEN ?4 ELSE NULL END,
                  dispatched_ms = CASE WHEN at_most_once = 1 THEN ?5 ELSE NULL END
              WHERE handle = ?1",
-            params![
-                handle.as_str(),
-                owner,
-                now + ttl.as_millis() as i64,
-                generation,
-                now
-            ],
+            params![handle, owner, now + ttl.as_millis() as i64, generation, now],
         )
-        .map_err(sqlite(&path, "taking a dispatch lease"))?;
-        tx.commit()
-            .map_err(sqlite(&path, "taking a dispatch lease"))?;
-        Ok(Lease::Granted { generation })
-    }
-
-    /// Extends a held lease; see [`super::Registry::renew_lease`].
-    pub fn renew_lease(
-        &mut self,
-        handle: &PublicHandle,
-        generation: i64,
-        ttl: Duration,
-    ) -> Result<bool, RegistryError> {
-        self.write(
-            "renewing a dispatch lease",
-            "UPDATE operations SET lease_expires_ms = ?3
-             WHERE handle = ?1 AND lease_generation = ?2 AND status = 'pending'
-               AND lease_owner IS NOT NULL",
-            params![
-                handle.as_str(),
-                generation,
-                now_ms() + ttl.as_millis() as i64
-            ],
-        )
-        .map(|n| n == 1)
-    }
-
-    /// See [`super::Registry::mark_in_doubt`].
-    pub fn mark_in_doubt(
-        &mut self,
-        handle: &PublicHandle,
-        generation: i64,
-        reason: &str,
-    ) -> Result<bool, RegistryError> {
-        self.write(
-            "marking an operation in doubt",
-            "UPDATE operations SET status = 'in_doubt', error_code = 'outcome_in_doubt',
-                 error_message = ?3, lease_owner = NULL, lease_expires_ms = NULL, updated_ms = ?4
-             WHERE handle = ?1 AND status = 'pending' AND lease_generation = ?2",
-            params![handle.as_str(), generation, reason, now_ms()],
-        )
-        .map(|n| n == 1)
-    }
-
-    /// The row write of [`super::Registry::resolve`]: `true` when an `in_doubt` row changed.
-    pub(super) fn resolve_row(
-        &mut self,
-        handle: &str,
-        charged: bool,
-        result: Option<&Value>,
-        by: &str,
-    ) -> Result<bool, RegistryError> {
-        let changed = if charged {
-            self.write(
-                "recording a resolution",
-                "UPDATE operations SET status = 'completed', result = ?2,
-                     charged_cents = amount_cents, error_code = NULL, error_message = NULL,
-                     resolution = 'charged', resolved_by = ?3, resolved_ms = ?4, updated_ms = ?4
-                 WHERE handle = ?1 AND status = 'in_doubt'",
-                params![
-                    handle,
-                    result.unwrap_or(&Value::Null).to_string(),
-                    by,
-                    now_ms()
-                ],
-            )?
-        } else {
-            self.write(
-                "recording a resolution",
-                "UPDATE operations SET status = 'pending', dispatch_generation = NULL,
-                     dispatched_ms = NULL, error_code = NULL, error_message = NULL,
-                     resolution = 'not_charged', resolved_by = ?2, resolved_ms = ?3,
-                     updated_ms = ?3
-                 WHERE handle = ?1 AND status = 'in_doubt'",
-                params![handle, by, now_ms()],
-            )?
-        };
-        Ok(changed == 1)
-    }
-
-    /// The file, as messages name it.
-    pub(super) fn location(&self) -> PathBuf {
-        self.path.clone()
-    }
-
-    /// See [`super::Registry::release_lease`].
-    pub fn release_lease(
-        &mut self,
-        handle: &PublicHandle,
-        generation: i64,
-    ) -> Result<(), RegistryError> {
-        self.write(
-            "releasing a dispatch lease",
-            "UPDATE operations SET lease_owner = NULL, lease_expires_ms = NULL,
-                 dispatch_generation = NULL, dispatched_ms = NULL
-             WHERE handle = ?1 AND lease_generation = ?2 AND status = 'pending'",
-            params![handle.as_str(), generation],
-        )
-        .map(|_| ())
-    }
-
-    #[cfg(test)]
-    /// Records the result of a completed operation, with what the provider charged, and drops
-    /// its lease.
-    pub fn record_result(
-        &mut self,
-        handle: &PublicHandle,
-        generation: i64,
-        result: &Value,
-        charged_cents: u64,
-    ) -> Result<(), RegistryError> {
-        self.record_settled::<String>(handle, generation, result, charged_cents, None)
-    }
-
-    #[cfg(test)]
-    /// [`SqliteRegistry::record_result`] with `settle`, another layer's record of the same
-    /// outcome (see [`super::Write::Result`]), in the same transaction; when it fails
-    /// nothing is recorded.
-    pub fn record_settled<E: std::fmt::Display>(
-        &mut self,
-        handle: &PublicHandle,
-        generation: i64,
-        result: &Value,
-        charged_cents: u64,
-        settle: Option<InTransaction<(), E>>,
-    ) -> Result<(), RegistryError> {
-        let path = self.path.clone();
-        let tx = self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(sqlite(&path, RECORDING_RESULT))?;
-        record_in(
-            &tx,
-            &path,
-            handle,
-            generation,
-            result,
-            charged_cents,
-            settle,
-        )?;
-        tx.commit().map_err(sqlite(&path, RECORDING_RESULT))
-    }
-
-    /// Runs `writes` in one transaction, one commit for all (group commit), each in a savepoint
-    /// of its own: a write that fails is rolled back alone and answered its error; the others
-    /// are answered once the commit returned (if it fails, every write is answered that error
-    /// and nothing of them is recorded). Nothing is answered before the commit, so no caller
-    /// acts on a row that is not durable.
-    pub fn write_batch<T>(&mut self, writes: Vec<Write<T>>) {
-        let path = self.path.clone();
-        let tx = match self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-        {
-            Ok(tx) => tx,
-            Err(e) => {
-                let e = sqlite(&path, "starting a group commit")(e);
-                for w in writes {
-                    w.fail(&e);
-                }
-                return;
-            }
-        };
-        let mut answers = Vec::with_capacity(writes.len());
-        for write in writes {
-            let mark = match Savepoint::begin(&tx, "write") {
-                Ok(mark) => mark,
-                Err(e) => {
-                    write.fail(&sqlite(&path, "starting a group commit")(e));
-                    continue;
-                }
-            };
-            let answer = match write {
-                Write::Insert {
-                    new,
-                    budget_cents,
-                    owner,
-                    ttl,
-                    stage,
-                    reply,
-                } => {
-                    let done = insert_in(
-                        &tx,
-                        &self.installation_id,
-                        &path,
-                        *new,
-                        budget_cents,
-                        Some((&owner, ttl)),
-                        stage,
-                    )
-                    .map(|(insert, staged)| {
-                        let leased = matches!(&insert, Insert::Stored(op, true) if op.status == Status::Pending);
-                        (insert, leased, staged)
-                    });
-                    Answer::Insert(done, reply)
-                }
-                Write::Result {
-                    handle,
-                    result,
-                    charged_cents,
-                    generation,
-                    settle,
-                    reply,
-                } => Answer::Result(
-                    record_in(
-                        &tx,
-                        &path,
-                        &handle,
-                        generation,
-                        &result,
-                        charged_cents,
-                        settle,
-                    ),
-                    reply,
-                ),
-            };
-            if let Err(e) = mark.end(answer.is_ok()) {
-                // A savepoint that cannot be closed leaves the transaction unusable.
-                let e = sqlite(&path, "closing a group commit's write")(e);
-                answer.fail(&e);
-                for a in answers {
-                    Answer::fail(a, &e);
-                }
-                return;
-            }
-            answers.push(answer);
-        }
-        match tx.commit() {
-            Ok(()) => answers.into_iter().for_each(Answer::send),
-            Err(e) => {
-                let e = sqlite(&path, "committing a group of writes")(e);
-                for a in answers {
-                    a.fail(&e);
-                }
-            }
-        }
-    }
-
-    /// Records a final error of an operation (it will be answered again on redelivery).
-    pub fn record_failure(
-        &mut self,
-        handle: &PublicHandle,
-        generation: i64,
-        code: &str,
-        message: &str,
-    ) -> Result<(), RegistryError> {
-        let n = self.write(
-            "recording a failure",
-            RECORD_FAILURE,
-            params![handle.as_str(), code, message, now_ms(), generation],
-        )?;
-        fenced(n, handle, "a failure")
-    }
-
-    /// A person's decision on an operation waiting for approval. Approving makes it `pending`
-    /// (it runs on `resume_operation` or redelivery); denying makes it `denied` for good.
-    pub fn decide(
-        &mut self,
-        handle: &str,
-        approve: bool,
-        reason: Option<&str>,
-    ) -> Result<Operation, RegistryError> {
-        let path = self.path.clone();
-        let op = self
-            .find_by_handle(handle)?
-            .ok_or_else(|| RegistryError::UnknownHandle {
-                handle: handle.to_string(),
-                path: path.clone(),
-            })?;
-        if op.status != Status::AwaitingApproval {
-            return Err(RegistryError::NotAwaitingApproval {
-                handle: handle.to_string(),
-                status: op.status.name(),
-            });
-        }
-        let changed = if approve {
-            self.write(
-                "recording an approval",
-                "UPDATE operations SET status = 'pending', approval = 'approved', updated_ms = ?2
-                 WHERE handle = ?1 AND status = 'awaiting_approval'",
-                params![handle, now_ms()],
-            )?
-        } else {
-            let message = match reason {
-                Some(r) => format!("a person denied this operation: {r}"),
-                None => "a person denied this operation".to_string(),
-            };
-            self.write(
-                "recording a denial",
-                "UPDATE operations SET status = 'denied', approval = 'denied',
-                     error_code = 'operation_denied', error_message = ?2, updated_ms = ?3
-                 WHERE handle = ?1 AND status = 'awaiting_approval'",
-                params![handle, message, now_ms()],
-            )?
-        };
-        if changed == 0 {
-            return Err(RegistryError::NotAwaitingApproval {
-                handle: handle.to_string(),
-                status: "changed meanwhile",
-            });
-        }
-        self.find_by_handle(handle)?
-            .ok_or_else(|| RegistryError::UnknownHandle {
-                handle: handle.to_string(),
-                path,
-            })
-    }
-
-    fn write(
-        &mut self,
-        doing: &'static str,
-        sql: &str,
-        params: impl rusqlite::Params,
-    ) -> Result<usize, RegistryError> {
-        let path = self.path.clone();
-        let tx = self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(sqlite(&path, doing))?;
-        let n = tx.exec(sql, params).map_err(sqlite(&path, doing))?;
+        .map_err(sqlite(&path, doing))?;
         tx.commit().map_err(sqlite(&path, doing))?;
-        Ok(n)
+        Ok(Claimed {
+            status,
+            granted: Some(generation),
+            orphaned_ms: None,
+        })
+    }
+}
+
+impl StoreTx for SqliteTx<'_> {
+    fn location(&self) -> PathBuf {
+        self.path.to_path_buf()
+    }
+
+    fn find(&mut self, key: CallKey<'_>) -> Result<Option<Operation>, RegistryError> {
+        find_in(self.conn, self.path, self.installation_id, key)
+    }
+
+    fn lock_budget(&mut self) -> Result<(), RegistryError> {
+        Ok(())
+    }
+
+    fn committed_cents(&mut self) -> Result<i64, RegistryError> {
+        self.conn
+            .row(COMMITTED, [self.installation_id], |r| r.get(0))
+            .map_err(sqlite(self.path, "summing the budget"))
+    }
+
+    fn insert(
+        &mut self,
+        new: &NewOperation,
+        status: Status,
+        approval: Approval,
+        lease: Option<(&str, Duration)>,
+    ) -> Result<bool, RegistryError> {
+        let now = now_ms();
+        let (lease_owner, lease_expires) = match lease {
+            Some((owner, ttl)) => (Some(owner), Some(now + ttl.as_millis() as i64)),
+            None => (None, None),
+        };
+        let generation = if lease.is_some() {
+            super::FIRST_GENERATION
+        } else {
+            0
+        };
+        // An at-most-once row leased now is dispatched next: its dispatch mark commits with it.
+        let dispatched = (lease.is_some() && new.at_most_once).then_some(generation);
+        self.conn
+            .exec(
+                r"INSERT INTO operations (platform, installation_id, harness_call_id, handle,
+                     operation_key, tool, request_hash, arguments, amount_cents, status, approval,
+                     created_ms, updated_ms, source_installation, lease_owner, lease_expires_ms,
+                     at_most_once, lease_generation, dispatch_generation, dispatched_ms)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?12, ?13, ?14, ?15,
+                     ?16, ?17, ?18, CASE WHEN ?18 IS NULL THEN NULL ELSE ?12 END)
+                 ON CONFLICT (platform, installation_id, source_installation, harness_call_id)
+                 DO NOTHING",
+                params![
+                    new.platform,
+                    self.installation_id,
+                    new.harness_call_id,
+                    new.handle.as_str(),
+                    new.key.expose(),
+                    new.tool,
+                    new.request_hash.as_str(),
+                    new.arguments.to_string(),
+                    new.amount_cents as i64,
+                    status.name(),
+                    approval.name(),
+                    now,
+                    new.source_installation,
+                    lease_owner,
+                    lease_expires,
+                    new.at_most_once as i64,
+                    generation,
+                    dispatched,
+                ],
+            )
+            .map(|n| n == 1)
+            .map_err(sqlite(self.path, "recording a new operation"))
+    }
+
+    fn apply(&mut self, step: &Step<'_>) -> Result<bool, RegistryError> {
+        let now = now_ms();
+        let n = match *step {
+            Step::Renew {
+                handle,
+                generation,
+                ttl,
+            } => self.conn.exec(
+                r"UPDATE operations SET lease_expires_ms = ?3
+                 WHERE handle = ?1 AND lease_generation = ?2 AND status = 'pending'
+                   AND lease_owner IS NOT NULL",
+                params![handle, generation, now + ttl.as_millis() as i64],
+            ),
+            Step::Release { handle, generation } => self.conn.exec(
+                r"UPDATE operations SET lease_owner = NULL, lease_expires_ms = NULL,
+                     dispatch_generation = NULL, dispatched_ms = NULL
+                 WHERE handle = ?1 AND lease_generation = ?2 AND status = 'pending'",
+                params![handle, generation],
+            ),
+            Step::MarkInDoubt {
+                handle,
+                generation,
+                reason,
+            } => self.conn.exec(
+                r"UPDATE operations SET status = 'in_doubt', error_code = 'outcome_in_doubt',
+                     error_message = ?3, lease_owner = NULL, lease_expires_ms = NULL,
+                     updated_ms = ?4
+                 WHERE handle = ?1 AND status = 'pending' AND lease_generation = ?2",
+                params![handle, generation, reason, now],
+            ),
+            Step::RecordResult {
+                handle,
+                generation,
+                result,
+                charged_cents,
+            } => self.conn.exec(
+                RECORD_RESULT,
+                params![handle, result, now, charged_cents, generation],
+            ),
+            Step::RecordFailure {
+                handle,
+                generation,
+                code,
+                message,
+            } => self.conn.exec(
+                RECORD_FAILURE,
+                params![handle, code, message, now, generation],
+            ),
+            Step::Approve { handle } => self.conn.exec(
+                r"UPDATE operations SET status = 'pending', approval = 'approved', updated_ms = ?3
+                 WHERE handle = ?1 AND installation_id = ?2 AND status = 'awaiting_approval'",
+                params![handle, self.installation_id, now],
+            ),
+            Step::Deny { handle, message } => self.conn.exec(
+                r"UPDATE operations SET status = 'denied', approval = 'denied',
+                     error_code = 'operation_denied', error_message = ?3, updated_ms = ?4
+                 WHERE handle = ?1 AND installation_id = ?2 AND status = 'awaiting_approval'",
+                params![handle, self.installation_id, message, now],
+            ),
+            Step::ResolveCharged { handle, result, by } => self.conn.exec(
+                r"UPDATE operations SET status = 'completed', result = ?3,
+                     charged_cents = amount_cents, error_code = NULL, error_message = NULL,
+                     resolution = 'charged', resolved_by = ?4, resolved_ms = ?5, updated_ms = ?5
+                 WHERE handle = ?1 AND installation_id = ?2 AND status = 'in_doubt'",
+                params![handle, self.installation_id, result, by, now],
+            ),
+            Step::ResolveNotCharged { handle, by } => self.conn.exec(
+                r"UPDATE operations SET status = 'pending', dispatch_generation = NULL,
+                     dispatched_ms = NULL, error_code = NULL, error_message = NULL,
+                     resolution = 'not_charged', resolved_by = ?3, resolved_ms = ?4,
+                     updated_ms = ?4
+                 WHERE handle = ?1 AND installation_id = ?2 AND status = 'in_doubt'",
+                params![handle, self.installation_id, by, now],
+            ),
+        };
+        n.map(|n| n == 1).map_err(sqlite(self.path, step.doing()))
+    }
+
+    fn layer<T>(
+        &mut self,
+        step: InTransaction<T, String>,
+    ) -> Result<Result<T, String>, RegistryError> {
+        Ok(step(LayerTx::Sqlite(self.conn)))
+    }
+
+    fn savepoint(&mut self, name: &'static str) -> Result<(), RegistryError> {
+        self.conn
+            .exec(&format!("SAVEPOINT {name}"), [])
+            .map(drop)
+            .map_err(sqlite(self.path, "opening a savepoint"))
+    }
+
+    fn end_savepoint(&mut self, name: &'static str, keep: bool) -> Result<(), RegistryError> {
+        let rollback = if keep {
+            Ok(0)
+        } else {
+            self.conn.exec(&format!("ROLLBACK TO {name}"), [])
+        };
+        rollback
+            .and_then(|_| self.conn.exec(&format!("RELEASE {name}"), []))
+            .map(drop)
+            .map_err(sqlite(self.path, "closing a savepoint"))
     }
 }
 
@@ -634,118 +486,6 @@ const COMMITTED: &str = concat!(
     super::open_statuses!(),
     "), 0)"
 );
-
-/// Records `new` (with its lease and `stage`) inside the open transaction `tx`; see
-/// [`SqliteRegistry::insert_leased`]. The caller commits.
-#[allow(clippy::type_complexity)]
-fn insert_in<T, E>(
-    tx: &Connection,
-    installation_id: &str,
-    path: &Path,
-    new: NewOperation,
-    budget_cents: Option<u64>,
-    lease: Option<(&str, Duration)>,
-    stage: Option<InTransaction<T, E>>,
-) -> Result<(Insert, Option<Result<T, E>>), RegistryError> {
-    let existing = tx
-        .row(
-            &format!(
-                "{SELECT} WHERE platform = ?1 AND installation_id = ?2 AND harness_call_id = ?3 \
-                 AND source_installation = ?4"
-            ),
-            params![
-                new.platform,
-                installation_id,
-                new.harness_call_id,
-                new.source_installation
-            ],
-            row_to_raw,
-        )
-        .optional()
-        .map_err(sqlite(path, "looking up a call"))?;
-    if let Some(raw) = existing {
-        return Ok((
-            Insert::Stored(Box::new(raw.into_operation(path)?), false),
-            None,
-        ));
-    }
-    if let Some(budget) = budget_cents {
-        let committed: i64 = tx
-            .row(COMMITTED, [installation_id], |r| r.get(0))
-            .map_err(sqlite(path, "summing the budget"))?;
-        let committed = committed.max(0) as u64;
-        if committed.saturating_add(new.amount_cents) > budget {
-            return Ok((
-                Insert::OverBudget {
-                    committed_cents: committed,
-                },
-                None,
-            ));
-        }
-    }
-    let now = now_ms();
-    let (status, approval) = new.initial_state();
-    // Only a pending row is dispatched; one waiting for a person gets no lease.
-    let lease = lease.filter(|_| status == Status::Pending);
-    let (lease_owner, lease_expires) = match lease {
-        Some((owner, ttl)) => (Some(owner), Some(now + ttl.as_millis() as i64)),
-        None => (None, None),
-    };
-    let generation = if lease.is_some() {
-        super::FIRST_GENERATION
-    } else {
-        0
-    };
-    // An at-most-once row leased now is dispatched next: its dispatch mark commits with it.
-    let dispatched = (lease.is_some() && new.at_most_once).then_some(generation);
-    tx.exec(
-        "INSERT INTO operations (platform, installation_id, harness_call_id, handle,
-             operation_key, tool, request_hash, arguments, amount_cents, status, approval,
-             created_ms, updated_ms, source_installation, lease_owner, lease_expires_ms,
-             at_most_once, lease_generation, dispatch_generation, dispatched_ms)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?12, ?13, ?14, ?15, ?16, ?17,
-             ?18, CASE WHEN ?18 IS NULL THEN NULL ELSE ?12 END)",
-        params![
-            new.platform,
-            installation_id,
-            new.harness_call_id,
-            new.handle.as_str(),
-            new.key.expose(),
-            new.tool,
-            new.request_hash.as_str(),
-            new.arguments.to_string(),
-            new.amount_cents as i64,
-            status.name(),
-            approval.name(),
-            now,
-            new.source_installation,
-            lease_owner,
-            lease_expires,
-            new.at_most_once as i64,
-            generation,
-            dispatched,
-        ],
-    )
-    .map_err(sqlite(path, "recording a new operation"))?;
-    let staged = match stage.filter(|_| lease.is_some()) {
-        None => None,
-        Some(stage) => {
-            let mark =
-                Savepoint::begin(tx, "stage").map_err(sqlite(path, "recording a new operation"))?;
-            let outcome = stage(LayerTx::Sqlite(tx));
-            // Rolled back alone when it failed: the row and lease stay.
-            mark.end(outcome.is_ok())
-                .map_err(sqlite(path, "recording a new operation"))?;
-            Some(outcome)
-        }
-    };
-    Ok((
-        Insert::Stored(Box::new(new.into_operation(status, approval)), true),
-        staged,
-    ))
-}
-
-const RECORDING_RESULT: &str = "recording a result";
 
 /// The fence of a dispatcher's write (`?5`: its lease generation): the row is still pending
 /// under its lease, or in doubt after a dispatch under it (its answer, late, settles the doubt:
@@ -773,86 +513,6 @@ const RECORD_FAILURE: &str = concat!(
     WHERE handle = ?1 AND ",
     fence!()
 );
-
-/// `Ok` when a fenced write changed its row; [`RegistryError::Fenced`] when it matched none.
-fn fenced(changed: usize, handle: &PublicHandle, doing: &'static str) -> Result<(), RegistryError> {
-    if changed == 1 {
-        Ok(())
-    } else {
-        Err(RegistryError::Fenced {
-            handle: handle.as_str().to_string(),
-            doing,
-        })
-    }
-}
-
-/// Records a completed operation's result (and `settle`) inside the open transaction `tx`; see
-/// [`SqliteRegistry::record_settled`]. The caller commits.
-fn record_in<E: std::fmt::Display>(
-    tx: &Connection,
-    path: &Path,
-    handle: &PublicHandle,
-    generation: i64,
-    result: &Value,
-    charged_cents: u64,
-    settle: Option<InTransaction<(), E>>,
-) -> Result<(), RegistryError> {
-    let n = tx
-        .exec(
-            RECORD_RESULT,
-            params![
-                handle.as_str(),
-                result.to_string(),
-                now_ms(),
-                charged_cents as i64,
-                generation
-            ],
-        )
-        .map_err(sqlite(path, RECORDING_RESULT))?;
-    // A stale fencing token: nothing may be recorded, the layers' record included (the
-    // caller's savepoint or transaction is rolled back on this error).
-    fenced(n, handle, "the result")?;
-    if let Some(settle) = settle {
-        settle(LayerTx::Sqlite(tx)).map_err(|e| RegistryError::layer(path.to_path_buf(), e))?;
-    }
-    Ok(())
-}
-
-/// A write of a batch, done, waiting for the commit to be answered.
-enum Answer<T> {
-    Insert(
-        Result<InsertDone<T>, RegistryError>,
-        oneshot::Sender<Result<InsertDone<T>, RegistryError>>,
-    ),
-    Result(
-        Result<(), RegistryError>,
-        oneshot::Sender<Result<(), RegistryError>>,
-    ),
-}
-
-impl<T> Answer<T> {
-    fn is_ok(&self) -> bool {
-        match self {
-            Answer::Insert(done, _) => done.is_ok(),
-            Answer::Result(done, _) => done.is_ok(),
-        }
-    }
-
-    fn send(self) {
-        // A caller that went away has nothing to be told.
-        match self {
-            Answer::Insert(done, reply) => drop(reply.send(done)),
-            Answer::Result(done, reply) => drop(reply.send(done)),
-        }
-    }
-
-    fn fail(self, e: &RegistryError) {
-        match self {
-            Answer::Insert(_, reply) => drop(reply.send(Err(e.again()))),
-            Answer::Result(_, reply) => drop(reply.send(Err(e.again()))),
-        }
-    }
-}
 
 const SELECT: &str = "SELECT platform, harness_call_id, handle, operation_key, tool, request_hash,
     arguments, amount_cents, status, approval, result, error_code, error_message,
@@ -895,13 +555,121 @@ fn sqlite<'a>(
     }
 }
 
+/// The state machine's operations on a file, for the unit tests below (the router goes through
+/// [`super::Registry`]).
+#[cfg(test)]
+impl SqliteRegistry {
+    fn insert_or_get(&mut self, new: NewOperation) -> Result<(Operation, bool), RegistryError> {
+        match self.insert_within_budget(new, None)? {
+            super::Insert::Stored(op, created) => Ok((*op, created)),
+            super::Insert::OverBudget { .. } => unreachable!("no budget was given"),
+        }
+    }
+
+    fn insert_within_budget(
+        &mut self,
+        new: NewOperation,
+        budget_cents: Option<u64>,
+    ) -> Result<super::Insert, RegistryError> {
+        self.transact("recording a new operation", true, |tx| {
+            super::machine::insert_in::<_, ()>(tx, &new, budget_cents, None, None)
+        })
+        .map(|(insert, _, _)| insert)
+    }
+
+    fn claim_lease(
+        &mut self,
+        handle: &crate::keys::PublicHandle,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<super::Lease, RegistryError> {
+        super::machine::claim(self, handle, owner, ttl)
+    }
+
+    fn renew_lease(
+        &mut self,
+        handle: &crate::keys::PublicHandle,
+        generation: i64,
+        ttl: Duration,
+    ) -> Result<bool, RegistryError> {
+        let step = Step::Renew {
+            handle: handle.as_str(),
+            generation,
+            ttl,
+        };
+        super::machine::apply(self, step)
+    }
+
+    fn mark_in_doubt(
+        &mut self,
+        handle: &crate::keys::PublicHandle,
+        generation: i64,
+        reason: &str,
+    ) -> Result<bool, RegistryError> {
+        let step = Step::MarkInDoubt {
+            handle: handle.as_str(),
+            generation,
+            reason,
+        };
+        super::machine::apply(self, step)
+    }
+
+    fn record_result(
+        &mut self,
+        handle: &crate::keys::PublicHandle,
+        generation: i64,
+        result: &serde_json::Value,
+        charged_cents: u64,
+    ) -> Result<(), RegistryError> {
+        self.record_settled(handle, generation, result, charged_cents, None)
+    }
+
+    fn record_settled(
+        &mut self,
+        handle: &crate::keys::PublicHandle,
+        generation: i64,
+        result: &serde_json::Value,
+        charged_cents: u64,
+        settle: Option<InTransaction<(), String>>,
+    ) -> Result<(), RegistryError> {
+        self.transact("recording a result", true, |tx| {
+            super::machine::record_in(tx, handle, generation, result, charged_cents, settle)
+        })
+    }
+
+    fn record_failure(
+        &mut self,
+        handle: &crate::keys::PublicHandle,
+        generation: i64,
+        code: &str,
+        message: &str,
+    ) -> Result<(), RegistryError> {
+        super::machine::record_failure(self, handle, generation, code, message)
+    }
+
+    fn decide(
+        &mut self,
+        handle: &str,
+        approve: bool,
+        reason: Option<&str>,
+    ) -> Result<Operation, RegistryError> {
+        super::machine::decide(self, handle, approve, reason)
+    }
+
+    fn write_batch<T>(&mut self, writes: Vec<super::Write<T>>) {
+        super::machine::write_batch(self, writes)
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::super::{Approval, process_owner, process_start, retire_owner};
+    use super::super::{Approval, Insert, Lease, process_owner, process_start, retire_owner};
     use super::*;
     use crate::keys::OperationKey;
+    use crate::keys::PublicHandle;
     use crate::keys::{DEFAULT_HANDLE_PREFIX, DEFAULT_KEY_PREFIX};
     use crate::storage::schema::registry::{APPLICATION_ID, MIGRATIONS};
+    use serde_json::Value;
     use serde_json::json;
 
     fn new_op(call: &str) -> NewOperation {

@@ -1,0 +1,930 @@
+//! The operation state machine of the registry, written once over the storage primitives that
+//! each backend implements ([`RegistryStore`], [`StoreTx`]): what a new operation's write does
+//! (the budget, insert-if-absent, its lease and its layers' stage), the fenced record of a
+//! result, a group commit, a claim's answer, a person's approval, denial and resolution, and the
+//! errors each of them answers.
+//!
+//! A backend owns only statements: each primitive is one statement on PostgreSQL (the takeover
+//! rule of a claim included, on the server's clock) and one or a few on SQLite, and says
+//! whether it matched its row. The machine decides what a matched or unmatched row means.
+//!
+//! Round trips (PostgreSQL): a write with nothing else to commit with it (no budget, no layer
+//! step) runs as one statement in its own implicit transaction: no `BEGIN`, no `COMMIT`. A lone
+//! write of a batch needs no savepoint: its failure rolls back the whole transaction, which holds
+//! nothing else.
+
+use super::{
+    Approval, InTransaction, Insert, InsertDone, Lease, NewOperation, Operation, RegistryError,
+    Status, Write,
+};
+use crate::keys::PublicHandle;
+use serde_json::Value;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// One call identity of this installation: a row's key.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct CallKey<'a> {
+    pub(super) platform: &'a str,
+    pub(super) source_installation: &'a str,
+    pub(super) harness_call_id: &'a str,
+}
+
+impl<'a> CallKey<'a> {
+    pub(super) fn of(new: &'a NewOperation) -> CallKey<'a> {
+        CallKey {
+            platform: &new.platform,
+            source_installation: &new.source_installation,
+            harness_call_id: &new.harness_call_id,
+        }
+    }
+}
+
+/// A conditional change of one row, by its handle: each backend runs it as one statement and
+/// answers whether it matched the row.
+#[derive(Debug)]
+pub(super) enum Step<'a> {
+    /// Extends the lease of `generation` to `now + ttl` (pending, still leased).
+    Renew {
+        handle: &'a str,
+        generation: i64,
+        ttl: Duration,
+    },
+    /// Drops the lease of `generation` and the dispatch mark (pending).
+    Release { handle: &'a str, generation: i64 },
+    /// A pending row under `generation` becomes `in_doubt` with `reason`.
+    MarkInDoubt {
+        handle: &'a str,
+        generation: i64,
+        reason: &'a str,
+    },
+    /// The result of the dispatch under `generation` (fenced: pending under it, or in doubt
+    /// after a dispatch under it).
+    RecordResult {
+        handle: &'a str,
+        generation: i64,
+        result: &'a str,
+        charged_cents: i64,
+    },
+    /// A final error of the dispatch under `generation` (fenced like `RecordResult`).
+    RecordFailure {
+        handle: &'a str,
+        generation: i64,
+        code: &'a str,
+        message: &'a str,
+    },
+    /// A row waiting for approval becomes pending, approved.
+    Approve { handle: &'a str },
+    /// A row waiting for approval becomes denied with `message`.
+    Deny { handle: &'a str, message: &'a str },
+    /// An in-doubt row becomes completed with `result`, charged its amount.
+    ResolveCharged {
+        handle: &'a str,
+        result: &'a str,
+        by: &'a str,
+    },
+    /// An in-doubt row becomes pending again with its dispatch mark cleared.
+    ResolveNotCharged { handle: &'a str, by: &'a str },
+}
+
+impl Step<'_> {
+    /// What the step records, as a fragment of an error message.
+    pub(super) fn doing(&self) -> &'static str {
+        match self {
+            Step::Renew { .. } => "renewing a dispatch lease",
+            Step::Release { .. } => "releasing a dispatch lease",
+            Step::MarkInDoubt { .. } => "marking an operation in doubt",
+            Step::RecordResult { .. } => "recording a result",
+            Step::RecordFailure { .. } => "recording a failure",
+            Step::Approve { .. } => "recording an approval",
+            Step::Deny { .. } => "recording a denial",
+            Step::ResolveCharged { .. } | Step::ResolveNotCharged { .. } => {
+                "recording a resolution"
+            }
+        }
+    }
+}
+
+/// What a backend's claim statement found: the row's status after it, and the lease
+/// generation it granted, or, when it took nothing from a holder whose liveness is gone on a
+/// dispatched row, the milliseconds until that lease expires.
+#[derive(Debug)]
+pub(super) struct Claimed {
+    pub(super) status: String,
+    pub(super) granted: Option<i64>,
+    pub(super) orphaned_ms: Option<i64>,
+}
+
+/// The statements a step of the machine runs inside one transaction of a backend (or, for a
+/// write that needs none, each in its own implicit transaction: see
+/// [`RegistryStore::transact`]).
+pub(super) trait StoreTx {
+    /// The registry as messages name it.
+    fn location(&self) -> PathBuf;
+    /// The row of a call identity, read by a fresh statement (it sees every row committed
+    /// before it began, a concurrent writer's included).
+    fn find(&mut self, key: CallKey<'_>) -> Result<Option<Operation>, RegistryError>;
+    /// Serializes the budgeted writes of this installation until the commit (PostgreSQL: an
+    /// advisory lock across replicas; SQLite: the `IMMEDIATE` transaction holds the file's
+    /// write lock already).
+    fn lock_budget(&mut self) -> Result<(), RegistryError>;
+    /// The cents committed by this installation's operations: completed ones by what they
+    /// charged, open ones by their amount.
+    fn committed_cents(&mut self) -> Result<i64, RegistryError>;
+    /// Inserts the row of `new` with `status` and `approval` unless its call identity has one
+    /// (never check-then-insert); with `lease` (owner, time to live) it is leased to be
+    /// dispatched next, its first lease generation and dispatch mark written with it. `true`
+    /// when this statement created the row.
+    fn insert(
+        &mut self,
+        new: &NewOperation,
+        status: Status,
+        approval: Approval,
+        lease: Option<(&str, Duration)>,
+    ) -> Result<bool, RegistryError>;
+    /// Runs `step`; `true` when it matched its row.
+    fn apply(&mut self, step: &Step<'_>) -> Result<bool, RegistryError>;
+    /// Runs another layer's step in this transaction.
+    fn layer<T>(
+        &mut self,
+        step: InTransaction<T, String>,
+    ) -> Result<Result<T, String>, RegistryError>;
+    /// `SAVEPOINT name`.
+    fn savepoint(&mut self, name: &'static str) -> Result<(), RegistryError>;
+    /// Keeps (`keep`) or rolls back what was written since `SAVEPOINT name`, and releases it.
+    fn end_savepoint(&mut self, name: &'static str, keep: bool) -> Result<(), RegistryError>;
+}
+
+/// A registry backend: where the rows live, and its transactions.
+pub(super) trait RegistryStore {
+    /// An open transaction.
+    type Tx<'t>: StoreTx
+    where
+        Self: 't;
+    /// The registry as messages name it.
+    fn location(&self) -> PathBuf;
+    /// Runs `f` in one transaction, committed when it answers `Ok` (and only then answered),
+    /// rolled back when it answers an error. Not `atomic`: `f`'s statements need not commit
+    /// together (a backend may run each as its own implicit transaction, one round trip each).
+    fn transact<R>(
+        &mut self,
+        doing: &'static str,
+        atomic: bool,
+        f: impl FnOnce(&mut Self::Tx<'_>) -> Result<R, RegistryError>,
+    ) -> Result<R, RegistryError>;
+    /// The operation with this public handle.
+    fn find_by_handle(&mut self, handle: &str) -> Result<Option<Operation>, RegistryError>;
+    /// Takes the dispatch lease of a pending row for `owner` until `now + ttl` by the takeover
+    /// rule (`## Concurrency` of [`super`]): free, already `owner`'s, expired, or its holder
+    /// gone (certainly, or on a row without a dispatch mark). The lease counts the generation
+    /// up and writes the dispatch mark of an at-most-once row (PostgreSQL: of every row); an
+    /// at-most-once row that carries a dispatch mark already becomes `in_doubt`
+    /// ([`super::TAKEN_OVER_IN_DOUBT`]) instead. One statement on PostgreSQL.
+    fn claim(&mut self, handle: &str, owner: &str, ttl: Duration)
+    -> Result<Claimed, RegistryError>;
+}
+
+/// Runs one conditional row change in a transaction of its own; `true` when it matched.
+pub(super) fn apply<S: RegistryStore>(
+    store: &mut S,
+    step: Step<'_>,
+) -> Result<bool, RegistryError> {
+    store.transact(step.doing(), false, |tx| tx.apply(&step))
+}
+
+/// Where a new row's stage runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Staging {
+    /// In a savepoint: a failed stage is rolled back alone; the row and its lease stay.
+    Savepoint,
+    /// Bare in the transaction, which holds nothing else (a lone write): the caller rolls the
+    /// whole transaction back when the stage failed and writes the row again without it
+    /// ([`insert_lone`]), which spares PostgreSQL the savepoint's two round trips on the path
+    /// every new operation takes.
+    Bare,
+}
+
+/// A new operation's write inside `tx` (see [`Write::Insert`]): the existing row when its call
+/// identity has one, [`Insert::OverBudget`] when `budget_cents` would be exceeded, otherwise the
+/// new row, leased for `lease` when it is pending, with `stage` run after it ([`Staging`]).
+pub(super) fn insert_in<X: StoreTx, T>(
+    tx: &mut X,
+    new: &NewOperation,
+    budget_cents: Option<u64>,
+    lease: Option<(&str, Duration)>,
+    stage: Option<(InTransaction<T, String>, Staging)>,
+) -> Result<InsertDone<T>, RegistryError> {
+    let existing = |op: Operation| Ok((Insert::Stored(Box::new(op), false), false, None));
+    if let Some(budget) = budget_cents {
+        tx.lock_budget()?;
+        if let Some(op) = tx.find(CallKey::of(new))? {
+            return existing(op);
+        }
+        let committed = tx.committed_cents()?.max(0) as u64;
+        if committed.saturating_add(new.amount_cents) > budget {
+            return Ok((
+                Insert::OverBudget {
+                    committed_cents: committed,
+                },
+                false,
+                None,
+            ));
+        }
+    }
+    let (status, approval) = new.initial_state();
+    // Only a pending row is dispatched; one waiting for a person gets no lease.
+    let lease = lease.filter(|_| status == Status::Pending);
+    if !tx.insert(new, status, approval, lease)? {
+        // Another writer's row won the call identity: a fresh statement reads it.
+        return match tx.find(CallKey::of(new))? {
+            Some(op) => existing(op),
+            None => Err(RegistryError::Corrupt {
+                path: tx.location(),
+                detail: format!(
+                    "the row of call `{}` conflicted on insert and then could not be found",
+                    new.harness_call_id
+                ),
+            }),
+        };
+    }
+    let leased = lease.is_some();
+    let staged = match stage.filter(|_| leased) {
+        None => None,
+        Some((stage, Staging::Bare)) => Some(tx.layer(stage)?),
+        Some((stage, Staging::Savepoint)) => {
+            tx.savepoint("stage")?;
+            let outcome = tx.layer(stage)?;
+            tx.end_savepoint("stage", outcome.is_ok())?;
+            Some(outcome)
+        }
+    };
+    Ok((
+        Insert::Stored(Box::new(new.operation(status, approval)), true),
+        leased,
+        staged,
+    ))
+}
+
+/// A new operation's write as the only write of its transaction: one transaction with its stage
+/// run bare ([`Staging::Bare`]); when the stage failed, that transaction is rolled back and the
+/// row and its lease are written again alone, and the stage's error is answered beside them, as
+/// a savepoint would have left it.
+pub(super) fn insert_lone<S: RegistryStore, T>(
+    store: &mut S,
+    new: &NewOperation,
+    budget_cents: Option<u64>,
+    lease: Option<(&str, Duration)>,
+    stage: Option<InTransaction<T, String>>,
+) -> Result<InsertDone<T>, RegistryError> {
+    let doing = "recording a new operation";
+    let Some(stage) = stage else {
+        return store.transact(doing, budget_cents.is_some(), |tx| {
+            insert_in::<_, T>(tx, new, budget_cents, lease, None)
+        });
+    };
+    let mut refused = None;
+    let done = store.transact(doing, true, |tx| {
+        match insert_in(tx, new, budget_cents, lease, Some((stage, Staging::Bare)))? {
+            (_, _, Some(Err(e))) => {
+                let rollback = RegistryError::layer(tx.location(), &e);
+                refused = Some(e);
+                Err(rollback)
+            }
+            done => Ok(done),
+        }
+    });
+    let Some(refused) = refused else {
+        return done;
+    };
+    let (insert, leased, _) = store.transact(doing, budget_cents.is_some(), |tx| {
+        insert_in::<_, T>(tx, new, budget_cents, lease, None)
+    })?;
+    // Another writer may have recorded the call in between: then this write leased nothing and
+    // no stage of it counts.
+    Ok((insert, leased, leased.then_some(Err(refused))))
+}
+
+/// Records a completed operation's result inside `tx`, fenced by the dispatcher's lease
+/// `generation` (a stale one records nothing: [`RegistryError::Fenced`]), and `settle`, another
+/// layer's record of it (its failure records nothing either: [`RegistryError::Layer`]).
+pub(super) fn record_in<X: StoreTx>(
+    tx: &mut X,
+    handle: &PublicHandle,
+    generation: i64,
+    result: &Value,
+    charged_cents: u64,
+    settle: Option<InTransaction<(), String>>,
+) -> Result<(), RegistryError> {
+    let result = result.to_string();
+    let step = Step::RecordResult {
+        handle: handle.as_str(),
+        generation,
+        result: &result,
+        charged_cents: charged_cents.min(i64::MAX as u64) as i64,
+    };
+    fenced(tx.apply(&step)?, handle, "the result")?;
+    if let Some(settle) = settle {
+        tx.layer(settle)?
+            .map_err(|e| RegistryError::layer(tx.location(), e))?;
+    }
+    Ok(())
+}
+
+/// `Ok` when a fenced write changed its row; [`RegistryError::Fenced`] when it matched none.
+pub(super) fn fenced(
+    matched: bool,
+    handle: &PublicHandle,
+    doing: &'static str,
+) -> Result<(), RegistryError> {
+    if matched {
+        Ok(())
+    } else {
+        Err(RegistryError::Fenced {
+            handle: handle.as_str().to_string(),
+            doing,
+        })
+    }
+}
+
+/// A write of a batch without its answer channel.
+enum Op<T> {
+    Insert {
+        new: Box<NewOperation>,
+        budget_cents: Option<u64>,
+        owner: String,
+        ttl: Duration,
+        stage: Option<InTransaction<T, String>>,
+    },
+    Result {
+        handle: PublicHandle,
+        result: Value,
+        charged_cents: u64,
+        generation: i64,
+        settle: Option<InTransaction<(), String>>,
+    },
+}
+
+/// Where a write's answer goes.
+enum Reply<T> {
+    Insert(tokio::sync::oneshot::Sender<Result<InsertDone<T>, RegistryError>>),
+    Result(tokio::sync::oneshot::Sender<Result<(), RegistryError>>),
+}
+
+/// A write's answer.
+enum Done<T> {
+    Insert(InsertDone<T>),
+    Result,
+}
+
+impl<T> Write<T> {
+    fn split(self) -> (Op<T>, Reply<T>) {
+        match self {
+            Write::Insert {
+                new,
+                budget_cents,
+                owner,
+                ttl,
+                stage,
+                reply,
+            } => (
+                Op::Insert {
+                    new,
+                    budget_cents,
+                    owner,
+                    ttl,
+                    stage,
+                },
+                Reply::Insert(reply),
+            ),
+            Write::Result {
+                handle,
+                result,
+                charged_cents,
+                generation,
+                settle,
+                reply,
+            } => (
+                Op::Result {
+                    handle,
+                    result,
+                    charged_cents,
+                    generation,
+                    settle,
+                },
+                Reply::Result(reply),
+            ),
+        }
+    }
+}
+
+impl<T> Op<T> {
+    fn doing(&self) -> &'static str {
+        match self {
+            Op::Insert { .. } => "recording a new operation",
+            Op::Result { .. } => "recording a result",
+        }
+    }
+
+    /// Whether its statements must commit together: a budget check with its insert, a layer's
+    /// step with the row it belongs to.
+    fn atomic(&self) -> bool {
+        match self {
+            Op::Insert {
+                budget_cents,
+                stage,
+                ..
+            } => budget_cents.is_some() || stage.is_some(),
+            Op::Result { settle, .. } => settle.is_some(),
+        }
+    }
+
+    fn run<X: StoreTx>(self, tx: &mut X) -> Result<Done<T>, RegistryError> {
+        match self {
+            Op::Insert {
+                new,
+                budget_cents,
+                owner,
+                ttl,
+                stage,
+            } => {
+                let stage = stage.map(|s| (s, Staging::Savepoint));
+                insert_in(tx, &new, budget_cents, Some((&owner, ttl)), stage).map(Done::Insert)
+            }
+            Op::Result {
+                handle,
+                result,
+                charged_cents,
+                generation,
+                settle,
+            } => record_in(tx, &handle, generation, &result, charged_cents, settle)
+                .map(|()| Done::Result),
+        }
+    }
+}
+
+impl<T> Reply<T> {
+    fn send(self, done: Result<Done<T>, RegistryError>) {
+        // A caller that went away has nothing to be told.
+        match (self, done) {
+            (Reply::Insert(reply), Ok(Done::Insert(done))) => drop(reply.send(Ok(done))),
+            (Reply::Result(reply), Ok(Done::Result)) => drop(reply.send(Ok(()))),
+            (Reply::Insert(reply), Err(e)) => drop(reply.send(Err(e))),
+            (Reply::Result(reply), Err(e)) => drop(reply.send(Err(e))),
+            (Reply::Insert(_), Ok(Done::Result)) | (Reply::Result(_), Ok(Done::Insert(_))) => {
+                unreachable!("a write is answered by its own kind")
+            }
+        }
+    }
+}
+
+/// Runs `writes` with one commit for all (group commit), each in a savepoint of its own (a lone
+/// write needs none): a write that fails is rolled back alone and answered its error; the
+/// others are answered once the commit returned (if it fails, every write is answered that
+/// error and nothing of them is recorded). Nothing is answered before the commit, so no caller
+/// acts on a row that is not durable.
+pub(super) fn write_batch<S: RegistryStore, T>(store: &mut S, writes: Vec<Write<T>>) {
+    let (ops, replies): (Vec<Op<T>>, Vec<Reply<T>>) = writes.into_iter().map(Write::split).unzip();
+    if ops.len() == 1 {
+        let op = ops.into_iter().next().expect("one write");
+        let reply = replies.into_iter().next().expect("one write");
+        let done = match op {
+            Op::Insert {
+                new,
+                budget_cents,
+                owner,
+                ttl,
+                stage,
+            } => {
+                insert_lone(store, &new, budget_cents, Some((&owner, ttl)), stage).map(Done::Insert)
+            }
+            op => store.transact(op.doing(), op.atomic(), |tx| op.run(tx)),
+        };
+        reply.send(done);
+        return;
+    }
+    let done = store.transact("committing a group of writes", true, |tx| {
+        let mut answers = Vec::with_capacity(ops.len());
+        for op in ops {
+            tx.savepoint("write")?;
+            let done = op.run(tx);
+            tx.end_savepoint("write", done.is_ok())?;
+            answers.push(done);
+        }
+        Ok(answers)
+    });
+    match done {
+        Ok(answers) => replies
+            .into_iter()
+            .zip(answers)
+            .for_each(|(reply, done)| reply.send(done)),
+        Err(e) => replies
+            .into_iter()
+            .for_each(|reply| reply.send(Err(e.again()))),
+    }
+}
+
+/// The answer of a claim ([`RegistryStore::claim`]).
+pub(super) fn claim<S: RegistryStore>(
+    store: &mut S,
+    handle: &PublicHandle,
+    owner: &str,
+    ttl: Duration,
+) -> Result<Lease, RegistryError> {
+    let claimed = store.claim(handle.as_str(), owner, ttl)?;
+    let Some(status) = Status::parse(&claimed.status) else {
+        return Err(RegistryError::Corrupt {
+            path: store.location(),
+            detail: format!("unknown status `{}`", claimed.status),
+        });
+    };
+    Ok(match (status, claimed.granted, claimed.orphaned_ms) {
+        (Status::Pending, Some(generation), _) => Lease::Granted { generation },
+        (Status::Pending, None, Some(ms)) => Lease::Orphaned {
+            expires_in: Duration::from_millis(ms.max(0) as u64),
+        },
+        (Status::Pending, None, None) => Lease::HeldElsewhere,
+        (other, _, _) => Lease::NotPending(other),
+    })
+}
+
+/// Records a final error of an operation, fenced by the dispatcher's lease `generation`.
+pub(super) fn record_failure<S: RegistryStore>(
+    store: &mut S,
+    handle: &PublicHandle,
+    generation: i64,
+    code: &str,
+    message: &str,
+) -> Result<(), RegistryError> {
+    let step = Step::RecordFailure {
+        handle: handle.as_str(),
+        generation,
+        code,
+        message,
+    };
+    fenced(apply(store, step)?, handle, "a failure")
+}
+
+/// The operation with `handle`, or [`RegistryError::UnknownHandle`].
+fn known<S: RegistryStore>(store: &mut S, handle: &str) -> Result<Operation, RegistryError> {
+    store
+        .find_by_handle(handle)?
+        .ok_or_else(|| RegistryError::UnknownHandle {
+            handle: handle.to_string(),
+            path: store.location(),
+        })
+}
+
+/// A person's decision on an operation waiting for approval. Approving makes it `pending` (it
+/// runs on `resume_operation` or redelivery); denying makes it `denied` for good.
+pub(super) fn decide<S: RegistryStore>(
+    store: &mut S,
+    handle: &str,
+    approve: bool,
+    reason: Option<&str>,
+) -> Result<Operation, RegistryError> {
+    let op = known(store, handle)?;
+    if op.status != Status::AwaitingApproval {
+        return Err(RegistryError::NotAwaitingApproval {
+            handle: handle.to_string(),
+            status: op.status.name(),
+        });
+    }
+    let message = match reason {
+        Some(r) => format!("a person denied this operation: {r}"),
+        None => "a person denied this operation".to_string(),
+    };
+    let step = if approve {
+        Step::Approve { handle }
+    } else {
+        Step::Deny {
+            handle,
+            message: &message,
+        }
+    };
+    // Conditional on the row still waiting: another person's decision may have come first.
+    if !apply(store, step)? {
+        return Err(RegistryError::NotAwaitingApproval {
+            handle: handle.to_string(),
+            status: "changed meanwhile",
+        });
+    }
+    known(store, handle)
+}
+
+/// A person's resolution of an [`Status::InDoubt`] operation (see
+/// [`super::Registry::resolve`]).
+pub(super) fn resolve<S: RegistryStore>(
+    store: &mut S,
+    handle: &str,
+    charged: bool,
+    result: Option<&Value>,
+    by: &str,
+) -> Result<Operation, RegistryError> {
+    let op = known(store, handle)?;
+    if op.status != Status::InDoubt {
+        return Err(RegistryError::NotInDoubt {
+            handle: handle.to_string(),
+            status: op.status.name(),
+        });
+    }
+    let text = result.unwrap_or(&Value::Null).to_string();
+    let step = if charged {
+        Step::ResolveCharged {
+            handle,
+            result: &text,
+            by,
+        }
+    } else {
+        Step::ResolveNotCharged { handle, by }
+    };
+    // Conditional on the row still being in doubt: a second person's resolution, or the late
+    // answer of the only dispatch, may have settled it meanwhile.
+    if !apply(store, step)? {
+        return Err(RegistryError::NotInDoubt {
+            handle: handle.to_string(),
+            status: "changed meanwhile",
+        });
+    }
+    known(store, handle)
+}
+
+#[cfg(test)]
+mod tests {
+    //! The machine on both backends: one scenario, one transcript, the same on a SQLite file
+    //! and a PostgreSQL database (the latter skipped without server binaries, never in CI).
+    use super::super::postgres::PgRegistry;
+    use super::super::sqlite::SqliteRegistry;
+    use super::super::{InsertDone, Write};
+    use super::*;
+    use crate::backend::LayerTx;
+    use crate::keys::{DEFAULT_HANDLE_PREFIX, DEFAULT_KEY_PREFIX, OperationKey};
+    use serde_json::json;
+    use tokio::sync::oneshot;
+
+    fn new_op(call: &str, amount_cents: u64) -> NewOperation {
+        NewOperation {
+            platform: "codex".into(),
+            source_installation: String::new(),
+            harness_call_id: call.into(),
+            handle: PublicHandle::generate(DEFAULT_HANDLE_PREFIX),
+            key: OperationKey::generate(DEFAULT_KEY_PREFIX, "codex"),
+            tool: "generate_image".into(),
+            request_hash: crate::canonical::request_hash("generate_image", &json!({"p": call}))
+                .unwrap(),
+            arguments: json!({"p": call}),
+            amount_cents,
+            needs_approval: false,
+            at_most_once: false,
+        }
+    }
+
+    /// A layer's step writing `x` into the test table `layer`, then answering `ok`.
+    fn layer(x: i32, ok: bool) -> InTransaction<(), String> {
+        Box::new(move |tx| {
+            let sql = format!("INSERT INTO layer VALUES ({x})");
+            match tx {
+                LayerTx::Sqlite(c) => c.execute_batch(&sql).map_err(|e| e.to_string())?,
+                LayerTx::Postgres(t) => t.batch_execute(&sql).map_err(|e| e.to_string())?,
+            }
+            if ok {
+                Ok(())
+            } else {
+                Err(format!("layer {x} refused"))
+            }
+        })
+    }
+
+    type InsertAnswer = oneshot::Receiver<Result<InsertDone<()>, RegistryError>>;
+
+    fn insert(
+        call: &str,
+        budget_cents: Option<u64>,
+        stage: Option<InTransaction<(), String>>,
+    ) -> (Write<()>, InsertAnswer) {
+        let (reply, answer) = oneshot::channel();
+        let write = Write::Insert {
+            new: Box::new(new_op(call, 3)),
+            budget_cents,
+            owner: "2147483647:gone".into(),
+            ttl: Duration::from_secs(60),
+            stage,
+            reply,
+        };
+        (write, answer)
+    }
+
+    fn result(
+        handle: &PublicHandle,
+        generation: i64,
+        settle: Option<InTransaction<(), String>>,
+    ) -> (Write<()>, oneshot::Receiver<Result<(), RegistryError>>) {
+        let (reply, answer) = oneshot::channel();
+        let write = Write::Result {
+            handle: handle.clone(),
+            result: json!({"ok": generation}),
+            charged_cents: 3,
+            generation,
+            settle,
+            reply,
+        };
+        (write, answer)
+    }
+
+    fn shown(done: Result<InsertDone<()>, RegistryError>) -> String {
+        match done {
+            Ok((Insert::Stored(op, created), leased, staged)) => format!(
+                "{} created={created} leased={leased} staged={staged:?}",
+                op.status.name()
+            ),
+            Ok((Insert::OverBudget { committed_cents }, ..)) => {
+                format!("over budget, {committed_cents} committed")
+            }
+            Err(e) => error(&e),
+        }
+    }
+
+    fn error(e: &RegistryError) -> String {
+        match e {
+            RegistryError::Fenced { doing, .. } => format!("fenced: {doing}"),
+            RegistryError::Layer { detail, .. } => format!("layer: {detail}"),
+            RegistryError::Batch { message } => format!("batch: {message}"),
+            RegistryError::NotAwaitingApproval { status, .. } => format!("not awaiting: {status}"),
+            RegistryError::NotInDoubt { status, .. } => format!("not in doubt: {status}"),
+            other => format!("other: {other}"),
+        }
+    }
+
+    /// Every step of the machine a new operation takes, lone and grouped, with the layers'
+    /// records beside them; the transcript and the layer rows left.
+    fn scenario<S: RegistryStore>(
+        store: &mut S,
+        layer_rows: impl Fn(&mut S) -> Vec<i32>,
+    ) -> Vec<String> {
+        let mut seen = vec![];
+        let lone = |store: &mut S, write: Write<()>| write_batch(store, vec![write]);
+        let (w, mut a) = insert("a", None, Some(layer(1, true)));
+        lone(store, w);
+        seen.push(shown(a.try_recv().unwrap()));
+        // A lone write's failed stage: its layer record rolled back, the row and lease kept.
+        let (w, mut b) = insert("b", None, Some(layer(2, false)));
+        lone(store, w);
+        seen.push(shown(b.try_recv().unwrap()));
+        let (w, mut again) = insert("a", None, Some(layer(9, true)));
+        lone(store, w);
+        seen.push(shown(again.try_recv().unwrap()));
+        let (w, mut plain) = insert("plain", None, None);
+        lone(store, w);
+        seen.push(shown(plain.try_recv().unwrap()));
+        // 3 (a) + 3 (b) + 3 (plain) are open: a 10-cent budget takes no 4th row of 3.
+        let (w, mut over) = insert("over", Some(10), Some(layer(8, true)));
+        lone(store, w);
+        seen.push(shown(over.try_recv().unwrap()));
+        let (w, mut within) = insert("within", Some(12), None);
+        lone(store, w);
+        seen.push(shown(within.try_recv().unwrap()));
+        let find = |store: &mut S, call: &str| {
+            store
+                .transact("looking up a call", false, |tx| {
+                    tx.find(CallKey {
+                        platform: "codex",
+                        source_installation: "",
+                        harness_call_id: call,
+                    })
+                })
+                .unwrap()
+                .unwrap()
+                .handle
+        };
+        let (ha, hb) = (find(store, "a"), find(store, "b"));
+        let (w, mut r) = result(&ha, 1, Some(layer(3, true)));
+        lone(store, w);
+        seen.push(format!(
+            "{:?}",
+            r.try_recv().unwrap().map_err(|e| error(&e))
+        ));
+        // A stale generation records nothing, its layers' record included.
+        let (w, mut r) = result(&hb, 2, Some(layer(4, true)));
+        lone(store, w);
+        seen.push(format!(
+            "{:?}",
+            r.try_recv().unwrap().map_err(|e| error(&e))
+        ));
+        let (w, mut r) = result(&hb, 1, Some(layer(5, false)));
+        lone(store, w);
+        seen.push(format!(
+            "{:?}",
+            r.try_recv().unwrap().map_err(|e| error(&e))
+        ));
+        // A group: a new row whose stage fails, a result, and a fenced result.
+        let (w1, mut g1) = insert("c", None, Some(layer(6, false)));
+        let (w2, mut g2) = result(&hb, 1, Some(layer(7, true)));
+        let (w3, mut g3) = result(&ha, 1, None);
+        write_batch(store, vec![w1, w2, w3]);
+        seen.push(shown(g1.try_recv().unwrap()));
+        seen.push(format!(
+            "{:?}",
+            g2.try_recv().unwrap().map_err(|e| error(&e))
+        ));
+        seen.push(format!(
+            "{:?}",
+            g3.try_recv().unwrap().map_err(|e| error(&e))
+        ));
+        seen.push(format!(
+            "{:?}",
+            claim(store, &ha, "me", Duration::from_secs(5)).unwrap()
+        ));
+        seen.push(match decide(store, ha.as_str(), true, None) {
+            Ok(op) => op.status.name().to_string(),
+            Err(e) => error(&e),
+        });
+        seen.push(format!("layer rows {:?}", layer_rows(store)));
+        seen
+    }
+
+    const TRANSCRIPT: &[&str] = &[
+        "pending created=true leased=true staged=Some(Ok(()))",
+        "pending created=true leased=true staged=Some(Err(\"layer 2 refused\"))",
+        "pending created=false leased=false staged=None",
+        "pending created=true leased=true staged=None",
+        "over budget, 9 committed",
+        "pending created=true leased=true staged=None",
+        "Ok(())",
+        "Err(\"fenced: the result\")",
+        "Err(\"layer: layer 5 refused\")",
+        "pending created=true leased=true staged=Some(Err(\"layer 6 refused\"))",
+        "Ok(())",
+        "Err(\"fenced: the result\")",
+        "NotPending(Completed)",
+        "not awaiting: completed",
+        "layer rows [1, 3, 7]",
+    ];
+
+    #[test]
+    fn both_backends_answer_every_step_alike_on_sqlite() {
+        let mut store = SqliteRegistry::open_in_memory().unwrap();
+        store
+            .transact("creating the test table", true, |tx| {
+                tx.savepoint("t")?;
+                tx.layer(Box::new(|tx| match tx {
+                    LayerTx::Sqlite(c) => c
+                        .execute_batch("CREATE TABLE layer (x INTEGER)")
+                        .map_err(|e| e.to_string()),
+                    LayerTx::Postgres(_) => Err("not here".into()),
+                }))?
+                .unwrap();
+                tx.end_savepoint("t", true)
+            })
+            .unwrap();
+        let seen = scenario(&mut store, |s| {
+            s.transact("reading the test table", true, |tx| {
+                tx.layer::<Vec<i32>>(Box::new(|tx| {
+                    let LayerTx::Sqlite(c) = tx else {
+                        unreachable!()
+                    };
+                    let mut st = c.prepare("SELECT x FROM layer ORDER BY x").unwrap();
+                    let rows = st.query_map([], |r| r.get::<_, i32>(0)).unwrap();
+                    Ok(rows.flatten().collect())
+                }))
+            })
+            .unwrap()
+            .unwrap()
+        });
+        assert_eq!(seen, TRANSCRIPT);
+    }
+
+    #[test]
+    fn both_backends_answer_every_step_alike_on_postgres() {
+        use crate::storage::cluster::{Cluster, bindir};
+        let Some(bindir) = bindir() else {
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "CI=true: this test never skips; install PostgreSQL"
+            );
+            eprintln!("SKIP: no PostgreSQL server binaries (/usr/lib/postgresql/*/bin/initdb)");
+            return;
+        };
+        let cluster = Cluster::start(bindir).expect("a throwaway cluster");
+        cluster
+            .sql("postgres", "CREATE DATABASE callid")
+            .expect("a database");
+        cluster
+            .sql("callid", "CREATE TABLE layer (x integer)")
+            .expect("the test table");
+        let url = crate::storage::postgres::PgUrl::parse(&cluster.url("callid")).unwrap();
+        let mut store = PgRegistry::open(&url).unwrap();
+        let seen = scenario(&mut store, |s| {
+            s.transact("reading the test table", true, |tx| {
+                tx.layer::<Vec<i32>>(Box::new(|tx| {
+                    let LayerTx::Postgres(t) = tx else {
+                        unreachable!()
+                    };
+                    let read = t.query("SELECT x FROM layer ORDER BY x", &[]).unwrap();
+                    Ok(read.iter().map(|r| r.get::<_, i32>(0)).collect())
+                }))
+            })
+            .unwrap()
+            .unwrap()
+        });
+        assert_eq!(seen, TRANSCRIPT);
+    }
+}
