@@ -75,15 +75,7 @@ pub const EXECUTION_FILE: &str = "execution.sqlite3";
 /// File name of the in-process provider's ledger in the state directory.
 pub const PROVIDER_LEDGER_FILE: &str = "provider-ledger.sqlite3";
 
-/// The caller's open transaction that a layer's steps join ([`Backend::prepare_in`],
-/// [`Backend::settle_in`]): on the SQLite file hosting the layers' tables, or on the PostgreSQL
-/// database that router replicas share (where the layers' tables live beside the registry's).
-pub enum LayerTx<'a, 'b> {
-    /// A transaction (or savepoint) on the host SQLite file.
-    Sqlite(&'a rusqlite::Connection),
-    /// A transaction (or savepoint) on the shared PostgreSQL database.
-    Postgres(&'a mut postgres::Transaction<'b>),
-}
+pub use crate::storage::LayerTx;
 
 /// Suffix given to a layer's own file once its rows were copied into the file that hosts the
 /// layers now (kept as a backup, never read again).

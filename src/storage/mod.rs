@@ -11,6 +11,7 @@
 //!   by one discipline, with group commit for writes.
 //! - [`postgres`]: PostgreSQL connection URLs (redacted wherever shown), TLS, the session
 //!   settings every connection gets, and the schema migration.
+//! - [`LayerTx`]: a transaction on either dialect that the registry and the layers write in.
 //! - `cluster` (`test-hooks` feature): a throwaway PostgreSQL cluster for the integration tests
 //!   and `bench`.
 
@@ -19,3 +20,14 @@ pub mod cluster;
 pub mod postgres;
 pub mod schema;
 pub mod sqlite;
+
+/// An open transaction that the registry's writes and the backend layers' steps share
+/// ([`crate::backend::Backend::prepare_in`], [`crate::backend::Backend::settle_in`]): on the
+/// SQLite file hosting the layers' tables, or on the PostgreSQL database that router replicas
+/// share (where the layers' tables live beside the registry's).
+pub enum LayerTx<'a, 'b> {
+    /// A transaction (or savepoint) on the host SQLite file.
+    Sqlite(&'a rusqlite::Connection),
+    /// A transaction (or savepoint) on the shared PostgreSQL database.
+    Postgres(&'a mut ::postgres::Transaction<'b>),
+}

@@ -1,5 +1,6 @@
-//! The crate's top-level module graph has no cycle, only the front end depends on `cli`, and no
-//! module has a cycle among its own files.
+//! The crate's top-level module graph has no cycle, only the front end depends on `cli`, no
+//! module has a cycle among its own files, and the spend core, its two users and storage stay
+//! apart ([`APART`]).
 //!
 //! A module is the first path segment under `src/` (`src/conform/report/mod.rs` belongs to
 //! `conform`). Its dependencies are read from the source text: every `crate::X` path (in `use`
@@ -151,6 +152,37 @@ fn only_the_front_end_depends_on_cli_and_app() {
     assert!(
         wrong.is_empty(),
         "library modules must not depend on the front end (convert clap types in `cli`):\n{}",
+        wrong.join("\n")
+    );
+}
+
+/// Rooms that must not reach into each other: the spend core knows neither of its users, its two
+/// users stand side by side, and storage serves everyone above it without knowing them.
+const APART: &[(&str, &[&str])] = &[
+    ("spend", &["router", "gateway"]),
+    ("router", &["gateway"]),
+    ("gateway", &["router"]),
+    (
+        "storage",
+        &["spend", "router", "gateway", "backend", "provider"],
+    ),
+];
+
+#[test]
+fn the_spend_core_its_users_and_storage_stay_apart() {
+    let graph = crate_graph();
+    let mut wrong = Vec::new();
+    for (from, forbidden) in APART {
+        assert!(graph.contains_key(*from), "no module `{from}` read");
+        for to in *forbidden {
+            if let Some(files) = graph.get(*from).and_then(|edges| edges.get(*to)) {
+                wrong.push(format!("{from} -> {to} (in {})", join(files)));
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "these rooms must stay apart (move the shared piece below both):\n{}",
         wrong.join("\n")
     );
 }

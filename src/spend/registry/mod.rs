@@ -151,7 +151,7 @@ pub const FIRST_GENERATION: i64 = 1;
 /// registry's file ([`crate::backend::Backend::open_in`]). It runs after the registry's own
 /// statements and before the commit.
 pub type InTransaction<T, E> =
-    Box<dyn for<'a, 'b> FnOnce(crate::backend::LayerTx<'a, 'b>) -> Result<T, E> + Send>;
+    Box<dyn for<'a, 'b> FnOnce(crate::storage::LayerTx<'a, 'b>) -> Result<T, E> + Send>;
 
 /// Why the registry cannot be used. Every spend fails closed with `registry_unavailable` on any
 /// of these, naming the file and the cause.
@@ -601,6 +601,8 @@ pub enum Lease {
     NotPending(Status),
 }
 
+#[cfg(test)]
+mod tests;
 mod machine;
 pub mod postgres;
 pub mod sqlite;

@@ -25,7 +25,7 @@ use super::machine::{CallKey, Claimed, RegistryStore, Step, StoreTx};
 use super::{
     Approval, InTransaction, NewOperation, Operation, RawRow, RegistryError, Status, now_ms,
 };
-use crate::backend::LayerTx;
+use crate::storage::LayerTx;
 use crate::storage::postgres::{PgUrl, drop_off_runtime};
 use postgres::{Client, GenericClient, Statement};
 use std::collections::HashMap;

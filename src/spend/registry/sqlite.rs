@@ -8,7 +8,7 @@ use super::{
     Approval, InTransaction, NewOperation, Operation, RawRow, RegistryError, Status, now_ms,
     owner_alive,
 };
-use crate::backend::LayerTx;
+use crate::storage::LayerTx;
 use crate::storage::schema::registry::REGISTRY;
 use crate::storage::sqlite::{Cached as _, Create};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
