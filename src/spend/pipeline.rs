@@ -1138,8 +1138,21 @@ fn write_batches(
     queue: &Mutex<std::sync::mpsc::Receiver<Write<Staged>>>,
     batch: usize,
 ) {
-    if let Writer::Own(registry) = &mut writer {
-        *registry = Registry::open(location).ok();
+    match &mut writer {
+        Writer::Own(registry) => *registry = Registry::open(location).ok(),
+        Writer::Sibling { core, own } => {
+            // Connected now, not by the first write: that write's lease is counted from before
+            // it was queued, and a connection's set-up (session, schema check, liveness) inside
+            // it made a first spend's lease come back too late (4.2 s at a load of 18).
+            *own = core
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .as_ref()
+                .and_then(Registry::sibling);
+            if let Some(registry) = own {
+                let _ = registry.find_by_handle("");
+            }
+        }
     }
     loop {
         let writes = {

@@ -15,6 +15,7 @@ use serde_json::{Value, json};
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
+use tokio::task::JoinHandle;
 
 struct World {
     dir: tempfile::TempDir,
@@ -125,6 +126,90 @@ impl World {
         }
     }
 
+    /// Waits (at most 30 s) until the upstream logged the `start` of `call`, a call on `g` in
+    /// flight; a call that ended without one fails with its answer and `g`'s log.
+    async fn until_dispatched(&self, call: &mut JoinHandle<Response>, g: &Served) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.dispatches() == 0 {
+            if call.is_finished() {
+                let answer = call.await.unwrap();
+                panic!(
+                    "the call ended without a dispatch: {}\nthe gateway's log:\n{}",
+                    answer.raw,
+                    g.child.stderr_text()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the upstream never logged a `start`: {:?}\nthe gateway's log:\n{}",
+                self.upstream_log(),
+                g.child.stderr_text()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Pauses `g` (SIGSTOP) at a moment it holds no registry transaction open, and returns its
+    /// pid. SIGSTOP lands wherever the process is: inside a lease renewal's transaction, the
+    /// paused process would keep the SQLite file's write lock (or a PostgreSQL row lock) for the
+    /// whole pause, and the other gateway would wait out its busy timeout instead of meeting the
+    /// lapsed lease this test is about. So the fault is set up until it holds: every thread
+    /// stopped and no transaction of it open; otherwise it is resumed and paused again.
+    async fn pause_between_transactions(&self, g: &Served) -> i32 {
+        let pid = g.child.pid().unwrap() as i32;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            // SAFETY: signals to our own child process.
+            assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+            while !stopped(pid) {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            if !self.transaction_open() {
+                return pid;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the gateway was inside a registry transaction every time it was paused for 30 s"
+            );
+            // SAFETY: as above.
+            assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Whether a process holds a registry transaction open: on SQLite, whether the write lock
+    /// is taken (`BEGIN IMMEDIATE` without waiting fails); on PostgreSQL, whether a session
+    /// sits idle inside a transaction.
+    fn transaction_open(&self) -> bool {
+        match &self.pg {
+            Some(pg) => {
+                pg.sql(
+                    "callid",
+                    "SELECT count(*) FROM pg_stat_activity \
+                     WHERE state LIKE 'idle in transaction%'",
+                ) != "0"
+            }
+            None => {
+                let conn = rusqlite::Connection::open(self.path("gateway.sqlite3")).unwrap();
+                conn.busy_timeout(Duration::ZERO).unwrap();
+                match conn.execute_batch("BEGIN IMMEDIATE") {
+                    Ok(()) => {
+                        conn.execute_batch("ROLLBACK").unwrap();
+                        false
+                    }
+                    Err(e) => {
+                        assert_eq!(
+                            e.sqlite_error_code(),
+                            Some(rusqlite::ErrorCode::DatabaseBusy),
+                            "{e}"
+                        );
+                        true
+                    }
+                }
+            }
+        }
+    }
+
     /// `callid router ARGS --registry R`: exit code, stdout, stderr.
     fn operator(&self, args: &[&str]) -> (i32, String, String) {
         let out = Command::new(bin())
@@ -145,6 +230,17 @@ impl World {
         assert_eq!(code, 0, "{err}");
         serde_json::from_str(&out).unwrap()
     }
+}
+
+/// Whether every thread of process `pid` is stopped (state `T` in `/proc`).
+fn stopped(pid: i32) -> bool {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).unwrap();
+    tasks.map(|t| t.unwrap().path().join("stat")).all(|stat| {
+        let stat = std::fs::read_to_string(stat).unwrap_or_default();
+        // `pid (comm) state ...`: the state follows the last `)`.
+        stat.rsplit_once(") ")
+            .is_some_and(|(_, rest)| rest.starts_with('T'))
+    })
 }
 
 fn pay(seconds: f64) -> Value {
@@ -463,12 +559,12 @@ async fn a_live_dispatchers_lease_is_renewed_past_its_lifetime_in(w: World) {
     let a = w.gateway(&["--lease-ttl", "4"]).await;
     let b = w.gateway(&["--lease-ttl", "4"]).await;
     let conn = a.conn.clone();
-    let call = tokio::spawn(async move {
+    let mut call = tokio::spawn(async move {
         conn.call_tool(next_id(), "pay", pay(9.0), Some(codex("l1")))
             .await
             .unwrap()
     });
-    w.until_upstream("start", 1).await;
+    w.until_dispatched(&mut call, &a).await;
     tokio::time::sleep(Duration::from_secs(6)).await;
     let elsewhere = pay_call(&b, pay(9.0), "l1").await;
     assert!(
@@ -493,7 +589,10 @@ async fn a_live_dispatchers_lease_is_renewed_past_its_lifetime_in(w: World) {
 /// A dispatcher paused (SIGSTOP) past its lease: the other gateway's redelivery finds the
 /// dispatch mark and answers in doubt instead of sending it again; once resumed, the paused
 /// dispatcher records the upstream's answer (its dispatch is the only one), which every
-/// redelivery then replays.
+/// redelivery then replays. The pause is set up between two registry transactions of the
+/// dispatcher ([`World::pause_between_transactions`]): one paused inside its lease renewal kept
+/// the SQLite file locked, and the other gateway answered `registry_unavailable` after its busy
+/// timeout, about once in seven runs at a load of 11 on two cores.
 #[tokio::test]
 async fn a_paused_dispatcher_is_never_doubled_and_its_late_answer_settles_the_doubt() {
     a_paused_dispatcher_is_never_doubled_and_its_late_answer_settles_the_doubt_in(World::new())
@@ -516,19 +615,31 @@ async fn a_paused_dispatcher_is_never_doubled_and_its_late_answer_settles_the_do
     let a = w.gateway(&["--lease-ttl", "3"]).await;
     let b = w.gateway(&["--lease-ttl", "3"]).await;
     let conn = a.conn.clone();
-    let call = tokio::spawn(async move {
+    let mut call = tokio::spawn(async move {
         conn.call_tool(next_id(), "pay", pay(2.0), Some(codex("p1")))
             .await
             .unwrap()
     });
-    w.until_upstream("start", 1).await;
-    let pid = a.child.pid().unwrap() as i32;
-    // SAFETY: signals to our own child process.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    w.until_dispatched(&mut call, &a).await;
+    let pid = w.pause_between_transactions(&a).await;
+    let log = w.upstream_log();
+    assert!(
+        !log.iter().any(|e| e["event"] == "end"),
+        "set-up: the upstream answered before the dispatcher was paused: {log:?}"
+    );
     tokio::time::sleep(Duration::from_millis(4000)).await;
     let taken = pay_call(&b, pay(2.0), "p1").await;
+    assert_eq!(
+        code(&taken),
+        "outcome_in_doubt",
+        "{}\nthe paused gateway's log:\n{}\nthe other gateway's log:\n{}",
+        taken.raw,
+        a.child.stderr_text(),
+        b.child.stderr_text()
+    );
     let h = assert_in_doubt(&taken);
     assert!(taken.raw.contains("paused past its lease"), "{}", taken.raw);
+    // SAFETY: signals to our own child process.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
     let done = call.await.unwrap();
     assert!(!done.is_tool_error(), "{}", done.raw);
