@@ -609,11 +609,11 @@ async fn a_paused_dispatcher_is_never_doubled_and_its_late_answer_settles_the_do
 }
 
 async fn a_paused_dispatcher_is_never_doubled_and_its_late_answer_settles_the_doubt_in(w: World) {
-    // A 3 s lease: the unpaused dispatcher renews it every second and gives up only after 2.4 s
-    // without a renewal, room enough on a loaded machine (a 1 s lease gave up now and then at a
-    // load of 20 on two cores).
-    let a = w.gateway(&["--lease-ttl", "3"]).await;
-    let b = w.gateway(&["--lease-ttl", "3"]).await;
+    // A 5 s lease: the unpaused dispatcher renews it and gives up only after 4 s without a
+    // renewal, room enough on a loaded machine (a 1 s lease gave up now and then at a load of 20
+    // on two cores, a 3 s one under heavy disk load).
+    let a = w.gateway(&["--lease-ttl", "5"]).await;
+    let b = w.gateway(&["--lease-ttl", "5"]).await;
     let conn = a.conn.clone();
     let mut call = tokio::spawn(async move {
         conn.call_tool(next_id(), "pay", pay(2.0), Some(codex("p1")))
@@ -627,7 +627,7 @@ async fn a_paused_dispatcher_is_never_doubled_and_its_late_answer_settles_the_do
         !log.iter().any(|e| e["event"] == "end"),
         "set-up: the upstream answered before the dispatcher was paused: {log:?}"
     );
-    tokio::time::sleep(Duration::from_millis(4000)).await;
+    tokio::time::sleep(Duration::from_millis(6000)).await;
     let taken = pay_call(&b, pay(2.0), "p1").await;
     assert_eq!(
         code(&taken),
