@@ -601,11 +601,11 @@ pub enum Lease {
     NotPending(Status),
 }
 
-#[cfg(test)]
-mod tests;
 mod machine;
 pub mod postgres;
 pub mod sqlite;
+#[cfg(test)]
+mod tests;
 
 pub use crate::storage::postgres::PgUrl;
 pub use sqlite::SqliteRegistry;
