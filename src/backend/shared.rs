@@ -699,19 +699,9 @@ mod tests {
     /// reached, not only the one on top of the idle list.
     #[test]
     fn pooled_sessions_ended_by_a_restart_are_replaced_before_use() {
-        use crate::storage::cluster::{Cluster, bindir};
-        let Some(bindir) = bindir() else {
-            assert!(
-                std::env::var("CI").as_deref() != Ok("true"),
-                "CI=true: this test never skips; install PostgreSQL"
-            );
-            eprintln!("SKIP: no PostgreSQL server binaries (/usr/lib/postgresql/*/bin/initdb)");
+        let Some(cluster) = crate::storage::cluster::for_unit_test() else {
             return;
         };
-        let cluster = Cluster::start(bindir).expect("a throwaway cluster");
-        cluster
-            .sql("postgres", "CREATE DATABASE callid")
-            .expect("a database");
         let url = PgUrl::parse(&cluster.url("callid")).expect("the cluster's URL");
         let state = SharedState::new(url);
         let all = |round: usize| {

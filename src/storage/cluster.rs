@@ -82,6 +82,26 @@ pub struct Cluster {
     as_postgres: bool,
 }
 
+/// A throwaway cluster with an empty database `callid`, for a unit test: `None` (the test skips,
+/// saying so) where no PostgreSQL server binaries are installed, and a panic under `CI=true`,
+/// where a PostgreSQL test never skips.
+#[cfg(test)]
+pub(crate) fn for_unit_test() -> Option<Cluster> {
+    let Some(bindir) = bindir() else {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "CI=true: this test never skips; install PostgreSQL"
+        );
+        eprintln!("SKIP: no PostgreSQL server binaries (/usr/lib/postgresql/*/bin/initdb)");
+        return None;
+    };
+    let cluster = Cluster::start(bindir).expect("a throwaway cluster");
+    cluster
+        .sql("postgres", "CREATE DATABASE callid")
+        .expect("a database");
+    Some(cluster)
+}
+
 impl Cluster {
     /// Makes a cluster with the programs in `bindir` and starts its server.
     pub fn start(bindir: PathBuf) -> Result<Cluster, ClusterError> {
