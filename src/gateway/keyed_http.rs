@@ -6,6 +6,7 @@
 //! upstream (or a proxy in front of it) that honours the HTTP convention sees it without reading
 //! the JSON-RPC body. Redirects are not followed.
 
+use crate::keys::{IDEMPOTENCY_HEADER, IDEMPOTENCY_META};
 use futures::stream::BoxStream;
 use reqwest::header::{HeaderName, HeaderValue};
 use rmcp::model::ClientJsonRpcMessage;
@@ -16,13 +17,6 @@ use rmcp::transport::streamable_http_client::{
 use sse_stream::Sse;
 use std::collections::HashMap;
 use std::sync::Arc;
-
-/// `_meta` key of the idempotency key every upstream receives (over stdio too); an HTTP upstream
-/// also gets it in [`IDEMPOTENCY_HEADER`].
-pub const IDEMPOTENCY_META: &str = "callid/idempotency-key";
-
-/// The header carrying a spend's idempotency key.
-pub const IDEMPOTENCY_HEADER: &str = "idempotency-key";
 
 /// `reqwest::Client` plus the `Idempotency-Key` header on spends.
 #[derive(Debug, Clone)]

@@ -17,10 +17,10 @@
 //! leaves the operation open either way (nothing was sent). A vouching gateway also sends a
 //! signed envelope of the call it checked ([`super::vouch`]).
 
-use super::keyed_http::IDEMPOTENCY_META;
 use super::policy::GatewayPolicy;
 use super::upstream::{Upstream, UpstreamError};
 use crate::identity;
+use crate::keys::IDEMPOTENCY_META;
 use crate::spend::pipeline::{Core, Outcome, Quote, Reply, Spender, ToolCode, ToolError};
 use crate::spend::registry::{Operation, Status};
 use crate::spend::reply::Catalogue;

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 /// Header that marks a replayed answer.
 pub const REPLAYED_HEADER: &str = "idempotent-replayed";
 /// Header that carries the idempotency key.
-pub const KEY_HEADER: &str = "idempotency-key";
+pub use crate::keys::IDEMPOTENCY_HEADER as KEY_HEADER;
 
 /// Width and height used when a request names none.
 pub const DEFAULT_SIZE: u32 = 1024;
