@@ -399,6 +399,8 @@ impl Spender for Gateway {
     }
 
     async fn execute(&self, op: &Operation, _amount_cents: &u64) -> Outcome {
+        // The one copy of the arguments a dispatch makes: rmcp sends only parameters it owns,
+        // and the operation stays the pipeline's, which records the outcome with it.
         let arguments = match &op.arguments {
             Value::Object(map) => map.clone(),
             _ => Map::new(),
