@@ -225,6 +225,9 @@ mod tests {
         ] {
             assert_eq!(validate_key(key).is_ok(), ok, "{key:?}");
         }
+        // The key callid derives for an operation is one the provider takes.
+        let op = crate::keys::OperationKey::from_stored("hubu:operation:v1:codex:k1".into());
+        validate_key(&op.idempotency_key()).unwrap();
     }
 
     #[test]
