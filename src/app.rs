@@ -544,7 +544,8 @@ pub fn report_error(err: &anyhow::Error) -> ExitCode {
 /// `callid router`: serve MCP, or run an operator command on the registry.
 fn run_router(args: crate::cli::RouterArgs) -> anyhow::Result<ExitCode> {
     use crate::cli::{RegistryArg, RouterCommand};
-    use crate::spend::{operator, policy::Policy, registry};
+    use crate::router::policy::Policy;
+    use crate::spend::{operator, registry};
     use anyhow::Context as _;
     let registry_path =
         |arg: &RegistryArg| -> anyhow::Result<registry::RegistryLocation> {

@@ -2,7 +2,7 @@
 //!
 //! `anyhow`'s `{:#}` joins every `source()` with `: `; an error type that writes its cause into
 //! its own message *and* returns it from `source()` then says the cause twice
-//! (`...(os error 2): ...(os error 2)`). Error types here do one or the other; [`format`] also
+//! (`...(os error 2): ...(os error 2)`). Error types here do one or the other; [`format()`] also
 //! refuses to repeat a cause whose text is already said, so an error from a dependency that does
 //! both still reads once.
 

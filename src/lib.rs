@@ -43,7 +43,8 @@
 //! **The spend core and its two users**
 //! - [`spend`]: the spend core: identity, request hash, registry, keys, dispatch, record, reply,
 //!   scrub, replay cache, approvals; tool-agnostic, driven by a `Spender`.
-//! - [`router`]: the built-in reference router: the core in front of the image [`backend`].
+//! - [`router`]: the built-in reference router: the core in front of the image [`backend`],
+//!   with its own approval and budget policy.
 //! - [`gateway`]: the core in front of anyone's paid MCP server (`callid gateway`), and the
 //!   embeddable `Guard`.
 //! - [`backend`]: the authorization and execution layers behind the router, each idempotent on

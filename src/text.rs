@@ -1,7 +1,7 @@
 //! Text helpers every renderer and message shares: cutting a string to a byte budget without
 //! splitting a character ([`cut`], [`clip`]), GitHub-flavoured Markdown table cells
 //! ([`markdown_cell`], [`markdown_code`]), the end of a program's output on one line
-//! ([`last_lines`]), and the nearest of several names to a mistyped one ([`edits`],
+//! (`last_lines`, with the `test-hooks` feature), and the nearest of several names to a mistyped one ([`edits`],
 //! [`nearest`], and [`misspelling_of`] when only a near one will do).
 //!
 //! # Guarantees

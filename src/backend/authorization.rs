@@ -29,11 +29,11 @@
 //! by an advisory lock.
 //!
 //! ## Durability
-//! The decision is committed before [`Authorization::authorize`] returns, and the crash point
+//! A decision and its `dispatched` mark are committed before the provider is called: the backend
+//! records a new decision and marks it in one transaction
+//! ([`Authorization::authorize_for_dispatch`], one commit), and the crash point
 //! [`Boundary::AfterAuthorization`](crate::crashpoint::Boundary::AfterAuthorization) sits right
-//! after that commit. It is marked `dispatched` ([`Authorization::mark_dispatched`]) and committed
-//! before the provider is called; the backend records a new decision and its `dispatched` mark in
-//! one transaction ([`Authorization::authorize_for_dispatch`], one commit).
+//! after that commit.
 //!
 //! ## Compatibility
 //! `application_id` `0x434c4155` ("CLAU"), `user_version` 3 (3 adds the running total of charges);
@@ -155,8 +155,9 @@ impl Authorization {
             .map(|n| n == 1)
     }
 
-    /// Undoes [`mark_dispatched`](Self::mark_dispatched) after a provider call that surely never
-    /// reached the provider (it could not connect): the decision is `reserved` again, and expires.
+    /// Undoes the `dispatched` mark ([`Self::authorize_for_dispatch`]) after a provider call that
+    /// surely never reached the provider (it could not connect): the decision is `reserved`
+    /// again, and expires.
     pub fn mark_not_sent(&self, decision_id: &str) -> Result<(), BackendError> {
         self.set_state(decision_id, "reserved", &["dispatched"])
             .map(|_| ())
@@ -241,9 +242,9 @@ impl Authorization {
         self.local()?.write(|tx| self.authorize_in(tx, req))
     }
 
-    /// [`Authorization::authorize`], then [`Authorization::mark_dispatched`], in one transaction
-    /// (one commit): the decision, and whether it was `reserved` (no provider call had started
-    /// for it before). The crash point after the authorization sits after this commit.
+    /// Returns the decision for `req.operation_key`, recording it first if there is none, and
+    /// marks it `dispatched`, in one transaction (one commit): the decision, and whether it was
+    /// `reserved` (no provider call had started for it before). The crash point after the authorization sits after this commit.
     pub fn authorize_for_dispatch(
         &self,
         req: &AuthorizationRequest<'_>,

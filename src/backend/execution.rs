@@ -12,7 +12,7 @@
 //!
 //! ## Durability
 //! Both states are committed before the layer moves on. The crash point
-//! [`Boundary::AfterProviderCharge`](crate::crashpoint::Boundary::AfterProviderCharge) sits
+//! [`Boundary::AfterProviderCharge`] sits
 //! between the provider's answer and the `completed` commit: the case the derived key exists for.
 //!
 //! ## Replicas

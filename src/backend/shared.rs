@@ -277,7 +277,7 @@ impl SharedState {
         }
     }
 
-    /// See [`super::Authorization::authorize`].
+    /// Returns the decision for `req.operation_key`, recording it first if there is none.
     pub fn authorize(
         &self,
         req: &AuthorizationRequest<'_>,

@@ -32,7 +32,7 @@
 //! same `--digest-salt` (or none).
 
 use super::kinds::RunKind;
-use super::pointer::pointer_key;
+use super::pointer::{key_pointer, pointer_key};
 use crate::probe::read::shown_path;
 pub use crate::probe::read::{BadLine, ReadError as ClassifyError, read_logs};
 use crate::probe::record::{IdentityVerdict, Kind, Record};
@@ -325,7 +325,7 @@ fn rejudge(r: &Record, sources: &crate::identity::IdentitySources) -> Option<Ide
         .entries()
         .iter()
         .filter_map(|s| {
-            let path = format!("/{}", s.key.replace('~', "~0").replace('/', "~1"));
+            let path = key_pointer(&s.key);
             shape
                 .entries
                 .iter()
@@ -626,12 +626,9 @@ fn per_call_ids(accepted: &[(&Record, &str, &str)]) -> PerCallIds {
     let mut by_id: BTreeMap<String, Vec<Option<&str>>> = BTreeMap::new();
     for (r, _, key) in accepted {
         let id_path = if *key == crate::identity::ENVELOPE_KEY {
-            format!(
-                "/{}/invocation_id",
-                key.replace('~', "~0").replace('/', "~1")
-            )
+            key_pointer(key) + "/invocation_id"
         } else {
-            format!("/{}", key.replace('~', "~0").replace('/', "~1"))
+            key_pointer(key)
         };
         let digest = r
             .meta_shape()

@@ -39,7 +39,8 @@
 //!   upstream die mid-call.
 
 use super::hooks::RunnerHooks;
-use crate::provider::mcp::{GENERATE_IMAGE, IDEMPOTENCY_META, LIST_CHARGES};
+use crate::keys::{IDEMPOTENCY_HEADER, IDEMPOTENCY_META};
+use crate::provider::mcp::{GENERATE_IMAGE, LIST_CHARGES};
 use crate::provider::{ChargesPage, HookAction, ImageRequest, Ledger, ProviderHooks};
 use axum::Router;
 use axum::body::Bytes;
@@ -52,8 +53,6 @@ use std::sync::Arc;
 /// How a paid call without any idempotency key is recorded among the keys received (it holds a
 /// space, so no valid key can look like it): the provider's own name for it.
 pub use crate::provider::NO_KEY;
-/// The HTTP header an upstream key may also come in.
-pub const IDEMPOTENCY_HEADER: &str = "idempotency-key";
 /// The hidden subcommand that bridges stdio to the upstream's HTTP endpoint.
 pub const RELAY_SUBCOMMAND: &str = "conform-upstream-relay";
 /// The protocol version answered when the client asks for one this server does not know.
@@ -261,8 +260,7 @@ async fn generate_image(
     params: &Value,
 ) -> Result<Value, StatusCode> {
     let refusal = crate::provider::mcp::refusal;
-    let meta_key = match params.pointer(&format!("/_meta/{}", IDEMPOTENCY_META.replace('/', "~1")))
-    {
+    let meta_key = match params.get("_meta").and_then(|m| m.get(IDEMPOTENCY_META)) {
         None => None,
         Some(Value::String(k)) => Some(k.clone()),
         Some(_) => {

@@ -6,9 +6,12 @@
 //! upstream (or a proxy in front of it) that honours the HTTP convention sees it without reading
 //! the JSON-RPC body. Redirects are not followed.
 
+use crate::keys::{IDEMPOTENCY_HEADER, IDEMPOTENCY_META};
 use futures::stream::BoxStream;
 use reqwest::header::{HeaderName, HeaderValue};
-use rmcp::model::ClientJsonRpcMessage;
+use rmcp::model::{
+    ClientJsonRpcMessage, ClientRequest, JsonRpcRequest, MetaObject, RequestMetaObject,
+};
 use rmcp::transport::streamable_http_client::{
     SseError, StreamableHttpClient, StreamableHttpError, StreamableHttpPostResponse,
     StreamableHttpResponseLimits,
@@ -16,13 +19,6 @@ use rmcp::transport::streamable_http_client::{
 use sse_stream::Sse;
 use std::collections::HashMap;
 use std::sync::Arc;
-
-/// `_meta` key of the idempotency key every upstream receives (over stdio too); an HTTP upstream
-/// also gets it in [`IDEMPOTENCY_HEADER`].
-pub const IDEMPOTENCY_META: &str = "callid/idempotency-key";
-
-/// The header carrying a spend's idempotency key.
-pub const IDEMPOTENCY_HEADER: &str = "idempotency-key";
 
 /// `reqwest::Client` plus the `Idempotency-Key` header on spends.
 #[derive(Debug, Clone)]
@@ -39,22 +35,35 @@ impl KeyedClient {
     }
 }
 
-/// The idempotency key in a `tools/call` request's `_meta`, if any.
-pub fn idempotency_key(message: &ClientJsonRpcMessage) -> Option<String> {
-    let value = serde_json::to_value(message).ok()?;
-    if value["method"] != "tools/call" {
+/// The idempotency key in a `tools/call` request's `_meta`, if any, read where the message holds
+/// it (nothing of the call, its arguments least, is copied). rmcp writes one `_meta` on the wire
+/// from three places, and this reads them in the order it lets win: the request's typed
+/// metadata, the legacy metadata beside it, then the parameters' own `_meta`.
+pub fn idempotency_key(message: &ClientJsonRpcMessage) -> Option<&str> {
+    let ClientJsonRpcMessage::Request(JsonRpcRequest {
+        request: ClientRequest::CallToolRequest(call),
+        ..
+    }) = message
+    else {
         return None;
-    }
-    value["params"]["_meta"][IDEMPOTENCY_META]
-        .as_str()
-        .map(str::to_owned)
+    };
+    let extensions = &call.extensions;
+    [
+        extensions.get::<RequestMetaObject>().map(|m| &m.0.0),
+        extensions.get::<MetaObject>().map(|m| &m.0),
+        call.params.meta.as_ref().map(|m| &m.0.0),
+    ]
+    .into_iter()
+    .flatten()
+    .find_map(|meta| meta.get(IDEMPOTENCY_META))?
+    .as_str()
 }
 
 fn with_key(
     message: &ClientJsonRpcMessage,
     mut headers: HashMap<HeaderName, HeaderValue>,
 ) -> HashMap<HeaderName, HeaderValue> {
-    if let Some(value) = idempotency_key(message).and_then(|k| HeaderValue::from_str(&k).ok()) {
+    if let Some(value) = idempotency_key(message).and_then(|k| HeaderValue::from_str(k).ok()) {
         headers.insert(HeaderName::from_static(IDEMPOTENCY_HEADER), value);
     }
     headers
@@ -196,5 +205,53 @@ mod tests {
             "callid-idem-v1-ab"
         );
         assert!(with_key(&call(None), HashMap::new()).is_empty());
+    }
+
+    /// The key read from the message is the one its JSON carries, wherever rmcp keeps it.
+    #[test]
+    fn the_key_is_the_one_on_the_wire() {
+        use rmcp::model::{CallToolRequest, CallToolRequestParams, ListToolsRequest, RequestId};
+        let meta = |key: &str| {
+            let mut m = RequestMetaObject::default();
+            m.0.0.insert(IDEMPOTENCY_META.into(), json!(key));
+            m
+        };
+        let call = |params: Option<&str>, typed: Option<&str>, legacy: Option<&str>| {
+            let mut p = CallToolRequestParams::new("pay");
+            p.meta = params.map(meta);
+            let mut request = CallToolRequest::new(p);
+            if let Some(k) = typed {
+                request.extensions.insert(meta(k));
+            }
+            if let Some(k) = legacy {
+                request.extensions.insert(meta(k).0);
+            }
+            ClientJsonRpcMessage::request(
+                ClientRequest::CallToolRequest(request),
+                RequestId::Number(1),
+            )
+        };
+        let list = ClientJsonRpcMessage::request(
+            ClientRequest::ListToolsRequest(ListToolsRequest::default()),
+            RequestId::Number(2),
+        );
+        let cases = [
+            (call(None, None, None), None),
+            (call(Some("p"), None, None), Some("p")),
+            (call(None, None, Some("l")), Some("l")),
+            (call(Some("p"), None, Some("l")), Some("l")),
+            (call(Some("p"), Some("t"), Some("l")), Some("t")),
+            (call(None, Some("t"), None), Some("t")),
+            (list, None),
+        ];
+        for (i, (message, want)) in cases.iter().enumerate() {
+            let wire = serde_json::to_value(message).unwrap();
+            assert_eq!(
+                wire["params"]["_meta"][IDEMPOTENCY_META].as_str(),
+                *want,
+                "case {i}: {wire}"
+            );
+            assert_eq!(idempotency_key(message), *want, "case {i}: {wire}");
+        }
     }
 }

@@ -68,28 +68,19 @@ pub struct ToolPolicy {
 }
 
 impl GatewayPolicy {
-    /// Reads and checks a YAML policy file.
+    /// Reads and checks a YAML policy file ([`crate::spend::policy::load`]).
     pub fn load(path: &Path) -> Result<GatewayPolicy, PolicyError> {
-        let origin = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|source| PolicyError::Read {
-            path: origin.clone(),
-            source,
-        })?;
-        Self::parse(&text, &origin)
+        crate::spend::policy::load::<GatewayPolicy>(path)?.checked(&path.display().to_string())
     }
 
     /// Parses and checks a YAML policy document (`origin` names it in errors).
     pub fn parse(text: &str, origin: &str) -> Result<GatewayPolicy, PolicyError> {
-        if text.trim().is_empty() {
-            return Ok(GatewayPolicy::default());
-        }
-        let policy: GatewayPolicy =
-            crate::yaml::from_str(text).map_err(|e| PolicyError::Parse {
-                path: origin.to_string(),
-                at: e.path,
-                message: e.message,
-            })?;
-        for (name, tool) in &policy.tools {
+        crate::spend::policy::parse::<GatewayPolicy>(text, origin)?.checked(origin)
+    }
+
+    /// This policy, when each tool has at most one price and its price pointer is a pointer.
+    fn checked(self, origin: &str) -> Result<GatewayPolicy, PolicyError> {
+        for (name, tool) in &self.tools {
             let at = format!("tools.{name}");
             if tool.price_cents.is_some() && tool.price_pointer.is_some() {
                 return Err(PolicyError::Parse {
@@ -110,7 +101,7 @@ impl GatewayPolicy {
                 });
             }
         }
-        Ok(policy)
+        Ok(self)
     }
 
     /// The price of a call of `tool` with `args`, in cents.

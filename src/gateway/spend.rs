@@ -17,10 +17,11 @@
 //! leaves the operation open either way (nothing was sent). A vouching gateway also sends a
 //! signed envelope of the call it checked ([`super::vouch`]).
 
-use super::keyed_http::IDEMPOTENCY_META;
 use super::policy::GatewayPolicy;
 use super::upstream::{Upstream, UpstreamError};
+use crate::canonical::push_pointer_token;
 use crate::identity;
+use crate::keys::IDEMPOTENCY_META;
 use crate::spend::pipeline::{Core, Outcome, Quote, Reply, Spender, ToolCode, ToolError};
 use crate::spend::registry::{Operation, Status};
 use crate::spend::reply::Catalogue;
@@ -139,15 +140,16 @@ fn identity_field(
     match schema {
         Value::Object(map) => {
             for (key, value) in map {
-                let here = format!("{at}/{}", key.replace('~', "~0").replace('/', "~1"));
+                let mut here = format!("{at}/");
+                push_pointer_token(&mut here, key);
                 if matches!(key.as_str(), "properties" | "patternProperties")
                     && let Value::Object(props) = value
                 {
                     for name in props.keys() {
                         if sources.is_identity_like(name) {
-                            let p =
-                                format!("{here}/{}", name.replace('~', "~0").replace('/', "~1"));
-                            return Some((name.clone(), p));
+                            let mut pointer = format!("{here}/");
+                            push_pointer_token(&mut pointer, name);
+                            return Some((name.clone(), pointer));
                         }
                     }
                 }
@@ -397,6 +399,8 @@ impl Spender for Gateway {
     }
 
     async fn execute(&self, op: &Operation, _amount_cents: &u64) -> Outcome {
+        // The one copy of the arguments a dispatch makes: rmcp sends only parameters it owns,
+        // and the operation stays the pipeline's, which records the outcome with it.
         let arguments = match &op.arguments {
             Value::Object(map) => map.clone(),
             _ => Map::new(),
@@ -512,6 +516,16 @@ mod tests {
         assert!(
             e.to_string()
                 .contains("/properties/order/properties/call_id"),
+            "{e}"
+        );
+        let escaped = tool(
+            "pay",
+            json!({"type": "object", "properties": {"a/b~c": {"type": "object", "properties": {"call_id": {"type": "string"}}}}}),
+        );
+        let e = check_tools(&[escaped], &spend, &built_in).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("(at `/properties/a~1b~0c/properties/call_id`)"),
             "{e}"
         );
         let clash = tool(OPERATION_STATUS, json!({"type": "object"}));

@@ -707,12 +707,17 @@ mod tests {
             "x/callId",
             "tool_call_id",
         ];
+        let token = |parent: &str, name: &str| {
+            let mut path = parent.to_string();
+            crate::canonical::push_pointer_token(&mut path, name);
+            path
+        };
         for name in names {
             for (args, path) in [
-                (json!({name: "x"}), format!("/{}", name.replace('/', "~1"))),
+                (json!({name: "x"}), token("/", name)),
                 (
                     json!({"prompt": "fox", "options": [{"a": 1}, {name: "x"}]}),
-                    format!("/options/1/{}", name.replace('/', "~1")),
+                    token("/options/1/", name),
                 ),
             ] {
                 let err = check_arguments(&args).unwrap_err();

@@ -1,5 +1,5 @@
-//! From probe shape logs to rows, and back: [`row_from_verdict`] builds a row from
-//! [`classify`](crate::classify::classify)'s verdict, and [`check_rows`] classifies each measured
+//! From probe shape logs to rows, and back: [`row_from_observed`] builds a row from
+//! [`classify`](crate::classify::classify)'s verdict ([`observed`]), and [`check_rows`] classifies each measured
 //! row's committed evidence again and refuses a row that says something its evidence does not.
 //!
 //! Evidence files are the probe's own logs (shapes and digests, never a value). A measured row's

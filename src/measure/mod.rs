@@ -1,7 +1,7 @@
 //! Measures real agent clients offline: the real client program, a scripted model endpoint on
 //! loopback instead of the vendor's API, and `callid probe` as its MCP server.
 //!
-//! [`measure`] runs every [`Scenario`](run::Scenario) in a fresh temporary home (two tool calls in
+//! [`measure`] runs every [`Scenario`] in a fresh temporary home (two tool calls in
 //! two turns, one id repeated in two turns, the server frozen or killed mid-call, two tool calls
 //! in one answer, two calls sharing one id in one answer), classifies the main probe log with
 //! [`crate::classify`], reads the ID stability findings from every run, and returns the matrix

@@ -24,8 +24,6 @@ use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde_json::{Map, Value, json};
 
-/// `_meta` key carrying the idempotency key a paid call is charged under.
-pub const IDEMPOTENCY_META: &str = "callid/idempotency-key";
 /// `_meta` key of a result that repeats an earlier charge.
 pub const REPLAYED_META: &str = "callid-provider/replayed";
 /// The paid tool.
@@ -48,7 +46,7 @@ impl McpProvider {
     }
 
     async fn generate_image(&self, args: Map<String, Value>, meta: &Map<String, Value>) -> Value {
-        let key = match meta.get(IDEMPOTENCY_META) {
+        let key = match meta.get(crate::keys::IDEMPOTENCY_META) {
             Some(Value::String(k)) => k.clone(),
             Some(_) => {
                 return refusal(

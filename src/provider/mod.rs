@@ -57,6 +57,8 @@ pub(crate) mod types;
 /// router's `--provider-url`).
 pub const TOKEN_ENV: &str = "CALLID_PROVIDER_TOKEN";
 
+#[cfg(test)]
+pub(crate) use client::BoxFuture;
 pub use client::Client;
 pub(crate) use client::{Endpoint, ProviderApi};
 pub use error::ProviderError;
@@ -65,5 +67,3 @@ pub use server::{HookAction, NO_KEY, ProviderHandle, ProviderHooks, spawn};
 pub(crate) use server::{require_token, router, spawn_app};
 pub use types::{ChargeOutcome, ChargeRecord, ImageRequest};
 pub(crate) use types::{ChargesPage, Image, Receipt};
-#[cfg(test)]
-pub(crate) use {client::BoxFuture, types::validate_key};

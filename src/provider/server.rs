@@ -1,4 +1,4 @@
-//! The provider's HTTP server ([`serve`], [`spawn`]) and its test hooks ([`ProviderHooks`]).
+//! The provider's HTTP server ([`router`], [`spawn`]) and its test hooks ([`ProviderHooks`]).
 
 use super::error::ProviderError;
 use super::ledger::Ledger;

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 /// Header that marks a replayed answer.
 pub const REPLAYED_HEADER: &str = "idempotent-replayed";
 /// Header that carries the idempotency key.
-pub const KEY_HEADER: &str = "idempotency-key";
+pub use crate::keys::IDEMPOTENCY_HEADER as KEY_HEADER;
 
 /// Width and height used when a request names none.
 pub const DEFAULT_SIZE: u32 = 1024;
@@ -225,6 +225,9 @@ mod tests {
         ] {
             assert_eq!(validate_key(key).is_ok(), ok, "{key:?}");
         }
+        // The key callid derives for an operation is one the provider takes.
+        let op = crate::keys::OperationKey::from_stored("hubu:operation:v1:codex:k1".into());
+        validate_key(&op.idempotency_key()).unwrap();
     }
 
     #[test]

@@ -13,6 +13,7 @@
 //! retryable failure leaves the operation pending so that redelivery continues it under the
 //! same key, which every layer behind the router answers with the original charge.
 
+use super::policy::Policy;
 use super::reply::{ERROR_CODES, backend_code, backend_error, completed, is_final, receipt_json};
 use crate::backend::{
     Backend, BackendConfig, BackendError, Prepared, ProviderTarget, SpendReceipt,
@@ -21,7 +22,6 @@ use crate::identity;
 use crate::provider::ImageRequest;
 use crate::spend::diagnose::{CallInfo, Diagnostics};
 use crate::spend::pipeline::{Core, CoreOptions, Outcome, Quote, Settle, Spender, Stage, Staged};
-use crate::spend::policy::Policy;
 use crate::spend::registry::{NewOperation, Operation, RegistryLocation, Status};
 pub use crate::spend::reply::{Reply, ToolCode, ToolError};
 use crate::spend::reply::{chain, identity_error};

@@ -14,6 +14,7 @@
 //! [`crate::gateway`].
 //! - [`image`]: [`Router`], the image spender the core drives (the `generate_image` tool and the
 //!   three that spend nothing).
+//! - [`policy`]: when a person must approve an image, and the account's budget.
 //! - [`reply`]: the router's error catalogue and its image result text.
 //! - [`server`]: the rmcp `ServerHandler`, stdio and streamable HTTP.
 //!
@@ -21,11 +22,14 @@
 //! The spend core's guarantees hold for every call ([`crate::spend`]); the router adds:
 //! - No reply or log line contains the provider's token or the password or query values of
 //!   `--provider-url` ([`crate::secret`]).
+//! - The budget is debited by what the provider actually charged; refusals release their
+//!   reservation (see [`policy`]).
 //! - A corrupt backend state file is `backend_state_corrupt` (not retryable), naming the file.
 //! - Over HTTP: loopback only, `Host` and `Origin` checked before any tool runs
 //!   ([`crate::http_guard`]).
 
 pub(crate) mod image;
+pub(crate) mod policy;
 pub(crate) mod reply;
 pub(crate) mod server;
 

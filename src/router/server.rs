@@ -170,7 +170,7 @@ mod tests {
                 dir.path().join("registry.sqlite3"),
             ),
             provider: None,
-            policy: crate::spend::policy::Policy::default(),
+            policy: crate::router::policy::Policy::default(),
             preallocated_keys: None,
             key_prefix: crate::keys::DEFAULT_KEY_PREFIX.into(),
             handle_prefix: crate::keys::DEFAULT_HANDLE_PREFIX.into(),

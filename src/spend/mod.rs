@@ -5,7 +5,9 @@
 //! The core reads the trusted identity, hashes the request, consults and writes the durable
 //! registry, mints private keys and public handles, lets its [`pipeline::Spender`] dispatch,
 //! records the outcome, scrubs every reply and keeps completed replies ready for redelivery.
-//! What is spent, and how, is the spender's business; nothing here knows images or upstreams.
+//! What is spent, and how, is the spender's business; nothing here knows images or upstreams
+//! (the module graph test keeps the core from depending on the image [`crate::backend`] and
+//! [`crate::provider`] as on its users).
 //!
 //! # Layout
 //! - [`pipeline`]: [`pipeline::Core`], the article's rules in its order, and the
@@ -15,7 +17,7 @@
 //!   Durability, Concurrency, Compatibility and Retention contract.
 //! - [`replay`]: recent completed replies, ready to send again on redelivery.
 //! - [`scrub`]: removes private keys from every reply.
-//! - [`policy`]: when a person must approve, and the budget.
+//! - [`policy`]: reading a policy file (`--policy`), whose contents are each user's own.
 //! - [`preallocated`]: the operator-filled key pool of preallocated mode.
 //! - [`diagnose`]: `--diagnose-meta`, the shape of each call's `_meta`, never values.
 //! - [`tools`]: `operation_status` and `resume_operation`, the tools every user lists.
@@ -40,8 +42,6 @@
 //!   ([`crate::logging`]).
 //! - After a dispatch, no error claims that nothing was dispatched: an answer that cannot be
 //!   recorded is `outcome_unknown`, with the handle, settled by redelivering the same call.
-//! - The budget is debited by what the provider actually charged; refusals release their
-//!   reservation (see [`policy`]).
 //! - Envelope identities are keyed by their `installation_id` too, and may not claim a built-in
 //!   platform (see [`crate::identity`]).
 

@@ -351,7 +351,8 @@ impl Store {
     /// store's `table` in one transaction, the rows already here winning; returns how many were
     /// copied. The file is opened through its own kind's checks and migrations first (a corrupt,
     /// foreign or newer file is refused, untouched), so its columns are those of its latest
-    /// schema, the order this store's copy of the table has too ([`super::schema::layers`]).
+    /// schema, the order this store's copy of the table has too ([`super::schema::layers`]). Like
+    /// every path here, `path` is a plain path, never a SQLite URI, whatever bytes its name holds.
     pub fn import(
         &self,
         path: &Path,
@@ -359,10 +360,14 @@ impl Store {
         table: &str,
     ) -> Result<u64, StoreError> {
         drop(open_connection(path, spec, Create::Never)?);
+        // The name goes to SQLite as the bytes of a plain path (bound as a blob, which SQLite
+        // reads as text unchanged): never a URI, and a name that is not UTF-8 stays itself.
+        use std::os::unix::ffi::OsStrExt as _;
+        let name = plain(path);
         self.with(|conn| {
             conn.execute(
                 "ATTACH DATABASE ?1 AS imported",
-                [path.to_string_lossy().as_ref()],
+                [name.as_os_str().as_bytes()],
             )
             .map_err(|e| self.error(e))?;
             let result = conn

@@ -156,10 +156,11 @@ fn only_the_front_end_depends_on_cli_and_app() {
     );
 }
 
-/// Rooms that must not reach into each other: the spend core knows neither of its users, its two
-/// users stand side by side, and storage serves everyone above it without knowing them.
+/// Rooms that must not reach into each other: the spend core knows neither of its users nor what
+/// the router spends on (the image backend and provider), its two users stand side by side, and
+/// storage serves everyone above it without knowing them.
 const APART: &[(&str, &[&str])] = &[
-    ("spend", &["router", "gateway"]),
+    ("spend", &["router", "gateway", "backend", "provider"]),
     ("router", &["gateway"]),
     ("gateway", &["router"]),
     (

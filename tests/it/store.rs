@@ -4,7 +4,7 @@
 //! fresh file created by many processes at once, and the router's start-up refusals.
 
 use crate::common::bin;
-use crate::common::mcp::{Served, env_of, fox};
+use crate::common::mcp::{Served, code, codex, env_of, fox};
 use crate::common::provider;
 use callid::jsonrpc::Response;
 use serde_json::json;
@@ -121,6 +121,52 @@ async fn a_registry_named_like_a_sqlite_uri_is_a_durable_plain_file() {
         first.structured().unwrap()["handle"]
     );
     assert_eq!(charges(&dir.path().join("provider-ledger.sqlite3")), 1);
+}
+
+/// An earlier callid's layer files in a state directory whose name starts with `file:` are
+/// imported from those very files (what they charged keeps counting against the budget), not
+/// from wherever that name leads when read as a SQLite URI.
+#[tokio::test]
+async fn layer_files_in_a_directory_named_like_a_sqlite_uri_are_imported_by_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = "file:state";
+    {
+        // An earlier callid's layout: the library's own-file backend, one 25-cent image.
+        let backend = callid::backend::Backend::open(
+            &dir.path().join(state),
+            callid::backend::ProviderTarget::InProcess,
+            callid::backend::BackendConfig {
+                agent_id: "callid-router:earlier".into(),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let args = json!({"prompt": "an earlier fox", "model": "flux-pro"});
+        let request: callid::provider::ImageRequest = serde_json::from_value(args.clone()).unwrap();
+        let key = callid::keys::OperationKey::generate("hubu:operation:v1:", "codex");
+        let hash = callid::canonical::request_hash("generate_image", &args).unwrap();
+        let receipt = backend.spend(&key, &request, &hash).await.unwrap();
+        assert_eq!(receipt.amount_cents, 25);
+    }
+    let registry = format!("{state}/registry.sqlite3");
+    let r = start_router(dir.path(), &registry, &["--budget-cents", "30"]).await;
+    let cheap = json!({"prompt": "an origami fox", "width": 512, "model": "flux-schnell"});
+    let fits = r.spend(cheap.clone(), codex("fits")).await;
+    assert!(!fits.is_tool_error(), "{}", fits.raw);
+    let over = r.spend(cheap, codex("over")).await;
+    r.stop().await;
+    assert_eq!(code(&over), "budget_exceeded", "the earlier 25 cents count");
+    for name in [
+        callid::backend::AUTHORIZATION_FILE,
+        callid::backend::EXECUTION_FILE,
+    ] {
+        let file = dir.path().join(state).join(name);
+        assert!(!file.exists(), "{name} was imported and renamed");
+    }
+    assert!(
+        !dir.path().join("state").exists(),
+        "nothing is opened where the name leads as a URI"
+    );
 }
 
 #[tokio::test]

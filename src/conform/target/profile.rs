@@ -123,7 +123,7 @@ pub struct Profile {
 }
 
 /// `signed_envelopes:`: how the router is started in the checks that sign envelopes. The runner
-/// makes a fresh Ed25519 key for each of those checks ([`super::signer`]) and hands its public
+/// makes a fresh Ed25519 key for each of those checks ([`crate::conform::signer`]) and hands its public
 /// half to the router through [`SIGNING_PLACEHOLDERS`], which are known here only.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]

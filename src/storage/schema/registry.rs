@@ -3,7 +3,7 @@
 //! ([`PG_MIGRATIONS`], marked in `callid_schema`).
 //!
 //! The two hold the same tables (PostgreSQL's named with a `callid_` prefix) and differ only
-//! where [`super::DIALECT_DIFFERENCES`] says why; the tests create both and compare them. The
+//! where `DIALECT_DIFFERENCES` ([`super`]) says why; the tests create both and compare them. The
 //! layers' tables come from [`super::layers`] in SQLite and are written out here for
 //! PostgreSQL.
 

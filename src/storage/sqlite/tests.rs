@@ -366,3 +366,35 @@ fn concurrent_writes_share_commits_and_a_failed_or_panicking_write_rolls_back_al
         })
         .expect("the store still writes after a panic");
 }
+
+/// [`Store::import`] reads the file at the path it is given, whatever bytes its name holds (a
+/// name that is not UTF-8 is not read as another one).
+#[test]
+fn import_reads_the_file_at_its_path_even_when_the_name_is_not_utf8() {
+    use std::os::unix::ffi::OsStrExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let earlier = dir
+        .path()
+        .join(std::ffi::OsStr::from_bytes(b"earlier-\xff.sqlite3"));
+    let source = Store::open(&earlier, &SPEC).unwrap();
+    source
+        .write(|c| {
+            c.execute("INSERT INTO b (y) VALUES ('earlier')", [])
+                .map_err(|e| source.error(e))
+        })
+        .unwrap();
+    drop(source);
+    let host = Store::open(&dir.path().join("host.sqlite3"), &SPEC).unwrap();
+    assert_eq!(host.import(&earlier, &SPEC, "b").unwrap(), 1);
+    let rows: Vec<String> = host
+        .read(|c| {
+            let mut rows = c.prepare("SELECT y FROM b").map_err(|e| host.error(e))?;
+            rows.query_map([], |r| r.get(0))
+                .and_then(Iterator::collect)
+                .map_err(|e| host.error(e))
+        })
+        .unwrap();
+    assert_eq!(rows, ["earlier"]);
+    let lossy = dir.path().join("earlier-\u{fffd}.sqlite3");
+    assert!(!lossy.exists(), "nothing is created under another name");
+}
