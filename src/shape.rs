@@ -67,25 +67,135 @@ impl Digester {
 
     /// The short digest of a value.
     pub fn value(&self, value: &Value) -> String {
-        // A value without a canonical form (an unsafe number) is digested over its plain
-        // serialization: still deterministic, still distinct per value.
-        let bytes = match canonical::canonical_json(value) {
-            Ok(text) => text.into_bytes(),
-            Err(_) => serde_json::to_vec(value).unwrap_or_default(),
-        };
-        self.bytes(&bytes)
+        self.short_value(value).as_str().to_string()
     }
 
     /// The short digest of raw bytes.
     pub fn bytes(&self, bytes: &[u8]) -> String {
-        match self {
-            Digester::Plain => canonical::hex(&sha256_head(bytes)[..DIGEST_HEX_CHARS / 2]),
+        self.short(bytes).as_str().to_string()
+    }
+
+    /// The short digest of a value, as a shape holds it.
+    fn short_value(&self, value: &Value) -> ShortDigest {
+        // A value without a canonical form (an unsafe number) is digested over its plain
+        // serialization: still deterministic, still distinct per value.
+        match canonical::canonical_json(value) {
+            Ok(text) => self.short(text.as_bytes()),
+            Err(_) => self.short(&serde_json::to_vec(value).unwrap_or_default()),
+        }
+    }
+
+    /// The short digest of raw bytes, as a shape holds it.
+    fn short(&self, bytes: &[u8]) -> ShortDigest {
+        let head: [u8; DIGEST_HEX_CHARS / 2] = match self {
+            Digester::Plain => sha256_head(bytes)[..DIGEST_HEX_CHARS / 2]
+                .try_into()
+                .expect("a SHA-256 head is longer than a short digest"),
             Digester::Keyed(KeyedDigest(keyed)) => {
                 let mut mac = keyed.clone();
                 mac.update(bytes);
-                canonical::hex(&mac.finalize().into_bytes()[..DIGEST_HEX_CHARS / 2])
+                mac.finalize().into_bytes()[..DIGEST_HEX_CHARS / 2]
+                    .try_into()
+                    .expect("an HMAC-SHA-256 is longer than a short digest")
             }
+        };
+        ShortDigest::from_head(head)
+    }
+}
+
+/// A short digest: [`DIGEST_HEX_CHARS`] lowercase hex characters, held inline.
+///
+/// A shape holds one per value (about 20 for a Codex `_meta`); inline, they cost no allocation
+/// of their own (as 21 `String`s they were half of a shape's allocations). It reads, compares
+/// and serializes as the text it is; a record read back whose digest is any other text keeps
+/// that text as it is.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ShortDigest(DigestRepr);
+
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum DigestRepr {
+    /// [`DIGEST_HEX_CHARS`] ASCII hex characters, as this build writes them.
+    Hex([u8; DIGEST_HEX_CHARS]),
+    /// Any other text, as read from a record.
+    Other(Box<str>),
+}
+
+impl ShortDigest {
+    /// The lowercase hex of the first [`DIGEST_HEX_CHARS`] / 2 bytes of a digest.
+    fn from_head(head: [u8; DIGEST_HEX_CHARS / 2]) -> Self {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        let mut hex = [0u8; DIGEST_HEX_CHARS];
+        for (pair, b) in hex.as_chunks_mut::<2>().0.iter_mut().zip(head) {
+            *pair = [DIGITS[usize::from(b >> 4)], DIGITS[usize::from(b & 0x0f)]];
         }
+        ShortDigest(DigestRepr::Hex(hex))
+    }
+
+    /// The digest's text.
+    pub fn as_str(&self) -> &str {
+        match &self.0 {
+            DigestRepr::Hex(hex) => std::str::from_utf8(hex).expect("hex digits are ASCII"),
+            DigestRepr::Other(text) => text,
+        }
+    }
+}
+
+impl From<&str> for ShortDigest {
+    fn from(text: &str) -> Self {
+        match <[u8; DIGEST_HEX_CHARS]>::try_from(text.as_bytes()) {
+            Ok(hex) if hex.iter().all(u8::is_ascii_hexdigit) => ShortDigest(DigestRepr::Hex(hex)),
+            _ => ShortDigest(DigestRepr::Other(text.into())),
+        }
+    }
+}
+
+impl std::ops::Deref for ShortDigest {
+    type Target = str;
+    fn deref(&self) -> &str {
+        self.as_str()
+    }
+}
+
+impl std::fmt::Display for ShortDigest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::fmt::Debug for ShortDigest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(self.as_str(), f)
+    }
+}
+
+impl PartialEq<str> for ShortDigest {
+    fn eq(&self, other: &str) -> bool {
+        self.as_str() == other
+    }
+}
+
+impl PartialEq<&str> for ShortDigest {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
+impl PartialEq<String> for ShortDigest {
+    fn eq(&self, other: &String) -> bool {
+        self.as_str() == other
+    }
+}
+
+impl Serialize for ShortDigest {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for ShortDigest {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = std::borrow::Cow::<'de, str>::deserialize(deserializer)?;
+        Ok(ShortDigest::from(&*text))
     }
 }
 
@@ -180,7 +290,7 @@ pub struct ValueShape {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub len: Option<usize>,
     /// Short digest of the value's canonical JSON.
-    pub digest: String,
+    pub digest: ShortDigest,
 }
 
 /// One key path of a `_meta` object.
@@ -232,7 +342,7 @@ impl MetaShape {
 /// The shape of one value.
 pub fn value_shape(value: &Value, digester: &Digester) -> ValueShape {
     ValueShape {
-        digest: digester.value(value),
+        digest: digester.short_value(value),
         ..value_shape_without_digest(value)
     }
 }
@@ -335,10 +445,10 @@ impl Pass<'_> {
 
     /// The digest of `value`: of its canonical span, or as [`Digester::value`] gives it when it
     /// has none.
-    fn digest(&self, value: &Value, span: Option<std::ops::Range<usize>>) -> String {
+    fn digest(&self, value: &Value, span: Option<std::ops::Range<usize>>) -> ShortDigest {
         match span {
-            Some(range) => self.digester.bytes(&self.text.as_bytes()[range]),
-            None => self.digester.value(value),
+            Some(range) => self.digester.short(&self.text.as_bytes()[range]),
+            None => self.digester.short_value(value),
         }
     }
 
@@ -479,7 +589,7 @@ fn value_shape_without_digest(value: &Value) -> ValueShape {
     ValueShape {
         kind: JsonType::of(value),
         len,
-        digest: String::new(),
+        digest: ShortDigest(DigestRepr::Hex([b'0'; DIGEST_HEX_CHARS])),
     }
 }
 
@@ -574,6 +684,32 @@ mod tests {
             "ba7816bf8f01cfea",
             "FIPS 180-4's example"
         );
+    }
+
+    #[test]
+    fn short_digests_read_write_and_compare_as_their_text() {
+        let digest = Digester::Plain.short(b"\"0\"");
+        assert_eq!(digest, Digester::Plain.bytes(b"\"0\""));
+        assert_eq!(
+            format!("{digest} {digest:?}"),
+            format!("{0} {0:?}", digest.as_str())
+        );
+        assert_eq!(
+            serde_json::to_string(&digest).unwrap(),
+            format!("\"{digest}\"")
+        );
+        // A record read back keeps whatever text its digest had, this build's or not.
+        for text in [
+            "5feceb66ffc8",
+            "",
+            "not-a-digest",
+            "5FECEB66FFC8",
+            "5feceb66ffc8ab",
+        ] {
+            let read: ShortDigest = serde_json::from_str(&format!("\"{text}\"")).unwrap();
+            assert_eq!(read, text);
+            assert_eq!(serde_json::to_string(&read).unwrap(), format!("\"{text}\""));
+        }
     }
 
     #[test]
