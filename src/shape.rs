@@ -123,10 +123,20 @@ enum DigestRepr {
 impl ShortDigest {
     /// The lowercase hex of the first [`DIGEST_HEX_CHARS`] / 2 bytes of a digest.
     fn from_head(head: [u8; DIGEST_HEX_CHARS / 2]) -> Self {
-        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        /// The two hex digits of every byte: one lookup per byte, not one per digit.
+        static PAIRS: [[u8; 2]; 256] = {
+            const DIGITS: &[u8; 16] = b"0123456789abcdef";
+            let mut pairs = [[0u8; 2]; 256];
+            let mut b = 0;
+            while b < 256 {
+                pairs[b] = [DIGITS[b >> 4], DIGITS[b & 0x0f]];
+                b += 1;
+            }
+            pairs
+        };
         let mut hex = [0u8; DIGEST_HEX_CHARS];
         for (pair, b) in hex.as_chunks_mut::<2>().0.iter_mut().zip(head) {
-            *pair = [DIGITS[usize::from(b >> 4)], DIGITS[usize::from(b & 0x0f)]];
+            *pair = PAIRS[usize::from(b)];
         }
         ShortDigest(DigestRepr::Hex(hex))
     }
