@@ -67,25 +67,145 @@ impl Digester {
 
     /// The short digest of a value.
     pub fn value(&self, value: &Value) -> String {
-        // A value without a canonical form (an unsafe number) is digested over its plain
-        // serialization: still deterministic, still distinct per value.
-        let bytes = match canonical::canonical_json(value) {
-            Ok(text) => text.into_bytes(),
-            Err(_) => serde_json::to_vec(value).unwrap_or_default(),
-        };
-        self.bytes(&bytes)
+        self.short_value(value).as_str().to_string()
     }
 
     /// The short digest of raw bytes.
     pub fn bytes(&self, bytes: &[u8]) -> String {
-        match self {
-            Digester::Plain => canonical::hex(&sha256_head(bytes)[..DIGEST_HEX_CHARS / 2]),
+        self.short(bytes).as_str().to_string()
+    }
+
+    /// The short digest of a value, as a shape holds it.
+    fn short_value(&self, value: &Value) -> ShortDigest {
+        // A value without a canonical form (an unsafe number) is digested over its plain
+        // serialization: still deterministic, still distinct per value.
+        match canonical::canonical_json(value) {
+            Ok(text) => self.short(text.as_bytes()),
+            Err(_) => self.short(&serde_json::to_vec(value).unwrap_or_default()),
+        }
+    }
+
+    /// The short digest of raw bytes, as a shape holds it.
+    fn short(&self, bytes: &[u8]) -> ShortDigest {
+        let head: [u8; DIGEST_HEX_CHARS / 2] = match self {
+            Digester::Plain => sha256_head(bytes)[..DIGEST_HEX_CHARS / 2]
+                .try_into()
+                .expect("a SHA-256 head is longer than a short digest"),
             Digester::Keyed(KeyedDigest(keyed)) => {
                 let mut mac = keyed.clone();
                 mac.update(bytes);
-                canonical::hex(&mac.finalize().into_bytes()[..DIGEST_HEX_CHARS / 2])
+                mac.finalize().into_bytes()[..DIGEST_HEX_CHARS / 2]
+                    .try_into()
+                    .expect("an HMAC-SHA-256 is longer than a short digest")
             }
+        };
+        ShortDigest::from_head(head)
+    }
+}
+
+/// A short digest: [`DIGEST_HEX_CHARS`] lowercase hex characters, held inline.
+///
+/// A shape holds one per value (about 20 for a Codex `_meta`); inline, they cost no allocation
+/// of their own (as 21 `String`s they were half of a shape's allocations). It reads, compares
+/// and serializes as the text it is; a record read back whose digest is any other text keeps
+/// that text as it is.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ShortDigest(DigestRepr);
+
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum DigestRepr {
+    /// [`DIGEST_HEX_CHARS`] ASCII hex characters, as this build writes them.
+    Hex([u8; DIGEST_HEX_CHARS]),
+    /// Any other text, as read from a record.
+    Other(Box<str>),
+}
+
+impl ShortDigest {
+    /// The lowercase hex of the first [`DIGEST_HEX_CHARS`] / 2 bytes of a digest.
+    fn from_head(head: [u8; DIGEST_HEX_CHARS / 2]) -> Self {
+        /// The two hex digits of every byte: one lookup per byte, not one per digit.
+        static PAIRS: [[u8; 2]; 256] = {
+            const DIGITS: &[u8; 16] = b"0123456789abcdef";
+            let mut pairs = [[0u8; 2]; 256];
+            let mut b = 0;
+            while b < 256 {
+                pairs[b] = [DIGITS[b >> 4], DIGITS[b & 0x0f]];
+                b += 1;
+            }
+            pairs
+        };
+        let mut hex = [0u8; DIGEST_HEX_CHARS];
+        for (pair, b) in hex.as_chunks_mut::<2>().0.iter_mut().zip(head) {
+            *pair = PAIRS[usize::from(b)];
         }
+        ShortDigest(DigestRepr::Hex(hex))
+    }
+
+    /// The digest's text.
+    pub fn as_str(&self) -> &str {
+        match &self.0 {
+            DigestRepr::Hex(hex) => std::str::from_utf8(hex).expect("hex digits are ASCII"),
+            DigestRepr::Other(text) => text,
+        }
+    }
+}
+
+impl From<&str> for ShortDigest {
+    fn from(text: &str) -> Self {
+        match <[u8; DIGEST_HEX_CHARS]>::try_from(text.as_bytes()) {
+            Ok(hex) if hex.iter().all(u8::is_ascii_hexdigit) => ShortDigest(DigestRepr::Hex(hex)),
+            _ => ShortDigest(DigestRepr::Other(text.into())),
+        }
+    }
+}
+
+impl std::ops::Deref for ShortDigest {
+    type Target = str;
+    fn deref(&self) -> &str {
+        self.as_str()
+    }
+}
+
+impl std::fmt::Display for ShortDigest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::fmt::Debug for ShortDigest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(self.as_str(), f)
+    }
+}
+
+impl PartialEq<str> for ShortDigest {
+    fn eq(&self, other: &str) -> bool {
+        self.as_str() == other
+    }
+}
+
+impl PartialEq<&str> for ShortDigest {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
+impl PartialEq<String> for ShortDigest {
+    fn eq(&self, other: &String) -> bool {
+        self.as_str() == other
+    }
+}
+
+impl Serialize for ShortDigest {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for ShortDigest {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = std::borrow::Cow::<'de, str>::deserialize(deserializer)?;
+        Ok(ShortDigest::from(&*text))
     }
 }
 
@@ -180,7 +300,7 @@ pub struct ValueShape {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub len: Option<usize>,
     /// Short digest of the value's canonical JSON.
-    pub digest: String,
+    pub digest: ShortDigest,
 }
 
 /// One key path of a `_meta` object.
@@ -232,7 +352,7 @@ impl MetaShape {
 /// The shape of one value.
 pub fn value_shape(value: &Value, digester: &Digester) -> ValueShape {
     ValueShape {
-        digest: digester.value(value),
+        digest: digester.short_value(value),
         ..value_shape_without_digest(value)
     }
 }
@@ -335,10 +455,10 @@ impl Pass<'_> {
 
     /// The digest of `value`: of its canonical span, or as [`Digester::value`] gives it when it
     /// has none.
-    fn digest(&self, value: &Value, span: Option<std::ops::Range<usize>>) -> String {
+    fn digest(&self, value: &Value, span: Option<std::ops::Range<usize>>) -> ShortDigest {
         match span {
-            Some(range) => self.digester.bytes(&self.text.as_bytes()[range]),
-            None => self.digester.value(value),
+            Some(range) => self.digester.short(&self.text.as_bytes()[range]),
+            None => self.digester.short_value(value),
         }
     }
 
@@ -350,23 +470,28 @@ impl Pass<'_> {
             (Value::Object(map), Some(depth)) => {
                 // On the stack for the objects a `_meta` has (a heap copy for larger ones).
                 let mut inline: [Member<'_>; INLINE_MEMBERS] = Default::default();
+                let mut inline_order = [0usize; INLINE_MEMBERS];
                 let mut heap: Vec<Member<'_>>;
-                let spans: &mut [Member<'_>] = if map.len() <= INLINE_MEMBERS {
-                    &mut inline[..map.len()]
-                } else {
-                    heap = vec![Member::default(); map.len()];
-                    &mut heap
-                };
+                let mut heap_order: Vec<usize>;
+                let (spans, order): (&mut [Member<'_>], &mut [usize]) =
+                    if map.len() <= INLINE_MEMBERS {
+                        (&mut inline[..map.len()], &mut inline_order[..map.len()])
+                    } else {
+                        heap = vec![Member::default(); map.len()];
+                        heap_order = vec![0; map.len()];
+                        (&mut heap, &mut heap_order)
+                    };
                 for (slot, (key, child)) in spans.iter_mut().zip(map) {
                     *slot = (key.as_str(), self.member(key, child, depth));
                 }
                 if spans.iter().any(|(_, span)| span.is_none()) {
                     return None;
                 }
-                sort_members(spans);
+                canonical_order(spans, order);
                 let start = self.text.len();
                 self.text.push('{');
-                for (i, (key, span)) in spans.iter().enumerate() {
+                for (i, &at) in order.iter().enumerate() {
+                    let (key, span) = &spans[at];
                     if i > 0 {
                         self.text.push(',');
                     }
@@ -382,7 +507,7 @@ impl Pass<'_> {
             (Value::Object(map), None) => {
                 let mut sorted: Vec<(&str, &Value)> =
                     map.iter().map(|(k, v)| (k.as_str(), v)).collect();
-                sort_members(&mut sorted);
+                sorted.sort_unstable_by(|a, b| canonical::member_order(a.0, b.0));
                 self.text.push('{');
                 for (i, (key, child)) in sorted.into_iter().enumerate() {
                     if i > 0 {
@@ -459,13 +584,48 @@ impl Pass<'_> {
     }
 }
 
-/// Sorts members into canonical order (names are unique, so an unstable sort is exact); byte
-/// order when every name is ASCII, where it equals UTF-16 order.
-fn sort_members<T>(members: &mut [(&str, T)]) {
-    if members.iter().all(|(key, _)| key.is_ascii()) {
-        members.sort_unstable_by(|a, b| a.0.cmp(b.0));
+/// Fills `order` with the indices of `members` in canonical order (names are unique, so the
+/// order is exact). When every name is ASCII, byte order (which then equals UTF-16 order), by
+/// insertion on the names' first eight bytes ([`name_head`], computed once per name), whole
+/// names compared only when those are equal: a `memcmp` call per comparison cost more than the
+/// rest of the sort. Indices are moved, not members.
+fn canonical_order(members: &[Member<'_>], order: &mut [usize]) {
+    for (i, at) in order.iter_mut().enumerate() {
+        *at = i;
+    }
+    if !members.iter().all(|(name, _)| name.is_ascii()) {
+        order.sort_unstable_by(|&a, &b| canonical::member_order(members[a].0, members[b].0));
+    } else if members.len() > INLINE_MEMBERS {
+        order.sort_unstable_by(|&a, &b| members[a].0.cmp(members[b].0));
     } else {
-        members.sort_unstable_by(|a, b| canonical::member_order(a.0, b.0));
+        let mut heads = [0u64; INLINE_MEMBERS];
+        for (head, (name, _)) in heads.iter_mut().zip(members) {
+            *head = name_head(name);
+        }
+        for i in 1..order.len() {
+            let (head, at) = (heads[i], order[i]);
+            let mut j = i;
+            while j > 0 && (heads[j - 1], members[order[j - 1]].0) > (head, members[at].0) {
+                heads[j] = heads[j - 1];
+                order[j] = order[j - 1];
+                j -= 1;
+            }
+            heads[j] = head;
+            order[j] = at;
+        }
+    }
+}
+
+/// The first eight bytes of `name` as a big-endian number, zero-padded: when two names' heads
+/// differ, they are ordered as the names are (a zero byte pads, the least a byte can be).
+fn name_head(name: &str) -> u64 {
+    let bytes = name.as_bytes();
+    match bytes.first_chunk::<8>() {
+        Some(head) => u64::from_be_bytes(*head),
+        None => bytes
+            .iter()
+            .enumerate()
+            .fold(0, |word, (i, b)| word | u64::from(*b) << (56 - 8 * i)),
     }
 }
 
@@ -479,7 +639,7 @@ fn value_shape_without_digest(value: &Value) -> ValueShape {
     ValueShape {
         kind: JsonType::of(value),
         len,
-        digest: String::new(),
+        digest: ShortDigest(DigestRepr::Hex([b'0'; DIGEST_HEX_CHARS])),
     }
 }
 
@@ -488,7 +648,7 @@ fn value_shape_without_digest(value: &Value) -> ValueShape {
 /// hyphens between), then a name that is empty or begins and ends with an alphanumeric character
 /// with alphanumerics, `-`, `_` and `.` between.
 pub fn is_valid_meta_key(key: &str) -> bool {
-    let (prefix, name) = match key.rfind('/') {
+    let (prefix, name) = match last_slash(key) {
         Some(i) => (Some(&key[..i]), &key[i + 1..]),
         None => (None, key),
     };
@@ -498,6 +658,12 @@ pub fn is_valid_meta_key(key: &str) -> bool {
         return false;
     }
     valid_name(name)
+}
+
+/// Where the last `/` of a key is: a plain loop, as keys are short (`str::rfind` goes through
+/// `memrchr`, whose set-up cost more than the scan).
+fn last_slash(key: &str) -> Option<usize> {
+    key.bytes().rposition(|b| b == b'/')
 }
 
 fn valid_label(label: &str) -> bool {
@@ -520,7 +686,7 @@ fn valid_name(name: &str) -> bool {
 /// Whether `key`'s prefix is reserved for MCP: its second label is `modelcontextprotocol` or
 /// `mcp` (e.g. `io.modelcontextprotocol/clientInfo`).
 pub fn is_reserved_prefix(key: &str) -> bool {
-    key.rfind('/')
+    last_slash(key)
         .and_then(|i| key[..i].split('.').nth(1))
         .is_some_and(|l| l == "modelcontextprotocol" || l == "mcp")
 }
@@ -574,6 +740,32 @@ mod tests {
             "ba7816bf8f01cfea",
             "FIPS 180-4's example"
         );
+    }
+
+    #[test]
+    fn short_digests_read_write_and_compare_as_their_text() {
+        let digest = Digester::Plain.short(b"\"0\"");
+        assert_eq!(digest, Digester::Plain.bytes(b"\"0\""));
+        assert_eq!(
+            format!("{digest} {digest:?}"),
+            format!("{0} {0:?}", digest.as_str())
+        );
+        assert_eq!(
+            serde_json::to_string(&digest).unwrap(),
+            format!("\"{digest}\"")
+        );
+        // A record read back keeps whatever text its digest had, this build's or not.
+        for text in [
+            "5feceb66ffc8",
+            "",
+            "not-a-digest",
+            "5FECEB66FFC8",
+            "5feceb66ffc8ab",
+        ] {
+            let read: ShortDigest = serde_json::from_str(&format!("\"{text}\"")).unwrap();
+            assert_eq!(read, text);
+            assert_eq!(serde_json::to_string(&read).unwrap(), format!("\"{text}\""));
+        }
     }
 
     #[test]
@@ -645,6 +837,10 @@ mod tests {
             // More members than an object keeps on the stack, nested in one that fits.
             json!({"wide": (0..20).map(|i| (format!("m{}", 19 - i), json!(i)))
                 .collect::<serde_json::Map<String, Value>>(), "z": 0}),
+            // Names that tie on their first eight bytes, shorter names, and zero bytes in
+            // names (sorted by their heads first, then whole).
+            json!({"o": {"abcdefghij": 1, "abcdefgh": 2, "abcdefgh\u{0}": 3, "a": 4, "a\u{0}": 5,
+                   "": 6, "abcdefghi": 7, "b": 8, "abcdefgha": 9, "ab": 10, "abcdefgg~": 11}}),
             // A Codex-sized `_meta`, as the benchmark's fixture.
             json!({"callId": "call_000000000000000000000007", "itemId": "fc_0007",
                    "threadId": "0199a3f2", "progressToken": 7,

@@ -595,7 +595,7 @@ fn key_summaries(records: &[&Record], calls: &[&Record]) -> Vec<KeySummary> {
                 s.entries
                     .iter()
                     .find(|e| &e.path == path)
-                    .map(|e| e.value.digest.clone())
+                    .map(|e| e.value.digest.to_string())
             });
             let v = per_call.entry(path.clone()).or_default();
             v.resize(i, None);
@@ -633,7 +633,7 @@ fn per_call_ids(accepted: &[(&Record, &str, &str)]) -> PerCallIds {
         let digest = r
             .meta_shape()
             .and_then(|s| s.entries.iter().find(|e| e.path == id_path))
-            .map(|e| e.value.digest.clone())
+            .map(|e| e.value.digest.to_string())
             .unwrap_or_default();
         by_id
             .entry(digest)

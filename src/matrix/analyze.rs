@@ -42,7 +42,7 @@ pub fn tool_calls(records: &[Record]) -> Vec<CallSeen> {
                         .map(identity::Source::key)
                         .map(str::to_owned)
                 }),
-                id_digest: entry.map(|e| e.value.digest.clone()),
+                id_digest: entry.map(|e| e.value.digest.to_string()),
                 request_digest: r.request_digest.clone(),
             }
         })

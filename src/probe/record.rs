@@ -610,6 +610,53 @@ mod tests {
         assert_eq!(a.transport, Transport::Router);
     }
 
+    /// The exact line a Codex-sized `tools/call` is recorded as (the bench's `_meta`, with an
+    /// escaped string, a non-ASCII key and a float beside it), plain and keyed: the record is a
+    /// public contract, so every field, digest and their order stay byte-identical however the
+    /// shape is computed.
+    #[test]
+    fn codex_sized_record_is_byte_identical() {
+        let message: Value = serde_json::from_str(
+            r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"generate_image",
+            "arguments":{"prompt":"fox","width":1024,"height":768,"model":"flux-schnell"},
+            "_meta":{"callId":"call_000000000000000000000007",
+            "itemId":"fc_000000000000000000000000000000000000000000000007",
+            "threadId":"0199a3f2-7c41-7d02-9b5e-3f1c8e2a6d44",
+            "sessionId":"0199a3f2-7c41-7d02-9b5e-3f1c8e2a6d44",
+            "windowId":"0199a3f2-7c41-7d02-9b5e-3f1c8e2a6d44:0","progressToken":7,
+            "x-codex-turn-metadata":{"session_id":"0199a3f2-7c41-7d02-9b5e-3f1c8e2a6d44",
+            "thread_id":"0199a3f2-7c41-7d02-9b5e-3f1c8e2a6d44","model":"gpt-5.3-codex",
+            "turn_id":"0199a3f4-1b2c-7e3d-8f40-5a6b7c8d9e0f",
+            "turn_started_at_unix_ms":1795990000007,"thread_source":"cli",
+            "turn_trigger":"user_message","sandbox":"workspace-write",
+            "sandbox_mode":"workspace-write","auto_review_enabled":false,
+            "node_repl_auto_review_required":false,"node_repl_disabled":true,
+            "codex_version":"0.171.0","note":"tab\there \"q\" é","temperature":0.25,
+            "größe":[1,{"b":null,"a":2.0}]},
+            "io.modelcontextprotocol/clientInfo":{"name":"codex-mcp-client","version":"0.171.0"}}}}"#,
+        )
+        .expect("the message parses");
+        let mut ctx = RecordContext::new(Transport::Stdio);
+        ctx.connection = "000000000000".into();
+        let mut lines = String::new();
+        for digester in [Digester::Plain, Digester::new(Some("salt"))] {
+            for _ in 0..2 {
+                let mut record = record_for_request(
+                    "tools/call",
+                    message.get("id"),
+                    message.get("params"),
+                    1234,
+                    &ctx,
+                    &digester,
+                );
+                record.time = "2026-12-01T00:00:00.000Z".into();
+                lines.push_str(&serde_json::to_string(&record).expect("a record serializes"));
+                lines.push('\n');
+            }
+        }
+        insta::assert_snapshot!(lines);
+    }
+
     #[test]
     fn meta_variants() {
         let d = Digester::Plain;
