@@ -223,7 +223,7 @@ const SHA256_IV: [u32; 8] = [
 
 /// The first 8 bytes of `SHA-256(bytes)`: whole blocks straight from `bytes`, then the padded
 /// tail (FIPS 180-4, 5.1.1), through the same block function (`compress256`, SHA-NI where the
-/// CPU has it) as [`Sha256::digest`], without the hasher's buffering and 32-byte output per call;
+/// CPU has it) as `Sha256::digest`, without the hasher's buffering and 32-byte output per call;
 /// a shape takes about 20 digests of short texts, where that bookkeeping cost as much as the
 /// one block each hashes. Equal to `Sha256::digest` (`sha256_head_is_sha256`).
 fn sha256_head(bytes: &[u8]) -> [u8; 8] {
