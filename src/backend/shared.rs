@@ -161,6 +161,37 @@ const SPENT: &str = "SELECT ((SELECT COALESCE(SUM(charged_cents), 0)
             FROM callid_decisions
             WHERE account = $1 AND state IN ('reserved', 'dispatched')))::bigint";
 
+/// A new operation's layer rows in one statement (one round trip), when no budget is checked:
+/// the execution's `dispatched` record (`$1`: decision id, `$2`: provider key, `$3`: request)
+/// and the decision, written `dispatched` at once (`$4`-`$10`), each only if its key has no row
+/// yet. Answers whether the execution was written and the new decision's `created_at` (null
+/// when one existed: [`SharedState::prepare_in`] then applies its layer's rules to it).
+const FIRST_DISPATCH: &str = r#"WITH e AS (
+        INSERT INTO callid_executions (decision_id, provider_key, request, state, attempts,
+            dispatched_at)
+        VALUES ($1, $2, $3, 'dispatched', 1, clock_timestamp())
+        ON CONFLICT DO NOTHING RETURNING 1),
+    d AS (
+        INSERT INTO callid_decisions (agent_id, operation_key, decision_id, account,
+            amount_cents, scope, request_hash, created_at, state, reserved_ms)
+        VALUES ($4, $5, $1, $6, $7, $8, $9,
+            to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'),
+            'dispatched', $10)
+        ON CONFLICT DO NOTHING RETURNING created_at)
+    SELECT EXISTS (SELECT 1 FROM e), (SELECT created_at FROM d)"#;
+
+/// A receipt's record in one statement (one round trip) when it is the first: the execution
+/// `completed` with it (`$2`, `$3`) and, only then, the decision `charged` its amount (`$4`).
+/// Answers whether it was the first; when it was not, nothing was written.
+const FIRST_RECEIPT: &str = r"WITH e AS (
+        UPDATE callid_executions SET state = 'completed', receipt = $2,
+            provider_replayed = $3, completed_at = clock_timestamp()
+        WHERE decision_id = $1 AND state = 'dispatched' RETURNING 1),
+    d AS (
+        UPDATE callid_decisions SET state = 'charged', charged_cents = $4
+        WHERE decision_id = $1 AND EXISTS (SELECT 1 FROM e))
+    SELECT EXISTS (SELECT 1 FROM e)";
+
 impl SharedState {
     /// The database's URL, password redacted.
     pub fn url_redacted(&self) -> String {
@@ -359,11 +390,58 @@ impl SharedState {
         expiry_ms: i64,
     ) -> Result<(Decision, bool, Begin), BackendError> {
         let doing = "recording an authorization";
+        let id = decision_id(req.agent_id, req.operation_key);
+        // Without a budget there is nothing to check first: both rows, when new, are written by
+        // one statement ([`FIRST_DISPATCH`]); a row that exists already goes through its
+        // layer's rules below, as every row does when there is a budget to check.
+        let (mut begin, mut fresh) = (None, None);
+        if req.budget_cents.is_none() {
+            let key = provider_key(&id);
+            let amount = req.amount_cents as i64;
+            let row = tx
+                .query_typed_one(
+                    FIRST_DISPATCH,
+                    typed![
+                        id => TEXT,
+                        key => TEXT,
+                        request => TEXT,
+                        req.agent_id => TEXT,
+                        req.operation_key => TEXT,
+                        req.account => TEXT,
+                        amount => INT8,
+                        req.scope => TEXT,
+                        req.request_hash => TEXT,
+                        now_ms => INT8,
+                    ],
+                )
+                .map_err(|e| self.unavailable(doing, &e))?;
+            let executed: bool = row.try_get(0).map_err(|e| self.unavailable(doing, &e))?;
+            let created_at: Option<String> =
+                row.try_get(1).map_err(|e| self.unavailable(doing, &e))?;
+            if executed {
+                begin = Some(Begin::Dispatch { key });
+            }
+            fresh = created_at.map(|created_at| Decision {
+                decision_id: id.clone(),
+                account: req.account.to_owned(),
+                amount_cents: req.amount_cents,
+                scope: req.scope.to_owned(),
+                request_hash: req.request_hash.to_owned(),
+                created_at,
+                newly_recorded: true,
+            });
+        }
         // The execution's record first: the decision takes the account's budget lock, held to
         // the commit and shared by every replica, so it comes last, as short as it can be. The
         // order is not seen outside: both commit together or not at all.
-        let begin = begin_execution_in(tx, &decision_id(req.agent_id, req.operation_key), request)
-            .map_err(|f| self.failed("recording an execution", f))?;
+        let begin = match begin {
+            Some(begin) => begin,
+            None => begin_execution_in(tx, &id, request)
+                .map_err(|f| self.failed("recording an execution", f))?,
+        };
+        if let Some(decision) = fresh {
+            return Ok((decision, true, begin));
+        }
         let decision =
             authorize_in(tx, req, now_ms, expiry_ms).map_err(|f| self.failed(doing, f))?;
         let first = set_state_on(
@@ -389,6 +467,18 @@ impl SharedState {
     ) -> Result<(), BackendError> {
         let doing = "recording an execution's receipt";
         let text = serde_json::to_string(receipt).expect("a receipt always serializes");
+        let charged = receipt.amount_cents as i64;
+        let first: bool = tx
+            .query_typed_one(
+                FIRST_RECEIPT,
+                typed![decision_id => TEXT, text => TEXT, replayed => BOOL, charged => INT8],
+            )
+            .and_then(|r| r.try_get(0))
+            .map_err(|e| self.unavailable(doing, &e))?;
+        if first {
+            return Ok(());
+        }
+        // Another receipt was recorded first: it wins, and the charge is its amount.
         let executed = complete_execution_on(tx, decision_id, &text, replayed)
             .map_err(|f| self.failed(doing, f))?;
         record_charge_on(tx, decision_id, executed.receipt.amount_cents)
