@@ -17,15 +17,16 @@ use super::rules::{
     AuthorizationRequest, Begin, Decision, Executed, decision_id, lapsed, provider_key,
 };
 use crate::provider::Receipt;
-use crate::storage::postgres::{PgUrl, drop_off_runtime};
+use crate::storage::postgres::{PgStatements, PgUrl, drop_off_runtime};
 use crate::storage::sqlite::Store;
+use postgres::Client;
 use postgres::types::{ToSql, Type};
-use postgres::{Client, GenericClient, Transaction};
 use std::sync::{Arc, Condvar, Mutex};
 
 /// A statement's parameters with their PostgreSQL types: a statement sent with them takes one
 /// round trip (parse, bind and execute in one message), where an untyped one takes two (the
-/// server describes it first). A new operation's layers run about a dozen statements.
+/// server describes it first). A new operation's layers run one statement before its dispatch
+/// and one after it when no budget is checked ([`FIRST_DISPATCH`], [`FIRST_RECEIPT`]).
 macro_rules! typed {
     ($($value:expr => $ty:ident),* $(,)?) => {
         &[$((&$value as &(dyn ToSql + Sync), Type::$ty)),*]
@@ -34,7 +35,8 @@ macro_rules! typed {
 
 /// The advisory-lock namespace of budget checks (`"cLAB"`), apart from the registry's.
 const BUDGET_LOCK: i32 = 0x634c_4142;
-/// The advisory-lock namespace of executions (`"cLEX"`): one `begin` per decision at a time.
+/// The advisory-lock namespace of executions (`"cLEX"`): one `begin` per decision at a time
+/// (a first `begin` needs none: [`FIRST_DISPATCH`] writes the record only if it has no row).
 const EXECUTION_LOCK: i32 = 0x634c_4558;
 
 /// How many connections one replica's layers open at most (opened on demand, kept for reuse).
@@ -383,7 +385,7 @@ impl SharedState {
     /// `dispatched` and the execution's `dispatched` record, committed with it.
     pub(super) fn prepare_in(
         &self,
-        tx: &mut postgres::Transaction<'_>,
+        tx: &mut dyn PgStatements,
         req: &AuthorizationRequest<'_>,
         request: &str,
         now_ms: i64,
@@ -460,7 +462,7 @@ impl SharedState {
     /// (the first receipt wins) and the decision `charged` with the receipt's amount.
     pub(super) fn settle_in(
         &self,
-        tx: &mut postgres::Transaction<'_>,
+        tx: &mut dyn PgStatements,
         decision_id: &str,
         receipt: &Receipt,
         replayed: bool,
@@ -540,14 +542,14 @@ fn authorize_on(
     expiry_ms: i64,
 ) -> Result<Decision, Failure> {
     let mut tx = c.transaction()?;
-    let decision = authorize_in(&mut tx, req, now_ms, expiry_ms)?;
+    let decision = authorize_in(&mut tx as &mut dyn PgStatements, req, now_ms, expiry_ms)?;
     tx.commit()?;
     Ok(decision)
 }
 
 /// The decision for `req`, inside the caller's transaction `tx` (which commits it).
 fn authorize_in(
-    tx: &mut Transaction<'_>,
+    tx: &mut dyn PgStatements,
     req: &AuthorizationRequest<'_>,
     now_ms: i64,
     expiry_ms: i64,
@@ -562,7 +564,7 @@ fn authorize_in(
              FROM callid_decisions WHERE agent_id = $1 AND operation_key = $2 FOR UPDATE",
         typed![req.agent_id => TEXT, req.operation_key => TEXT],
     )?;
-    let check_budget = |tx: &mut Transaction<'_>| -> Result<(), Failure> {
+    let check_budget = |tx: &mut dyn PgStatements| -> Result<(), Failure> {
         let Some(budget) = req.budget_cents else {
             return Ok(());
         };
@@ -647,7 +649,7 @@ fn authorize_in(
 }
 
 fn set_state_on(
-    c: &mut impl GenericClient,
+    c: &mut dyn PgStatements,
     decision_id: &str,
     to: &str,
     from: &[String],
@@ -659,7 +661,7 @@ fn set_state_on(
 }
 
 fn record_charge_on(
-    c: &mut impl GenericClient,
+    c: &mut dyn PgStatements,
     decision_id: &str,
     charged_cents: u64,
 ) -> Result<(), Failure> {
@@ -674,14 +676,14 @@ fn record_charge_on(
 
 fn begin_execution_on(c: &mut Client, decision_id: &str, request: &str) -> Result<Begin, Failure> {
     let mut tx = c.transaction()?;
-    let begin = begin_execution_in(&mut tx, decision_id, request)?;
+    let begin = begin_execution_in(&mut tx as &mut dyn PgStatements, decision_id, request)?;
     tx.commit()?;
     Ok(begin)
 }
 
 /// The execution's `begin` inside the caller's transaction `tx` (which commits it).
 fn begin_execution_in(
-    tx: &mut Transaction<'_>,
+    tx: &mut dyn PgStatements,
     decision_id: &str,
     request: &str,
 ) -> Result<Begin, Failure> {
@@ -730,7 +732,7 @@ fn begin_execution_in(
 }
 
 fn complete_execution_on(
-    c: &mut impl GenericClient,
+    c: &mut dyn PgStatements,
     decision_id: &str,
     text: &str,
     replayed: bool,
