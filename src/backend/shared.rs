@@ -17,15 +17,16 @@ use super::rules::{
     AuthorizationRequest, Begin, Decision, Executed, decision_id, lapsed, provider_key,
 };
 use crate::provider::Receipt;
-use crate::storage::postgres::{PgUrl, drop_off_runtime};
+use crate::storage::postgres::{PgStatements, PgUrl, drop_off_runtime};
 use crate::storage::sqlite::Store;
+use postgres::Client;
 use postgres::types::{ToSql, Type};
-use postgres::{Client, GenericClient, Transaction};
 use std::sync::{Arc, Condvar, Mutex};
 
 /// A statement's parameters with their PostgreSQL types: a statement sent with them takes one
 /// round trip (parse, bind and execute in one message), where an untyped one takes two (the
-/// server describes it first). A new operation's layers run about a dozen statements.
+/// server describes it first). A new operation's layers run one statement before its dispatch
+/// and one after it when no budget is checked ([`FIRST_DISPATCH`], [`FIRST_RECEIPT`]).
 macro_rules! typed {
     ($($value:expr => $ty:ident),* $(,)?) => {
         &[$((&$value as &(dyn ToSql + Sync), Type::$ty)),*]
@@ -34,7 +35,8 @@ macro_rules! typed {
 
 /// The advisory-lock namespace of budget checks (`"cLAB"`), apart from the registry's.
 const BUDGET_LOCK: i32 = 0x634c_4142;
-/// The advisory-lock namespace of executions (`"cLEX"`): one `begin` per decision at a time.
+/// The advisory-lock namespace of executions (`"cLEX"`): one `begin` per decision at a time
+/// (a first `begin` needs none: [`FIRST_DISPATCH`] writes the record only if it has no row).
 const EXECUTION_LOCK: i32 = 0x634c_4558;
 
 /// How many connections one replica's layers open at most (opened on demand, kept for reuse).
@@ -160,6 +162,37 @@ const SPENT: &str = "SELECT ((SELECT COALESCE(SUM(charged_cents), 0)
                 ELSE amount_cents END), 0)
             FROM callid_decisions
             WHERE account = $1 AND state IN ('reserved', 'dispatched')))::bigint";
+
+/// A new operation's layer rows in one statement (one round trip), when no budget is checked:
+/// the execution's `dispatched` record (`$1`: decision id, `$2`: provider key, `$3`: request)
+/// and the decision, written `dispatched` at once (`$4`-`$10`), each only if its key has no row
+/// yet. Answers whether the execution was written and the new decision's `created_at` (null
+/// when one existed: [`SharedState::prepare_in`] then applies its layer's rules to it).
+const FIRST_DISPATCH: &str = r#"WITH e AS (
+        INSERT INTO callid_executions (decision_id, provider_key, request, state, attempts,
+            dispatched_at)
+        VALUES ($1, $2, $3, 'dispatched', 1, clock_timestamp())
+        ON CONFLICT DO NOTHING RETURNING 1),
+    d AS (
+        INSERT INTO callid_decisions (agent_id, operation_key, decision_id, account,
+            amount_cents, scope, request_hash, created_at, state, reserved_ms)
+        VALUES ($4, $5, $1, $6, $7, $8, $9,
+            to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'),
+            'dispatched', $10)
+        ON CONFLICT DO NOTHING RETURNING created_at)
+    SELECT EXISTS (SELECT 1 FROM e), (SELECT created_at FROM d)"#;
+
+/// A receipt's record in one statement (one round trip) when it is the first: the execution
+/// `completed` with it (`$2`, `$3`) and, only then, the decision `charged` its amount (`$4`).
+/// Answers whether it was the first; when it was not, nothing was written.
+const FIRST_RECEIPT: &str = r"WITH e AS (
+        UPDATE callid_executions SET state = 'completed', receipt = $2,
+            provider_replayed = $3, completed_at = clock_timestamp()
+        WHERE decision_id = $1 AND state = 'dispatched' RETURNING 1),
+    d AS (
+        UPDATE callid_decisions SET state = 'charged', charged_cents = $4
+        WHERE decision_id = $1 AND EXISTS (SELECT 1 FROM e))
+    SELECT EXISTS (SELECT 1 FROM e)";
 
 impl SharedState {
     /// The database's URL, password redacted.
@@ -352,18 +385,65 @@ impl SharedState {
     /// `dispatched` and the execution's `dispatched` record, committed with it.
     pub(super) fn prepare_in(
         &self,
-        tx: &mut postgres::Transaction<'_>,
+        tx: &mut dyn PgStatements,
         req: &AuthorizationRequest<'_>,
         request: &str,
         now_ms: i64,
         expiry_ms: i64,
     ) -> Result<(Decision, bool, Begin), BackendError> {
         let doing = "recording an authorization";
+        let id = decision_id(req.agent_id, req.operation_key);
+        // Without a budget there is nothing to check first: both rows, when new, are written by
+        // one statement ([`FIRST_DISPATCH`]); a row that exists already goes through its
+        // layer's rules below, as every row does when there is a budget to check.
+        let (mut begin, mut fresh) = (None, None);
+        if req.budget_cents.is_none() {
+            let key = provider_key(&id);
+            let amount = req.amount_cents as i64;
+            let row = tx
+                .query_typed_one(
+                    FIRST_DISPATCH,
+                    typed![
+                        id => TEXT,
+                        key => TEXT,
+                        request => TEXT,
+                        req.agent_id => TEXT,
+                        req.operation_key => TEXT,
+                        req.account => TEXT,
+                        amount => INT8,
+                        req.scope => TEXT,
+                        req.request_hash => TEXT,
+                        now_ms => INT8,
+                    ],
+                )
+                .map_err(|e| self.unavailable(doing, &e))?;
+            let executed: bool = row.try_get(0).map_err(|e| self.unavailable(doing, &e))?;
+            let created_at: Option<String> =
+                row.try_get(1).map_err(|e| self.unavailable(doing, &e))?;
+            if executed {
+                begin = Some(Begin::Dispatch { key });
+            }
+            fresh = created_at.map(|created_at| Decision {
+                decision_id: id.clone(),
+                account: req.account.to_owned(),
+                amount_cents: req.amount_cents,
+                scope: req.scope.to_owned(),
+                request_hash: req.request_hash.to_owned(),
+                created_at,
+                newly_recorded: true,
+            });
+        }
         // The execution's record first: the decision takes the account's budget lock, held to
         // the commit and shared by every replica, so it comes last, as short as it can be. The
         // order is not seen outside: both commit together or not at all.
-        let begin = begin_execution_in(tx, &decision_id(req.agent_id, req.operation_key), request)
-            .map_err(|f| self.failed("recording an execution", f))?;
+        let begin = match begin {
+            Some(begin) => begin,
+            None => begin_execution_in(tx, &id, request)
+                .map_err(|f| self.failed("recording an execution", f))?,
+        };
+        if let Some(decision) = fresh {
+            return Ok((decision, true, begin));
+        }
         let decision =
             authorize_in(tx, req, now_ms, expiry_ms).map_err(|f| self.failed(doing, f))?;
         let first = set_state_on(
@@ -382,13 +462,25 @@ impl SharedState {
     /// (the first receipt wins) and the decision `charged` with the receipt's amount.
     pub(super) fn settle_in(
         &self,
-        tx: &mut postgres::Transaction<'_>,
+        tx: &mut dyn PgStatements,
         decision_id: &str,
         receipt: &Receipt,
         replayed: bool,
     ) -> Result<(), BackendError> {
         let doing = "recording an execution's receipt";
         let text = serde_json::to_string(receipt).expect("a receipt always serializes");
+        let charged = receipt.amount_cents as i64;
+        let first: bool = tx
+            .query_typed_one(
+                FIRST_RECEIPT,
+                typed![decision_id => TEXT, text => TEXT, replayed => BOOL, charged => INT8],
+            )
+            .and_then(|r| r.try_get(0))
+            .map_err(|e| self.unavailable(doing, &e))?;
+        if first {
+            return Ok(());
+        }
+        // Another receipt was recorded first: it wins, and the charge is its amount.
         let executed = complete_execution_on(tx, decision_id, &text, replayed)
             .map_err(|f| self.failed(doing, f))?;
         record_charge_on(tx, decision_id, executed.receipt.amount_cents)
@@ -450,14 +542,14 @@ fn authorize_on(
     expiry_ms: i64,
 ) -> Result<Decision, Failure> {
     let mut tx = c.transaction()?;
-    let decision = authorize_in(&mut tx, req, now_ms, expiry_ms)?;
+    let decision = authorize_in(&mut tx as &mut dyn PgStatements, req, now_ms, expiry_ms)?;
     tx.commit()?;
     Ok(decision)
 }
 
 /// The decision for `req`, inside the caller's transaction `tx` (which commits it).
 fn authorize_in(
-    tx: &mut Transaction<'_>,
+    tx: &mut dyn PgStatements,
     req: &AuthorizationRequest<'_>,
     now_ms: i64,
     expiry_ms: i64,
@@ -472,7 +564,7 @@ fn authorize_in(
              FROM callid_decisions WHERE agent_id = $1 AND operation_key = $2 FOR UPDATE",
         typed![req.agent_id => TEXT, req.operation_key => TEXT],
     )?;
-    let check_budget = |tx: &mut Transaction<'_>| -> Result<(), Failure> {
+    let check_budget = |tx: &mut dyn PgStatements| -> Result<(), Failure> {
         let Some(budget) = req.budget_cents else {
             return Ok(());
         };
@@ -557,7 +649,7 @@ fn authorize_in(
 }
 
 fn set_state_on(
-    c: &mut impl GenericClient,
+    c: &mut dyn PgStatements,
     decision_id: &str,
     to: &str,
     from: &[String],
@@ -569,7 +661,7 @@ fn set_state_on(
 }
 
 fn record_charge_on(
-    c: &mut impl GenericClient,
+    c: &mut dyn PgStatements,
     decision_id: &str,
     charged_cents: u64,
 ) -> Result<(), Failure> {
@@ -584,14 +676,14 @@ fn record_charge_on(
 
 fn begin_execution_on(c: &mut Client, decision_id: &str, request: &str) -> Result<Begin, Failure> {
     let mut tx = c.transaction()?;
-    let begin = begin_execution_in(&mut tx, decision_id, request)?;
+    let begin = begin_execution_in(&mut tx as &mut dyn PgStatements, decision_id, request)?;
     tx.commit()?;
     Ok(begin)
 }
 
 /// The execution's `begin` inside the caller's transaction `tx` (which commits it).
 fn begin_execution_in(
-    tx: &mut Transaction<'_>,
+    tx: &mut dyn PgStatements,
     decision_id: &str,
     request: &str,
 ) -> Result<Begin, Failure> {
@@ -640,7 +732,7 @@ fn begin_execution_in(
 }
 
 fn complete_execution_on(
-    c: &mut impl GenericClient,
+    c: &mut dyn PgStatements,
     decision_id: &str,
     text: &str,
     replayed: bool,

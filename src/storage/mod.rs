@@ -29,5 +29,5 @@ pub enum LayerTx<'a, 'b> {
     /// A transaction (or savepoint) on the host SQLite file.
     Sqlite(&'a rusqlite::Connection),
     /// A transaction (or savepoint) on the shared PostgreSQL database.
-    Postgres(&'a mut ::postgres::Transaction<'b>),
+    Postgres(&'a mut (dyn postgres::PgStatements + 'b)),
 }

@@ -1,7 +1,7 @@
 //! PostgreSQL connection URLs: [`PgUrl`], parsed and checked once, shown only redacted, and the
-//! one way every PostgreSQL session of callid is opened ([`PgUrl::connect`]): the connection
-//! settings and TLS; and the one way a schema is migrated ([`migrate`], schemas in
-//! [`super::schema`]).
+//! one way every PostgreSQL session of callid is opened ([`PgUrl::connect`], or
+//! [`PgUrl::session`] for one that pipelines: [`PgSession`]): the connection settings and TLS;
+//! and the one way a schema is migrated ([`migrate`], schemas in [`super::schema`]).
 //!
 //! The router's registry ([`crate::spend::registry`]) and the backend's shared state
 //! ([`crate::backend::shared`]) live in the same database and connect through this one type, so
@@ -259,7 +259,12 @@ impl PgUrl {
     }
 
     fn config(&self) -> Config {
-        let mut config = Config::from_str(&self.0.driver).expect("checked in PgUrl::parse");
+        Config::from(self.async_config())
+    }
+
+    fn async_config(&self) -> tokio_postgres::Config {
+        let mut config =
+            tokio_postgres::Config::from_str(&self.0.driver).expect("checked in PgUrl::parse");
         config.ssl_mode(ssl_mode(self.0.tls.mode));
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(Duration::from_secs(5));
@@ -285,6 +290,31 @@ impl PgUrl {
             Some(tls) => config.connect(tls.clone()),
             None => config.connect(postgres::NoTls),
         }
+    }
+
+    /// Opens one session that can pipeline ([`PgSession`]), with [`PgUrl::connect`]'s
+    /// settings and TLS.
+    pub fn session(&self) -> Result<PgSession, postgres::Error> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a current-thread runtime builds");
+        let config = self.async_config();
+        let client = runtime.block_on(async {
+            let (client, connection) = match &self.0.connector {
+                Some(tls) => {
+                    let (client, connection) = config.connect(tls.clone()).await?;
+                    (client, tokio::spawn(connection))
+                }
+                None => {
+                    let (client, connection) = config.connect(tokio_postgres::NoTls).await?;
+                    (client, tokio::spawn(connection))
+                }
+            };
+            drop(connection);
+            Ok::<_, postgres::Error>(client)
+        })?;
+        Ok(PgSession { runtime, client })
     }
 
     /// `error` (from a session of this URL) in full: its causes, and for a TLS failure what to
@@ -700,6 +730,140 @@ pub fn session_gone(client: &mut postgres::Client, idle: Duration) -> bool {
     }
     idle >= IDLE_CHECK && (client.is_valid(CHECK_TIMEOUT).is_err() || client.is_closed())
 }
+
+/// A session whose statements can be pipelined: several requests sent in one flight before
+/// the first answer is read ([`PgSession::send`]), so they cost one round trip together. The
+/// sync `postgres` client waits for each answer; this one drives `tokio-postgres` on a runtime
+/// of its own, which runs only inside its calls (so, like that client, it must be called and
+/// dropped off any async task: [`drop_off_runtime`]). Requests go out in the order they are
+/// sent, and the server answers them in that order.
+pub struct PgSession {
+    runtime: tokio::runtime::Runtime,
+    client: tokio_postgres::Client,
+}
+
+impl PgSession {
+    /// The client, to build a request's future with.
+    pub fn client(&self) -> &tokio_postgres::Client {
+        &self.client
+    }
+
+    /// Runs `future` (requests and their answers) to its end.
+    pub fn block_on<F: std::future::Future>(&self, future: F) -> F::Output {
+        self.runtime.block_on(future)
+    }
+
+    /// Sends what `future` sends first, without waiting for an answer: its answer, if it
+    /// already has one, or `None`; then await it with [`PgSession::block_on`]. The requests
+    /// leave with those of the next call that waits (one flight).
+    pub fn send<F: std::future::Future + ?Sized>(
+        &self,
+        future: std::pin::Pin<&mut F>,
+    ) -> Option<F::Output> {
+        let mut future = future;
+        match self.runtime.block_on(std::future::poll_fn(|cx| {
+            std::task::Poll::Ready(future.as_mut().poll(cx))
+        })) {
+            std::task::Poll::Ready(answer) => Some(answer),
+            std::task::Poll::Pending => None,
+        }
+    }
+
+    /// Whether the session ended (its connection closed).
+    pub fn is_closed(&self) -> bool {
+        self.client.is_closed()
+    }
+
+    /// [`session_gone`] for this session: what already arrived is read first; a session idle for
+    /// [`IDLE_CHECK`] or more runs an empty query.
+    pub fn gone(&self, idle: Duration) -> bool {
+        // Lets the connection read what arrived (an error ends it, which `is_closed` then says).
+        self.runtime.block_on(tokio::task::yield_now());
+        if self.client.is_closed() {
+            return true;
+        }
+        if idle < IDLE_CHECK {
+            return false;
+        }
+        let checked = self.runtime.block_on(async {
+            tokio::time::timeout(CHECK_TIMEOUT, self.client.simple_query("")).await
+        });
+        !matches!(checked, Ok(Ok(_))) || self.client.is_closed()
+    }
+}
+
+/// The statements a backend layer runs inside a transaction of its caller
+/// ([`super::LayerTx::Postgres`]): typed ones, each sent with its parameters' types (parse, bind
+/// and execute in one request: one round trip, no statement to prepare first).
+pub trait PgStatements {
+    /// The rows of `sql`.
+    fn query_typed(
+        &mut self,
+        sql: &str,
+        params: &[(&(dyn postgres::types::ToSql + Sync), postgres::types::Type)],
+    ) -> Result<Vec<postgres::Row>, postgres::Error>;
+    /// The one row of `sql`, or an error.
+    fn query_typed_one(
+        &mut self,
+        sql: &str,
+        params: &[(&(dyn postgres::types::ToSql + Sync), postgres::types::Type)],
+    ) -> Result<postgres::Row, postgres::Error>;
+    /// The row of `sql`, if any (more than one is an error).
+    fn query_typed_opt(
+        &mut self,
+        sql: &str,
+        params: &[(&(dyn postgres::types::ToSql + Sync), postgres::types::Type)],
+    ) -> Result<Option<postgres::Row>, postgres::Error>;
+    /// How many rows `sql` changed.
+    fn execute_typed(
+        &mut self,
+        sql: &str,
+        params: &[(&(dyn postgres::types::ToSql + Sync), postgres::types::Type)],
+    ) -> Result<u64, postgres::Error>;
+    /// `sql`, one or more statements without parameters.
+    fn batch_execute(&mut self, sql: &str) -> Result<(), postgres::Error>;
+}
+
+/// The sync client's sessions and transactions run the layers' statements as they are.
+macro_rules! sync_statements {
+    ($($ty:ty),*) => {$(
+        impl PgStatements for $ty {
+            fn query_typed(
+                &mut self,
+                sql: &str,
+                params: &[(&(dyn postgres::types::ToSql + Sync), postgres::types::Type)],
+            ) -> Result<Vec<postgres::Row>, postgres::Error> {
+                <$ty>::query_typed(self, sql, params)
+            }
+            fn query_typed_one(
+                &mut self,
+                sql: &str,
+                params: &[(&(dyn postgres::types::ToSql + Sync), postgres::types::Type)],
+            ) -> Result<postgres::Row, postgres::Error> {
+                <$ty>::query_typed_one(self, sql, params)
+            }
+            fn query_typed_opt(
+                &mut self,
+                sql: &str,
+                params: &[(&(dyn postgres::types::ToSql + Sync), postgres::types::Type)],
+            ) -> Result<Option<postgres::Row>, postgres::Error> {
+                <$ty>::query_typed_opt(self, sql, params)
+            }
+            fn execute_typed(
+                &mut self,
+                sql: &str,
+                params: &[(&(dyn postgres::types::ToSql + Sync), postgres::types::Type)],
+            ) -> Result<u64, postgres::Error> {
+                <$ty>::execute_typed(self, sql, params)
+            }
+            fn batch_execute(&mut self, sql: &str) -> Result<(), postgres::Error> {
+                <$ty>::batch_execute(self, sql)
+            }
+        }
+    )*};
+}
+
+sync_statements!(postgres::Client, postgres::Transaction<'_>);
 
 /// What a kind of PostgreSQL schema is, for [`migrate`]: its marker table and the application
 /// named in it, the advisory lock its migrations run under, and its migrations.

@@ -11,7 +11,10 @@
 //! Round trips (PostgreSQL): a write with nothing else to commit with it (no budget, no layer
 //! step) runs as one statement in its own implicit transaction: no `BEGIN`, no `COMMIT`. A lone
 //! write of a batch needs no savepoint: its failure rolls back the whole transaction, which holds
-//! nothing else.
+//! nothing else. A layer's step is sent with the row's insert or the result's record
+//! ([`StoreTx::insert_then`], [`StoreTx::apply_then`]) before their answers are read, so it may
+//! run for a row this write did not create or a result that was fenced: the machine then rolls
+//! back what it wrote, with the transaction (a lone write) or its savepoint.
 
 use super::{
     Approval, InTransaction, Insert, InsertDone, Lease, NewOperation, Operation, RegistryError,
@@ -144,6 +147,42 @@ pub(super) trait StoreTx {
     ) -> Result<bool, RegistryError>;
     /// Runs `step`; `true` when it matched its row.
     fn apply(&mut self, step: &Step<'_>) -> Result<bool, RegistryError>;
+    /// [`StoreTx::insert`], then `then` in the same transaction: `then`'s answer, when it ran.
+    /// A backend that pipelines (PostgreSQL) sends the insert and runs `then` before its answer
+    /// is back, so that `then`'s first statement travels with it: `then` runs whether or not
+    /// the row was created, and the caller must roll back what it wrote when it was not. By
+    /// default `then` runs only after a created row.
+    fn insert_then<R>(
+        &mut self,
+        new: &NewOperation,
+        status: Status,
+        approval: Approval,
+        lease: Option<(&str, Duration)>,
+        then: impl FnOnce(&mut Self) -> Result<R, RegistryError>,
+    ) -> Result<(bool, Option<R>), RegistryError>
+    where
+        Self: Sized,
+    {
+        if !self.insert(new, status, approval, lease)? {
+            return Ok((false, None));
+        }
+        Ok((true, Some(then(self)?)))
+    }
+    /// [`StoreTx::apply`], then `then` in the same transaction, as [`StoreTx::insert_then`]:
+    /// `then` may run (and write) when `step` did not match its row.
+    fn apply_then<R>(
+        &mut self,
+        step: &Step<'_>,
+        then: impl FnOnce(&mut Self) -> Result<R, RegistryError>,
+    ) -> Result<(bool, Option<R>), RegistryError>
+    where
+        Self: Sized,
+    {
+        if !self.apply(step)? {
+            return Ok((false, None));
+        }
+        Ok((true, Some(then(self)?)))
+    }
     /// Runs another layer's step in this transaction.
     fn layer<T>(
         &mut self,
@@ -197,10 +236,11 @@ pub(super) fn apply<S: RegistryStore>(
 pub(super) enum Staging {
     /// In a savepoint: a failed stage is rolled back alone; the row and its lease stay.
     Savepoint,
-    /// Bare in the transaction, which holds nothing else (a lone write): the caller rolls the
-    /// whole transaction back when the stage failed and writes the row again without it
-    /// ([`insert_lone`]), which spares PostgreSQL the savepoint's two round trips on the path
-    /// every new operation takes.
+    /// Bare in the transaction, which holds nothing else (a lone write), and sent with the row
+    /// ([`StoreTx::insert_then`]): the caller rolls the whole transaction back when the stage
+    /// failed, or ran for a row another writer had recorded, and writes the row again without
+    /// it ([`insert_lone`]), which spares PostgreSQL the savepoint's two round trips and the
+    /// stage's own on the path every new operation takes.
     Bare,
 }
 
@@ -234,9 +274,24 @@ pub(super) fn insert_in<X: StoreTx, T>(
     let (status, approval) = new.initial_state();
     // Only a pending row is dispatched; one waiting for a person gets no lease.
     let lease = lease.filter(|_| status == Status::Pending);
-    if !tx.insert(new, status, approval, lease)? {
+    let (stage, bare) = match stage.filter(|_| lease.is_some()) {
+        Some((stage, Staging::Bare)) => (None, Some(stage)),
+        stage => (stage, None),
+    };
+    let (created, mut staged) = match bare {
+        Some(stage) => tx.insert_then(new, status, approval, lease, |tx| tx.layer(stage))?,
+        None => (tx.insert(new, status, approval, lease)?, None),
+    };
+    if !created {
         // Another writer's row won the call identity: a fresh statement reads it.
         return match tx.find(CallKey::of(new))? {
+            // A stage that ran anyway wrote for a row that is not this write's: its error makes
+            // the caller roll it back ([`Staging::Bare`]).
+            Some(op) if staged.is_some() => Ok((
+                Insert::Stored(Box::new(op), false),
+                false,
+                Some(Err("another writer recorded this call first".into())),
+            )),
             Some(op) => existing(op),
             None => Err(RegistryError::Corrupt {
                 path: tx.location(),
@@ -248,16 +303,12 @@ pub(super) fn insert_in<X: StoreTx, T>(
         };
     }
     let leased = lease.is_some();
-    let staged = match stage.filter(|_| leased) {
-        None => None,
-        Some((stage, Staging::Bare)) => Some(tx.layer(stage)?),
-        Some((stage, Staging::Savepoint)) => {
-            tx.savepoint("stage")?;
-            let outcome = tx.layer(stage)?;
-            tx.end_savepoint("stage", outcome.is_ok())?;
-            Some(outcome)
-        }
-    };
+    if let Some((stage, _)) = stage {
+        tx.savepoint("stage")?;
+        let outcome = tx.layer(stage)?;
+        tx.end_savepoint("stage", outcome.is_ok())?;
+        staged = Some(outcome);
+    }
     Ok((
         Insert::Stored(Box::new(new.operation(status, approval)), true),
         leased,
@@ -322,12 +373,17 @@ pub(super) fn record_in<X: StoreTx>(
         result: &result,
         charged_cents: charged_cents.min(i64::MAX as u64) as i64,
     };
-    fenced(tx.apply(&step)?, handle, "the result")?;
-    if let Some(settle) = settle {
-        tx.layer(settle)?
-            .map_err(|e| RegistryError::layer(tx.location(), e))?;
+    let Some(settle) = settle else {
+        return fenced(tx.apply(&step)?, handle, "the result");
+    };
+    // Sent with the result ([`StoreTx::apply_then`]): a fenced result answers an error, so what
+    // the settlement wrote is rolled back with it.
+    let (matched, settled) = tx.apply_then(&step, |tx| tx.layer(settle))?;
+    fenced(matched, handle, "the result")?;
+    match settled {
+        Some(settled) => settled.map_err(|e| RegistryError::layer(tx.location(), e)),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 /// `Ok` when a fenced write changed its row; [`RegistryError::Fenced`] when it matched none.

@@ -14,22 +14,31 @@
 //! closed while the database is down and recovers when it returns.
 //!
 //! It holds the statements of the storage primitives ([`RegistryStore`], [`StoreTx`]); the rules
-//! that use them are `machine.rs`'s. Every primitive is one prepared statement (one round trip),
-//! and a step that needs no transaction runs without `BEGIN`/`COMMIT`. Round trips of a new
-//! operation, counted at the socket: the lookup 1, the row 1 (its insert with its lease) and
-//! the result 1 when nothing commits beside them; with the built-in router's layers, the row's
-//! transaction 3 (`BEGIN`, insert, `COMMIT`) plus the layers' 7 and the result's 3 plus the
-//! layers' 3: 17 in all.
+//! that use them are `machine.rs`'s. Every primitive is one prepared statement, and a step that
+//! needs no transaction runs without `BEGIN`/`COMMIT`. The statement connection pipelines
+//! ([`PgSession`]): an explicit transaction's `BEGIN` leaves with its first statement, and the
+//! row's insert (the result's record) leaves with the first statement of the layer step sent
+//! beside it ([`StoreTx::insert_then`], [`StoreTx::apply_then`]); the machine rolls back what
+//! that step wrote when the row was not created (the result was fenced). `COMMIT` waits for the
+//! answers, so the rule in Rust decides it. Round trips of a new operation, counted at the
+//! socket (`callid bench --only postgres_new_operation`): the lookup 1, the row 1 (its insert
+//! with its lease) and the result 1 when nothing commits beside them; with the built-in
+//! router's layers (one statement each way when no budget is checked), the row 2 (`BEGIN`,
+//! insert and the layers' rows in one flight, then `COMMIT`) and the result 2 (`BEGIN`, record
+//! and the layers' receipt and charge, then `COMMIT`): 5 in all.
 
 use super::machine::{CallKey, Claimed, RegistryStore, Step, StoreTx};
 use super::{
     Approval, InTransaction, NewOperation, Operation, RawRow, RegistryError, Status, now_ms,
 };
 use crate::storage::LayerTx;
-use crate::storage::postgres::{PgUrl, drop_off_runtime};
-use postgres::{Client, GenericClient, Statement};
+use crate::storage::postgres::{PgSession, PgStatements, PgUrl, drop_off_runtime};
+use postgres::types::{ToSql, Type};
+use postgres::{Client, Statement};
 use std::collections::HashMap;
+use std::future::Future;
 use std::path::PathBuf;
+use std::pin::pin;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -45,7 +54,7 @@ const BUDGET_NAMESPACE: i32 = 0x634c_4742;
 /// it shares with its [siblings](PgRegistry::sibling).
 pub struct PgRegistry {
     url: PgUrl,
-    conn: Option<Client>,
+    conn: Option<PgSession>,
     /// When `conn` last answered ([`crate::storage::postgres::session_gone`]).
     answered: Instant,
     liveness: Arc<Liveness>,
@@ -342,16 +351,22 @@ impl PgRegistry {
         registry.connect()?;
         let id = uuid::Uuid::new_v4().to_string();
         registry.installation_id = registry.run("recording the installation id", |c, _| {
-            c.execute(
-                "INSERT INTO callid_settings (name, value) VALUES ('installation_id', $1)
-                 ON CONFLICT (name) DO NOTHING",
-                &[&id],
-            )?;
-            c.query_one(
-                "SELECT value FROM callid_settings WHERE name = 'installation_id'",
-                &[],
-            )?
-            .try_get(0)
+            c.block_on(async {
+                c.client()
+                    .execute(
+                        "INSERT INTO callid_settings (name, value) VALUES ('installation_id', $1)
+                         ON CONFLICT (name) DO NOTHING",
+                        &[&id],
+                    )
+                    .await?;
+                c.client()
+                    .query_one(
+                        "SELECT value FROM callid_settings WHERE name = 'installation_id'",
+                        &[],
+                    )
+                    .await?
+                    .try_get(0)
+            })
         })?;
         Ok(registry)
     }
@@ -390,16 +405,19 @@ impl PgRegistry {
     fn connect(&mut self) -> Result<(), RegistryError> {
         self.conn = None;
         self.statements.clear();
-        let mut conn = self.url.connect().map_err(self.err("connecting"))?;
-        conn.batch_execute(concat!(
+        // The schema and the server's settings are checked on a session of the sync client,
+        // which `migrate` takes; the statements run on one that can pipeline.
+        let mut setup = self.url.connect().map_err(self.err("connecting"))?;
+        let conn = self.url.session().map_err(self.err("connecting"))?;
+        conn.block_on(conn.client().batch_execute(concat!(
             "SET synchronous_commit = on;
              SET lock_timeout = '5s';
              SET statement_timeout = '30s';
              SET idle_in_transaction_session_timeout = '60s';",
             server_keepalives!()
-        ))
+        )))
         .map_err(self.err("setting up its session"))?;
-        let fsync: String = conn
+        let fsync: String = setup
             .query_one("SHOW fsync", &[])
             .and_then(|r| r.try_get(0))
             .map_err(self.err("reading its settings"))?;
@@ -409,7 +427,8 @@ impl PgRegistry {
                  in a crash and charged twice; set `fsync = on`"
             )));
         }
-        self.migrate(&mut conn)?;
+        self.migrate(&mut setup)?;
+        drop_off_runtime(setup);
         self.conn = Some(conn);
         self.answered = Instant::now();
         self.lock_key = self.live()?;
@@ -493,7 +512,7 @@ impl PgRegistry {
     fn run<T>(
         &mut self,
         doing: &'static str,
-        f: impl FnOnce(&mut Client, &mut Prepared<'_>) -> Result<T, postgres::Error>,
+        f: impl FnOnce(&PgSession, &mut Prepared<'_>) -> Result<T, postgres::Error>,
     ) -> Result<T, RegistryError> {
         let url = self.url.clone();
         self.run_step(|c, p| f(c, p).map_err(|cause| pg_error(&url, doing)(cause)))
@@ -503,19 +522,15 @@ impl PgRegistry {
     /// among them ([`RegistryError::Postgres`]) that ended the connection drops it too.
     fn run_step<T>(
         &mut self,
-        f: impl FnOnce(&mut Client, &mut Prepared<'_>) -> Result<T, RegistryError>,
+        f: impl FnOnce(&PgSession, &mut Prepared<'_>) -> Result<T, RegistryError>,
     ) -> Result<T, RegistryError> {
         let idle = self.answered.elapsed();
-        if self
-            .conn
-            .as_mut()
-            .is_none_or(|c| crate::storage::postgres::session_gone(c, idle))
-        {
+        if self.conn.as_ref().is_none_or(|c| c.gone(idle)) {
             self.connect()?;
         } else {
             self.lock_key = self.live()?;
         }
-        let conn = self.conn.as_mut().expect("connected above");
+        let conn = self.conn.as_ref().expect("connected above");
         let mut prepared = Prepared {
             cache: &mut self.statements,
             key: self.lock_key,
@@ -555,7 +570,7 @@ impl PgRegistry {
         let installation = self.installation_id.clone();
         let raw = self.run("looking up a call", |c, p| {
             let s = p.get(c, FIND)?;
-            c.query_opt(
+            c.block_on(c.client().query_opt(
                 &s,
                 &[
                     &platform,
@@ -563,7 +578,7 @@ impl PgRegistry {
                     &harness_call_id,
                     &source_installation,
                 ],
-            )?
+            ))?
             .as_ref()
             .map(row_to_raw)
             .transpose()
@@ -577,7 +592,7 @@ impl PgRegistry {
         let installation = self.installation_id.clone();
         let raw = self.run("looking up a handle", |c, p| {
             let s = p.get(c, FIND_BY_HANDLE)?;
-            c.query_opt(&s, &[&handle, &installation])?
+            c.block_on(c.client().query_opt(&s, &[&handle, &installation]))?
                 .as_ref()
                 .map(row_to_raw)
                 .transpose()
@@ -607,79 +622,326 @@ struct Prepared<'a> {
 }
 
 impl Prepared<'_> {
-    fn get(
-        &mut self,
-        c: &mut impl GenericClient,
-        sql: &'static str,
-    ) -> Result<Statement, postgres::Error> {
+    fn get(&mut self, c: &PgSession, sql: &'static str) -> Result<Statement, postgres::Error> {
         if let Some(s) = self.cache.get(sql) {
             return Ok(s.clone());
         }
-        let s = c.prepare(sql)?;
+        let s = c.block_on(c.client().prepare(sql))?;
         self.cache.insert(sql, s.clone());
         Ok(s)
     }
 }
 
-/// The statement connection of a step: each statement its own implicit transaction (one round
-/// trip each), or one explicit transaction.
-enum PgConn<'t> {
-    Auto(&'t mut Client),
-    Tx(postgres::Transaction<'t>),
-}
-
-/// A step of the machine on the statement connection ([`RegistryStore::transact`]).
+/// A step of the machine on the statement session ([`RegistryStore::transact`]): each
+/// statement its own implicit transaction (one round trip each), or one explicit transaction
+/// whose `BEGIN` leaves in the flight of its first statement.
 pub(super) struct PgTx<'t> {
-    conn: PgConn<'t>,
+    session: &'t PgSession,
     prepared: Prepared<'t>,
     url: &'t PgUrl,
     installation_id: &'t str,
     doing: &'static str,
+    /// An explicit transaction whose `BEGIN` is still to be sent (with the next statement).
+    begin_due: bool,
+    /// An explicit transaction whose `BEGIN` was sent: `COMMIT` or `ROLLBACK` ends it.
+    open: bool,
 }
 
-impl PgTx<'_> {
+/// `statement`, after `BEGIN` when `begin`: both sent in one flight, answered in order.
+async fn flight<'f, T>(
+    client: &'f tokio_postgres::Client,
+    begin: bool,
+    statement: impl Future<Output = Result<T, postgres::Error>> + 'f,
+) -> Result<T, postgres::Error> {
+    if !begin {
+        return statement.await;
+    }
+    let mut begun = pin!(client.batch_execute("BEGIN"));
+    let sent = std::future::poll_fn(|cx| std::task::Poll::Ready(begun.as_mut().poll(cx))).await;
+    let answer = statement.await;
+    match sent {
+        std::task::Poll::Ready(done) => done?,
+        std::task::Poll::Pending => begun.await?,
+    }
+    answer
+}
+
+/// A statement's parameters, owned, so that its request can stay in flight while other
+/// statements are sent ([`PgTx::insert_then`], [`PgTx::apply_then`]).
+type Params = Vec<Box<dyn ToSql + Sync + Send>>;
+
+/// Whether a prepared statement matched its row: it answered a row (`rows`) or changed one.
+async fn matched(
+    client: &tokio_postgres::Client,
+    statement: Statement,
+    params: Params,
+    rows: bool,
+) -> Result<bool, postgres::Error> {
+    let refs: Vec<&(dyn ToSql + Sync)> =
+        params.iter().map(|p| &**p as &(dyn ToSql + Sync)).collect();
+    if rows {
+        Ok(client.query_opt(&statement, &refs).await?.is_some())
+    } else {
+        Ok(client.execute(&statement, &refs).await? == 1)
+    }
+}
+
+impl<'t> PgTx<'t> {
+    /// Runs `statement` (sending a due `BEGIN` with it) and waits for its answer.
+    fn run<'f, T>(
+        &mut self,
+        statement: impl Future<Output = Result<T, postgres::Error>> + 'f,
+    ) -> Result<T, postgres::Error>
+    where
+        't: 'f,
+    {
+        let begin = std::mem::take(&mut self.begin_due);
+        self.open |= begin;
+        self.session
+            .block_on(flight(self.session.client(), begin, statement))
+    }
+
     fn query_opt(
         &mut self,
         sql: &'static str,
-        params: &[&(dyn postgres::types::ToSql + Sync)],
+        params: &[&(dyn ToSql + Sync)],
     ) -> Result<Option<postgres::Row>, RegistryError> {
-        let rows = match &mut self.conn {
-            PgConn::Auto(c) => self
-                .prepared
-                .get(*c, sql)
-                .and_then(|s| c.query_opt(&s, params)),
-            PgConn::Tx(t) => self
-                .prepared
-                .get(t, sql)
-                .and_then(|s| t.query_opt(&s, params)),
-        };
+        let session = self.session;
+        let rows = self
+            .prepared
+            .get(session, sql)
+            .and_then(|s| self.run(async move { session.client().query_opt(&s, params).await }));
         rows.map_err(pg_error(self.url, self.doing))
     }
 
     fn execute(
         &mut self,
         sql: &'static str,
-        params: &[&(dyn postgres::types::ToSql + Sync)],
+        params: &[&(dyn ToSql + Sync)],
     ) -> Result<u64, RegistryError> {
-        let n = match &mut self.conn {
-            PgConn::Auto(c) => self
-                .prepared
-                .get(*c, sql)
-                .and_then(|s| c.execute(&s, params)),
-            PgConn::Tx(t) => self
-                .prepared
-                .get(t, sql)
-                .and_then(|s| t.execute(&s, params)),
-        };
+        let session = self.session;
+        let n = self
+            .prepared
+            .get(session, sql)
+            .and_then(|s| self.run(async move { session.client().execute(&s, params).await }));
         n.map_err(pg_error(self.url, self.doing))
     }
 
     fn batch(&mut self, sql: &str) -> Result<(), RegistryError> {
-        match &mut self.conn {
-            PgConn::Auto(c) => c.batch_execute(sql),
-            PgConn::Tx(t) => t.batch_execute(sql),
+        let client = self.session.client();
+        self.run(client.batch_execute(sql))
+            .map_err(pg_error(self.url, self.doing))
+    }
+
+    /// Sends `sql` with `params` (and a due `BEGIN`), runs `then` while its answer is on its
+    /// way, so that `then`'s first statement leaves in the same flight, and answers whether
+    /// `sql` matched its row (an error of `sql` first: it explains `then`'s) with `then`'s
+    /// answer.
+    fn matched_then<R>(
+        &mut self,
+        sql: &'static str,
+        params: Params,
+        rows: bool,
+        then: impl FnOnce(&mut Self) -> Result<R, RegistryError>,
+    ) -> Result<(bool, Option<R>), RegistryError> {
+        let session = self.session;
+        let statement = self
+            .prepared
+            .get(session, sql)
+            .map_err(pg_error(self.url, self.doing))?;
+        let begin = std::mem::take(&mut self.begin_due);
+        self.open |= begin;
+        let mut pending = pin!(flight(
+            session.client(),
+            begin,
+            matched(session.client(), statement, params, rows)
+        ));
+        let sent = session.send(pending.as_mut());
+        let then = then(self);
+        let matched = match sent {
+            Some(answer) => answer,
+            None => session.block_on(pending),
         }
-        .map_err(pg_error(self.url, self.doing))
+        .map_err(pg_error(self.url, self.doing))?;
+        Ok((matched, Some(then?)))
+    }
+
+    /// The parameters of [`INSERT`].
+    fn insert_params(
+        &self,
+        new: &NewOperation,
+        status: Status,
+        approval: Approval,
+        lease: Option<(&str, Duration)>,
+    ) -> Params {
+        let lease_owner = lease.map(|(owner, _)| owner.to_string());
+        let lease_lock = lease.map(|_| self.prepared.key);
+        let ttl_ms = lease.map_or(0, |(_, ttl)| ttl.as_millis() as i64);
+        vec![
+            Box::new(new.platform.clone()),
+            Box::new(self.installation_id.to_string()),
+            Box::new(new.harness_call_id.clone()),
+            Box::new(new.handle.as_str().to_string()),
+            Box::new(new.key.expose().to_string()),
+            Box::new(new.tool.clone()),
+            Box::new(new.request_hash.as_str().to_string()),
+            Box::new(new.arguments.to_string()),
+            Box::new(new.amount_cents as i64),
+            Box::new(status.name()),
+            Box::new(approval.name()),
+            Box::new(now_ms()),
+            Box::new(new.source_installation.clone()),
+            Box::new(lease_owner),
+            Box::new(lease_lock),
+            Box::new(ttl_ms),
+            Box::new(new.at_most_once),
+        ]
+    }
+
+    /// The statement of `step` and its parameters.
+    fn step_request(&self, step: &Step<'_>) -> (&'static str, Params) {
+        fn own<T: ToSql + Sync + Send + 'static>(value: T) -> Box<dyn ToSql + Sync + Send> {
+            Box::new(value)
+        }
+        let now = now_ms();
+        let installation = self.installation_id.to_string();
+        match *step {
+            Step::Renew {
+                handle,
+                generation,
+                ttl,
+            } => (
+                RENEW,
+                vec![
+                    own(handle.to_string()),
+                    own(generation),
+                    own(ttl.as_millis() as i64),
+                    own(self.prepared.key),
+                ],
+            ),
+            Step::Release { handle, generation } => {
+                (RELEASE, vec![own(handle.to_string()), own(generation)])
+            }
+            Step::MarkInDoubt {
+                handle,
+                generation,
+                reason,
+            } => (
+                MARK_IN_DOUBT,
+                vec![
+                    own(handle.to_string()),
+                    own(generation),
+                    own(reason.to_string()),
+                    own(now),
+                ],
+            ),
+            Step::RecordResult {
+                handle,
+                generation,
+                result,
+                charged_cents,
+            } => (
+                RECORD_RESULT,
+                vec![
+                    own(handle.to_string()),
+                    own(result.to_string()),
+                    own(now),
+                    own(charged_cents),
+                    own(generation),
+                ],
+            ),
+            Step::RecordFailure {
+                handle,
+                generation,
+                code,
+                message,
+            } => (
+                RECORD_FAILURE,
+                vec![
+                    own(handle.to_string()),
+                    own(code.to_string()),
+                    own(message.to_string()),
+                    own(now),
+                    own(generation),
+                ],
+            ),
+            Step::Approve { handle } => (
+                APPROVE,
+                vec![own(handle.to_string()), own(installation), own(now)],
+            ),
+            Step::Deny { handle, message } => (
+                DENY,
+                vec![
+                    own(handle.to_string()),
+                    own(installation),
+                    own(message.to_string()),
+                    own(now),
+                ],
+            ),
+            Step::ResolveCharged { handle, result, by } => (
+                RESOLVE_CHARGED,
+                vec![
+                    own(handle.to_string()),
+                    own(installation),
+                    own(result.to_string()),
+                    own(by.to_string()),
+                    own(now),
+                ],
+            ),
+            Step::ResolveNotCharged { handle, by } => (
+                RESOLVE_NOT_CHARGED,
+                vec![
+                    own(handle.to_string()),
+                    own(installation),
+                    own(by.to_string()),
+                    own(now),
+                ],
+            ),
+        }
+    }
+}
+
+/// The layers' statements, in the registry's transaction and its flights.
+impl PgStatements for PgTx<'_> {
+    fn query_typed(
+        &mut self,
+        sql: &str,
+        params: &[(&(dyn ToSql + Sync), Type)],
+    ) -> Result<Vec<postgres::Row>, postgres::Error> {
+        let client = self.session.client();
+        self.run(client.query_typed(sql, params))
+    }
+
+    fn query_typed_one(
+        &mut self,
+        sql: &str,
+        params: &[(&(dyn ToSql + Sync), Type)],
+    ) -> Result<postgres::Row, postgres::Error> {
+        let client = self.session.client();
+        self.run(client.query_typed_one(sql, params))
+    }
+
+    fn query_typed_opt(
+        &mut self,
+        sql: &str,
+        params: &[(&(dyn ToSql + Sync), Type)],
+    ) -> Result<Option<postgres::Row>, postgres::Error> {
+        let client = self.session.client();
+        self.run(client.query_typed_opt(sql, params))
+    }
+
+    fn execute_typed(
+        &mut self,
+        sql: &str,
+        params: &[(&(dyn ToSql + Sync), Type)],
+    ) -> Result<u64, postgres::Error> {
+        let client = self.session.client();
+        self.run(client.execute_typed(sql, params))
+    }
+
+    fn batch_execute(&mut self, sql: &str) -> Result<(), postgres::Error> {
+        let client = self.session.client();
+        self.run(client.batch_execute(sql))
     }
 }
 
@@ -700,13 +962,8 @@ impl RegistryStore for PgRegistry {
     ) -> Result<R, RegistryError> {
         let (url, installation_id) = (self.url.clone(), self.installation_id.clone());
         self.run_step(|c, p| {
-            let conn = if atomic {
-                PgConn::Tx(c.transaction().map_err(pg_error(&url, doing))?)
-            } else {
-                PgConn::Auto(c)
-            };
             let mut tx = PgTx {
-                conn,
+                session: c,
                 prepared: Prepared {
                     cache: &mut *p.cache,
                     key: p.key,
@@ -714,12 +971,18 @@ impl RegistryStore for PgRegistry {
                 url: &url,
                 installation_id: &installation_id,
                 doing,
+                begin_due: atomic,
+                open: false,
             };
-            // An error drops an explicit transaction: rolled back.
-            let done = f(&mut tx)?;
-            if let PgConn::Tx(t) = tx.conn {
-                t.commit().map_err(pg_error(&url, doing))?;
+            let done = f(&mut tx);
+            if !tx.open {
+                return done;
             }
+            let end = if done.is_ok() { "COMMIT" } else { "ROLLBACK" };
+            let ended = c.block_on(c.client().batch_execute(end));
+            // The step's own error explains the rollback; a failed commit is the answer.
+            let done = done?;
+            ended.map_err(pg_error(&url, doing))?;
             Ok(done)
         })
     }
@@ -740,7 +1003,7 @@ impl RegistryStore for PgRegistry {
         let now = now_ms();
         self.run("taking a dispatch lease", |c, p| {
             let s = p.get(c, CLAIM)?;
-            let row = c.query_opt(
+            let row = c.block_on(c.client().query_opt(
                 &s,
                 &[
                     &handle,
@@ -751,7 +1014,7 @@ impl RegistryStore for PgRegistry {
                     &super::TAKEN_OVER_IN_DOUBT,
                     &now,
                 ],
-            )?;
+            ))?;
             if let Some(row) = row {
                 return Ok(Claimed {
                     status: row.try_get(0)?,
@@ -760,7 +1023,7 @@ impl RegistryStore for PgRegistry {
                 });
             }
             let s = p.get(c, STATUS_OF)?;
-            let row = c.query_one(&s, &[&handle, &owner, &NAMESPACE])?;
+            let row = c.block_on(c.client().query_one(&s, &[&handle, &owner, &NAMESPACE]))?;
             Ok(Claimed {
                 status: row.try_get(0)?,
                 granted: None,
@@ -819,99 +1082,51 @@ impl StoreTx for PgTx<'_> {
         approval: Approval,
         lease: Option<(&str, Duration)>,
     ) -> Result<bool, RegistryError> {
-        let installation = self.installation_id;
-        let lease_owner = lease.map(|(owner, _)| owner);
-        let lease_lock = lease.map(|_| self.prepared.key);
-        let ttl_ms = lease.map_or(0, |(_, ttl)| ttl.as_millis() as i64);
-        let row = self.query_opt(
-            INSERT,
-            &[
-                &new.platform,
-                &installation,
-                &new.harness_call_id,
-                &new.handle.as_str(),
-                &new.key.expose(),
-                &new.tool,
-                &new.request_hash.as_str(),
-                &new.arguments.to_string(),
-                &(new.amount_cents as i64),
-                &status.name(),
-                &approval.name(),
-                &now_ms(),
-                &new.source_installation,
-                &lease_owner,
-                &lease_lock,
-                &ttl_ms,
-                &new.at_most_once,
-            ],
-        )?;
-        Ok(row.is_some())
+        let params = self.insert_params(new, status, approval, lease);
+        self.matched_then(INSERT, params, true, |_| Ok(()))
+            .map(|(created, _)| created)
+    }
+
+    /// [`INSERT`] sent, and `then` run while its answer is on its way: one flight.
+    fn insert_then<R>(
+        &mut self,
+        new: &NewOperation,
+        status: Status,
+        approval: Approval,
+        lease: Option<(&str, Duration)>,
+        then: impl FnOnce(&mut Self) -> Result<R, RegistryError>,
+    ) -> Result<(bool, Option<R>), RegistryError> {
+        let params = self.insert_params(new, status, approval, lease);
+        self.matched_then(INSERT, params, true, then)
     }
 
     fn apply(&mut self, step: &Step<'_>) -> Result<bool, RegistryError> {
-        let now = now_ms();
-        let installation = self.installation_id;
-        let key = self.prepared.key;
-        let n = match *step {
-            Step::Renew {
-                handle,
-                generation,
-                ttl,
-            } => {
-                let ttl_ms = ttl.as_millis() as i64;
-                self.execute(RENEW, &[&handle, &generation, &ttl_ms, &key])?
-            }
-            Step::Release { handle, generation } => {
-                self.execute(RELEASE, &[&handle, &generation])?
-            }
-            Step::MarkInDoubt {
-                handle,
-                generation,
-                reason,
-            } => self.execute(MARK_IN_DOUBT, &[&handle, &generation, &reason, &now])?,
-            Step::RecordResult {
-                handle,
-                generation,
-                result,
-                charged_cents,
-            } => self.execute(
-                RECORD_RESULT,
-                &[&handle, &result, &now, &charged_cents, &generation],
-            )?,
-            Step::RecordFailure {
-                handle,
-                generation,
-                code,
-                message,
-            } => self.execute(
-                RECORD_FAILURE,
-                &[&handle, &code, &message, &now, &generation],
-            )?,
-            Step::Approve { handle } => self.execute(APPROVE, &[&handle, &installation, &now])?,
-            Step::Deny { handle, message } => {
-                self.execute(DENY, &[&handle, &installation, &message, &now])?
-            }
-            Step::ResolveCharged { handle, result, by } => self.execute(
-                RESOLVE_CHARGED,
-                &[&handle, &installation, &result, &by, &now],
-            )?,
-            Step::ResolveNotCharged { handle, by } => {
-                self.execute(RESOLVE_NOT_CHARGED, &[&handle, &installation, &by, &now])?
-            }
-        };
-        Ok(n == 1)
+        let (sql, params) = self.step_request(step);
+        self.matched_then(sql, params, false, |_| Ok(()))
+            .map(|(matched, _)| matched)
+    }
+
+    /// `step` sent, and `then` run while its answer is on its way: one flight.
+    fn apply_then<R>(
+        &mut self,
+        step: &Step<'_>,
+        then: impl FnOnce(&mut Self) -> Result<R, RegistryError>,
+    ) -> Result<(bool, Option<R>), RegistryError> {
+        let (sql, params) = self.step_request(step);
+        self.matched_then(sql, params, false, then)
     }
 
     fn layer<T>(
         &mut self,
         step: InTransaction<T, String>,
     ) -> Result<Result<T, String>, RegistryError> {
-        match &mut self.conn {
-            PgConn::Tx(t) => Ok(step(LayerTx::Postgres(t))),
-            PgConn::Auto(_) => Err(RegistryError::layer(
+        if self.begin_due || self.open {
+            Ok(step(LayerTx::Postgres(self)))
+        } else {
+            Err(RegistryError::layer(
                 self.location(),
                 "a layer's step runs only inside the registry's transaction",
-            )),
+            ))
         }
     }
 

@@ -260,7 +260,9 @@ fn both_backends_answer_every_step_alike_on_postgres() {
                 let LayerTx::Postgres(t) = tx else {
                     unreachable!()
                 };
-                let read = t.query("SELECT x FROM layer ORDER BY x", &[]).unwrap();
+                let read = t
+                    .query_typed("SELECT x FROM layer ORDER BY x", &[])
+                    .unwrap();
                 Ok(read.iter().map(|r| r.get::<_, i32>(0)).collect())
             }))
         })
