@@ -8,7 +8,10 @@
 //! - [`Cluster::start`] runs `initdb` on a fresh temporary directory (superuser `callid`, `trust`
 //!   authentication, UTF-8), listens on loopback only at a port that was free a moment before,
 //!   with `fsync = on` and `max_connections = 200`, and returns once the server accepts
-//!   connections. As root it runs the server programs as the `postgres` user (they refuse root),
+//!   connections. A port taken in that moment (by another cluster, or by any outgoing
+//!   connection, which draws from the same range) is no failure: the server is started again on
+//!   another free port, up to [`PORT_ATTEMPTS`] times. A server that fails to start for any other
+//!   reason fails at once, with the tail of its log in the error. As root it runs the server programs as the `postgres` user (they refuse root),
 //!   which must reach the directory, so the directory is opened to it.
 //! - Dropping a [`Cluster`] stops its server as in a crash (`pg_ctl -m immediate`) and deletes
 //!   its directory.
@@ -74,6 +77,16 @@ pub fn bindir() -> Option<PathBuf> {
     found.pop().map(|(_, b)| b)
 }
 
+/// How many ports [`Cluster::start`] tries when each is taken before its server binds it.
+pub const PORT_ATTEMPTS: u32 = 5;
+
+/// A loopback port free at this moment (the kernel's choice).
+fn free_port() -> std::io::Result<u16> {
+    std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()
+        .map(|a| a.port())
+}
+
 /// A throwaway PostgreSQL cluster, stopped (`-m immediate`) and deleted when dropped.
 pub struct Cluster {
     dir: tempfile::TempDir,
@@ -87,24 +100,36 @@ pub struct Cluster {
 /// where a PostgreSQL test never skips.
 #[cfg(test)]
 pub(crate) fn for_unit_test() -> Option<Cluster> {
-    let Some(bindir) = bindir() else {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "CI=true: this test never skips; install PostgreSQL"
-        );
-        eprintln!("SKIP: no PostgreSQL server binaries (/usr/lib/postgresql/*/bin/initdb)");
-        return None;
-    };
-    let cluster = Cluster::start(bindir).expect("a throwaway cluster");
+    let cluster = Cluster::start(unit_test_bindir()?).expect("a throwaway cluster");
     cluster
         .sql("postgres", "CREATE DATABASE callid")
         .expect("a database");
     Some(cluster)
 }
 
+/// [`bindir`] for a unit test: `None` (the test skips, saying so) without server binaries, and a
+/// panic under `CI=true`.
+#[cfg(test)]
+fn unit_test_bindir() -> Option<PathBuf> {
+    let found = bindir();
+    if found.is_none() {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "CI=true: this test never skips; install PostgreSQL"
+        );
+        eprintln!("SKIP: no PostgreSQL server binaries (/usr/lib/postgresql/*/bin/initdb)");
+    }
+    found
+}
+
 impl Cluster {
     /// Makes a cluster with the programs in `bindir` and starts its server.
     pub fn start(bindir: PathBuf) -> Result<Cluster, ClusterError> {
+        Cluster::fresh(bindir)?.init(free_port)
+    }
+
+    /// A cluster's empty directory, before `initdb`.
+    fn fresh(bindir: PathBuf) -> Result<Cluster, ClusterError> {
         let dir = tempfile::Builder::new()
             .prefix("callid-pg-")
             .tempdir()
@@ -115,18 +140,22 @@ impl Cluster {
             std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777))
                 .map_err(io("opening the cluster's directory to `postgres`"))?;
         }
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map_err(io("finding a free loopback port"))?
-            .port();
-        let cluster = Cluster {
+        Ok(Cluster {
             dir,
             bindir,
-            port,
+            port: 0,
             as_postgres,
-        };
-        let data = cluster.data();
-        cluster.run(
+        })
+    }
+
+    /// The rest of [`Cluster::start`]: `initdb`, the settings, and the server started on a port
+    /// from `pick`, another one each time the last was taken before the server could bind it.
+    fn init(
+        mut self,
+        mut pick: impl FnMut() -> std::io::Result<u16>,
+    ) -> Result<Cluster, ClusterError> {
+        let data = self.data();
+        self.run(
             "initdb",
             &[
                 "-D",
@@ -140,9 +169,9 @@ impl Cluster {
                 "--no-sync",
             ],
         )?;
-        let sock = cluster.dir.path().join("sock");
+        let sock = self.dir.path().join("sock");
         std::fs::create_dir_all(&sock).map_err(io("creating the socket directory"))?;
-        if as_postgres {
+        if self.as_postgres {
             let status = Command::new("chown")
                 .arg("postgres")
                 .arg(&sock)
@@ -155,19 +184,28 @@ impl Cluster {
                 });
             }
         }
-        let conf = format!(
-            "\nlisten_addresses = '127.0.0.1'\nport = {port}\nunix_socket_directories = '{}'\n\
-             max_connections = 200\nfsync = on\n",
-            sock.display()
-        );
         let conf_path = Path::new(&data).join("postgresql.conf");
         let mut text = std::fs::read_to_string(&conf_path)
             .map_err(io(format!("reading `{}`", conf_path.display())))?;
-        text.push_str(&conf);
-        std::fs::write(&conf_path, text)
-            .map_err(io(format!("writing `{}`", conf_path.display())))?;
-        cluster.start_server()?;
-        Ok(cluster)
+        text.push_str(&format!(
+            "\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '{}'\n\
+             max_connections = 200\nfsync = on\n",
+            sock.display()
+        ));
+        let mut attempt = 1;
+        loop {
+            self.port = pick().map_err(io("finding a free loopback port"))?;
+            // The last `port` line of the file is the one the server reads.
+            text.push_str(&format!("port = {}\n", self.port));
+            std::fs::write(&conf_path, &text)
+                .map_err(io(format!("writing `{}`", conf_path.display())))?;
+            let logged = self.log_len();
+            match self.start_server() {
+                Ok(()) => return Ok(self),
+                Err(_) if attempt < PORT_ATTEMPTS && self.port_was_taken(logged) => attempt += 1,
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     fn data(&self) -> String {
@@ -201,19 +239,57 @@ impl Cluster {
         Ok(())
     }
 
-    /// `pg_ctl start`, returning once the server accepts connections (60 s at most).
+    /// `pg_ctl start`, returning once the server accepts connections (60 s at most); on a
+    /// failure the error ends with the tail of what the server logged.
     pub fn start_server(&self) -> Result<(), ClusterError> {
-        let log = self.dir.path().join("server.log").display().to_string();
+        let log = self.log_path().display().to_string();
+        let logged = self.log_len();
         self.run(
             "pg_ctl",
             &["-D", &self.data(), "-l", &log, "-w", "-t", "60", "start"],
         )
+        .map_err(|e| self.with_log(e, logged))
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.dir.path().join("server.log")
+    }
+
+    /// How long the server's log is: where an attempt's own lines begin.
+    fn log_len(&self) -> u64 {
+        std::fs::metadata(self.log_path()).map_or(0, |m| m.len())
+    }
+
+    /// What the server logged from byte `from` on.
+    fn log_since(&self, from: u64) -> String {
+        let text = std::fs::read(self.log_path()).unwrap_or_default();
+        let from = usize::try_from(from).unwrap_or(usize::MAX).min(text.len());
+        String::from_utf8_lossy(&text[from..]).into_owned()
+    }
+
+    /// Whether the server, since byte `from` of its log, failed because its port was taken.
+    fn port_was_taken(&self, from: u64) -> bool {
+        self.log_since(from).contains("Address already in use")
+    }
+
+    fn with_log(&self, e: ClusterError, from: u64) -> ClusterError {
+        match e {
+            ClusterError::Command { command, detail } => ClusterError::Command {
+                command,
+                detail: format!(
+                    "{detail}; the server logged: {}",
+                    crate::text::last_lines(&self.log_since(from), 5)
+                ),
+            },
+            other => other,
+        }
     }
 
     /// `pg_ctl -m fast restart`, returning once the new server accepts connections (60 s at
     /// most): every session is ended by the server (it tells each client so) and must reconnect.
     pub fn restart_server(&self) -> Result<(), ClusterError> {
-        let log = self.dir.path().join("server.log").display().to_string();
+        let log = self.log_path().display().to_string();
+        let logged = self.log_len();
         self.run(
             "pg_ctl",
             &[
@@ -229,6 +305,7 @@ impl Cluster {
                 "restart",
             ],
         )
+        .map_err(|e| self.with_log(e, logged))
     }
 
     /// `pg_ctl -m immediate stop`: the server dies as in a crash (its clients' connections
@@ -358,4 +435,39 @@ impl Drop for Cluster {
 
 fn tail(stderr: &[u8]) -> String {
     crate::text::last_lines(&String::from_utf8_lossy(stderr), 5)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_port_taken_before_the_server_binds_it_is_replaced_by_another() {
+        let Some(bindir) = unit_test_bindir() else {
+            return;
+        };
+        // Another program holds the first port the cluster is given.
+        let holder = std::net::TcpListener::bind("127.0.0.1:0").expect("a listener");
+        let taken = holder.local_addr().expect("its address").port();
+        let mut picks = vec![taken];
+        let cluster = Cluster::fresh(bindir)
+            .expect("a directory")
+            .init(|| picks.pop().map_or_else(free_port, Ok))
+            .expect("the server starts on another port");
+        assert_ne!(cluster.port(), taken);
+        assert_eq!(cluster.sql("postgres", "SELECT 1").expect("a session"), "1");
+        drop(holder);
+    }
+
+    #[test]
+    fn a_server_that_cannot_start_says_what_it_logged() {
+        let Some(cluster) = for_unit_test() else {
+            return;
+        };
+        // A second server on the same data directory is refused by the first one's lock file.
+        let e = cluster.start_server().expect_err("a second postmaster");
+        let text = e.to_string();
+        assert!(text.contains("the server logged:"), "{text}");
+        assert_eq!(e.code(), "command_failed");
+    }
 }
