@@ -151,14 +151,16 @@ pub async fn probe_rows(ctx: &Context) -> Vec<(RowId, Outcome)> {
                 .await
                 .map(|_| ())
         };
-        let outcome = match load.and_then(|()| probe.peak_rss_mb()) {
-            Ok(mb) => absolute(
+        let measured = load.and_then(|()| Ok((probe.peak_rss_mb()?, probe.resident_split()?)));
+        let outcome = match measured {
+            Ok((mb, split)) => absolute(
                 mb,
                 1,
                 format!(
-                    "peak RSS (VmHWM) of the probe process after {} calls with {} in flight",
+                    "peak RSS (VmHWM) of the probe process after {} calls with {} in flight{}",
                     plan.throughput_calls * plan.rounds + plan.warm_up,
-                    plan.in_flight
+                    plan.in_flight,
+                    split.note()
                 ),
             ),
             Err(err) => failed(&err),
