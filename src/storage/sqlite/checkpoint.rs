@@ -150,7 +150,27 @@ fn run(path: &Path, shared: &Shared) {
             .ok();
         }
         if let Some(conn) = &conn {
-            let _ = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()));
+            catch_up(conn);
         }
     }
 }
+
+/// `PASSIVE` checkpoints until the WAL is all in the file, at most [`PASSES`] of them. The
+/// commit that made one due is still being written when it starts; a WAL wholly copied back when
+/// the next write begins lets that write start the WAL over from its beginning, so it stays as
+/// short as SQLite's own checkpoints keep it. A pass with nothing left to copy writes nothing.
+fn catch_up(conn: &Connection) {
+    for _ in 0..PASSES {
+        let frames = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| {
+            Ok((r.get::<_, i64>(1)?, r.get::<_, i64>(2)?))
+        });
+        match frames {
+            Ok((logged, copied)) if copied < logged => continue,
+            _ => return,
+        }
+    }
+}
+
+/// How many `PASSIVE` checkpoints one due checkpoint runs at most: a reader that holds an old
+/// snapshot keeps frames from being copied, and writers keep adding them.
+const PASSES: usize = 4;
