@@ -147,7 +147,8 @@ fn run(path: &Path, shared: &Shared) {
                 super::plain(path),
                 OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
             )
-            .ok();
+            .ok()
+            .filter(|c| c.busy_timeout(std::time::Duration::ZERO).is_ok());
         }
         if let Some(conn) = &conn {
             catch_up(conn);
@@ -155,18 +156,27 @@ fn run(path: &Path, shared: &Shared) {
     }
 }
 
-/// `PASSIVE` checkpoints until the WAL is all in the file, at most [`PASSES`] of them. The
-/// commit that made one due is still being written when it starts; a WAL wholly copied back when
-/// the next write begins lets that write start the WAL over from its beginning, so it stays as
-/// short as SQLite's own checkpoints keep it. A pass with nothing left to copy writes nothing.
+/// `PASSIVE` checkpoints until one finds no frame added since the one before, at most
+/// [`PASSES`]; then one `RESTART` that waits for nobody. The commit that made a checkpoint due
+/// is still being written when the first pass starts, and SQLite completes a checkpoint (syncs
+/// the file) only when it copied every frame there is when it ends: the next pass copies what
+/// came meanwhile. A pass with nothing to copy writes nothing. A completed checkpoint lets a
+/// write that starts after it begin the WAL again from its start, but under steady load a write
+/// has always begun before, so the WAL would grow to [`WAL_BOUND`] and be restarted by a
+/// committing connection; the `RESTART`, when no writer holds the lock (this connection's busy
+/// timeout is zero, so it never waits and never makes a writer wait longer than its own few
+/// microseconds of work) and no reader reads an old snapshot, starts it over at once.
 fn catch_up(conn: &Connection) {
+    let mut before = None;
     for _ in 0..PASSES {
-        let frames = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| {
-            Ok((r.get::<_, i64>(1)?, r.get::<_, i64>(2)?))
-        });
-        match frames {
-            Ok((logged, copied)) if copied < logged => continue,
-            _ => return,
+        let logged = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| r.get::<_, i64>(1));
+        match logged {
+            Ok(logged) if before != Some(logged) => before = Some(logged),
+            Ok(_) => {
+                let _ = conn.query_row("PRAGMA wal_checkpoint(RESTART)", [], |_| Ok(()));
+                return;
+            }
+            Err(_) => return,
         }
     }
 }
