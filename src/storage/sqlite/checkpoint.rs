@@ -92,7 +92,7 @@ impl Checkpointer {
 
     /// Called as a transaction commits: every [`CHECKPOINT_EVERY`]th wakes the thread.
     fn committed(&self) {
-        if (self.commits.fetch_add(1, Ordering::Relaxed) + 1) % CHECKPOINT_EVERY != 0 {
+        if !(self.commits.fetch_add(1, Ordering::Relaxed) + 1).is_multiple_of(CHECKPOINT_EVERY) {
             return;
         }
         let mut thread = self.thread.lock().unwrap_or_else(|p| p.into_inner());
