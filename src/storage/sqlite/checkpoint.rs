@@ -5,8 +5,11 @@
 //! - A commit never waits for a checkpoint below [`WAL_BOUND`] frames: SQLite's own automatic
 //!   checkpoint (run by the committing connection after its commit, with its `fsync`s) starts
 //!   only at [`WAL_BOUND`], not at SQLite's default of 1000 frames. Every
-//!   [`CHECKPOINT_EVERY`] commits of this process on the file, the checkpointer runs a `PASSIVE`
-//!   checkpoint instead: it never waits for a reader or a writer, and writers never wait for it.
+//!   [`CHECKPOINT_EVERY`] commits of this process on the file, the checkpointer runs `PASSIVE`
+//!   checkpoints instead, which never wait for a reader or a writer and never make one wait,
+//!   then one `RESTART` that takes the write lock only when it is free: a write that begins
+//!   during it waits in SQLite's busy handler (a millisecond, rarely), the one place a writer
+//!   can meet the checkpointer.
 //! - The WAL stays bounded: a checkpointer that falls behind or fails leaves the committing
 //!   connections to SQLite's automatic checkpoint at [`WAL_BOUND`] frames (16 MiB of 4 KiB
 //!   pages), the bound SQLite keeps by default at 1000. A reader that holds a snapshot open stops
@@ -24,7 +27,7 @@ use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::thread::JoinHandle;
 
 /// Commits of this process on one file between two background checkpoints. A new operation
-/// commits twice in the registry (about 20 WAL frames) and once in the provider ledger (4): a
+/// commits twice in the registry (about 19 WAL frames) and once in the provider ledger (3): a
 /// checkpoint copies back a few hundred frames, not one per commit.
 pub(super) const CHECKPOINT_EVERY: u64 = 64;
 
@@ -164,8 +167,8 @@ fn run(path: &Path, shared: &Shared) {
 /// write that starts after it begin the WAL again from its start, but under steady load a write
 /// has always begun before, so the WAL would grow to [`WAL_BOUND`] and be restarted by a
 /// committing connection; the `RESTART`, when no writer holds the lock (this connection's busy
-/// timeout is zero, so it never waits and never makes a writer wait longer than its own few
-/// microseconds of work) and no reader reads an old snapshot, starts it over at once.
+/// timeout is zero, so it never waits; it holds the lock while it copies what the passes left,
+/// usually nothing) and no reader reads an old snapshot, starts it over at once.
 fn catch_up(conn: &Connection) {
     let mut before = None;
     for _ in 0..PASSES {
