@@ -54,7 +54,8 @@ pub static KEY_POOL: StoreSpec = StoreSpec {
 pub static LEDGER: StoreSpec = StoreSpec {
     kind: "provider ledger",
     application_id: 0x434c_504c,
-    migrations: &["CREATE TABLE charges (
+    migrations: &[
+        "CREATE TABLE charges (
         seq INTEGER PRIMARY KEY AUTOINCREMENT,
         charge_id TEXT NOT NULL UNIQUE,
         idempotency_key TEXT NOT NULL UNIQUE,
@@ -63,7 +64,24 @@ pub static LEDGER: StoreSpec = StoreSpec {
         model TEXT NOT NULL,
         response TEXT NOT NULL,
         created_at TEXT NOT NULL
-    ) STRICT;"],
+    ) STRICT;",
+        // 2: `charges` without AUTOINCREMENT, its rows carried over: each charge wrote the
+        // `sqlite_sequence` page too (4 pages per commit, now 3). Rows are never deleted, so a new
+        // `seq` is still one above the largest, as AUTOINCREMENT gave it.
+        r"CREATE TABLE charges_v2 (
+        seq INTEGER PRIMARY KEY,
+        charge_id TEXT NOT NULL UNIQUE,
+        idempotency_key TEXT NOT NULL UNIQUE,
+        request_fingerprint TEXT NOT NULL,
+        amount_cents INTEGER NOT NULL CHECK (amount_cents >= 0),
+        model TEXT NOT NULL,
+        response TEXT NOT NULL,
+        created_at TEXT NOT NULL
+    ) STRICT;
+    INSERT INTO charges_v2 SELECT * FROM charges;
+    DROP TABLE charges;
+    ALTER TABLE charges_v2 RENAME TO charges;",
+    ],
 };
 
 /// Where the registry's SQLite and PostgreSQL schemas differ on purpose: (table, without

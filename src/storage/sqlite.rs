@@ -10,6 +10,8 @@
 //! ## Durability
 //! WAL journal with `synchronous=FULL`: a transaction that returned from `COMMIT` survives a
 //! `kill -9` of the process and a power cut. Callers commit before they reply or act on a result.
+//! Checkpoints (the WAL copied back into the file) run on a thread of their own, one per file
+//! ([`checkpoint`]): a commit does not wait for one while the WAL is under its bound.
 //! A path is always a plain file path: SQLite's URI syntax is never interpreted, so
 //! `file:x?mode=memory` is a file literally named so in the current directory, not an in-memory
 //! database that would lose every row.
@@ -724,7 +726,8 @@ fn inspect(path: &Path, spec: &StoreSpec) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// A read-write connection to a file already inspected: busy timeout, WAL, `synchronous=FULL`.
+/// A read-write connection to a file already inspected: busy timeout, WAL, `synchronous=FULL`,
+/// its checkpoints left to the file's [`checkpoint`] thread.
 fn connect(path: &Path, spec: &StoreSpec) -> Result<Connection, StoreError> {
     let conn = Connection::open_with_flags(
         plain(path),
@@ -732,6 +735,7 @@ fn connect(path: &Path, spec: &StoreSpec) -> Result<Connection, StoreError> {
     )
     .map_err(|e| sqlite(spec, path, e))?;
     configure(&conn).map_err(|e| sqlite(spec, path, e))?;
+    checkpoint::attach(&conn, path).map_err(|e| sqlite(spec, path, e))?;
     Ok(conn)
 }
 
@@ -818,6 +822,7 @@ pub fn migrate(conn: &mut Connection, spec: &StoreSpec) -> rusqlite::Result<()> 
     tx.commit()
 }
 
+mod checkpoint;
 mod group;
 #[cfg(test)]
 mod tests;

@@ -671,6 +671,8 @@ impl std::fmt::Display for RegistryLocation {
 /// An open registry, on either backend. Every method has the same contract on both; where
 /// they differ (liveness of a lease owner, durability) the module docs say so.
 #[derive(Debug)]
+// One per router, opened once: the SQLite connection's size (its hooks) costs nothing here.
+#[allow(clippy::large_enum_variant)]
 pub enum Registry {
     /// A SQLite file.
     Sqlite(SqliteRegistry),

@@ -7,7 +7,7 @@
 //! layers' tables come from [`super::layers`] in SQLite and are written out here for
 //! PostgreSQL.
 
-use super::layers::{LAYER_TABLES, LAYER_TOTALS};
+use super::layers::{DECISIONS_BY_ACCOUNT_DROPPED, LAYER_TABLES, LAYER_TOTALS};
 use crate::storage::postgres::PgSchema;
 use crate::storage::sqlite::StoreSpec;
 
@@ -158,6 +158,9 @@ pub const MIGRATIONS: &[&str] = &[
      DROP INDEX operations_open;
      CREATE INDEX operations_open ON operations (installation_id)
          WHERE status IN ('pending', 'awaiting_approval', 'in_doubt');",
+    // 7: the decisions' index by account goes: no statement uses it (see
+    // [`DECISIONS_BY_ACCOUNT_DROPPED`]).
+    DECISIONS_BY_ACCOUNT_DROPPED,
 ];
 
 /// The PostgreSQL schema, one migration per version step (the version in `callid_schema`).
@@ -324,4 +327,7 @@ pub const PG_MIGRATIONS: &[&str] = &[
      DROP INDEX callid_operations_open;
      CREATE INDEX callid_operations_open ON callid_operations (installation_id)
          WHERE status IN ('pending', 'awaiting_approval', 'in_doubt');",
+    // 6: the decisions' index by account goes, as SQLite's migration 7: no statement uses it
+    // (a budget check reads the totals and `callid_decisions_open`).
+    r"DROP INDEX callid_decisions_by_account;",
 ];

@@ -398,3 +398,63 @@ fn import_reads_the_file_at_its_path_even_when_the_name_is_not_utf8() {
     let lossy = dir.path().join("earlier-\u{fffd}.sqlite3");
     assert!(!lossy.exists(), "nothing is created under another name");
 }
+
+/// Commits `n` single-row writes, one transaction each (one writer, so no group commit).
+fn commit_rows(store: &Store, n: u64) {
+    for i in 0..n {
+        store
+            .write(|c| {
+                c.execute("INSERT INTO a (x) VALUES (?1)", [i as i64])
+                    .map_err(|e| store.error(e))
+            })
+            .unwrap();
+    }
+}
+
+#[test]
+fn commits_are_checkpointed_by_a_thread_of_their_own_not_by_the_committing_connection() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.sqlite3");
+    let store = Store::open(&path, &SPEC).unwrap();
+    let bound: i64 = store
+        .write(|c| {
+            c.query_row("PRAGMA wal_autocheckpoint", [], |r| r.get(0))
+                .map_err(|e| store.error(e))
+        })
+        .unwrap();
+    assert_eq!(bound, checkpoint::WAL_BOUND);
+    // The file holds its header page; the schema and the rows are in the WAL until a checkpoint
+    // copies them into the file, which then grows.
+    let header_only = std::fs::metadata(&path).unwrap().len();
+    // Far fewer frames than SQLite's own checkpoint would wait for (1000, then WAL_BOUND).
+    commit_rows(&store, 3 * checkpoint::CHECKPOINT_EVERY);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::fs::metadata(&path).unwrap().len() == header_only {
+        assert!(
+            Instant::now() < deadline,
+            "no checkpoint copied the WAL into the file within 10 s"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn closing_the_last_connection_ends_the_checkpointer_and_leaves_no_wal() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.sqlite3");
+    let store = Store::open(&path, &SPEC).unwrap();
+    commit_rows(&store, 2 * checkpoint::CHECKPOINT_EVERY + 1);
+    drop(store);
+    assert!(
+        !side(&path, "-wal").exists(),
+        "the checkpointer's connection outlived the store"
+    );
+    let reopened = Store::open(&path, &SPEC).unwrap();
+    let rows: i64 = reopened
+        .read(|c| {
+            c.query_row("SELECT count(*) FROM a", [], |r| r.get(0))
+                .map_err(|e| reopened.error(e))
+        })
+        .unwrap();
+    assert_eq!(rows, 2 * checkpoint::CHECKPOINT_EVERY as i64 + 1);
+}
