@@ -495,3 +495,56 @@ async fn a_budget_holds_across_replicas_under_concurrent_spends() {
         r.stop().await;
     }
 }
+
+/// Round trips to the server, counted at a relay in front of it (the bench's): a new
+/// operation's, and a redelivery's that misses the reply cache (a replica that restarted, or
+/// never answered the call), which the new row's insert answers with the recorded row.
+#[cfg(feature = "bench")]
+#[tokio::test]
+async fn round_trips_of_a_new_operation_and_of_a_redelivery_missing_the_reply_cache() {
+    use callid::testing::relay::{Counts, Relay};
+    const CALLS: usize = 20;
+    let Some(w) = World::new("round_trips_of_a_new_operation_and_of_a_redelivery").await else {
+        return;
+    };
+    let server = w.pg.server_url();
+    let server = server.rsplit('@').next().unwrap().parse().unwrap();
+    let relay = Relay::start(server).unwrap();
+    let url = format!("postgres://callid@{}/callid", relay.addr());
+    let envs = [("CALLID_REGISTRY", url.as_str())];
+    let per_call = |before: Counts| relay.counts().since(before).round_trips as f64 / CALLS as f64;
+    // Warmed up first: connections made, the statements of both writers prepared.
+    let a = w.replica("a", &envs).await;
+    for warm in ["warm-a1", "warm-a2", "warm-a3"] {
+        completed(&spend(&a, warm).await);
+    }
+    let before = relay.counts();
+    let mut recorded = vec![];
+    for i in 0..CALLS {
+        recorded.push(completed(&spend(&a, &format!("rt-{i}")).await).clone());
+    }
+    let new_operation = per_call(before);
+    a.stop().await;
+    let b = w.replica("b", &envs).await;
+    for warm in ["warm-a1", "warm-a2", "warm-a3"] {
+        assert!(replayed(&spend(&b, warm).await));
+    }
+    let before = relay.counts();
+    for (i, first) in recorded.iter().enumerate() {
+        let again = spend(&b, &format!("rt-{i}")).await;
+        assert_eq!(completed(&again), first);
+        assert!(replayed(&again));
+    }
+    let redelivery = per_call(before);
+    b.stop().await;
+    assert_eq!(w.charges(), CALLS as u64 + 3);
+    eprintln!("round trips: {new_operation} per new operation, {redelivery} per redelivery");
+    // 4: `BEGIN` with the insert and the layers' rows, `COMMIT`; the same for the result.
+    assert!(
+        new_operation < 5.0,
+        "{new_operation} round trips per new operation"
+    );
+    // 2: `BEGIN` with the insert, which answers the recorded row, and the layers' rows; then
+    // `ROLLBACK` of those rows. Nothing is written again.
+    assert!(redelivery < 3.0, "{redelivery} round trips per redelivery");
+}
