@@ -456,8 +456,8 @@ impl Core {
     /// looked up before it only where skipping that would cost or change something:
     /// - with a preallocated key pool, first: a key must never be claimed for a redelivery;
     /// - when the quote fails: a recorded call gets its recorded outcome even when it could no
-    ///   longer be quoted today (a model or price removed since), and a call not recorded gets
-    ///   the quote's error.
+    ///   longer be quoted today (a model or price removed since, its backend's state broken),
+    ///   and a call not recorded gets the quote's error.
     async fn deliver<S: Spender>(
         &self,
         spender: &S,
@@ -467,22 +467,21 @@ impl Core {
         keys: &mut Vec<OperationKey>,
     ) -> Result<Reply, ToolError> {
         let looked_up = self.pool.is_some();
-        if looked_up && let Some(op) = self.recorded(id).await? {
-            keys.push(op.key.clone());
-            return self.resolve_existing(spender, op, &call.hash).await;
-        }
-        let quote = match spender.quote(tool, &call.request).await {
-            Ok(quote) => quote,
-            Err(refused) if looked_up => return Err(refused),
-            Err(refused) => {
-                let Some(op) = self.recorded(id).await? else {
-                    return Err(refused);
-                };
-                keys.push(op.key.clone());
-                return self.resolve_existing(spender, op, &call.hash).await;
-            }
+        let first = if looked_up {
+            self.recorded(id).await?
+        } else {
+            None
         };
-        self.start(spender, id, tool, call, quote, keys).await
+        let op = match first {
+            Some(op) => op,
+            None => match spender.quote(tool, &call.request).await {
+                Ok(quote) => return self.start(spender, id, tool, call, quote, keys).await,
+                Err(refused) if looked_up => return Err(refused),
+                Err(refused) => self.recorded(id).await?.ok_or(refused)?,
+            },
+        };
+        keys.push(op.key.clone());
+        self.resolve_existing(spender, op, &call.hash).await
     }
 
     /// The operation recorded for `id`'s call, read by a statement of its own.

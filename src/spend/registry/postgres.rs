@@ -153,7 +153,7 @@ macro_rules! column_list {
     };
 }
 
-/// [`column_list`] of `callid_operations`.
+/// `column_list!` of `callid_operations`.
 macro_rules! columns {
     () => {
         concat!("SELECT ", column_list!(), " FROM callid_operations ")
