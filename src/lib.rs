@@ -158,4 +158,7 @@ pub mod testing {
 
     #[cfg(feature = "bench")]
     pub use crate::bench::fixtures;
+    /// The bench's relay, which counts round trips to PostgreSQL.
+    #[cfg(feature = "bench")]
+    pub use crate::bench::relay;
 }

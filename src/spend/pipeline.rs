@@ -10,15 +10,19 @@
 //! 3. hashes the request ([`canonical::request_hash`], once) and lets the spender check the
 //!    arguments, turning them into its typed request once ([`Spender::check`]), which the
 //!    quote, the spender's staged steps and its execution of a new operation all take;
-//! 4. looks the registry up by (platform, installation, the envelope's installation, harness call
-//!    id);
-//! 5. resolves: a new call gets a price and approval from the spender, a fresh private key and
-//!    public handle, and its row is committed before anything is dispatched; the same id with the
-//!    same hash returns the recorded result (marked replayed) or, with none recorded yet,
-//!    continues the same operation under the same key; the same id with another hash is refused
-//!    (`request_mismatch`) before the spender; a completed operation's reply is kept ready in
-//!    the [`ReplayCache`] once its result is committed, so a redelivery with the same hash is
-//!    answered from there after steps 1 to 3;
+//! 4. writes the call as a new operation, and the registry's insert is the look-up by
+//!    (platform, installation, the envelope's installation, harness call id): the spender
+//!    prices it and says whether it needs approval, it gets a fresh private key and public
+//!    handle, and the insert either commits its row before anything is dispatched or answers
+//!    the row the call has already (`INSERT ... ON CONFLICT DO NOTHING`, never
+//!    check-then-insert). The registry is looked up before that only with a preallocated key
+//!    pool (no key is ever claimed for a redelivery) and when the price cannot be quoted (a
+//!    recorded call still gets its recorded outcome): `Core::deliver`;
+//! 5. resolves a call recorded already: the same hash returns the recorded result (marked
+//!    replayed) or, with none recorded yet, continues the same operation under the same key;
+//!    another hash is refused (`request_mismatch`) before the spender; a completed operation's
+//!    reply is kept ready in the [`ReplayCache`] once its result is committed, so a redelivery
+//!    with the same hash is answered from there after steps 1 to 3;
 //! 6. takes the row's dispatch lease (a new row is committed with it), lets the spender execute
 //!    it with the private key, records the outcome, then replies.
 //!
@@ -194,7 +198,10 @@ pub trait Spender: Sync {
     /// recorded, and stored with it.
     fn idempotent(&self, tool: &str) -> bool;
 
-    /// Prices a new operation (only new calls are priced).
+    /// Prices a new operation. Every delivery the reply cache did not answer is priced, a
+    /// redelivery of a recorded call too (its insert then answers the recorded row, whose
+    /// price stands), so a quote has no side effect; a failed quote answers a recorded call
+    /// from its record.
     fn quote(
         &self,
         tool: &str,
@@ -427,29 +434,12 @@ impl Core {
 
         let flight = self.flight(&id.platform, id.key_installation(), &id.harness_call_id);
         let guard = flight.lock().await;
-        let (platform, installation, call_id) = (
-            id.platform.clone(),
-            id.key_installation().to_string(),
-            id.harness_call_id.clone(),
-        );
-        let existing = self
-            .registry(move |r| r.find(&platform, &installation, &call_id))
-            .await;
-        let result = match existing {
-            Ok(Some(op)) => {
-                keys.push(op.key.clone());
-                self.resolve_existing(spender, op, &hash).await
-            }
-            Ok(None) => {
-                let call = Checked {
-                    args,
-                    request,
-                    hash,
-                };
-                self.start(spender, &id, tool, call, keys).await
-            }
-            Err(e) => Err(e),
+        let call = Checked {
+            args,
+            request,
+            hash,
         };
+        let result = self.deliver(spender, &id, tool, call, keys).await;
         drop(guard);
         self.forget_flight(
             &id.platform,
@@ -460,7 +450,15 @@ impl Core {
         result
     }
 
-    async fn start<S: Spender>(
+    /// A delivery the reply cache did not answer. The insert is the look-up: a new row's
+    /// `INSERT ... ON CONFLICT DO NOTHING` ([`Core::start`]) answers whether the call is new,
+    /// and a call recorded already is answered from the row it conflicted with. The registry is
+    /// looked up before it only where skipping that would cost or change something:
+    /// - with a preallocated key pool, first: a key must never be claimed for a redelivery;
+    /// - when the quote fails: a recorded call gets its recorded outcome even when it could no
+    ///   longer be quoted today (a model or price removed since, its backend's state broken),
+    ///   and a call not recorded gets the quote's error.
+    async fn deliver<S: Spender>(
         &self,
         spender: &S,
         id: &Identity,
@@ -468,12 +466,49 @@ impl Core {
         call: Checked<S::Request>,
         keys: &mut Vec<OperationKey>,
     ) -> Result<Reply, ToolError> {
+        let looked_up = self.pool.is_some();
+        let first = if looked_up {
+            self.recorded(id).await?
+        } else {
+            None
+        };
+        let op = match first {
+            Some(op) => op,
+            None => match spender.quote(tool, &call.request).await {
+                Ok(quote) => return self.start(spender, id, tool, call, quote, keys).await,
+                Err(refused) if looked_up => return Err(refused),
+                Err(refused) => self.recorded(id).await?.ok_or(refused)?,
+            },
+        };
+        keys.push(op.key.clone());
+        self.resolve_existing(spender, op, &call.hash).await
+    }
+
+    /// The operation recorded for `id`'s call, read by a statement of its own.
+    async fn recorded(&self, id: &Identity) -> Result<Option<Operation>, ToolError> {
+        let (platform, installation, call_id) = (
+            id.platform.clone(),
+            id.key_installation().to_string(),
+            id.harness_call_id.clone(),
+        );
+        self.registry(move |r| r.find(&platform, &installation, &call_id))
+            .await
+    }
+
+    async fn start<S: Spender>(
+        &self,
+        spender: &S,
+        id: &Identity,
+        tool: &str,
+        call: Checked<S::Request>,
+        quote: Quote,
+        keys: &mut Vec<OperationKey>,
+    ) -> Result<Reply, ToolError> {
         let Checked {
             args,
             request,
             hash,
         } = call;
-        let quote = spender.quote(tool, &request).await?;
         let handle = PublicHandle::generate(&self.opts.handle_prefix);
         let key = match &self.pool {
             None => OperationKey::generate(&self.opts.key_prefix, &id.platform),
@@ -536,7 +571,8 @@ impl Core {
             }
         };
         if !created {
-            // Another process recorded this call between our lookup and our insert.
+            // The call was recorded already: a redelivery the reply cache did not answer, or
+            // another delivery's row (another process's) committed first.
             keys.push(op.key.clone());
             return self.resolve_existing(spender, op, &hash).await;
         }

@@ -170,6 +170,29 @@ async fn a_corrupt_backend_state_file_fails_closed_with_its_own_code() {
     );
 }
 
+/// A recorded call is answered from its record even when it could no longer be quoted today:
+/// a restarted router (its reply cache empty) whose backend state is broken answers the
+/// completed call's redelivery with its recorded result, and only a new call with the error.
+#[tokio::test]
+async fn a_redelivery_that_can_no_longer_be_quoted_gets_its_recorded_result() {
+    let w = World::new(None).await;
+    let r = w.router(&[], &[]).await;
+    let first = r.spend(fox(), codex("quoted-1")).await;
+    let receipt = completed(&first).clone();
+    r.stop().await;
+    let auth = w.registry().with_file_name("authorization.sqlite3");
+    std::fs::write(&auth, b"not a database at all\n".repeat(200)).unwrap();
+    std::fs::set_permissions(&auth, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let r = w.router(&[], &[]).await;
+    let again = r.spend(fox(), codex("quoted-1")).await;
+    assert_eq!(completed(&again), &receipt, "{}", again.raw);
+    assert!(replayed(&again));
+    let new = r.spend(fox(), codex("quoted-2")).await;
+    assert_eq!(code(&new), "backend_state_corrupt", "{}", new.raw);
+    assert_eq!(w.charges(), 1);
+    r.stop().await;
+}
+
 /// A provider that ignores `max_amount_cents` and charges 500 cents per image; it records the
 /// maximum each request carried.
 async fn overcharging_provider() -> (String, Arc<std::sync::Mutex<Vec<Value>>>) {

@@ -495,3 +495,64 @@ async fn a_budget_holds_across_replicas_under_concurrent_spends() {
         r.stop().await;
     }
 }
+
+/// Round trips to the server, counted at a relay in front of it (the bench's): a new
+/// operation's, and a redelivery's that misses the reply cache (a replica that restarted, or
+/// never answered the call), which the new row's insert answers with the recorded row. The
+/// median of each call's count: a session idle for 100 ms, which a loaded machine leaves now and
+/// then, is checked with a round trip of its own before it is used.
+#[cfg(feature = "bench")]
+#[tokio::test]
+async fn round_trips_of_a_new_operation_and_of_a_redelivery_missing_the_reply_cache() {
+    use callid::testing::relay::Relay;
+    const CALLS: usize = 20;
+    let Some(w) = World::new("round_trips_of_a_new_operation_and_of_a_redelivery").await else {
+        return;
+    };
+    let server = w.pg.server_url();
+    let server = server.rsplit('@').next().unwrap().parse().unwrap();
+    let relay = Relay::start(server).unwrap();
+    let url = format!("postgres://callid@{}/callid", relay.addr());
+    let envs = [("CALLID_REGISTRY", url.as_str())];
+    let median = |mut counts: Vec<u64>| {
+        counts.sort_unstable();
+        (counts[counts.len() / 2], counts)
+    };
+    // Warmed up first: connections made, the statements of both writers prepared.
+    let a = w.replica("a", &envs).await;
+    for warm in ["warm-1", "warm-2", "warm-3"] {
+        completed(&spend(&a, warm).await);
+    }
+    let (mut recorded, mut counts) = (vec![], vec![]);
+    for i in 0..CALLS {
+        let before = relay.counts();
+        recorded.push(completed(&spend(&a, &format!("rt-{i}")).await).clone());
+        counts.push(relay.counts().since(before).round_trips);
+    }
+    let new_operation = median(counts);
+    a.stop().await;
+    let b = w.replica("b", &envs).await;
+    for warm in ["warm-1", "warm-2", "warm-3"] {
+        assert!(replayed(&spend(&b, warm).await));
+    }
+    let mut counts = vec![];
+    for (i, first) in recorded.iter().enumerate() {
+        let before = relay.counts();
+        let again = spend(&b, &format!("rt-{i}")).await;
+        counts.push(relay.counts().since(before).round_trips);
+        assert_eq!(completed(&again), first);
+        assert!(replayed(&again));
+    }
+    let redelivery = median(counts);
+    b.stop().await;
+    assert_eq!(w.charges(), CALLS as u64 + 3);
+    // 4: `BEGIN` with the insert and the layers' rows, `COMMIT`; the same for the result.
+    assert_eq!(
+        new_operation.0, 4,
+        "per new operation: {:?}",
+        new_operation.1
+    );
+    // 2: `BEGIN` with the insert, which answers the recorded row, and the layers' rows; then
+    // `ROLLBACK` of those rows. Nothing is written again.
+    assert_eq!(redelivery.0, 2, "per redelivery: {:?}", redelivery.1);
+}

@@ -734,6 +734,14 @@ async fn preallocated_mode_claims_keys_and_admits_only_codex_for_new_operations(
     );
     assert_eq!(w.charges(), 2);
     r.stop().await;
+    // Restarted (its reply cache empty), the router answers a redelivery from the registry and
+    // claims no key for it: the pool is empty, so a claim would fail.
+    let r = w.router(&["--preallocated-keys", &keys_s]).await;
+    let again = r.spend(fox(), codex("pre-1")).await;
+    assert_eq!(completed(&again), completed(&first));
+    assert!(replayed(&again));
+    assert_eq!(w.charges(), 2);
+    r.stop().await;
 }
 
 #[tokio::test]

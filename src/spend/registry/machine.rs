@@ -118,6 +118,17 @@ pub(super) struct Claimed {
     pub(super) orphaned_ms: Option<i64>,
 }
 
+/// What an insert-if-absent did ([`StoreTx::insert`]).
+#[derive(Debug)]
+pub(super) enum Inserted {
+    /// This statement created the row.
+    Created,
+    /// The call identity has a row already: the one the statement read beside its insert when
+    /// it could see it (committed before the statement began), else `None`, and a fresh
+    /// statement reads it.
+    Recorded(Option<Box<Operation>>),
+}
+
 /// The statements a step of the machine runs inside one transaction of a backend (or, for a
 /// write that needs none, each in its own implicit transaction: see
 /// [`RegistryStore::transact`]).
@@ -136,15 +147,16 @@ pub(super) trait StoreTx {
     fn committed_cents(&mut self) -> Result<i64, RegistryError>;
     /// Inserts the row of `new` with `status` and `approval` unless its call identity has one
     /// (never check-then-insert); with `lease` (owner, time to live) it is leased to be
-    /// dispatched next, its first lease generation and dispatch mark written with it. `true`
-    /// when this statement created the row.
+    /// dispatched next, its first lease generation and dispatch mark written with it. The
+    /// insert is the look-up: it answers whether it created the row, and may answer the row it
+    /// conflicted with.
     fn insert(
         &mut self,
         new: &NewOperation,
         status: Status,
         approval: Approval,
         lease: Option<(&str, Duration)>,
-    ) -> Result<bool, RegistryError>;
+    ) -> Result<Inserted, RegistryError>;
     /// Runs `step`; `true` when it matched its row.
     fn apply(&mut self, step: &Step<'_>) -> Result<bool, RegistryError>;
     /// [`StoreTx::insert`], then `then` in the same transaction: `then`'s answer, when it ran.
@@ -159,14 +171,14 @@ pub(super) trait StoreTx {
         approval: Approval,
         lease: Option<(&str, Duration)>,
         then: impl FnOnce(&mut Self) -> Result<R, RegistryError>,
-    ) -> Result<(bool, Option<R>), RegistryError>
+    ) -> Result<(Inserted, Option<R>), RegistryError>
     where
         Self: Sized,
     {
-        if !self.insert(new, status, approval, lease)? {
-            return Ok((false, None));
+        match self.insert(new, status, approval, lease)? {
+            Inserted::Created => Ok((Inserted::Created, Some(then(self)?))),
+            recorded => Ok((recorded, None)),
         }
-        Ok((true, Some(then(self)?)))
     }
     /// [`StoreTx::apply`], then `then` in the same transaction, as [`StoreTx::insert_then`]:
     /// `then` may run (and write) when `step` did not match its row.
@@ -238,8 +250,8 @@ pub(super) enum Staging {
     Savepoint,
     /// Bare in the transaction, which holds nothing else (a lone write), and sent with the row
     /// ([`StoreTx::insert_then`]): the caller rolls the whole transaction back when the stage
-    /// failed, or ran for a row another writer had recorded, and writes the row again without
-    /// it ([`insert_lone`]), which spares PostgreSQL the savepoint's two round trips and the
+    /// failed (and writes the row again without it) or ran for a call recorded already (and
+    /// answers that row) ([`insert_lone`]), which spares PostgreSQL the savepoint's two round trips and the
     /// stage's own on the path every new operation takes.
     Bare,
 }
@@ -278,19 +290,24 @@ pub(super) fn insert_in<X: StoreTx, T>(
         Some((stage, Staging::Bare)) => (None, Some(stage)),
         stage => (stage, None),
     };
-    let (created, mut staged) = match bare {
+    let (inserted, mut staged) = match bare {
         Some(stage) => tx.insert_then(new, status, approval, lease, |tx| tx.layer(stage))?,
         None => (tx.insert(new, status, approval, lease)?, None),
     };
-    if !created {
-        // Another writer's row won the call identity: a fresh statement reads it.
-        return match tx.find(CallKey::of(new))? {
+    if let Inserted::Recorded(seen) = inserted {
+        // The call was recorded already (a redelivery, or another writer's row first): the
+        // insert's answer, or a fresh statement when the insert could not see that row.
+        let recorded = match seen {
+            Some(op) => Some(*op),
+            None => tx.find(CallKey::of(new))?,
+        };
+        return match recorded {
             // A stage that ran anyway wrote for a row that is not this write's: its error makes
             // the caller roll it back ([`Staging::Bare`]).
             Some(op) if staged.is_some() => Ok((
                 Insert::Stored(Box::new(op), false),
                 false,
-                Some(Err("another writer recorded this call first".into())),
+                Some(Err("this call was recorded already".into())),
             )),
             Some(op) => existing(op),
             None => Err(RegistryError::Corrupt {
@@ -317,9 +334,10 @@ pub(super) fn insert_in<X: StoreTx, T>(
 }
 
 /// A new operation's write as the only write of its transaction: one transaction with its stage
-/// run bare ([`Staging::Bare`]); when the stage failed, that transaction is rolled back and the
-/// row and its lease are written again alone, and the stage's error is answered beside them, as
-/// a savepoint would have left it.
+/// run bare ([`Staging::Bare`]). When the call was recorded already, that transaction is rolled
+/// back and the recorded row is answered. When the stage failed, it is rolled back and the row
+/// and its lease are written again alone, and the stage's error is answered beside them, as a
+/// savepoint would have left it.
 pub(super) fn insert_lone<S: RegistryStore, T>(
     store: &mut S,
     new: &NewOperation,
@@ -334,8 +352,16 @@ pub(super) fn insert_lone<S: RegistryStore, T>(
         });
     };
     let mut refused = None;
+    let mut recorded = None;
     let done = store.transact(doing, true, |tx| {
         match insert_in(tx, new, budget_cents, lease, Some((stage, Staging::Bare)))? {
+            (Insert::Stored(op, false), _, Some(Err(e))) => {
+                // The call was recorded already (a redelivery, or another writer first): what
+                // the stage wrote beside the conflicting insert is rolled back, and the row the
+                // insert conflicted with is the answer, so nothing is written again.
+                recorded = Some(op);
+                Err(RegistryError::layer(tx.location(), &e))
+            }
             (_, _, Some(Err(e))) => {
                 let rollback = RegistryError::layer(tx.location(), &e);
                 refused = Some(e);
@@ -344,6 +370,9 @@ pub(super) fn insert_lone<S: RegistryStore, T>(
             done => Ok(done),
         }
     });
+    if let Some(op) = recorded {
+        return Ok((Insert::Stored(op, false), false, None));
+    }
     let Some(refused) = refused else {
         return done;
     };

@@ -16,7 +16,9 @@
 //! The registry maps each trusted call identity
 //! to its private operation key, its public handle, the hash of what it asked for, and, once the
 //! backend answered, its recorded result. The router consults it before any money moves: a call
-//! it has seen is answered from here, never dispatched twice.
+//! it has seen is answered from here, never dispatched twice. The consultation is the new row's
+//! insert ([`Write::Insert`]): it either records the call or answers the row the call has
+//! already (a redelivery), so a new operation makes no look-up of its own.
 //!
 //! A row's key is the platform, this router's installation id, the *source installation* (the
 //! envelope's `installation_id`, empty for the built-in sources) and the harness call id: two
@@ -69,8 +71,9 @@
 //!   `outcome_unknown` (or `in_doubt`, at most once), so no two replicas ever wait on one
 //!   operation's dispatch at once.
 //!
-//! - PostgreSQL, across replicas: a new operation is `INSERT ... ON CONFLICT DO NOTHING`, then a
-//!   fresh `SELECT` of the winner's row (never check-then-insert); a new row takes its lease in
+//! - PostgreSQL, across replicas: a new operation is `INSERT ... ON CONFLICT DO NOTHING`, whose
+//!   answer carries the row the call had when it began, or a fresh `SELECT` of the winner's row
+//!   when that row committed meanwhile (never check-then-insert); a new row takes its lease in
 //!   that insert, an existing one in one conditional `UPDATE`, both on the server's clock
 //!   (`clock_timestamp()`, no clock skew between machines); each write is its own transaction, run
 //!   by one of a replica's writer threads, each on a connection of its own (a write with nothing

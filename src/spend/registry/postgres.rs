@@ -21,13 +21,15 @@
 //! beside it ([`StoreTx::insert_then`], [`StoreTx::apply_then`]); the machine rolls back what
 //! that step wrote when the row was not created (the result was fenced). `COMMIT` waits for the
 //! answers, so the rule in Rust decides it. Round trips of a new operation, counted at the
-//! socket (`callid bench --only postgres_new_operation`): the lookup 1, the row 1 (its insert
-//! with its lease) and the result 1 when nothing commits beside them; with the built-in
-//! router's layers (one statement each way when no budget is checked), the row 2 (`BEGIN`,
-//! insert and the layers' rows in one flight, then `COMMIT`) and the result 2 (`BEGIN`, record
-//! and the layers' receipt and charge, then `COMMIT`): 5 in all.
+//! socket (`callid bench --only postgres_new_operation`): the row 1 (its insert with its lease,
+//! which is the look-up too: [`INSERT`]) and the result 1 when nothing commits beside them;
+//! with the built-in router's layers (one statement each way when no budget is checked), the
+//! row 2 (`BEGIN`, insert and the layers' rows in one flight, then `COMMIT`) and the result 2
+//! (`BEGIN`, record and the layers' receipt and charge, then `COMMIT`): 4 in all. A redelivery
+//! the reply cache did not answer: 1 (the insert answers the recorded row), 2 with the layers
+//! (their rows rolled back); counted by `tests/it/replicas.rs`.
 
-use super::machine::{CallKey, Claimed, RegistryStore, Step, StoreTx};
+use super::machine::{CallKey, Claimed, Inserted, RegistryStore, Step, StoreTx};
 use super::{
     Approval, InTransaction, NewOperation, Operation, RawRow, RegistryError, Status, now_ms,
 };
@@ -142,12 +144,19 @@ macro_rules! holder_alive {
 }
 
 /// The columns of a row, as [`row_to_raw`] reads them.
-macro_rules! columns {
+macro_rules! column_list {
     () => {
-        "SELECT platform, harness_call_id, handle, operation_key, tool, request_hash,
+        r"platform, harness_call_id, handle, operation_key, tool, request_hash,
             arguments, amount_cents, status, approval, result, error_code, error_message,
             source_installation, charged_cents, at_most_once, dispatched_ms, resolution,
-            resolved_by, resolved_ms FROM callid_operations "
+            resolved_by, resolved_ms"
+    };
+}
+
+/// `column_list!` of `callid_operations`.
+macro_rules! columns {
+    () => {
+        concat!("SELECT ", column_list!(), " FROM callid_operations ")
     };
 }
 
@@ -163,7 +172,15 @@ const FIND_BY_HANDLE: &str = concat!(columns!(), "WHERE handle = $1 AND installa
 /// exist has no lease to take over, so the insert takes it ([`CLAIM`]'s round trip saved).
 /// A row leased now is dispatched next: its dispatch mark (`dispatch_generation`; and
 /// `dispatched_ms` for an at-most-once row, `$17`) commits with it.
-const INSERT: &str = "INSERT INTO callid_operations (platform, installation_id, harness_call_id,
+///
+/// The insert is the look-up: it answers one row, the columns of the row its call identity had
+/// when the statement began ([`row_to_raw`]; all null when there was none, and when the row it
+/// conflicted with was committed after that, which a fresh statement then reads), and last
+/// ([`CREATED`]) whether it created the row. So a redelivery that misses the reply cache costs
+/// no round trip of its own.
+const INSERT: &str = concat!(
+    r"WITH inserted AS (
+    INSERT INTO callid_operations (platform, installation_id, harness_call_id,
         handle, operation_key, tool, request_hash, arguments, amount_cents, status, approval,
         created_ms, updated_ms, source_installation, lease_owner, lease_lock, lease_expires,
         at_most_once, lease_generation, dispatch_generation, dispatched_ms)
@@ -175,7 +192,17 @@ const INSERT: &str = "INSERT INTO callid_operations (platform, installation_id, 
         CASE WHEN $14::text IS NOT NULL THEN 1 END,
         CASE WHEN $14::text IS NOT NULL AND $17 THEN $12::bigint END)
     ON CONFLICT (platform, installation_id, source_installation, harness_call_id) DO NOTHING
-    RETURNING 1";
+    RETURNING 1)
+    SELECT ",
+    column_list!(),
+    r", EXISTS (SELECT 1 FROM inserted)
+    FROM (SELECT 1) AS one LEFT JOIN callid_operations
+        ON platform = $1 AND installation_id = $2 AND harness_call_id = $3
+        AND source_installation = $13"
+);
+
+/// The column of [`INSERT`]'s answer that says whether it created the row.
+const CREATED: usize = 20;
 
 /// One conditional UPDATE, on the server's clock, of the takeover rule of [`super`]
 /// (`## Concurrency`): the lease is free, already ours, or expired; or the row carries no
@@ -670,19 +697,37 @@ async fn flight<'f, T>(
 /// statements are sent ([`PgTx::insert_then`], [`PgTx::apply_then`]).
 type Params = Vec<Box<dyn ToSql + Sync + Send>>;
 
-/// Whether a prepared statement matched its row: it answered a row (`rows`) or changed one.
-async fn matched(
+/// What a statement sent ahead ([`PgTx::sent_then`]) answered.
+enum Answer {
+    /// Its row, if any (a statement that answers rows).
+    Row(Option<postgres::Row>),
+    /// How many rows it changed.
+    Changed(u64),
+}
+
+impl Answer {
+    /// Whether the statement matched its row: it answered a row or changed one.
+    fn matched(&self) -> bool {
+        match self {
+            Answer::Row(row) => row.is_some(),
+            Answer::Changed(n) => *n == 1,
+        }
+    }
+}
+
+/// What a prepared statement answered: its row (`rows`), or how many rows it changed.
+async fn answer(
     client: &tokio_postgres::Client,
     statement: Statement,
     params: Params,
     rows: bool,
-) -> Result<bool, postgres::Error> {
+) -> Result<Answer, postgres::Error> {
     let refs: Vec<&(dyn ToSql + Sync)> =
         params.iter().map(|p| &**p as &(dyn ToSql + Sync)).collect();
     if rows {
-        Ok(client.query_opt(&statement, &refs).await?.is_some())
+        Ok(Answer::Row(client.query_opt(&statement, &refs).await?))
     } else {
-        Ok(client.execute(&statement, &refs).await? == 1)
+        Ok(Answer::Changed(client.execute(&statement, &refs).await?))
     }
 }
 
@@ -734,16 +779,15 @@ impl<'t> PgTx<'t> {
     }
 
     /// Sends `sql` with `params` (and a due `BEGIN`), runs `then` while its answer is on its
-    /// way, so that `then`'s first statement leaves in the same flight, and answers whether
-    /// `sql` matched its row (an error of `sql` first: it explains `then`'s) with `then`'s
-    /// answer.
-    fn matched_then<R>(
+    /// way, so that `then`'s first statement leaves in the same flight, and answers what `sql`
+    /// answered (an error of `sql` first: it explains `then`'s) with `then`'s answer.
+    fn sent_then<R>(
         &mut self,
         sql: &'static str,
         params: Params,
         rows: bool,
         then: impl FnOnce(&mut Self) -> Result<R, RegistryError>,
-    ) -> Result<(bool, Option<R>), RegistryError> {
+    ) -> Result<(Answer, Option<R>), RegistryError> {
         let session = self.session;
         let statement = self
             .prepared
@@ -754,16 +798,40 @@ impl<'t> PgTx<'t> {
         let mut pending = pin!(flight(
             session.client(),
             begin,
-            matched(session.client(), statement, params, rows)
+            answer(session.client(), statement, params, rows)
         ));
         let sent = session.send(pending.as_mut());
         let then = then(self);
-        let matched = match sent {
+        let answered = match sent {
             Some(answer) => answer,
             None => session.block_on(pending),
         }
         .map_err(pg_error(self.url, self.doing))?;
-        Ok((matched, Some(then?)))
+        Ok((answered, Some(then?)))
+    }
+
+    /// What [`INSERT`]'s answer says.
+    fn inserted(&self, answer: Answer) -> Result<Inserted, RegistryError> {
+        let Answer::Row(Some(row)) = answer else {
+            return Err(RegistryError::Corrupt {
+                path: self.location(),
+                detail: "recording a new operation answered no row".into(),
+            });
+        };
+        let read = |row: &postgres::Row| -> Result<_, postgres::Error> {
+            if row.try_get(CREATED)? {
+                return Ok(None);
+            }
+            let seen: Option<String> = row.try_get(0)?;
+            seen.map(|_| row_to_raw(row)).transpose().map(Some)
+        };
+        match read(&row).map_err(pg_error(self.url, self.doing))? {
+            None => Ok(Inserted::Created),
+            Some(None) => Ok(Inserted::Recorded(None)),
+            Some(Some(raw)) => Ok(Inserted::Recorded(Some(Box::new(
+                raw.into_operation(&self.location())?,
+            )))),
+        }
     }
 
     /// The parameters of [`INSERT`].
@@ -1081,10 +1149,10 @@ impl StoreTx for PgTx<'_> {
         status: Status,
         approval: Approval,
         lease: Option<(&str, Duration)>,
-    ) -> Result<bool, RegistryError> {
+    ) -> Result<Inserted, RegistryError> {
         let params = self.insert_params(new, status, approval, lease);
-        self.matched_then(INSERT, params, true, |_| Ok(()))
-            .map(|(created, _)| created)
+        let (answer, _) = self.sent_then(INSERT, params, true, |_| Ok(()))?;
+        self.inserted(answer)
     }
 
     /// [`INSERT`] sent, and `then` run while its answer is on its way: one flight.
@@ -1095,15 +1163,16 @@ impl StoreTx for PgTx<'_> {
         approval: Approval,
         lease: Option<(&str, Duration)>,
         then: impl FnOnce(&mut Self) -> Result<R, RegistryError>,
-    ) -> Result<(bool, Option<R>), RegistryError> {
+    ) -> Result<(Inserted, Option<R>), RegistryError> {
         let params = self.insert_params(new, status, approval, lease);
-        self.matched_then(INSERT, params, true, then)
+        let (answer, then) = self.sent_then(INSERT, params, true, then)?;
+        Ok((self.inserted(answer)?, then))
     }
 
     fn apply(&mut self, step: &Step<'_>) -> Result<bool, RegistryError> {
         let (sql, params) = self.step_request(step);
-        self.matched_then(sql, params, false, |_| Ok(()))
-            .map(|(matched, _)| matched)
+        self.sent_then(sql, params, false, |_| Ok(()))
+            .map(|(answer, _)| answer.matched())
     }
 
     /// `step` sent, and `then` run while its answer is on its way: one flight.
@@ -1113,7 +1182,8 @@ impl StoreTx for PgTx<'_> {
         then: impl FnOnce(&mut Self) -> Result<R, RegistryError>,
     ) -> Result<(bool, Option<R>), RegistryError> {
         let (sql, params) = self.step_request(step);
-        self.matched_then(sql, params, false, then)
+        self.sent_then(sql, params, false, then)
+            .map(|(answer, then)| (answer.matched(), then))
     }
 
     fn layer<T>(

@@ -3,7 +3,7 @@
 //! statements of the storage primitives ([`RegistryStore`], [`StoreTx`]); the rules that use
 //! them are [`super::machine`]'s.
 
-use super::machine::{CallKey, Claimed, RegistryStore, Step, StoreTx};
+use super::machine::{CallKey, Claimed, Inserted, RegistryStore, Step, StoreTx};
 use super::{
     Approval, InTransaction, NewOperation, Operation, RawRow, RegistryError, Status, now_ms,
     owner_alive,
@@ -321,7 +321,7 @@ impl StoreTx for SqliteTx<'_> {
         status: Status,
         approval: Approval,
         lease: Option<(&str, Duration)>,
-    ) -> Result<bool, RegistryError> {
+    ) -> Result<Inserted, RegistryError> {
         let now = now_ms();
         let (lease_owner, lease_expires) = match lease {
             Some((owner, ttl)) => (Some(owner), Some(now + ttl.as_millis() as i64)),
@@ -365,7 +365,12 @@ impl StoreTx for SqliteTx<'_> {
                     dispatched,
                 ],
             )
-            .map(|n| n == 1)
+            // The conflicting row is read by a fresh statement of the machine (no round trip to
+            // save here).
+            .map(|n| match n {
+                1 => Inserted::Created,
+                _ => Inserted::Recorded(None),
+            })
             .map_err(sqlite(self.path, "recording a new operation"))
     }
 
