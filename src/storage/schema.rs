@@ -50,37 +50,44 @@ pub static KEY_POOL: StoreSpec = StoreSpec {
     ],
 };
 
+/// The columns of the ledger's `charges` after its key, as both of its shapes declare them.
+macro_rules! charges_after_key {
+    () => {
+        r"        charge_id TEXT NOT NULL UNIQUE,
+        idempotency_key TEXT NOT NULL UNIQUE,
+        request_fingerprint TEXT NOT NULL,
+        amount_cents INTEGER NOT NULL CHECK (amount_cents >= 0),
+        model TEXT NOT NULL,
+        response TEXT NOT NULL,
+        created_at TEXT NOT NULL
+    ) STRICT;"
+    };
+}
+
 /// What the in-process provider's ledger is (`"CLPL"`): one charge per idempotency key.
 pub static LEDGER: StoreSpec = StoreSpec {
     kind: "provider ledger",
     application_id: 0x434c_504c,
     migrations: &[
-        "CREATE TABLE charges (
+        concat!(
+            r"CREATE TABLE charges (
         seq INTEGER PRIMARY KEY AUTOINCREMENT,
-        charge_id TEXT NOT NULL UNIQUE,
-        idempotency_key TEXT NOT NULL UNIQUE,
-        request_fingerprint TEXT NOT NULL,
-        amount_cents INTEGER NOT NULL CHECK (amount_cents >= 0),
-        model TEXT NOT NULL,
-        response TEXT NOT NULL,
-        created_at TEXT NOT NULL
-    ) STRICT;",
+",
+            charges_after_key!()
+        ),
         // 2: `charges` without AUTOINCREMENT, its rows carried over: each charge wrote the
         // `sqlite_sequence` page too (4 pages per commit, now 3). Rows are never deleted, so a new
         // `seq` is still one above the largest, as AUTOINCREMENT gave it.
-        r"CREATE TABLE charges_v2 (
+        concat!(
+            r"CREATE TABLE charges_v2 (
         seq INTEGER PRIMARY KEY,
-        charge_id TEXT NOT NULL UNIQUE,
-        idempotency_key TEXT NOT NULL UNIQUE,
-        request_fingerprint TEXT NOT NULL,
-        amount_cents INTEGER NOT NULL CHECK (amount_cents >= 0),
-        model TEXT NOT NULL,
-        response TEXT NOT NULL,
-        created_at TEXT NOT NULL
-    ) STRICT;
+",
+            charges_after_key!(),
+            r"
     INSERT INTO charges_v2 SELECT * FROM charges;
     DROP TABLE charges;
-    ALTER TABLE charges_v2 RENAME TO charges;",
+    ALTER TABLE charges_v2 RENAME TO charges;"
+        ),
     ],
 };
 
