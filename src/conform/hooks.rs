@@ -6,6 +6,12 @@
 //! with SIGKILL when its request reaches the provider (nothing charged, answered 503 to a dead
 //! socket) or right after the charge is committed and before the reply is sent.
 //!
+//! A hold lasts either a fixed time ([`RunnerHooks::hold_next`]: a slow backend) or until an
+//! event ends it ([`RunnerHooks::hold_until_released`]): a second dispatch of the held
+//! operation arrives, or the runner releases it, with a ceiling; a hold that reached its ceiling
+//! says so ([`RunnerHooks::hold_ceiling_reached`]), so that a check can tell "nothing overlapped"
+//! from "the overlap was never observed".
+//!
 //! The hooks also log every request the backend received, as a [`Dispatch`] (its operation, its
 //! start and its end), so a check can count dispatches apart from charges and see two
 //! dispatches of one operation in flight at once; and with [`RunnerHooks::ignore_keys`] the
@@ -13,18 +19,41 @@
 
 use super::scenario::KillTrigger;
 use crate::provider::{HookAction, ImageRequest, NO_KEY, ProviderHooks};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tokio::sync::{Notify, watch};
 
 /// What the hooks do next; reset for every scenario.
 #[derive(Debug, Default)]
 struct Plan {
     kill: Option<(KillTrigger, u32)>,
-    hold_first: Option<Duration>,
+    hold_first: Option<Hold>,
+    release: Option<Release>,
     fail_next: Option<u16>,
     killed: bool,
     keys_seen: Vec<String>,
     ignore_keys: bool,
+}
+
+/// How long the next request is held before charging.
+#[derive(Debug, Clone, Copy)]
+enum Hold {
+    /// This long.
+    For(Duration),
+    /// Until released ([`Release`]), at most this long.
+    UntilReleased(Duration),
+}
+
+/// The event that ends a [`Hold::UntilReleased`].
+#[derive(Debug)]
+struct Release {
+    /// Turns true when the hold may end.
+    released: watch::Sender<bool>,
+    /// The operation of the first dispatch since the hold was armed: the held one.
+    operation: Option<String>,
+    /// Set when the hold ended at its ceiling, unreleased.
+    ceiling_reached: Arc<AtomicBool>,
 }
 
 /// One request the backend received for the paid tool: a dispatch.
@@ -66,6 +95,8 @@ impl Drop for DispatchEnd {
 pub struct RunnerHooks {
     plan: Mutex<Plan>,
     dispatches: Arc<Mutex<DispatchLog>>,
+    /// Woken at every dispatch.
+    dispatched: Notify,
 }
 
 impl RunnerHooks {
@@ -100,14 +131,44 @@ impl RunnerHooks {
         log.entries.push((
             id,
             Dispatch {
-                operation,
+                operation: operation.clone(),
                 start: Instant::now(),
                 end: None,
             },
         ));
+        drop(log);
+        if let Some(release) = &mut self.plan.lock().expect("plan lock").release {
+            match &release.operation {
+                None => release.operation = Some(operation),
+                Some(held) if *held == operation => {
+                    release.released.send_replace(true);
+                }
+                Some(_) => {}
+            }
+        }
+        self.dispatched.notify_waiters();
         DispatchEnd {
             log: self.dispatches.clone(),
             id,
+        }
+    }
+
+    /// Waits until the backend has received at least one dispatch since the last reset.
+    pub async fn dispatch_seen(&self) {
+        loop {
+            let notified = self.dispatched.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if !self
+                .dispatches
+                .lock()
+                .expect("dispatch log lock")
+                .entries
+                .is_empty()
+            {
+                return;
+            }
+            notified.await;
         }
     }
 
@@ -138,7 +199,37 @@ impl RunnerHooks {
 
     /// Holds the next request before charging for `hold`.
     pub fn hold_next(&self, hold: Duration) {
-        self.plan.lock().expect("plan lock").hold_first = Some(hold);
+        self.plan.lock().expect("plan lock").hold_first = Some(Hold::For(hold));
+    }
+
+    /// Holds the next request before charging until [`RunnerHooks::release`] is called or a
+    /// second dispatch of its operation arrives, at most `ceiling`.
+    pub fn hold_until_released(&self, ceiling: Duration) {
+        let mut plan = self.plan.lock().expect("plan lock");
+        plan.hold_first = Some(Hold::UntilReleased(ceiling));
+        plan.release = Some(Release {
+            released: watch::Sender::new(false),
+            operation: None,
+            ceiling_reached: Arc::new(AtomicBool::new(false)),
+        });
+    }
+
+    /// Ends the hold of [`RunnerHooks::hold_until_released`] (now, or at once when it starts).
+    pub fn release(&self) {
+        if let Some(release) = &self.plan.lock().expect("plan lock").release {
+            release.released.send_replace(true);
+        }
+    }
+
+    /// Whether the hold of [`RunnerHooks::hold_until_released`] ended at its ceiling,
+    /// unreleased.
+    pub fn hold_ceiling_reached(&self) -> bool {
+        self.plan
+            .lock()
+            .expect("plan lock")
+            .release
+            .as_ref()
+            .is_some_and(|r| r.ceiling_reached.load(Ordering::SeqCst))
     }
 
     /// Answers the next request with HTTP `status` without charging (a provider outage).
@@ -201,7 +292,21 @@ impl ProviderHooks for RunnerHooks {
         let (hold, fail) = {
             let mut plan = self.plan.lock().expect("plan lock");
             plan.keys_seen.push(key.to_string());
-            (plan.hold_first.take(), plan.fail_next.take())
+            let hold = match plan.hold_first.take() {
+                Some(Hold::For(d)) => Some(HookAction::Hold(d)),
+                Some(Hold::UntilReleased(ceiling)) => plan.release.as_ref().map(|r| {
+                    let mut released = r.released.subscribe();
+                    let reached = r.ceiling_reached.clone();
+                    HookAction::HoldUntil(Box::pin(async move {
+                        let wait = released.wait_for(|r| *r);
+                        if tokio::time::timeout(ceiling, wait).await.is_err() {
+                            reached.store(true, Ordering::SeqCst);
+                        }
+                    }))
+                }),
+                None => None,
+            };
+            (hold, plan.fail_next.take())
         };
         if let Some(status) = fail {
             return HookAction::Fail(status);
@@ -209,10 +314,7 @@ impl ProviderHooks for RunnerHooks {
         if self.kill_if(KillTrigger::BeforeCharge) {
             return HookAction::Fail(503);
         }
-        match hold {
-            Some(d) => HookAction::Hold(d),
-            None => HookAction::Proceed,
-        }
+        hold.unwrap_or(HookAction::Proceed)
     }
 
     fn after_charge(&self, _key: &str, _replayed: bool) -> HookAction {

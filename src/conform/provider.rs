@@ -233,4 +233,44 @@ mod tests {
         assert_eq!(post(&url, Some("k1")).await, 200);
         assert_eq!(provider.charge_count().unwrap(), 4);
     }
+
+    /// A hold until released ends when a second dispatch of its operation arrives or when the
+    /// runner releases it (not on another operation's dispatch), and says when it ended at its
+    /// ceiling instead.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_hold_until_released_ends_on_its_event_or_at_its_ceiling() {
+        let provider = RunnerProvider::start("127.0.0.1:0").await.unwrap();
+        let url = provider.url();
+        let hooks = provider.hooks();
+        let held = |key: &'static str| {
+            let url = url.clone();
+            tokio::spawn(async move { post(&url, Some(key)).await })
+        };
+        let long = std::time::Duration::from_secs(60);
+
+        hooks.hold_until_released(long);
+        let first = held("k1");
+        hooks.dispatch_seen().await;
+        assert_eq!(post(&url, Some("k1")).await, 200);
+        assert_eq!(first.await.unwrap(), 200);
+        assert!(!hooks.hold_ceiling_reached());
+
+        hooks.reset();
+        hooks.hold_until_released(long);
+        let first = held("k2");
+        hooks.dispatch_seen().await;
+        assert_eq!(post(&url, Some("k3")).await, 200);
+        assert!(
+            !first.is_finished(),
+            "another operation's dispatch ended the hold"
+        );
+        hooks.release();
+        assert_eq!(first.await.unwrap(), 200);
+        assert!(!hooks.hold_ceiling_reached());
+
+        hooks.reset();
+        hooks.hold_until_released(std::time::Duration::from_millis(100));
+        assert_eq!(post(&url, Some("k4")).await, 200);
+        assert!(hooks.hold_ceiling_reached());
+    }
 }

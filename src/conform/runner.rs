@@ -28,8 +28,9 @@
 //!   false}`); never counted as passed.
 //! - `not run`: the runner cannot run it against this target (it does not start the router, cannot
 //!   count charges, the profile leaves a capability undeclared), or nothing of the rule's core
-//!   could be checked (the profile declares absent every field it reads); never counted as
-//!   passed, and the run is incomplete.
+//!   could be checked (the profile declares absent every field it reads), or a `concurrent` step
+//!   across both processes held its dispatch to the ceiling without observing the overlap it is
+//!   about (`ScenarioRun::concurrent`); never counted as passed, and the run is incomplete.
 //! - `error`: the scenario could not finish (the router died outside a planned kill, a request
 //!   timed out, an operator command failed); the run goes on with the next scenario.
 
@@ -230,6 +231,9 @@ enum StepError {
     Error(String),
     /// The target is set up wrong for this check (a wrapper survived SIGKILL): a setup error.
     Setup(String),
+    /// Nothing broke, but what the rule is about could not be observed (a hold reached its
+    /// ceiling): the check is not run, never passed.
+    NotRun(String),
 }
 
 type StepResult<T = ()> = Result<T, StepError>;
@@ -319,7 +323,7 @@ impl<'a> ScenarioRun<'a> {
                     ),
                 });
             }
-            Err(StepError::Error(e) | StepError::Setup(e)) => {
+            Err(StepError::Error(e) | StepError::Setup(e) | StepError::NotRun(e)) => {
                 Outcome::Error(format!("{START_FAILED}: {e}"))
             }
             Err(StepError::Fail(e) | StepError::Presentation(e) | StepError::Cosmetic(e)) => {
@@ -357,7 +361,8 @@ impl<'a> ScenarioRun<'a> {
                 match e {
                     StepError::Setup(m) => return Outcome::Setup(format!("{label}: {m}")),
                     StepError::Fail(m) => return Outcome::Fail(also(m)),
-                    StepError::Error(_) if presentation.is_some() => break,
+                    StepError::Error(_) | StepError::NotRun(_) if presentation.is_some() => break,
+                    StepError::NotRun(m) => return Outcome::NotRun(also(m)),
                     StepError::Error(m) => return Outcome::Error(also(m)),
                     StepError::Presentation(m) => {
                         presentation.get_or_insert(format!("{label}: {m}"));
@@ -651,25 +656,63 @@ impl<'a> ScenarioRun<'a> {
         conn.request(id, "ping", json!({})).await.is_ok()
     }
 
+    /// `count` deliveries of one call at once. With `router: both` and a hold, the first
+    /// delivery goes alone to the first process until its dispatch reaches the backend, then the
+    /// rest alternate (second process first), and the hold ends on an observed event: a second
+    /// dispatch of the operation arrived, or the second process answered every delivery it got.
+    /// `hold_ms` is then only the ceiling; reaching it means the overlap was not observed, and
+    /// the step is not run unless something broke.
     async fn concurrent(&mut self, s: &super::scenario::ConcurrentStep) -> StepResult {
         let params = self.params(&s.meta, &s.arguments, None, None);
-        if s.hold_ms > 0
-            && let Some(p) = self.provider
-        {
-            p.hooks().hold_next(Duration::from_millis(s.hold_ms));
-        }
         let conns = self.delivery_conns(s.router)?;
+        let ceiling = Duration::from_millis(s.hold_ms);
+        let observed = match self.provider {
+            Some(p) if s.hold_ms > 0 && conns.len() > 1 => {
+                p.hooks().hold_until_released(ceiling);
+                Some(p)
+            }
+            Some(p) if s.hold_ms > 0 => {
+                p.hooks().hold_next(ceiling);
+                None
+            }
+            _ => None,
+        };
+        let ids: Vec<Value> = (0..s.count).map(|_| self.id(None)).collect();
         let mut set = tokio::task::JoinSet::new();
-        for i in 0..s.count as usize {
-            let id = self.id(None);
-            let conn = conns[i % conns.len()].clone();
-            let (tool, args, meta, _) = params.clone();
-            set.spawn(async move { conn.call_tool(id, &tool, args, meta).await });
+        let spawn = |set: &mut tokio::task::JoinSet<_>, i: usize| {
+            let conn: Connection = conns[i % conns.len()].clone();
+            let (id, (tool, args, meta, _)) = (ids[i].clone(), params.clone());
+            set.spawn(async move { (i, conn.call_tool(id, &tool, args, meta).await) });
+        };
+        spawn(&mut set, 0);
+        let mut joined_early = None;
+        if let Some(p) = observed {
+            tokio::select! {
+                () = p.hooks().dispatch_seen() => {}
+                joined = set.join_next() => joined_early = joined,
+                () = tokio::time::sleep(ceiling) => {}
+            }
         }
+        for i in 1..s.count as usize {
+            spawn(&mut set, i);
+        }
+        // Deliveries to the processes the first delivery did not go to, still unanswered.
+        let mut others_left = (1..s.count as usize)
+            .filter(|i| i % conns.len() != 0)
+            .count();
         let mut responses = Vec::new();
-        while let Some(joined) = set.join_next().await {
-            let result =
+        while let Some(joined) = match joined_early.take() {
+            Some(joined) => Some(joined),
+            None => set.join_next().await,
+        } {
+            let (i, result) =
                 joined.map_err(|e| StepError::Error(format!("delivery task failed: {e}")))?;
+            if i % conns.len() != 0 {
+                others_left -= 1;
+                if let (0, Some(p)) = (others_left, observed) {
+                    p.hooks().release();
+                }
+            }
             let response = result.map_err(|e| self.transport_error(e))?;
             self.scan(&response)?;
             responses.push(response);
@@ -721,6 +764,14 @@ impl<'a> ScenarioRun<'a> {
         let mut expect = s.expect.clone();
         expect.one_operation = None;
         self.check_ledger(&expect)?;
+        if observed.is_some_and(|p| p.hooks().hold_ceiling_reached()) {
+            return Err(StepError::NotRun(format!(
+                "the {role} held the first dispatch for its ceiling of {} ms, and in that time neither did a second dispatch of the operation arrive nor did the second process answer all of its deliveries, so whether it would dispatch the operation again was not observed; a process that finds another dispatching answers `{}` at once to be judged here; one that waits for it instead cannot be",
+                s.hold_ms,
+                self.profile.error_code("operation_in_progress"),
+                role = self.role(),
+            )));
+        }
         if let Some(name) = &s.name {
             self.done.insert(
                 name.clone(),

@@ -252,7 +252,9 @@ pub struct ConcurrentStep {
     pub name: Option<String>,
     /// How many deliveries (2 to 256).
     pub count: u32,
-    /// The provider holds its reply to the first charge this long, so deliveries overlap.
+    /// The provider holds its reply to the first charge this long, so deliveries overlap. With
+    /// `router: both` it is a ceiling: the hold ends on an observed event, and reaching the
+    /// ceiling leaves the step not run (see the runner's `concurrent`).
     #[serde(default)]
     pub hold_ms: u64,
     /// The request's `_meta`.

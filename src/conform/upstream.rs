@@ -241,16 +241,10 @@ async fn call_tool(
 }
 
 async fn run_hook(action: HookAction) -> Result<(), StatusCode> {
-    match action {
-        HookAction::Proceed => Ok(()),
-        HookAction::Hold(d) => {
-            tokio::time::sleep(d).await;
-            Ok(())
-        }
-        HookAction::Fail(status) => {
-            Err(StatusCode::from_u16(status).unwrap_or(StatusCode::SERVICE_UNAVAILABLE))
-        }
-    }
+    action
+        .run()
+        .await
+        .map_err(|status| StatusCode::from_u16(status).unwrap_or(StatusCode::SERVICE_UNAVAILABLE))
 }
 
 /// The paid tool, by the charge rule of the module docs.

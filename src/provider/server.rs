@@ -19,7 +19,6 @@ use std::time::Duration;
 pub const NO_KEY: &str = "(no idempotency key)";
 
 /// What a hook tells the server to do at its point of a request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HookAction {
     /// Go on as normal.
     Proceed,
@@ -28,6 +27,37 @@ pub enum HookAction {
     Fail(u16),
     /// Wait this long, then go on.
     Hold(Duration),
+    /// Wait until this future is done (an event the hook's owner observes), then go on.
+    HoldUntil(std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>),
+}
+
+impl std::fmt::Debug for HookAction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HookAction::Proceed => f.write_str("Proceed"),
+            HookAction::Fail(status) => f.debug_tuple("Fail").field(status).finish(),
+            HookAction::Hold(d) => f.debug_tuple("Hold").field(d).finish(),
+            HookAction::HoldUntil(_) => f.write_str("HoldUntil(..)"),
+        }
+    }
+}
+
+impl HookAction {
+    /// Waits out a hold; `Err(status)` for [`HookAction::Fail`], `Ok` for every other action.
+    pub async fn run(self) -> Result<(), u16> {
+        match self {
+            HookAction::Proceed => Ok(()),
+            HookAction::Hold(duration) => {
+                tokio::time::sleep(duration).await;
+                Ok(())
+            }
+            HookAction::HoldUntil(until) => {
+                until.await;
+                Ok(())
+            }
+            HookAction::Fail(status) => Err(status),
+        }
+    }
 }
 
 /// Test hooks on `POST /v1/images`, used by the conformance runner to play a slow, failing or
@@ -232,14 +262,10 @@ fn request_from(body: &[u8]) -> Result<ImageRequest, ProviderError> {
 }
 
 async fn run_hook(action: HookAction, when: &'static str) -> Result<(), ProviderError> {
-    match action {
-        HookAction::Proceed => Ok(()),
-        HookAction::Hold(duration) => {
-            tokio::time::sleep(duration).await;
-            Ok(())
-        }
-        HookAction::Fail(status) => Err(ProviderError::Injected { status, when }),
-    }
+    action
+        .run()
+        .await
+        .map_err(|status| ProviderError::Injected { status, when })
 }
 
 async fn create_image(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {

@@ -109,6 +109,13 @@ fn each_cross_process_and_installation_check_fails_on_its_broken_router() {
             "concurrency.two-processes-one-registry",
             "steps[1] (concurrent `burst`): the provider saw 2 dispatches (2 at once), 1 charge in this scenario: 2 dispatches of one operation were in flight at once",
         ),
+        // Its second process dispatches 1 s late, after a fixed hold would have ended: the hold
+        // lasts until that dispatch arrives.
+        (
+            "slow-ignore-lease",
+            "concurrency.two-processes-one-registry",
+            "steps[1] (concurrent `burst`): the provider saw 2 dispatches (2 at once), 1 charge in this scenario: 2 dispatches of one operation were in flight at once",
+        ),
     ];
     let problems = flaws_that_did_not_fail(dir.path(), cases);
     assert!(problems.is_empty(), "{problems:#?}");
@@ -128,6 +135,34 @@ fn each_cross_process_and_installation_check_fails_on_its_broken_router() {
         assert_eq!(verdicts[id].0, "pass", "{id}: {}", verdicts[id].1);
     }
     assert_eq!(code(&output), 0, "{}", stderr(&output));
+}
+
+/// A router whose second process waits for the first one's dispatch instead of answering
+/// `operation_in_progress` breaks nothing, but the runner cannot tell it from one that has not
+/// read its deliveries yet: the hold reaches its ceiling, and the check is not run (exit 1),
+/// never passed.
+#[test]
+fn a_second_process_that_waits_out_the_hold_leaves_the_check_not_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let id = NEW_CHECKS[0];
+    let command = format!(
+        "python3 '{}' --flaw wait-for-lease",
+        crate::common::conform::router_py()
+    );
+    let output = conform_in(
+        dir.path(),
+        &["--stdio", &command, "--format", "json", "--only", id],
+        &[],
+    );
+    let (verdict, reason, _) = &verdicts(&output)[id];
+    assert_eq!(verdict, "not-run", "{reason}");
+    assert!(
+        reason.starts_with(
+            "steps[1] (concurrent `burst`): the provider held the first dispatch for its ceiling of 4000 ms, and in that time neither did a second dispatch of the operation arrive nor did the second process answer all of its deliveries"
+        ),
+        "{reason}"
+    );
+    assert_eq!(code(&output), 1, "{}", stderr(&output));
 }
 
 /// `shared_registry: false` skips the checks that need a second process; left out, they are not
