@@ -16,8 +16,9 @@
 //!    handle, and the insert either commits its row before anything is dispatched or answers
 //!    the row the call has already (`INSERT ... ON CONFLICT DO NOTHING`, never
 //!    check-then-insert). The registry is looked up before that only with a preallocated key
-//!    pool (no key is ever claimed for a redelivery) and when the price cannot be quoted (a
-//!    recorded call still gets its recorded outcome): `Core::deliver`;
+//!    pool (no key is ever claimed for a redelivery), and when the arguments fail the check of
+//!    step 3 or the price cannot be quoted (a recorded call still gets its recorded outcome, a
+//!    call not recorded the error, and nothing is written): `Core::deliver`, `Core::spend_inner`;
 //! 5. resolves a call recorded already: the same hash returns the recorded result (marked
 //!    replayed) or, with none recorded yet, continues the same operation under the same key;
 //!    another hash is refused (`request_mismatch`) before the spender; a completed operation's
@@ -184,8 +185,8 @@ pub trait Spender: Sync {
     /// The command an operator runs to approve (e.g. `callid router`).
     const OPERATOR: &'static str;
 
-    /// Checks a spend call's arguments before the registry is consulted and turns them into
-    /// the request.
+    /// Checks a spend call's arguments and turns them into the request. A call that fails it
+    /// is never recorded; one recorded already gets its recorded outcome all the same.
     fn check(&self, tool: &str, args: &Value) -> Result<Self::Request, ToolError>;
 
     /// The request of a recorded operation, rebuilt from its record (to continue it).
@@ -430,16 +431,30 @@ impl Core {
                 return Ok(Reply::Ready(hit));
             }
         }
-        let request = spender.check(tool, &args)?;
+        let checked = spender.check(tool, &args);
 
         let flight = self.flight(&id.platform, id.key_installation(), &id.harness_call_id);
         let guard = flight.lock().await;
-        let call = Checked {
-            args,
-            request,
-            hash,
+        let result = match checked {
+            Ok(request) => {
+                let call = Checked {
+                    args,
+                    request,
+                    hash,
+                };
+                self.deliver(spender, &id, tool, call, keys).await
+            }
+            // As in `deliver` when the quote fails: a call recorded while it could be checked
+            // gets its recorded outcome; one not recorded gets the check's error.
+            Err(refused) => match self.recorded(&id).await {
+                Ok(Some(op)) => {
+                    keys.push(op.key.clone());
+                    self.resolve_existing(spender, op, &hash).await
+                }
+                Ok(None) => Err(refused),
+                Err(e) => Err(e),
+            },
         };
-        let result = self.deliver(spender, &id, tool, call, keys).await;
         drop(guard);
         self.forget_flight(
             &id.platform,

@@ -494,6 +494,35 @@ async fn a_policy_prices_calls_and_enforces_its_budget() {
     g.stop().await;
 }
 
+/// A call recorded while its tool could be priced, redelivered after the policy changed so that
+/// its arguments can no longer be priced (the price moved to an argument it lacks), gets its
+/// recorded result; a new call the policy cannot price gets the policy's error, and nothing is
+/// recorded or charged.
+#[tokio::test]
+async fn a_redelivery_the_policy_can_no_longer_price_replays_its_recorded_result() {
+    let w = World::new();
+    let policy = w.policy("tools:\n  generate_image:\n    price_cents: 3\n");
+    let flags = ["--policy", policy.to_str().unwrap()];
+    let g = w.gateway(&flags, &[]).await;
+    let first = g.spend(fox(), codex("p1")).await;
+    let r1 = receipt(&first);
+    let h = handle(&first);
+    g.stop().await;
+
+    w.policy("tools:\n  generate_image:\n    price_pointer: /cents\n");
+    let g = w.gateway(&flags, &[]).await;
+    let again = g.spend(fox(), codex("p1")).await;
+    assert_eq!(receipt(&again), r1, "{}", again.raw);
+    assert!(replayed(&again));
+    assert_eq!(handle(&again), h);
+    let new = g.spend(fox(), codex("p2")).await;
+    assert_eq!(code(&new), "invalid_arguments", "{}", new.raw);
+    assert!(new.raw.contains("`/cents`"), "{}", new.raw);
+    assert_eq!(registry_handle(&w.registry(), "p2"), None);
+    assert_eq!(w.charges().len(), 1);
+    g.stop().await;
+}
+
 #[tokio::test]
 async fn a_policy_price_from_the_arguments_and_approvals() {
     let w = World::new();
