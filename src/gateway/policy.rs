@@ -192,6 +192,7 @@ mod tests {
         )
         .unwrap_err();
         assert!(both.to_string().contains("not both"), "{both}");
+        assert_eq!(both.code(), "policy_invalid");
         let ptr =
             GatewayPolicy::parse("tools:\n  x:\n    price_pointer: a\n", "p.yaml").unwrap_err();
         assert!(ptr.to_string().contains("not a JSON pointer"), "{ptr}");

@@ -34,6 +34,16 @@ pub enum PolicyError {
     },
 }
 
+impl PolicyError {
+    /// Stable machine code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            PolicyError::Read { .. } => "policy_unreadable",
+            PolicyError::Parse { .. } => "policy_invalid",
+        }
+    }
+}
+
 /// Reads the YAML policy file at `path`.
 pub fn load<T: DeserializeOwned + Default>(path: &Path) -> Result<T, PolicyError> {
     let origin = path.display().to_string();
@@ -86,12 +96,34 @@ mod tests {
             err.to_string(),
             format!("cannot read policy file `{}`", missing.display())
         );
-        assert!(matches!(err, PolicyError::Read { .. }), "{err:?}");
+        assert_eq!(err.code(), "policy_unreadable");
         let err = parse::<Limits>("budget: 3\n", "p.yaml").unwrap_err();
+        assert_eq!(err.code(), "policy_invalid");
         assert_eq!(
             err.to_string(),
             "policy file `p.yaml` is invalid at `budget`: unknown field `budget`, expected \
              `budget_cents`"
         );
+    }
+
+    /// Every variant, with its code, as a person reads it.
+    #[test]
+    fn every_policy_error_has_a_code_and_a_message() {
+        let all = [
+            PolicyError::Read {
+                path: "policy.yaml".into(),
+                source: std::io::Error::from(std::io::ErrorKind::NotFound),
+            },
+            PolicyError::Parse {
+                path: "policy.yaml".into(),
+                at: "tools.x".into(),
+                message: "give `price_cents` or `price_pointer`, not both".into(),
+            },
+        ];
+        let text: Vec<String> = all
+            .iter()
+            .map(|e| format!("{}: {}", e.code(), crate::error_chain::format(e)))
+            .collect();
+        insta::assert_snapshot!("policy_errors", text.join("\n"));
     }
 }
