@@ -56,6 +56,16 @@ struct Release {
     ceiling_reached: Arc<AtomicBool>,
 }
 
+impl Release {
+    /// Whether the request under `key` is the held one: of the first dispatch's operation (a
+    /// request that reaches the charge sooner, of another operation, is not held).
+    fn holds(&self, key: &str) -> bool {
+        self.operation
+            .as_deref()
+            .is_some_and(|op| op == key || (key == NO_KEY && op.starts_with(NO_KEY)))
+    }
+}
+
 /// One request the backend received for the paid tool: a dispatch.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Dispatch {
@@ -292,20 +302,23 @@ impl ProviderHooks for RunnerHooks {
         let (hold, fail) = {
             let mut plan = self.plan.lock().expect("plan lock");
             plan.keys_seen.push(key.to_string());
-            let hold = match plan.hold_first.take() {
-                Some(Hold::For(d)) => Some(HookAction::Hold(d)),
-                Some(Hold::UntilReleased(ceiling)) => plan.release.as_ref().map(|r| {
+            let hold = match (plan.hold_first, &plan.release) {
+                (Some(Hold::For(d)), _) => Some(HookAction::Hold(d)),
+                (Some(Hold::UntilReleased(ceiling)), Some(r)) if r.holds(key) => {
                     let mut released = r.released.subscribe();
                     let reached = r.ceiling_reached.clone();
-                    HookAction::HoldUntil(Box::pin(async move {
+                    Some(HookAction::HoldUntil(Box::pin(async move {
                         let wait = released.wait_for(|r| *r);
                         if tokio::time::timeout(ceiling, wait).await.is_err() {
                             reached.store(true, Ordering::SeqCst);
                         }
-                    }))
-                }),
-                None => None,
+                    })))
+                }
+                _ => None,
             };
+            if hold.is_some() {
+                plan.hold_first = None;
+            }
             (hold, plan.fail_next.take())
         };
         if let Some(status) = fail {
