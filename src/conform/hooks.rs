@@ -8,9 +8,8 @@
 //!
 //! A hold lasts either a fixed time ([`RunnerHooks::hold_next`]: a slow backend) or until an
 //! event ends it ([`RunnerHooks::hold_until_released`]): a second dispatch of the held
-//! operation arrives, or the runner releases it, with a ceiling; a hold that reached its ceiling
-//! says so ([`RunnerHooks::hold_ceiling_reached`]), so that a check can tell "nothing overlapped"
-//! from "the overlap was never observed".
+//! operation arrives, or the runner releases it, and at the latest at its ceiling, when it simply
+//! ends like a fixed hold.
 //!
 //! The hooks also log every request the backend received, as a [`Dispatch`] (its operation, its
 //! start and its end), so a check can count dispatches apart from charges and see two
@@ -19,7 +18,6 @@
 
 use super::scenario::KillTrigger;
 use crate::provider::{HookAction, ImageRequest, NO_KEY, ProviderHooks};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::{Notify, watch};
@@ -52,8 +50,6 @@ struct Release {
     released: watch::Sender<bool>,
     /// The operation of the first dispatch since the hold was armed: the held one.
     operation: Option<String>,
-    /// Set when the hold ended at its ceiling, unreleased.
-    ceiling_reached: Arc<AtomicBool>,
 }
 
 impl Release {
@@ -220,7 +216,6 @@ impl RunnerHooks {
         plan.release = Some(Release {
             released: watch::Sender::new(false),
             operation: None,
-            ceiling_reached: Arc::new(AtomicBool::new(false)),
         });
     }
 
@@ -229,17 +224,6 @@ impl RunnerHooks {
         if let Some(release) = &self.plan.lock().expect("plan lock").release {
             release.released.send_replace(true);
         }
-    }
-
-    /// Whether the hold of [`RunnerHooks::hold_until_released`] ended at its ceiling,
-    /// unreleased.
-    pub fn hold_ceiling_reached(&self) -> bool {
-        self.plan
-            .lock()
-            .expect("plan lock")
-            .release
-            .as_ref()
-            .is_some_and(|r| r.ceiling_reached.load(Ordering::SeqCst))
     }
 
     /// Answers the next request with HTTP `status` without charging (a provider outage).
@@ -306,12 +290,10 @@ impl ProviderHooks for RunnerHooks {
                 (Some(Hold::For(d)), _) => Some(HookAction::Hold(d)),
                 (Some(Hold::UntilReleased(ceiling)), Some(r)) if r.holds(key) => {
                     let mut released = r.released.subscribe();
-                    let reached = r.ceiling_reached.clone();
                     Some(HookAction::HoldUntil(Box::pin(async move {
                         let wait = released.wait_for(|r| *r);
-                        if tokio::time::timeout(ceiling, wait).await.is_err() {
-                            reached.store(true, Ordering::SeqCst);
-                        }
+                        // At the ceiling the hold simply ends, released or not.
+                        let _ = tokio::time::timeout(ceiling, wait).await;
                     })))
                 }
                 _ => None,

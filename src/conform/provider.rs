@@ -235,10 +235,11 @@ mod tests {
     }
 
     /// A hold until released ends when a second dispatch of its operation arrives or when the
-    /// runner releases it (not on another operation's dispatch), and says when it ended at its
-    /// ceiling instead.
+    /// runner releases it (not on another operation's dispatch), and otherwise at its ceiling,
+    /// where it simply ends.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_hold_until_released_ends_on_its_event_or_at_its_ceiling() {
+        use std::time::{Duration, Instant};
         let provider = RunnerProvider::start("127.0.0.1:0").await.unwrap();
         let url = provider.url();
         let hooks = provider.hooks();
@@ -246,14 +247,21 @@ mod tests {
             let url = url.clone();
             tokio::spawn(async move { post(&url, Some(key)).await })
         };
-        let long = std::time::Duration::from_secs(60);
+        // Far beyond what a released hold takes: a hold that waits for it was not released.
+        let long = Duration::from_secs(60);
+        let released_within = Duration::from_secs(10);
 
         hooks.hold_until_released(long);
         let first = held("k1");
         hooks.dispatch_seen().await;
         assert_eq!(post(&url, Some("k1")).await, 200);
-        assert_eq!(first.await.unwrap(), 200);
-        assert!(!hooks.hold_ceiling_reached());
+        let first = tokio::time::timeout(released_within, first).await;
+        assert_eq!(
+            first
+                .expect("a second dispatch did not end the hold")
+                .unwrap(),
+            200
+        );
 
         hooks.reset();
         hooks.hold_until_released(long);
@@ -265,12 +273,25 @@ mod tests {
             "another operation's dispatch ended the hold"
         );
         hooks.release();
-        assert_eq!(first.await.unwrap(), 200);
-        assert!(!hooks.hold_ceiling_reached());
+        let first = tokio::time::timeout(released_within, first).await;
+        assert_eq!(
+            first.expect("the release did not end the hold").unwrap(),
+            200
+        );
 
         hooks.reset();
-        hooks.hold_until_released(std::time::Duration::from_millis(100));
+        let ceiling = Duration::from_millis(300);
+        hooks.hold_until_released(ceiling);
+        let start = Instant::now();
         assert_eq!(post(&url, Some("k4")).await, 200);
-        assert!(hooks.hold_ceiling_reached());
+        let took = start.elapsed();
+        assert!(
+            took >= ceiling,
+            "the hold ended before its ceiling: {took:?}"
+        );
+        assert!(
+            took < released_within,
+            "the hold outlasted its ceiling: {took:?}"
+        );
     }
 }

@@ -28,9 +28,8 @@
 //!   false}`); never counted as passed.
 //! - `not run`: the runner cannot run it against this target (it does not start the router, cannot
 //!   count charges, the profile leaves a capability undeclared), or nothing of the rule's core
-//!   could be checked (the profile declares absent every field it reads), or a `concurrent` step
-//!   across both processes held its dispatch to the ceiling without observing the overlap it is
-//!   about (`ScenarioRun::concurrent`); never counted as passed, and the run is incomplete.
+//!   could be checked (the profile declares absent every field it reads); never counted as
+//!   passed, and the run is incomplete.
 //! - `error`: the scenario could not finish (the router died outside a planned kill, a request
 //!   timed out, an operator command failed); the run goes on with the next scenario.
 
@@ -231,9 +230,6 @@ enum StepError {
     Error(String),
     /// The target is set up wrong for this check (a wrapper survived SIGKILL): a setup error.
     Setup(String),
-    /// Nothing broke, but what the rule is about could not be observed (a hold reached its
-    /// ceiling): the check is not run, never passed.
-    NotRun(String),
 }
 
 type StepResult<T = ()> = Result<T, StepError>;
@@ -323,7 +319,7 @@ impl<'a> ScenarioRun<'a> {
                     ),
                 });
             }
-            Err(StepError::Error(e) | StepError::Setup(e) | StepError::NotRun(e)) => {
+            Err(StepError::Error(e) | StepError::Setup(e)) => {
                 Outcome::Error(format!("{START_FAILED}: {e}"))
             }
             Err(StepError::Fail(e) | StepError::Presentation(e) | StepError::Cosmetic(e)) => {
@@ -361,8 +357,7 @@ impl<'a> ScenarioRun<'a> {
                 match e {
                     StepError::Setup(m) => return Outcome::Setup(format!("{label}: {m}")),
                     StepError::Fail(m) => return Outcome::Fail(also(m)),
-                    StepError::Error(_) | StepError::NotRun(_) if presentation.is_some() => break,
-                    StepError::NotRun(m) => return Outcome::NotRun(also(m)),
+                    StepError::Error(_) if presentation.is_some() => break,
                     StepError::Error(m) => return Outcome::Error(also(m)),
                     StepError::Presentation(m) => {
                         presentation.get_or_insert(format!("{label}: {m}"));
@@ -660,8 +655,10 @@ impl<'a> ScenarioRun<'a> {
     /// delivery goes alone to the first process until its dispatch reaches the backend, then the
     /// rest alternate (second process first), and the hold ends on an observed event: a second
     /// dispatch of the operation arrived, or the second process answered every delivery it got.
-    /// `hold_ms` is then only the ceiling; reaching it means the overlap was not observed, and
-    /// the step is not run unless something broke.
+    /// `hold_ms` is then only the ceiling: reaching it ends the hold like any other, and the
+    /// step is judged as usual (a second dispatch in flight beside the held one fails it,
+    /// `runner/dispatches.rs`). A process that waits for the other's dispatch passes, up to the
+    /// ceiling later; one that ignores the lease only after the ceiling is not seen overlapping.
     async fn concurrent(&mut self, s: &super::scenario::ConcurrentStep) -> StepResult {
         let params = self.params(&s.meta, &s.arguments, None, None);
         let conns = self.delivery_conns(s.router)?;
@@ -764,14 +761,6 @@ impl<'a> ScenarioRun<'a> {
         let mut expect = s.expect.clone();
         expect.one_operation = None;
         self.check_ledger(&expect)?;
-        if observed.is_some_and(|p| p.hooks().hold_ceiling_reached()) {
-            return Err(StepError::NotRun(format!(
-                "the {role} held the first dispatch for its ceiling of {} ms, and in that time neither did a second dispatch of the operation arrive nor did the second process answer all of its deliveries, so whether it would dispatch the operation again was not observed; a process that finds another dispatching answers `{}` at once to be judged here; one that waits for it instead cannot be",
-                s.hold_ms,
-                self.profile.error_code("operation_in_progress"),
-                role = self.role(),
-            )));
-        }
         if let Some(name) = &s.name {
             self.done.insert(
                 name.clone(),

@@ -253,8 +253,8 @@ pub struct ConcurrentStep {
     /// How many deliveries (2 to 256).
     pub count: u32,
     /// The provider holds its reply to the first charge this long, so deliveries overlap. With
-    /// `router: both` it is a ceiling: the hold ends on an observed event, and reaching the
-    /// ceiling leaves the step not run (see the runner's `concurrent`).
+    /// `router: both` it is a ceiling: the hold ends on an observed event or at the latest
+    /// then, and the step is judged the same either way (see the runner's `concurrent`).
     #[serde(default)]
     pub hold_ms: u64,
     /// The request's `_meta`.

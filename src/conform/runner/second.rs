@@ -8,7 +8,8 @@
 //!   kill: a killed process needs `do: restart` with `router: second`), and it is stopped like the
 //!   first, by SIGKILL to its process group, whatever happened.
 //! - A `concurrent` step with `router: both` alternates its deliveries between the two processes
-//!   (the first one alone first, while a hold is armed: see `ScenarioRun::concurrent`).
+//!   (the first one alone first, while a hold is armed; the hold ends on an observed event or at
+//!   its ceiling: see `ScenarioRun::concurrent`).
 //! - Every step that uses the second process needs `capabilities.shared_registry` (see
 //!   [`super::not_runnable`]): declared false, the check is skipped; undeclared, it is not run.
 //! - `setup` commands run in order before the check's first router starts, with the check's
