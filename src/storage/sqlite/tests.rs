@@ -458,3 +458,56 @@ fn closing_the_last_connection_ends_the_checkpointer_and_leaves_no_wal() {
         .unwrap();
     assert_eq!(rows, 2 * checkpoint::CHECKPOINT_EVERY as i64 + 1);
 }
+
+/// The WAL index's `mxFrame` (the frames in the WAL) and the checkpoint's
+/// `nBackfill` (frames copied into the file), read from the `-shm` file SQLite maps.
+fn wal_index(path: &Path) -> (u32, u32) {
+    let shm = std::fs::read(side(path, "-shm")).unwrap();
+    let word = |at: usize| u32::from_ne_bytes(shm[at..at + 4].try_into().unwrap());
+    (word(16), word(96))
+}
+
+#[test]
+fn a_restart_that_meets_a_reader_is_tried_again_so_the_wal_starts_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.sqlite3");
+    let store = Store::open(&path, &SPEC).unwrap();
+    store
+        .write(|c| {
+            c.execute("INSERT INTO b (y) VALUES ('before the reader')", [])
+                .map_err(|e| store.error(e))
+        })
+        .unwrap();
+    let reader = rusqlite::Connection::open(&path).unwrap();
+    reader
+        .execute_batch("BEGIN; SELECT count(*) FROM a;")
+        .unwrap();
+    commit_rows(&store, checkpoint::CHECKPOINT_EVERY);
+    // The checkpointer copied what the reader's snapshot allows; its `RESTART` meets the reader.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while wal_index(&path).1 == 0 {
+        assert!(Instant::now() < deadline, "no checkpoint ran within 10 s");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    std::thread::sleep(Duration::from_millis(20));
+    reader.execute_batch("COMMIT").unwrap();
+    // Retried, the checkpoint copies the frames the reader held back, so the next write starts
+    // the WAL over (tried once, it left them for the next due checkpoint, 64 commits away).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while wal_index(&path).1 != wal_index(&path).0 {
+        assert!(
+            Instant::now() < deadline,
+            "the WAL was not copied once the reader was gone (frames, copied): {:?}",
+            wal_index(&path)
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    store
+        .write(|c| {
+            c.execute("INSERT INTO b (y) VALUES ('after the reader')", [])
+                .map_err(|e| store.error(e))
+        })
+        .unwrap();
+    let (frames, _) = wal_index(&path);
+    assert!(frames < 8, "the write went on at WAL frame {frames}");
+}
