@@ -770,15 +770,19 @@ async fn fault_run(test: &str, kind: Kind, fault: Fault) -> Option<Duration> {
 }
 
 /// A new operation whose row insert waits in the registry (another session's uncommitted row of
-/// the same call identity, rolled back after 1.8 s of a 3 s lease) is renewed from when its
-/// lease was asked for, so its dispatcher does not give up on a healthy 2 s dispatch.
+/// the same call identity, rolled back after 3 s of a 6 s lease) is renewed from when its lease
+/// was asked for, so its dispatcher does not give up on a healthy 4 s dispatch. A 6 s lease is
+/// renewed every 2 s and given up 4.8 s after it was asked for: counted from the insert's
+/// return, the first renewal would go at 5 s, past that deadline; counted from when the lease
+/// was asked for, it goes at once and has 1.8 s to come back, enough on a loaded machine (with
+/// 1.8 s of a 3 s lease it had 0.6 s, and once, at a load of 10, missed them).
 #[tokio::test]
 async fn a_dispatch_whose_insert_waited_is_renewed_in_time() {
     let test = "a_dispatch_whose_insert_waited_is_renewed_in_time";
     let Some(w) = World::new(test, Kind::HonoursKey, [127, 0, 0, 1].into()).await else {
         return;
     };
-    let a = w.replica("a", 3.0, None).await;
+    let a = w.replica("a", 6.0, None).await;
     let limit = bound(Fault::Kill);
     let (tool, args) = w.spend_call(0.0);
     let warm = deliver(&a.conn, tool, &args, "warm-a", limit).await;
@@ -798,12 +802,12 @@ async fn a_dispatch_whose_insert_waited_is_renewed_in_time() {
         )
         .unwrap();
         held_tx.send(()).unwrap();
-        std::thread::sleep(Duration::from_millis(1800));
+        std::thread::sleep(Duration::from_millis(3000));
         tx.rollback().unwrap();
     });
     held.recv().expect("the conflicting row was never inserted");
-    w.set_hold(2.0);
-    let (tool, args) = w.spend_call(2.0);
+    w.set_hold(4.0);
+    let (tool, args) = w.spend_call(4.0);
     let answer = deliver(&a.conn, tool, &args, "slow", limit).await;
     holder.join().unwrap();
     assert!(!answer.is_tool_error(), "{}", answer.raw);
