@@ -14,8 +14,10 @@
 //! closed while the database is down and recovers when it returns.
 //!
 //! It holds the statements of the storage primitives ([`RegistryStore`], [`StoreTx`]); the rules
-//! that use them are `machine.rs`'s. Every primitive is one prepared statement, and a step that
-//! needs no transaction runs without `BEGIN`/`COMMIT`. The statement connection pipelines
+//! that use them are `machine.rs`'s. Every primitive is one prepared statement, and so is every
+//! statement a layer runs in the registry's transaction (prepared once per connection, then only
+//! bound and executed: the server does not parse or plan it again); a step that needs no
+//! transaction runs without `BEGIN`/`COMMIT`. The statement connection pipelines
 //! ([`PgSession`]): an explicit transaction's `BEGIN` leaves with its first statement, and the
 //! row's insert (the result's record) leaves with the first statement of the layer step sent
 //! beside it ([`StoreTx::insert_then`], [`StoreTx::apply_then`]); the machine rolls back what
@@ -60,7 +62,9 @@ pub struct PgRegistry {
     /// When `conn` last answered ([`crate::storage::postgres::session_gone`]).
     answered: Instant,
     liveness: Arc<Liveness>,
-    statements: HashMap<&'static str, Statement>,
+    /// Prepared statements of `conn` by their text: the registry's own and the layers' (see
+    /// [`Prepared`]).
+    statements: HashMap<Box<str>, Statement>,
     /// The liveness lock's key as of the last statement: the leases this registry takes and
     /// fences carry it.
     lock_key: i32,
@@ -642,19 +646,37 @@ fn pg_error<'a>(
 }
 
 /// Prepared statements of the current statement connection, and the liveness key its leases
-/// carry.
+/// carry. Every statement of a new operation, the registry's and the layers' (which ask for
+/// `*_typed`), is prepared once per connection and then only bound and executed: the server
+/// neither parses nor plans it again (an unnamed statement was parsed, analysed and planned on
+/// every execution, most of the server's time on a layer's statement). The cache lives as long
+/// as the connection and is cleared with it; the layers' texts are constants, so it holds a few
+/// dozen statements at most.
 struct Prepared<'a> {
-    cache: &'a mut HashMap<&'static str, Statement>,
+    cache: &'a mut HashMap<Box<str>, Statement>,
     key: i32,
 }
 
 impl Prepared<'_> {
-    fn get(&mut self, c: &PgSession, sql: &'static str) -> Result<Statement, postgres::Error> {
-        if let Some(s) = self.cache.get(sql) {
+    fn get(&mut self, c: &PgSession, sql: &str) -> Result<Statement, postgres::Error> {
+        self.typed(c, sql, &[])
+    }
+
+    /// `sql` prepared with its parameters' `types` (none: the server infers them), from the
+    /// cache when it was prepared with these types before.
+    fn typed(
+        &mut self,
+        c: &PgSession,
+        sql: &str,
+        types: &[Type],
+    ) -> Result<Statement, postgres::Error> {
+        if let Some(s) = self.cache.get(sql)
+            && (types.is_empty() || s.params() == types)
+        {
             return Ok(s.clone());
         }
-        let s = c.block_on(c.client().prepare(sql))?;
-        self.cache.insert(sql, s.clone());
+        let s = c.block_on(c.client().prepare_typed(sql, types))?;
+        self.cache.insert(sql.into(), s.clone());
         Ok(s)
     }
 }
@@ -732,6 +754,17 @@ async fn answer(
 }
 
 impl<'t> PgTx<'t> {
+    /// A layer's statement prepared with its parameters' types, and their values.
+    fn typed<'p>(
+        &mut self,
+        sql: &str,
+        params: &'p [(&'p (dyn ToSql + Sync), Type)],
+    ) -> Result<(Statement, Vec<&'p (dyn ToSql + Sync)>), postgres::Error> {
+        let types: Vec<Type> = params.iter().map(|(_, t)| t.clone()).collect();
+        let statement = self.prepared.typed(self.session, sql, &types)?;
+        Ok((statement, params.iter().map(|(v, _)| *v).collect()))
+    }
+
     /// Runs `statement` (sending a due `BEGIN` with it) and waits for its answer.
     fn run<'f, T>(
         &mut self,
@@ -969,15 +1002,17 @@ impl<'t> PgTx<'t> {
     }
 }
 
-/// The layers' statements, in the registry's transaction and its flights.
+/// The layers' statements, in the registry's transaction and its flights, each prepared once
+/// per connection ([`Prepared`]).
 impl PgStatements for PgTx<'_> {
     fn query_typed(
         &mut self,
         sql: &str,
         params: &[(&(dyn ToSql + Sync), Type)],
     ) -> Result<Vec<postgres::Row>, postgres::Error> {
+        let (s, values) = self.typed(sql, params)?;
         let client = self.session.client();
-        self.run(client.query_typed(sql, params))
+        self.run(async move { client.query(&s, &values).await })
     }
 
     fn query_typed_one(
@@ -985,8 +1020,9 @@ impl PgStatements for PgTx<'_> {
         sql: &str,
         params: &[(&(dyn ToSql + Sync), Type)],
     ) -> Result<postgres::Row, postgres::Error> {
+        let (s, values) = self.typed(sql, params)?;
         let client = self.session.client();
-        self.run(client.query_typed_one(sql, params))
+        self.run(async move { client.query_one(&s, &values).await })
     }
 
     fn query_typed_opt(
@@ -994,8 +1030,9 @@ impl PgStatements for PgTx<'_> {
         sql: &str,
         params: &[(&(dyn ToSql + Sync), Type)],
     ) -> Result<Option<postgres::Row>, postgres::Error> {
+        let (s, values) = self.typed(sql, params)?;
         let client = self.session.client();
-        self.run(client.query_typed_opt(sql, params))
+        self.run(async move { client.query_opt(&s, &values).await })
     }
 
     fn execute_typed(
@@ -1003,8 +1040,9 @@ impl PgStatements for PgTx<'_> {
         sql: &str,
         params: &[(&(dyn ToSql + Sync), Type)],
     ) -> Result<u64, postgres::Error> {
+        let (s, values) = self.typed(sql, params)?;
         let client = self.session.client();
-        self.run(client.execute_typed(sql, params))
+        self.run(async move { client.execute(&s, &values).await })
     }
 
     fn batch_execute(&mut self, sql: &str) -> Result<(), postgres::Error> {
@@ -1224,6 +1262,45 @@ fn fresh_key() -> i32 {
 
 #[cfg(test)]
 mod tests {
+    use super::super::machine::RegistryStore as _;
+    use super::{PgRegistry, PgStatements as _, Type};
+
+    /// The layers' statements (`*_typed`) are prepared once per statement connection and then
+    /// run on a generic plan: the server neither parses nor plans them per execution, as it did
+    /// for the unnamed statements of `query_typed`.
+    #[test]
+    fn a_layers_statement_is_prepared_once_per_connection() {
+        let Some(cluster) = crate::storage::cluster::for_unit_test() else {
+            return;
+        };
+        let url = crate::storage::postgres::PgUrl::parse(&cluster.url("callid")).unwrap();
+        let mut store = PgRegistry::open(&url).unwrap();
+        const SQL: &str = "SELECT $1::bigint + 1";
+        let seen = store
+            .transact("testing", true, |tx| {
+                let pg = |e: postgres::Error| super::pg_error(tx.url, "testing")(e);
+                let mut sums = vec![];
+                for n in 0..2i64 {
+                    let param = [(&n as &(dyn postgres::types::ToSql + Sync), Type::INT8)];
+                    sums.push(tx.query_typed(SQL, &param).map_err(pg)?[0].get::<_, i64>(0));
+                    sums.push(tx.query_typed_one(SQL, &param).map_err(pg)?.get(0));
+                    let row = tx.query_typed_opt(SQL, &param).map_err(pg)?;
+                    sums.push(row.expect("a row").get(0));
+                    sums.push(tx.execute_typed(SQL, &param).map_err(pg)? as i64);
+                }
+                let row = tx
+                    .query_typed_one(
+                        "SELECT count(*), COALESCE(max(generic_plans), 0)
+                         FROM pg_prepared_statements WHERE statement = $1",
+                        &[(&SQL, Type::TEXT)],
+                    )
+                    .map_err(pg)?;
+                Ok((sums, row.get::<_, i64>(0), row.get::<_, i64>(1)))
+            })
+            .unwrap();
+        assert_eq!(seen, (vec![1, 1, 1, 1, 2, 2, 2, 1], 1, 3));
+    }
+
     #[test]
     fn a_postgres_url_is_a_database_and_anything_else_a_file() {
         use super::super::RegistryLocation;
