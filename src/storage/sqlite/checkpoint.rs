@@ -7,11 +7,9 @@
 //!   only at [`WAL_BOUND`], not at SQLite's default of 1000 frames. Every
 //!   [`CHECKPOINT_EVERY`] commits of this process on the file, the checkpointer runs `PASSIVE`
 //!   checkpoints instead, which never wait for a reader or a writer and never make one wait,
-//!   then a `RESTART` that takes the write lock only when it is free: a write that begins
+//!   then one `RESTART` that takes the write lock only when it is free: a write that begins
 //!   during it waits in SQLite's busy handler (a millisecond, rarely), the one place a writer
-//!   can meet the checkpointer. A `RESTART` that meets a reader or a writer is tried again a
-//!   millisecond later, for up to [`RESTARTS`] tries, so the next write starts the WAL over once
-//!   it has been copied, not only at [`WAL_BOUND`].
+//!   can meet the checkpointer.
 //! - The WAL stays bounded: a checkpointer that falls behind or fails leaves the committing
 //!   connections to SQLite's automatic checkpoint at [`WAL_BOUND`] frames (16 MiB of 4 KiB
 //!   pages), the bound SQLite keeps by default at 1000. A reader that holds a snapshot open stops
@@ -162,48 +160,29 @@ fn run(path: &Path, shared: &Shared) {
 }
 
 /// `PASSIVE` checkpoints until one finds no frame added since the one before, at most
-/// [`PASSES`]; then a `RESTART` that waits for nobody; all of it again while the `RESTART`
-/// answers busy, at most [`RESTARTS`] times. The commit that made a checkpoint due is still being
-/// written when the first pass starts, and SQLite completes a checkpoint (syncs the file) only
-/// when it copied every frame there is when it ends: the next pass copies what came meanwhile. A
-/// pass with nothing to copy writes nothing. Once every frame is copied and no reader reads one,
-/// the next write begins the WAL again from its start (overwriting it in place: no commit extends
-/// the file), but under steady load a write has often begun before, or a reader holds frames
-/// back, so the WAL would grow to [`WAL_BOUND`] and be restarted by a committing connection. The
-/// `RESTART` takes the write lock only when no writer holds it (this connection's busy timeout
-/// is zero, so it never waits; it holds the lock while it copies what the passes left, usually
-/// nothing) and answers busy while a reader reads a frame; tried again, the passes copy what was
-/// held back, so the next write starts the WAL over.
+/// [`PASSES`]; then one `RESTART` that waits for nobody. The commit that made a checkpoint due
+/// is still being written when the first pass starts, and SQLite completes a checkpoint (syncs
+/// the file) only when it copied every frame there is when it ends: the next pass copies what
+/// came meanwhile. A pass with nothing to copy writes nothing. A completed checkpoint lets a
+/// write that starts after it begin the WAL again from its start, but under steady load a write
+/// has always begun before, so the WAL would grow to [`WAL_BOUND`] and be restarted by a
+/// committing connection; the `RESTART`, when no writer holds the lock (this connection's busy
+/// timeout is zero, so it never waits; it holds the lock while it copies what the passes left,
+/// usually nothing) and no reader reads an old snapshot, starts it over at once.
 fn catch_up(conn: &Connection) {
-    for _ in 0..RESTARTS {
-        let mut before = None;
-        for _ in 0..PASSES {
-            let logged =
-                conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| r.get::<_, i64>(1));
-            match logged {
-                Ok(logged) if before != Some(logged) => before = Some(logged),
-                Ok(_) => break,
-                Err(_) => return,
+    let mut before = None;
+    for _ in 0..PASSES {
+        let logged = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| r.get::<_, i64>(1));
+        match logged {
+            Ok(logged) if before != Some(logged) => before = Some(logged),
+            Ok(_) => {
+                let _ = conn.query_row("PRAGMA wal_checkpoint(RESTART)", [], |_| Ok(()));
+                return;
             }
+            Err(_) => return,
         }
-        let busy = conn.query_row("PRAGMA wal_checkpoint(RESTART)", [], |r| r.get::<_, i64>(0));
-        if busy != Ok(1) {
-            return;
-        }
-        std::thread::sleep(RESTART_PAUSE);
     }
 }
-
-/// How many times one due checkpoint tries its `RESTART`, [`RESTART_PAUSE`] apart (about
-/// 200 ms): a new operation's reads hold the WAL for moments. Tried once, the registry's WAL
-/// grew to [`WAL_BOUND`] under one client (12 of 20 `RESTART`s answered busy), so every commit
-/// of that growth extended the file (about 150 µs more per commit on this disk than a write in
-/// place) and the committing connection checkpointed itself there; tried again, it stayed
-/// under 1,100 frames over 1,000 new operations.
-const RESTARTS: usize = 200;
-
-/// The pause between two tries of a `RESTART` (see [`RESTARTS`]).
-const RESTART_PAUSE: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// How many `PASSIVE` checkpoints one due checkpoint runs at most: a reader that holds an old
 /// snapshot keeps frames from being copied, and writers keep adding them.
