@@ -23,6 +23,8 @@
 //! - [`http_guard`]: the loopback, `Host` and `Origin` policy of every HTTP server of callid.
 //! - [`serve`]: serving an rmcp server, once for all of callid's: stdio (every request read is
 //!   answered, however late the client closed its side) and streamable HTTP behind [`http_guard`].
+//! - [`pipes`]: standard input and output on the reactor when they are pipes or sockets, for
+//!   every stdio server of callid (no thread-pool hand-offs per message).
 //! - [`secret`]: credentials (tokens, URLs with passwords or API keys) that never show.
 //! - [`crashpoint`]: test-only crash points that kill the process at a named spend boundary
 //!   (armed only with the `test-hooks` feature; empty in an installed binary).
@@ -110,6 +112,7 @@ mod http_guard;
 mod logging;
 mod matrix;
 mod measure;
+mod pipes;
 mod router;
 mod secret;
 mod serve;

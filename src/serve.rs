@@ -1,6 +1,6 @@
 //! Serving an rmcp server, written once for every MCP server of callid (the router, the gateway,
-//! the probe and the paid provider): [`stdio`] over a line transport, [`http`] over streamable
-//! HTTP.
+//! the probe and the paid provider): [`stdio`] over a line transport, [`standard_io`] over the
+//! process's own standard input and output ([`crate::pipes`]), [`http`] over streamable HTTP.
 //!
 //! # Guarantees
 //! - **stdio: every request read is answered.** When the client closes its side (end of input,
@@ -71,6 +71,19 @@ where
         detail: e.to_string(),
     })?;
     Ok(())
+}
+
+/// Serves `server` on the process's standard input and output with [`stdio`]'s guarantees;
+/// pipes and sockets are read and written by the reactor ([`crate::pipes`]), not by tokio's
+/// blocking thread pool, and left in blocking mode again when serving ends.
+pub async fn standard_io<S>(server: S, who: &'static str) -> Result<(), ServeError>
+where
+    S: ServerHandler,
+{
+    let (input, output, restore) = crate::pipes::open();
+    let served = stdio(server, (input, output), who).await;
+    restore.restore();
+    served
 }
 
 /// Serves `server` as streamable HTTP at `http://ADDR/mcp` on `bound` until Ctrl-C, after

@@ -410,7 +410,7 @@ impl ServerHandler for GatewayServer {
 
 /// Serves MCP over stdin/stdout until the client closes it and every call read is answered.
 pub async fn serve_stdio(server: GatewayServer) -> anyhow::Result<()> {
-    crate::serve::stdio(server, rmcp::transport::stdio(), "gateway").await?;
+    crate::serve::standard_io(server, "gateway").await?;
     Ok(())
 }
 

@@ -18,7 +18,7 @@
 //! - [`writer`]: the bounded queue and thread that build and write records off the reply path.
 //! - [`server`]: the rmcp server with the read-only `capabilities` tool.
 //! - [`stdio`], [`http`], [`wrap`]: the three transports, each feeding raw messages to the tap;
-//!   [`pipes`]: stdin and stdout on the reactor when they are pipes (no thread-pool hand-offs).
+//!   stdin and stdout are [`crate::pipes`], on the reactor when they are pipes.
 //! - [`error`]: the transports' error type, [`ProbeError`].
 //!
 //! # Design
@@ -28,14 +28,13 @@
 //! itself. On stdio the tap is rmcp's transport: it reads rmcp's typed message from the text,
 //! decides on the few members it needs ([`head`]), and hands the text to the [`writer`] thread,
 //! which parses it whole, builds the record and appends it; the reply never waits for the record.
-//! Standard input and output are the reactor's own pipes ([`pipes`]). The HTTP probe writes what
+//! Standard input and output are the reactor's own pipes ([`crate::pipes`]). The HTTP probe writes what
 //! is queued before exiting on SIGINT or SIGTERM.
 
 mod error;
 mod frame;
 mod head;
 mod http;
-mod pipes;
 pub(crate) mod read;
 pub mod record;
 pub(crate) mod server;
@@ -153,7 +152,7 @@ pub(crate) async fn run(options: ProbeOptions) -> Result<i32, ProbeError> {
             .with_identity_sources(options.identity_sources.clone())
             .legacy_handshake(options.legacy_handshake),
     );
-    let (input, output, restore) = pipes::open();
+    let (input, output, restore) = crate::pipes::open();
     let served = stdio::serve_stdio(input, output, tap.clone(), server).await;
     restore.restore();
     tap.finish();

@@ -254,11 +254,6 @@ impl ServerHandler for McpProvider {
 /// Serves the provider over stdin/stdout until the client closes it and every call read is
 /// answered.
 pub async fn serve_stdio(ledger: Ledger) -> anyhow::Result<()> {
-    crate::serve::stdio(
-        McpProvider::new(ledger),
-        rmcp::transport::stdio(),
-        "MCP provider",
-    )
-    .await?;
+    crate::serve::standard_io(McpProvider::new(ledger), "MCP provider").await?;
     Ok(())
 }

@@ -126,12 +126,7 @@ fn call_info(context: &RequestContext<RoleServer>) -> CallInfo {
 
 /// Serves MCP over stdin/stdout until the client closes it and every call read is answered.
 pub async fn serve_stdio(router: Arc<Router>) -> anyhow::Result<()> {
-    crate::serve::stdio(
-        RouterServer::new(router),
-        rmcp::transport::stdio(),
-        "router",
-    )
-    .await?;
+    crate::serve::standard_io(RouterServer::new(router), "router").await?;
     Ok(())
 }
 

@@ -1,19 +1,22 @@
-//! The probe's standard input and output, read and written by the reactor when they are pipes.
+//! Standard input and output of callid's stdio servers (the probe, the router, the gateway and
+//! the paid provider), read and written by the reactor when they are pipes.
 //!
-//! tokio's `stdin()` and `stdout()` hand every read and every write to its blocking thread pool
-//! and back: two thread hand-offs (and their futex wake-ups) per message in each direction, on
-//! a round trip whose whole budget is the bare server's. MCP clients connect a stdio server
-//! through pipes (or, as Node does, UNIX socket pairs), which epoll can watch; [`open`] then
-//! registers duplicates of descriptors 0 and 1 with tokio's reactor, so a message is read and
-//! its reply written by the worker thread that handles it, woken by epoll. A terminal or a file
-//! keeps tokio's own streams.
+//! tokio's `stdin()` and `stdout()` (and rmcp's `transport::stdio()`, which is them) hand every
+//! read and every write to its blocking thread pool and back: two thread hand-offs (and their
+//! futex wake-ups) per message in each direction, on every tool call. MCP clients connect a
+//! stdio server through pipes (or, as Node does, UNIX socket pairs), which epoll can watch;
+//! [`open`] then registers duplicates of descriptors 0 and 1 with tokio's reactor, so a message
+//! is read and its reply written by the worker thread that handles it, woken by epoll. A
+//! terminal or a file keeps tokio's own streams.
 //!
 //! # Guarantees
 //! - Descriptors 0 and 1 themselves stay open; the reactor owns duplicates.
 //! - A duplicate shares its open file description, so the non-blocking mode the reactor needs
-//!   applies to the description the probe inherited. [`Restore::restore`] puts it back in
-//!   blocking mode when the probe is done with it, so a process that shares the pipe after the
-//!   probe (a shell pipeline) does not inherit the mode.
+//!   applies to the description the server inherited. [`Restore::restore`] puts it back in
+//!   blocking mode when the server is done with it, so a process that shares the pipe after the
+//!   server (a shell pipeline) does not inherit the mode. Nothing else of callid writes to
+//!   standard output while a stdio server runs (logs go to standard error), and no child it
+//!   starts inherits descriptors 0 and 1.
 
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
@@ -64,7 +67,7 @@ pub struct Restore {
 
 impl Restore {
     /// Puts the inherited descriptions back in blocking mode (call after the streams are
-    /// dropped; errors are ignored: the probe is exiting).
+    /// dropped; errors are ignored: the server is exiting).
     pub fn restore(self) {
         for fd in self.fds {
             let _ = set_nonblocking(fd, false);
@@ -133,7 +136,7 @@ fn output(restore: &mut Restore) -> Writer {
     }
 }
 
-/// Standard input and output for the probe, and how to restore them. Must run inside the tokio
+/// Standard input and output for a stdio server, and how to restore them. Must run inside the tokio
 /// runtime (the reactor registers the descriptors).
 pub fn open() -> (Reader, Writer, Restore) {
     let mut restore = Restore::default();

@@ -1,7 +1,8 @@
-//! The probe's stdio on the reactor (`src/probe/pipes.rs`): a real `callid probe` process served
+//! The stdio servers on the reactor (`src/pipes.rs`): a real `callid probe` process served
 //! through pipes and through a UNIX socket pair (as Node-based clients connect a stdio server),
-//! answering and recording every message, with its inherited descriptions in non-blocking mode
-//! while it runs and back in blocking mode once it has exited.
+//! answering and recording every message, and a real `callid router` answering every new
+//! operation through pipes, each with its inherited descriptions in non-blocking mode while it
+//! runs and back in blocking mode once it has exited.
 
 use crate::common::bin;
 use serde_json::{Value, json};
@@ -25,14 +26,54 @@ fn request(id: u64, method: &str, params: Value) -> String {
     )
 }
 
-fn call_params(n: u64) -> Value {
-    json!({"name": "capabilities", "arguments": {},
-           "_meta": {"callId": format!("call_{n:024}"), "progressToken": n}})
+/// Which server a conversation is with: its name in `initialize`, the tool it calls and what
+/// every answer must say.
+#[derive(Clone, Copy)]
+enum Server {
+    Probe,
+    Router,
+}
+
+impl Server {
+    fn name(self) -> &'static str {
+        match self {
+            Server::Probe => "callid-probe",
+            Server::Router => "callid-router",
+        }
+    }
+
+    fn call_params(self, n: u64) -> Value {
+        let meta = json!({"callId": format!("call_{n:024}"), "progressToken": n});
+        match self {
+            Server::Probe => json!({"name": "capabilities", "arguments": {}, "_meta": meta}),
+            Server::Router => json!({"name": "generate_image",
+                                     "arguments": {"prompt": format!("fox {n}")}, "_meta": meta}),
+        }
+    }
+
+    fn check(self, answer: &Value, line: &str) {
+        match self {
+            Server::Probe => assert_eq!(
+                answer["result"]["structuredContent"]["identity"]["verdict"],
+                json!("accepted"),
+                "{line}"
+            ),
+            Server::Router => {
+                let result = &answer["result"];
+                assert_eq!(
+                    result["structuredContent"]["status"],
+                    json!("completed"),
+                    "{line}"
+                );
+                assert_eq!(result["_meta"]["callid/replayed"], json!(false), "{line}");
+            }
+        }
+    }
 }
 
 /// Sends initialize, the initialized notification and `calls` tool calls one at a time on
 /// `input`, reading each answer from `output`; checks every answer.
-fn converse(input: &mut impl Write, output: &mut impl BufRead, calls: u64) {
+fn converse(server: Server, input: &mut impl Write, output: &mut impl BufRead, calls: u64) {
     let mut line = String::new();
     let init = json!({"protocolVersion": "2025-11-25", "capabilities": {},
                       "clientInfo": {"name": "perf-client", "version": "1.0.0"}});
@@ -43,7 +84,7 @@ fn converse(input: &mut impl Write, output: &mut impl BufRead, calls: u64) {
     let answer: Value = serde_json::from_str(&line).unwrap();
     assert_eq!(
         answer["result"]["serverInfo"]["name"],
-        json!("callid-probe"),
+        json!(server.name()),
         "{line}"
     );
     input
@@ -51,17 +92,13 @@ fn converse(input: &mut impl Write, output: &mut impl BufRead, calls: u64) {
         .unwrap();
     for n in 1..=calls {
         input
-            .write_all(request(n, "tools/call", call_params(n)).as_bytes())
+            .write_all(request(n, "tools/call", server.call_params(n)).as_bytes())
             .unwrap();
         line.clear();
         output.read_line(&mut line).unwrap();
         let answer: Value = serde_json::from_str(&line).unwrap();
         assert_eq!(answer["id"], json!(n), "{line}");
-        assert_eq!(
-            answer["result"]["structuredContent"]["identity"]["verdict"],
-            json!("accepted"),
-            "{line}"
-        );
+        server.check(&answer, &line);
     }
 }
 
@@ -73,7 +110,7 @@ fn wait_for_exit(child: &mut std::process::Child) -> std::process::ExitStatus {
         }
         if Instant::now() > deadline {
             let _ = child.kill();
-            panic!("the probe did not exit after its input ended");
+            panic!("the server did not exit after its input ended");
         }
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -99,7 +136,7 @@ fn probe_on(log: &Path, stdin: impl Into<Stdio>, stdout: impl Into<Stdio>) -> st
         .unwrap()
 }
 
-/// Waits for the probe to exit: its status and all it wrote to stderr.
+/// Waits for the server to exit: its status and all it wrote to stderr.
 fn finish(child: &mut std::process::Child) -> (std::process::ExitStatus, String) {
     let status = wait_for_exit(child);
     let mut stderr = String::new();
@@ -122,7 +159,7 @@ fn probe_over_pipes_runs_on_the_reactor_and_restores_blocking_mode() {
     let out_description: OwnedFd = child_out.as_fd().try_clone_to_owned().unwrap();
     let mut child = probe_on(&log, child_in, child_out);
     let mut from_child = BufReader::new(from_child);
-    converse(&mut to_child, &mut from_child, 50);
+    converse(Server::Probe, &mut to_child, &mut from_child, 50);
     assert!(
         nonblocking(out_description.as_fd()),
         "stdout is the reactor's while the probe runs"
@@ -149,7 +186,7 @@ fn probe_over_a_socket_pair_runs_on_the_reactor_and_restores_blocking_mode() {
     let mut child = probe_on(&log, child_in, child_out);
     let mut input = ours.try_clone().unwrap();
     let mut output = BufReader::new(ours.try_clone().unwrap());
-    converse(&mut input, &mut output, 50);
+    converse(Server::Probe, &mut input, &mut output, 50);
     assert!(
         nonblocking(theirs.as_fd()),
         "the socket is the reactor's while the probe runs"
@@ -162,4 +199,34 @@ fn probe_over_a_socket_pair_runs_on_the_reactor_and_restores_blocking_mode() {
         "blocking mode is restored at exit"
     );
     assert_eq!(calls_recorded(&log), 50, "{stderr}");
+}
+
+#[test]
+fn router_over_pipes_runs_on_the_reactor_and_restores_blocking_mode() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = dir.path().join("registry.sqlite3");
+    let (child_in, mut to_child) = std::io::pipe().unwrap();
+    let (from_child, child_out) = std::io::pipe().unwrap();
+    let in_description: OwnedFd = child_in.as_fd().try_clone_to_owned().unwrap();
+    let out_description: OwnedFd = child_out.as_fd().try_clone_to_owned().unwrap();
+    let mut child = Command::new(bin())
+        .args(["router", "--registry", registry.to_str().unwrap()])
+        .stdin(child_in)
+        .stdout(child_out)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut from_child = BufReader::new(from_child);
+    converse(Server::Router, &mut to_child, &mut from_child, 20);
+    assert!(
+        nonblocking(in_description.as_fd()) && nonblocking(out_description.as_fd()),
+        "stdin and stdout are the reactor's while the router runs"
+    );
+    drop(to_child);
+    let (status, stderr) = finish(&mut child);
+    assert!(status.success(), "{stderr}");
+    assert!(
+        !nonblocking(in_description.as_fd()) && !nonblocking(out_description.as_fd()),
+        "blocking mode is restored at exit"
+    );
 }
