@@ -75,65 +75,80 @@ impl Restore {
     }
 }
 
-/// Standard input as the reactor's stream when it is a pipe or a socket, else tokio's.
-fn input(restore: &mut Restore) -> Reader {
-    let mut reactor = || -> io::Result<Option<Reader>> {
-        let (fd, kind) = duplicate(io::stdin())?;
-        let reader: Reader = match kind {
-            Kind::Fifo => {
-                restore.fds.push(fd.try_clone()?);
-                // `_unchecked` takes the descriptor as it is: non-blocking it must be.
-                let fd = set_nonblocking(fd, true)?;
-                Box::new(tokio::net::unix::pipe::Receiver::from_owned_fd_unchecked(
-                    fd,
-                )?)
-            }
-            Kind::Socket => {
-                restore.fds.push(fd.try_clone()?);
-                let std = std::os::unix::net::UnixStream::from(set_nonblocking(fd, true)?);
-                Box::new(tokio::net::UnixStream::from_std(std)?)
-            }
-            Kind::Other => return Ok(None),
-        };
-        Ok(Some(reader))
+/// `fd` as a stream of the reactor when it is a pipe (made by `fifo`) or a socket (by
+/// `socket`), from a non-blocking duplicate whose description goes into `restore`; `None` when
+/// it is neither. A stream that could not be made leaves the description blocking again.
+fn on_reactor<T>(
+    fd: impl AsFd,
+    restore: &mut Restore,
+    fifo: impl FnOnce(OwnedFd) -> io::Result<T>,
+    socket: impl FnOnce(tokio::net::UnixStream) -> T,
+) -> io::Result<Option<T>> {
+    let (fd, kind) = duplicate(fd)?;
+    if kind == Kind::Other {
+        return Ok(None);
+    }
+    let kept = fd.try_clone()?;
+    // The `_unchecked` constructors take the descriptor as it is: non-blocking it must be.
+    let fd = set_nonblocking(fd, true)?;
+    let made = match kind {
+        Kind::Fifo => fifo(fd),
+        _ => {
+            let std = std::os::unix::net::UnixStream::from(fd);
+            tokio::net::UnixStream::from_std(std).map(socket)
+        }
     };
-    match reactor() {
-        Ok(Some(reader)) => reader,
-        Ok(None) => Box::new(tokio::io::stdin()),
+    match made {
+        Ok(stream) => {
+            restore.fds.push(kept);
+            Ok(Some(stream))
+        }
         Err(e) => {
-            tracing::debug!("standard input stays on tokio's thread pool: {e}");
-            Box::new(tokio::io::stdin())
+            let _ = set_nonblocking(kept, false);
+            Err(e)
         }
     }
 }
 
-/// Standard output as the reactor's stream when it is a pipe or a socket, else tokio's.
-fn output(restore: &mut Restore) -> Writer {
-    let mut reactor = || -> io::Result<Option<Writer>> {
-        let (fd, kind) = duplicate(io::stdout())?;
-        let writer: Writer = match kind {
-            Kind::Fifo => {
-                restore.fds.push(fd.try_clone()?);
-                let fd = set_nonblocking(fd, true)?;
-                Box::new(tokio::net::unix::pipe::Sender::from_owned_fd_unchecked(fd)?)
-            }
-            Kind::Socket => {
-                restore.fds.push(fd.try_clone()?);
-                let std = std::os::unix::net::UnixStream::from(set_nonblocking(fd, true)?);
-                Box::new(tokio::net::UnixStream::from_std(std)?)
-            }
-            Kind::Other => return Ok(None),
-        };
-        Ok(Some(writer))
-    };
-    match reactor() {
-        Ok(Some(writer)) => writer,
-        Ok(None) => Box::new(tokio::io::stdout()),
+/// The reactor's stream, or tokio's own (`fallback`) when the descriptor is neither a pipe nor
+/// a socket, or could not be registered (`what` names it in the debug log).
+fn or_tokio<T>(stream: io::Result<Option<T>>, what: &str, fallback: impl FnOnce() -> T) -> T {
+    match stream {
+        Ok(Some(stream)) => stream,
+        Ok(None) => fallback(),
         Err(e) => {
-            tracing::debug!("standard output stays on tokio's thread pool: {e}");
-            Box::new(tokio::io::stdout())
+            tracing::debug!("standard {what} stays on tokio's thread pool: {e}");
+            fallback()
         }
     }
+}
+
+/// Standard input as the reactor's stream when it is a pipe or a socket, else tokio's.
+fn input(restore: &mut Restore) -> Reader {
+    let stream = on_reactor(
+        io::stdin(),
+        restore,
+        |fd| {
+            Ok(
+                Box::new(tokio::net::unix::pipe::Receiver::from_owned_fd_unchecked(
+                    fd,
+                )?) as Reader,
+            )
+        },
+        |socket| Box::new(socket) as Reader,
+    );
+    or_tokio(stream, "input", || Box::new(tokio::io::stdin()))
+}
+
+/// Standard output as the reactor's stream when it is a pipe or a socket, else tokio's.
+fn output(restore: &mut Restore) -> Writer {
+    let stream = on_reactor(
+        io::stdout(),
+        restore,
+        |fd| Ok(Box::new(tokio::net::unix::pipe::Sender::from_owned_fd_unchecked(fd)?) as Writer),
+        |socket| Box::new(socket) as Writer,
+    );
+    or_tokio(stream, "output", || Box::new(tokio::io::stdout()))
 }
 
 /// Standard input and output for a stdio server, and how to restore them. Must run inside the tokio

@@ -8,7 +8,6 @@ use crate::common::bin;
 use serde_json::{Value, json};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
-use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -125,10 +124,10 @@ fn calls_recorded(log: &std::path::Path) -> usize {
         .count()
 }
 
-/// `callid probe --log LOG` on the given stdin and stdout, its stderr piped.
-fn probe_on(log: &Path, stdin: impl Into<Stdio>, stdout: impl Into<Stdio>) -> std::process::Child {
+/// `callid ARGS` on the given stdin and stdout, its stderr piped.
+fn spawn(args: &[&str], stdin: impl Into<Stdio>, stdout: impl Into<Stdio>) -> std::process::Child {
     Command::new(bin())
-        .args(["probe", "--log", log.to_str().unwrap()])
+        .args(args)
         .stdin(stdin)
         .stdout(stdout)
         .stderr(Stdio::piped())
@@ -149,27 +148,40 @@ fn finish(child: &mut std::process::Child) -> (std::process::ExitStatus, String)
     (status, stderr)
 }
 
-#[test]
-fn probe_over_pipes_runs_on_the_reactor_and_restores_blocking_mode() {
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("probe.jsonl");
+/// Runs `callid ARGS` on two pipes through `calls` tool calls and its input's end: both
+/// descriptions are non-blocking while it runs and blocking again once it exited with success.
+/// Answers what it wrote to stderr.
+fn over_pipes(server: Server, args: &[&str], calls: u64) -> String {
     let (child_in, mut to_child) = std::io::pipe().unwrap();
     let (from_child, child_out) = std::io::pipe().unwrap();
-    // Kept here: it shares the child's stdout description, whose mode the test reads.
+    // Kept here: they share the child's descriptions, whose mode the test reads.
+    let in_description: OwnedFd = child_in.as_fd().try_clone_to_owned().unwrap();
     let out_description: OwnedFd = child_out.as_fd().try_clone_to_owned().unwrap();
-    let mut child = probe_on(&log, child_in, child_out);
+    let mut child = spawn(args, child_in, child_out);
     let mut from_child = BufReader::new(from_child);
-    converse(Server::Probe, &mut to_child, &mut from_child, 50);
+    converse(server, &mut to_child, &mut from_child, calls);
     assert!(
-        nonblocking(out_description.as_fd()),
-        "stdout is the reactor's while the probe runs"
+        nonblocking(in_description.as_fd()) && nonblocking(out_description.as_fd()),
+        "stdin and stdout are the reactor's while the server runs"
     );
     drop(to_child);
     let (status, stderr) = finish(&mut child);
     assert!(status.success(), "{stderr}");
     assert!(
-        !nonblocking(out_description.as_fd()),
+        !nonblocking(in_description.as_fd()) && !nonblocking(out_description.as_fd()),
         "blocking mode is restored at exit"
+    );
+    stderr
+}
+
+#[test]
+fn probe_over_pipes_runs_on_the_reactor_and_restores_blocking_mode() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("probe.jsonl");
+    let stderr = over_pipes(
+        Server::Probe,
+        &["probe", "--log", log.to_str().unwrap()],
+        50,
     );
     assert_eq!(calls_recorded(&log), 50, "{stderr}");
 }
@@ -183,7 +195,11 @@ fn probe_over_a_socket_pair_runs_on_the_reactor_and_restores_blocking_mode() {
         .unwrap();
     let child_in: OwnedFd = theirs.try_clone().unwrap().into();
     let child_out: OwnedFd = theirs.try_clone().unwrap().into();
-    let mut child = probe_on(&log, child_in, child_out);
+    let mut child = spawn(
+        &["probe", "--log", log.to_str().unwrap()],
+        child_in,
+        child_out,
+    );
     let mut input = ours.try_clone().unwrap();
     let mut output = BufReader::new(ours.try_clone().unwrap());
     converse(Server::Probe, &mut input, &mut output, 50);
@@ -205,28 +221,9 @@ fn probe_over_a_socket_pair_runs_on_the_reactor_and_restores_blocking_mode() {
 fn router_over_pipes_runs_on_the_reactor_and_restores_blocking_mode() {
     let dir = tempfile::tempdir().unwrap();
     let registry = dir.path().join("registry.sqlite3");
-    let (child_in, mut to_child) = std::io::pipe().unwrap();
-    let (from_child, child_out) = std::io::pipe().unwrap();
-    let in_description: OwnedFd = child_in.as_fd().try_clone_to_owned().unwrap();
-    let out_description: OwnedFd = child_out.as_fd().try_clone_to_owned().unwrap();
-    let mut child = Command::new(bin())
-        .args(["router", "--registry", registry.to_str().unwrap()])
-        .stdin(child_in)
-        .stdout(child_out)
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut from_child = BufReader::new(from_child);
-    converse(Server::Router, &mut to_child, &mut from_child, 20);
-    assert!(
-        nonblocking(in_description.as_fd()) && nonblocking(out_description.as_fd()),
-        "stdin and stdout are the reactor's while the router runs"
-    );
-    drop(to_child);
-    let (status, stderr) = finish(&mut child);
-    assert!(status.success(), "{stderr}");
-    assert!(
-        !nonblocking(in_description.as_fd()) && !nonblocking(out_description.as_fd()),
-        "blocking mode is restored at exit"
+    over_pipes(
+        Server::Router,
+        &["router", "--registry", registry.to_str().unwrap()],
+        20,
     );
 }
