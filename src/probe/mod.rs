@@ -28,8 +28,8 @@
 //! itself. On stdio the tap is rmcp's transport: it reads rmcp's typed message from the text,
 //! decides on the few members it needs ([`head`]), and hands the text to the [`writer`] thread,
 //! which parses it whole, builds the record and appends it; the reply never waits for the record.
-//! Standard input and output are the reactor's own pipes ([`crate::pipes`]). The HTTP probe writes what
-//! is queued before exiting on SIGINT or SIGTERM.
+//! Standard input and output are the reactor's own pipes ([`crate::pipes`]). The HTTP probe
+//! writes what is queued before exiting on SIGINT or SIGTERM.
 
 mod error;
 mod frame;
