@@ -151,8 +151,8 @@ fn output(restore: &mut Restore) -> Writer {
     or_tokio(stream, "output", || Box::new(tokio::io::stdout()))
 }
 
-/// Standard input and output for a stdio server, and how to restore them. Must run inside the tokio
-/// runtime (the reactor registers the descriptors).
+/// Standard input and output for a stdio server, and how to restore them. Must run inside the
+/// tokio runtime (the reactor registers the descriptors).
 pub fn open() -> (Reader, Writer, Restore) {
     let mut restore = Restore::default();
     let reader = input(&mut restore);
