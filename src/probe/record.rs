@@ -526,12 +526,24 @@ impl ShapeLog {
 
     /// Appends one record as one line, in a single write.
     pub fn write(&self, record: &Record) -> Result<(), LogError> {
-        let mut line = serde_json::to_vec(record).expect("a record serializes");
-        line.push(b'\n');
+        let mut line = Vec::new();
+        push_line(&mut line, record);
+        self.write_lines(&line)
+    }
+
+    /// Appends `lines` (whole lines, each made by [`push_line`]) in a single write, so that
+    /// another writer appending to the same file never lands inside one of them.
+    pub fn write_lines(&self, lines: &[u8]) -> Result<(), LogError> {
         let mut sink = self.sink.lock().unwrap_or_else(|p| p.into_inner());
-        sink.write_all(&line).map_err(LogError::Write)?;
+        sink.write_all(lines).map_err(LogError::Write)?;
         sink.flush().map_err(LogError::Write)
     }
+}
+
+/// Appends `record` to `lines` as one line of the log: its JSON and a newline.
+pub fn push_line(lines: &mut Vec<u8>, record: &Record) {
+    serde_json::to_writer(&mut *lines, record).expect("a record serializes");
+    lines.push(b'\n');
 }
 
 #[cfg(test)]
