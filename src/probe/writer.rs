@@ -423,11 +423,11 @@ mod tests {
     }
 
     /// A writer that blocks until the test opens the gate.
-    struct Gated {
+    struct Gated<W = Shared> {
         gate: Arc<(Mutex<bool>, std::sync::Condvar)>,
-        out: Shared,
+        out: W,
     }
-    impl Write for Gated {
+    impl<W: Write> Write for Gated<W> {
         fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
             let (open, cv) = &*self.gate;
             let mut open = open.lock().unwrap();
@@ -492,35 +492,26 @@ mod tests {
         assert!(!text.contains("call_"), "no value is copied");
     }
 
-    /// Each `write` call's bytes, kept apart, behind a gate.
+    /// Each `write` call's bytes, kept apart.
     #[derive(Clone, Default)]
     struct Writes(Arc<Mutex<Vec<Vec<u8>>>>);
+    impl Write for Writes {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().push(b.to_vec());
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
 
     #[test]
     fn a_drain_goes_out_in_whole_lines_in_one_write_per_batch() {
         let gate = Arc::new((Mutex::new(false), std::sync::Condvar::new()));
         let writes = Writes::default();
-        struct Each {
-            gate: Arc<(Mutex<bool>, std::sync::Condvar)>,
-            writes: Writes,
-        }
-        impl Write for Each {
-            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-                let (open, cv) = &*self.gate;
-                let mut open = open.lock().unwrap();
-                while !*open {
-                    open = cv.wait(open).unwrap();
-                }
-                self.writes.0.lock().unwrap().push(b.to_vec());
-                Ok(b.len())
-            }
-            fn flush(&mut self) -> std::io::Result<()> {
-                Ok(())
-            }
-        }
-        let log = Arc::new(ShapeLog::from_writer(Box::new(Each {
+        let log = Arc::new(ShapeLog::from_writer(Box::new(Gated {
             gate: gate.clone(),
-            writes: writes.clone(),
+            out: writes.clone(),
         })));
         let writer = RecordWriter::start(log, Digester::Plain);
         // The first record is written alone (held at the gate); every other one is queued by
