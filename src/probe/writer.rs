@@ -422,18 +422,39 @@ mod tests {
         }
     }
 
-    /// A writer that blocks until the test opens the gate.
-    struct Gated<W = Shared> {
-        gate: Arc<(Mutex<bool>, std::sync::Condvar)>,
-        out: W,
-    }
-    impl<W: Write> Write for Gated<W> {
-        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-            let (open, cv) = &*self.gate;
+    /// A gate the test opens once; the log's writes wait at it until then.
+    #[derive(Clone, Default)]
+    struct Gate(Arc<(Mutex<bool>, std::sync::Condvar)>);
+    impl Gate {
+        /// A log whose writes wait at this gate, then go to `out`.
+        fn log(&self, out: impl Write + Send + 'static) -> Arc<ShapeLog> {
+            Arc::new(ShapeLog::from_writer(Box::new(Gated {
+                gate: self.clone(),
+                out,
+            })))
+        }
+        fn open(&self) {
+            let (open, cv) = &*self.0;
+            *open.lock().unwrap() = true;
+            cv.notify_all();
+        }
+        fn wait(&self) {
+            let (open, cv) = &*self.0;
             let mut open = open.lock().unwrap();
             while !*open {
                 open = cv.wait(open).unwrap();
             }
+        }
+    }
+
+    /// A writer that blocks until the test opens its gate.
+    struct Gated<W> {
+        gate: Gate,
+        out: W,
+    }
+    impl<W: Write> Write for Gated<W> {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.gate.wait();
             self.out.write(b)
         }
         fn flush(&mut self) -> std::io::Result<()> {
@@ -507,12 +528,9 @@ mod tests {
 
     #[test]
     fn a_drain_goes_out_in_whole_lines_in_one_write_per_batch() {
-        let gate = Arc::new((Mutex::new(false), std::sync::Condvar::new()));
+        let gate = Gate::default();
         let writes = Writes::default();
-        let log = Arc::new(ShapeLog::from_writer(Box::new(Gated {
-            gate: gate.clone(),
-            out: writes.clone(),
-        })));
+        let log = gate.log(writes.clone());
         let writer = RecordWriter::start(log, Digester::Plain);
         // The first record is written alone (held at the gate); every other one is queued by
         // then, so one drain takes them all.
@@ -520,11 +538,7 @@ mod tests {
         for n in 0..total {
             writer.submit(message(n));
         }
-        {
-            let (open, cv) = &*gate;
-            *open.lock().unwrap() = true;
-            cv.notify_all();
-        }
+        gate.open();
         let summary = writer.finish();
         assert_eq!((summary.written, summary.dropped), (total, 0));
         let writes = writes.0.lock().unwrap().clone();
@@ -568,12 +582,9 @@ mod tests {
 
     #[test]
     fn a_full_queue_drops_and_counts_without_blocking() {
-        let gate = Arc::new((Mutex::new(false), std::sync::Condvar::new()));
+        let gate = Gate::default();
         let out = Shared::default();
-        let log = Arc::new(ShapeLog::from_writer(Box::new(Gated {
-            gate: gate.clone(),
-            out: out.clone(),
-        })));
+        let log = gate.log(out.clone());
         let capacity = 8;
         let writer = RecordWriter::with_capacity(log, Digester::Plain, capacity);
         // The writer blocks on its first record; the queue then holds `capacity` more at most.
@@ -585,11 +596,7 @@ mod tests {
             (100 - capacity as u64 - 1..=100 - capacity as u64).contains(&dropped),
             "{dropped}"
         );
-        {
-            let (open, cv) = &*gate;
-            *open.lock().unwrap() = true;
-            cv.notify_all();
-        }
+        gate.open();
         let summary = writer.finish();
         assert_eq!(summary.written + summary.dropped, 100);
         assert_eq!(summary.dropped, dropped);
@@ -606,12 +613,9 @@ mod tests {
     /// more than `QUEUE_BYTES` of them, and the rest are dropped and counted, without blocking.
     #[test]
     fn the_byte_bound_drops_large_messages_and_counts_them() {
-        let gate = Arc::new((Mutex::new(false), std::sync::Condvar::new()));
+        let gate = Gate::default();
         let out = Shared::default();
-        let log = Arc::new(ShapeLog::from_writer(Box::new(Gated {
-            gate: gate.clone(),
-            out: out.clone(),
-        })));
+        let log = gate.log(out.clone());
         let writer = RecordWriter::start(log, Digester::Plain);
         let big = |n: u64| {
             let padding = "x".repeat(crate::probe::frame::MAX_MESSAGE_BYTES - 200);
@@ -633,11 +637,7 @@ mod tests {
         let dropped = writer.summary().dropped;
         assert!((20 - fit - 1..=20 - fit).contains(&dropped), "{dropped}");
         assert!(writer.summary().most_queued_bytes <= QUEUE_BYTES as u64);
-        {
-            let (open, cv) = &*gate;
-            *open.lock().unwrap() = true;
-            cv.notify_all();
-        }
+        gate.open();
         let summary = writer.finish();
         assert_eq!(summary.written + summary.dropped, 20);
         assert_eq!(summary.dropped, dropped);
