@@ -335,7 +335,7 @@ fn conform(args: crate::cli::ConformArgs) -> anyhow::Result<ExitCode> {
 /// closed), no expected-failures baseline is written from it, and the exit code is the signal's.
 fn conform_interrupted(
     report: &crate::conform::report::Report,
-    signal: crate::conform::interrupt::Signal,
+    signal: crate::signals::Signal,
     out: Option<&std::path::Path>,
     format: crate::cli::FormatArg,
     runtime: tokio::runtime::Runtime,
@@ -968,8 +968,13 @@ fn update_matrix(
     }
 }
 
+/// How long an interrupted `callid bench` waits for its blocking work before it exits.
+#[cfg(feature = "bench")]
+const BENCH_SHUTDOWN: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// `callid bench`: exit 0 when every row was measured or skipped (a missed target is reported,
-/// not an error: the figures are for people to read), 1 when a row could not be measured.
+/// not an error: the figures are for people to read), 1 when a row could not be measured, 128 +
+/// the signal's number when SIGINT, SIGTERM or SIGHUP ended it (after everything it started).
 #[cfg(feature = "bench")]
 fn bench(args: crate::cli::BenchArgs) -> anyhow::Result<ExitCode> {
     use crate::bench;
@@ -998,7 +1003,37 @@ fn bench(args: crate::cli::BenchArgs) -> anyhow::Result<ExitCode> {
         only,
         python: args.python,
     };
-    let report = runtime.block_on(bench::run(&options));
+    // Ended by a signal, the run is dropped where it stands: its servers are killed
+    // (`kill_on_drop`), its throwaway PostgreSQL cluster stopped and its scratch directory
+    // removed, as each of them is dropped; then whatever it started and still lives (a server
+    // being killed, the routers of a killed `callid conform`, adopted) is killed and waited for.
+    crate::signals::adopt_orphans().context("failed to become the parent of orphaned servers")?;
+    let finished = runtime
+        .block_on(async {
+            let mut signals = crate::signals::Signals::install()?;
+            let finished = tokio::select! {
+                report = bench::run(&options) => Ok(report),
+                signal = signals.recv() => Err(signal),
+            };
+            if finished.is_err() {
+                crate::signals::end_children().await;
+            }
+            std::io::Result::Ok(finished)
+        })
+        .context("failed to take over SIGINT, SIGTERM and SIGHUP")?;
+    let report = match finished {
+        Ok(report) => report,
+        Err(signal) => {
+            // A raw baseline batch may still run on a blocking thread: it ends within a second.
+            runtime.shutdown_timeout(BENCH_SHUTDOWN);
+            eprintln!(
+                "callid bench: interrupted by {}; the processes and the scratch directory it \
+                 started are gone, and no report was written",
+                signal.name()
+            );
+            return Ok(ExitCode::from(signal.exit_code()));
+        }
+    };
     let mut out = stdout();
     match args.format {
         PlainFormatArg::Table => bench::render_table(&report, &mut out),

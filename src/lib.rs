@@ -26,6 +26,8 @@
 //! - [`pipes`]: standard input and output on the reactor when they are pipes or sockets, for
 //!   every stdio server of callid (no thread-pool hand-offs per message).
 //! - [`secret`]: credentials (tokens, URLs with passwords or API keys) that never show.
+//! - [`signals`]: SIGINT, SIGTERM and SIGHUP taken over by the long commands (`conform`,
+//!   `bench`), which end what they started before exiting 128 + the signal's number.
 //! - [`crashpoint`]: test-only crash points that kill the process at a named spend boundary
 //!   (armed only with the `test-hooks` feature; empty in an installed binary).
 //!
@@ -116,6 +118,7 @@ mod pipes;
 mod router;
 mod secret;
 mod serve;
+mod signals;
 mod spend;
 mod storage;
 mod text;

@@ -32,12 +32,11 @@
 //! - Check ids are stable: they are the `id:` of the scenario files, each citing its article rule.
 //! - A run interrupted by SIGINT, SIGTERM or SIGHUP ends every process group it started, removes
 //!   its temporary directories and returns a report marked interrupted, where every check that
-//!   did not finish is `not run` ([`interrupt`]).
+//!   did not finish is `not run` ([`crate::signals`]).
 
 mod builtin;
 pub(crate) mod expected;
 mod hooks;
-pub(crate) mod interrupt;
 mod provider;
 pub(crate) mod report;
 mod runner;
@@ -157,7 +156,7 @@ pub(crate) const DEFAULT_JOBS: usize = 4;
 /// Runs the selected scenarios against the target and returns the report.
 pub(crate) async fn run(options: &Options) -> Result<Report, ConformError> {
     let started = Instant::now();
-    let mut signals = interrupt::Signals::install()?;
+    let mut signals = crate::signals::Signals::install()?;
     let all = load_scenarios(options.scenarios.as_deref())?;
     let known: Vec<&str> = all.iter().map(|s| s.id.as_str()).collect();
     let expected = match &options.expected_failures {
@@ -231,7 +230,7 @@ pub(crate) async fn run(options: &Options) -> Result<Report, ConformError> {
         // Dropping a check's future kills its routers, then removes its state and provider.
         running.abort_all();
         while running.join_next().await.is_some() {}
-        interrupt::end_all().await;
+        crate::signals::end_all().await;
         let reason = format!(
             "the run was interrupted by {} before this check finished",
             signal.name()

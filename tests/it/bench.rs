@@ -3,9 +3,12 @@
 //! nothing about them); that every row measures, skips with a reason, or fails loudly is.
 
 use crate::common;
+use crate::common::procs::{self, Proc, descendants, processes};
 use callid::jsonrpc::Connection;
 use serde_json::{Value, json};
-use std::process::Command;
+use std::collections::BTreeMap;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 fn bench(args: &[&str]) -> (i32, String, String) {
     let output = Command::new(common::bin())
@@ -241,4 +244,110 @@ fn bench_postgres_rows_count_round_trips_delay_the_link_and_charge_cpu_per_opera
         assert_eq!(cpu.matches(part).count(), 2, "{part} in {cpu}");
     }
     assert!(number_before(cpu, " ms (replicas ") > 0.0, "{cpu}");
+}
+
+/// `callid bench --only ROW` in a fresh `TMPDIR`, interrupted by `signal` once `ready` holds of
+/// the processes it started and the other processes naming that directory: afterwards none of
+/// them lives, the directory is empty, nothing was written to standard output, and the exit code
+/// is 128 + the signal's number.
+fn interrupted_bench_leaves_nothing(
+    row: &str,
+    signal: i32,
+    name: &str,
+    ready: impl Fn(&[Proc]) -> bool,
+) {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut child = std::process::Command::new(common::bin())
+        .args(["bench", "--only", row, "--format", "json"])
+        .current_dir(common::repo())
+        .env("TMPDIR", tmp.path())
+        .env_remove("CALLID_BENCH_POSTGRES_URL")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let dir = tmp.path().display().to_string();
+    let related = |below: &BTreeMap<u32, Proc>| -> Vec<(u32, Proc)> {
+        processes()
+            .into_iter()
+            .filter(|(pid, p)| !p.zombie && (below.contains_key(pid) || p.cmdline.contains(&dir)))
+            .collect()
+    };
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let seen = loop {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the bench ended before it was interrupted"
+        );
+        let below = descendants(child.id());
+        let seen = related(&below);
+        if ready(&seen.iter().map(|(_, p)| p.clone()).collect::<Vec<_>>()) {
+            break below;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the bench did not get going in 120 s: {seen:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    // SAFETY: kill has no memory effects.
+    assert_eq!(unsafe { libc::kill(child.id() as libc::pid_t, signal) }, 0);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the bench did not end within 30 s of {name}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let output = child.wait_with_output().unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr),
+    );
+    assert_eq!(status.code(), Some(128 + signal), "{status:?}\n{stderr}");
+    assert_eq!(related(&seen), vec![], "processes of the bench survived it");
+    assert_eq!(
+        procs::contents(tmp.path()),
+        Vec::<String>::new(),
+        "TMPDIR still holds them"
+    );
+    assert_eq!(stdout, "", "an interrupted bench writes no report");
+    assert!(
+        stderr.contains(&format!("callid bench: interrupted by {name}; ")),
+        "{stderr}"
+    );
+}
+
+/// A process of the bench runs `callid router`.
+fn a_router(procs: &[Proc]) -> bool {
+    procs
+        .iter()
+        .any(|p| p.cmdline.contains(" router --registry "))
+}
+
+#[test]
+fn sigint_ends_the_bench_and_the_routers_it_started() {
+    interrupted_bench_leaves_nothing("router_new_operation", libc::SIGINT, "SIGINT", a_router);
+}
+
+#[test]
+fn sigterm_ends_the_bench_its_routers_and_its_postgres_cluster() {
+    let test = "sigterm_ends_the_bench_its_routers_and_its_postgres_cluster";
+    if callid::pg_cluster::bindir().is_none() {
+        // The rows skip themselves then; `tests/it/pg.rs` says why (and fails in CI).
+        assert!(crate::pg::PgCluster::start(test).is_none());
+        return;
+    }
+    // The cluster's server (`postgres -D TMPDIR/callid-pg-...`) is up beside a router.
+    interrupted_bench_leaves_nothing(
+        "postgres_new_operation",
+        libc::SIGTERM,
+        "SIGTERM",
+        |procs| a_router(procs) && procs.iter().any(|p| p.cmdline.contains("postgres -D ")),
+    );
 }

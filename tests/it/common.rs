@@ -72,5 +72,6 @@ pub mod conform;
 pub mod mcp;
 pub mod measure;
 pub mod probe;
+pub mod procs;
 pub mod provider;
 pub mod rust_source;

@@ -4,93 +4,13 @@
 //! the exit code is 128 + the signal's number, and `--out` holds the partial report. A SIGKILL of
 //! conform itself still takes its routers along (`PR_SET_PDEATHSIG`).
 
+use crate::common::procs::{Proc, contents, descendants, processes};
 use crate::common::{bin, repo};
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-
-/// A `/proc` entry: parent, process group, zombie or not, command line.
-#[derive(Debug, Clone, PartialEq)]
-struct Proc {
-    ppid: u32,
-    pgrp: u32,
-    zombie: bool,
-    cmdline: String,
-}
-
-fn processes() -> BTreeMap<u32, Proc> {
-    let mut all = BTreeMap::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        // A process that exits while it is read leaves a short or empty line: skip it.
-        let Some(fields) = stat
-            .rfind(')')
-            .map(|close| stat[close + 1..].split_whitespace().collect::<Vec<&str>>())
-        else {
-            continue;
-        };
-        let (Some(state), Some(Ok(ppid)), Some(Ok(pgrp))) = (
-            fields.first(),
-            fields.get(1).map(|f| f.parse()),
-            fields.get(2).map(|f| f.parse()),
-        ) else {
-            continue;
-        };
-        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline"))
-            .map(|raw| String::from_utf8_lossy(&raw).replace('\0', " "))
-            .unwrap_or_default();
-        // A killed process's main thread can be a zombie while another thread still exits and
-        // holds its files (a listening socket): it is gone once every thread is.
-        let zombie = *state == "Z"
-            && std::fs::read_dir(format!("/proc/{pid}/task"))
-                .map(|tasks| {
-                    tasks.flatten().all(|t| {
-                        std::fs::read_to_string(t.path().join("stat")).is_ok_and(|st| {
-                            st.rfind(')').is_some_and(|c| {
-                                matches!(st[c + 1..].split_whitespace().next(), Some("Z" | "X"))
-                            })
-                        })
-                    })
-                })
-                .unwrap_or(true);
-        all.insert(
-            pid,
-            Proc {
-                zombie,
-                ppid,
-                pgrp,
-                cmdline,
-            },
-        );
-    }
-    all
-}
-
-/// Every living process below `root`.
-fn descendants(root: u32) -> BTreeMap<u32, Proc> {
-    let all = processes();
-    let mut found: BTreeMap<u32, Proc> = BTreeMap::new();
-    let mut frontier = vec![root];
-    while let Some(parent) = frontier.pop() {
-        for (pid, p) in &all {
-            if p.ppid == parent && !p.zombie && found.insert(*pid, p.clone()).is_none() {
-                frontier.push(*pid);
-            }
-        }
-    }
-    found
-}
 
 /// A conform run in its own fresh `TMPDIR`, writing its JSON report to `--out`.
 struct Run {
@@ -194,23 +114,6 @@ fn http_port(cmdline: &str) -> Option<u16> {
     let words: Vec<&str> = cmdline.split_whitespace().collect();
     let at = words.iter().position(|w| *w == "--http")?;
     words.get(at + 1)?.rsplit(':').next()?.parse().ok()
-}
-
-/// What `dir` still holds: every path below it, relative.
-fn contents(dir: &Path) -> Vec<String> {
-    let mut found = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for entry in std::fs::read_dir(&d).unwrap().flatten() {
-            let path = entry.path();
-            found.push(path.strip_prefix(dir).unwrap().display().to_string());
-            if path.is_dir() {
-                stack.push(path);
-            }
-        }
-    }
-    found.sort();
-    found
 }
 
 /// Interrupts a run of `target` with `signal` once a router is up, and checks everything the

@@ -112,7 +112,7 @@ pub struct Report {
     pub allow_incomplete: bool,
     /// The signal that interrupted the run, if one did: the checks it did not let finish are
     /// `not run`, and the run does not succeed.
-    pub interrupted: Option<crate::conform::interrupt::Signal>,
+    pub interrupted: Option<crate::signals::Signal>,
 }
 
 /// Counts by verdict and baseline.
@@ -307,7 +307,7 @@ pub(crate) mod tests {
             .checks
             .retain(|c| c.verdict == Verdict::Pass && c.baseline == Baseline::Ok);
         assert!(report.success());
-        report.interrupted = Some(crate::conform::interrupt::Signal::Terminate);
+        report.interrupted = Some(crate::signals::Signal::Terminate);
         assert!(!report.success());
         assert_eq!(
             report.summary_line(),

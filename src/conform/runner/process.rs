@@ -13,7 +13,7 @@
 //!   sends SIGKILL to its process group (what it left behind, or the router itself when it did not
 //!   exit); [`ScenarioRun::stop`] never leaves a process the runner started running. No other
 //!   signal is sent: no SIGTERM, no SIGINT.
-//! - Every router process is registered with [`interrupt`] from its spawn until it is reaped, and
+//! - Every router process is registered with [`signals`] from its spawn until it is reaped, and
 //!   asks the kernel for SIGKILL when the runner dies; a router dropped unreaped (its check
 //!   cancelled by a signal) sends SIGKILL to its group.
 //! - Every transport error names what happened (exited, timed out) and, when the router is a
@@ -22,9 +22,9 @@
 //!   process on the machine.
 
 use super::{ScenarioRun, StepError, StepResult, fail};
-use crate::conform::interrupt;
 use crate::conform::target::{Profile, Transport, Vars};
 use crate::jsonrpc::{Child, Connection, RpcError};
+use crate::signals;
 use crate::text::clip;
 use serde_json::Value;
 use std::path::PathBuf;
@@ -68,7 +68,7 @@ impl Process {
             Process::Http(c) => c.kill().await,
         };
         if let (Some(pid), Ok(())) = (pid, reaped) {
-            interrupt::reaped(pid);
+            signals::reaped(pid);
         }
     }
 
@@ -85,7 +85,7 @@ impl Drop for Process {
     /// before the check's state directory is removed.
     fn drop(&mut self) {
         if let Some(pid) = self.pid() {
-            interrupt::kill_group(pid);
+            signals::kill_group(pid);
         }
     }
 }
@@ -159,7 +159,7 @@ impl ScenarioRun<'_> {
             (Transport::Stdio, Some(command)) => {
                 let program = PathBuf::from(vars.apply(command));
                 let mut command = tokio::process::Command::new(&program);
-                interrupt::own_group(&mut command);
+                signals::own_group(&mut command);
                 command
                     .args(&args)
                     .envs(env.iter().map(|(k, v)| (k, v)))
@@ -173,7 +173,7 @@ impl ScenarioRun<'_> {
                             }
                             other => StepError::Error(other.to_string()),
                         })?;
-                interrupt::started(child.pid());
+                signals::started(child.pid());
                 conn.set_timeout(REQUEST_TIMEOUT);
                 Router {
                     conn,
@@ -185,7 +185,7 @@ impl ScenarioRun<'_> {
                     Some(command) => {
                         let program = vars.apply(command);
                         let mut command = tokio::process::Command::new(&program);
-                        interrupt::own_group(&mut command);
+                        signals::own_group(&mut command);
                         let child = command
                             .args(&args)
                             .envs(env.iter().map(|(k, v)| (k, v)))
@@ -195,7 +195,7 @@ impl ScenarioRun<'_> {
                             .kill_on_drop(true)
                             .spawn()
                             .map_err(|e| StepError::Error(format!("spawn: `{program}`: {e}")))?;
-                        interrupt::started(child.id());
+                        signals::started(child.id());
                         Some(Process::Http(child))
                     }
                     None => None,
@@ -254,8 +254,8 @@ impl ScenarioRun<'_> {
                     .is_ok()
             {
                 // What the router left behind in its group goes with it.
-                interrupt::kill_group(pid);
-                interrupt::reaped(pid);
+                signals::kill_group(pid);
+                signals::reaped(pid);
                 return;
             }
         }
