@@ -291,19 +291,8 @@ fn interrupted_bench_leaves_nothing(
         );
         std::thread::sleep(Duration::from_millis(20));
     };
-    // SAFETY: kill has no memory effects.
-    assert_eq!(unsafe { libc::kill(child.id() as libc::pid_t, signal) }, 0);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the bench did not end within 30 s of {name}"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    };
+    procs::signal(&child, signal);
+    let status = procs::ended_after(&mut child, "the bench");
     let output = child.wait_with_output().unwrap();
     let (stdout, stderr) = (
         String::from_utf8_lossy(&output.stdout),

@@ -4,7 +4,7 @@
 //! the exit code is 128 + the signal's number, and `--out` holds the partial report. A SIGKILL of
 //! conform itself still takes its routers along (`PR_SET_PDEATHSIG`).
 
-use crate::common::procs::{Proc, contents, descendants, processes};
+use crate::common::procs::{self, Proc, contents, descendants, processes};
 use crate::common::{bin, repo};
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
@@ -74,23 +74,11 @@ impl Run {
     }
 
     fn signal(&self, signal: i32) {
-        let pid = libc::pid_t::try_from(self.child.id()).unwrap();
-        // SAFETY: kill has no memory effects.
-        assert_eq!(unsafe { libc::kill(pid, signal) }, 0);
+        procs::signal(&self.child, signal);
     }
 
     fn wait(&mut self) -> std::process::ExitStatus {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "conform did not end within 30 s of the signal"
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        procs::ended_after(&mut self.child, "conform")
     }
 
     /// The living processes that belong to the run: in a process group seen below it, or naming

@@ -3,6 +3,8 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::process::{Child, ExitStatus};
+use std::time::{Duration, Instant};
 
 /// A `/proc` entry: parent, process group, zombie or not, command line.
 #[derive(Debug, Clone, PartialEq)]
@@ -101,4 +103,26 @@ pub fn contents(dir: &Path) -> Vec<String> {
     }
     found.sort();
     found
+}
+
+/// Sends `signal` to `child`.
+pub fn signal(child: &Child, signal: i32) {
+    let pid = libc::pid_t::try_from(child.id()).unwrap();
+    // SAFETY: kill has no memory effects.
+    assert_eq!(unsafe { libc::kill(pid, signal) }, 0);
+}
+
+/// The exit status of `child`, which must end within 30 s of a signal that `what` names.
+pub fn ended_after(child: &mut Child, what: &str) -> ExitStatus {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what} did not end within 30 s of the signal"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
