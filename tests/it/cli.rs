@@ -967,6 +967,30 @@ fn json_outputs_match_their_schemas() {
         bad["rows"][0]["verdict"] = json!("great");
         assert!(!schemas.is_valid("bench", &bad));
     }
+    // Every verdict and every kind of target, as the report's own snapshot renders them (a row
+    // of each: met, missed, reported, skipped, error), matches the schema too.
+    let snapshot = std::fs::read_to_string(
+        repo().join("src/bench/snapshots/callid__bench__report__tests__json.snap"),
+    )
+    .unwrap();
+    let every_verdict: Value = serde_json::from_str(
+        snapshot
+            .splitn(3, "---\n")
+            .nth(2)
+            .expect("an insta snapshot: a header between two `---` lines, then the JSON"),
+    )
+    .unwrap();
+    let verdicts_seen: std::collections::BTreeSet<&str> = every_verdict["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|row| row["verdict"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        verdicts_seen,
+        ["error", "met", "missed", "reported", "skipped"].into()
+    );
+    schemas.check("bench", "the report's JSON snapshot", &every_verdict);
 
     // The schemas have teeth: a missing `version`, an unknown field or a wrong enum value fails.
     let mut no_version = verdicts.clone();
