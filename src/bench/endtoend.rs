@@ -262,14 +262,14 @@ pub async fn router_rows(ctx: &Context) -> Vec<(RowId, Outcome)> {
     let mut peak_note = format!("after {} sequential new operations", plan.warm_up.min(10));
 
     if ctx.wants(RowId::RouterNewOperation) {
-        let result = router_new_operation(ctx, on_router).await;
+        let result = router_new_operation(ctx, on_router, router.pid()).await;
         let ceiling = match &result {
             Ok((_, ceiling)) => {
                 peak_note = "after the new-operation rounds".into();
                 format!(
                     "; {}",
                     ceiling_note(
-                        *ceiling,
+                        ceiling,
                         "three of the baseline's commits and one bare rmcp \
                      round trip (`callid bench --serve-baseline`)"
                     )
@@ -427,8 +427,13 @@ impl SqliteBaseline {
 }
 
 /// The new-operation rounds, and the row's ceiling on this machine: a new operation needs three
-/// commits (the baseline's) and one round trip to a bare rmcp server, whatever else it does.
-async fn router_new_operation(ctx: &Context, router: Calls<'_>) -> BenchResult<(Pairs, f64)> {
+/// commits (the baseline's) and one round trip to a bare rmcp server, whatever else it does. The
+/// router's CPU time is metered during its batches (process `pid`).
+async fn router_new_operation(
+    ctx: &Context,
+    router: Calls<'_>,
+    pid: Option<u32>,
+) -> BenchResult<(Pairs, paired::Ceiling)> {
     let plan = ctx.plan;
     let mut sqlite = SqliteBaseline::open(&ctx.dir.join("baseline.sqlite3"))?;
     let mut inserts = Batch::Blocking(Box::new(move |n| sqlite.insert_batch(n)));
@@ -446,6 +451,7 @@ async fn router_new_operation(ctx: &Context, router: Calls<'_>) -> BenchResult<(
                 baseline: 3.0,
                 others: vec![(Batch::Sequential(on_echo), 1.0)],
             },
+            &metered_router(pid),
         )
         .await
     }
@@ -454,11 +460,38 @@ async fn router_new_operation(ctx: &Context, router: Calls<'_>) -> BenchResult<(
     result
 }
 
-/// What a row's note says of its ceiling.
-pub(super) fn ceiling_note(ceiling: f64, floor: &str) -> String {
+/// The router of a new-operation row, metered for CPU time (its in-process provider included).
+pub(super) fn metered_router(pid: Option<u32>) -> Vec<paired::Metered> {
+    pid.map(|pid| paired::Metered {
+        name: "the router".into(),
+        pid,
+        children: false,
+    })
+    .into_iter()
+    .collect()
+}
+
+/// What a row's note says of its ceiling, of the floor's time, and of the CPU time the metered
+/// processes spent per operation of the figure (the figure's work against the floor's time).
+pub(super) fn ceiling_note(ceiling: &paired::Ceiling, floor: &str) -> String {
+    let cpu: Vec<String> = ceiling
+        .cpu
+        .iter()
+        .map(|(name, seconds)| format!("{name} {:.2} ms", seconds * 1e3))
+        .collect();
     format!(
-        "ceiling on this machine {ceiling:.2}x: {floor} back to back, with no other work, \
-         measured after each round"
+        "ceiling on this machine {:.2}x: {floor} back to back, with no other work, \
+         measured after each round ({:.2} ms per operation){}",
+        ceiling.ratio,
+        ceiling.floor * 1e3,
+        if cpu.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "; CPU time per new operation (/proc/PID/stat, during the figure's batches): {}",
+                cpu.join(", ")
+            )
+        }
     )
 }
 

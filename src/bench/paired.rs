@@ -110,21 +110,46 @@ pub struct Floor<'a> {
     pub others: Vec<(Batch<'a>, f64)>,
 }
 
-/// [`rounds`], each round followed by one batch of each of `floor`'s other primitives: the pairs,
-/// and the median of the per-round ceilings, the ratio no implementation could beat on this
-/// machine (the baseline's time per operation over the floor's: its own primitives back to back,
-/// with no other work at all).
+/// What [`rounds_with_ceiling`] measured besides the pairs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Ceiling {
+    /// The median of the per-round ceilings: the ratio no implementation could beat on this
+    /// machine (the baseline's time per operation over the floor's).
+    pub ratio: f64,
+    /// The median of the per-round floors: seconds per operation of the floor's primitives back
+    /// to back, with no other work at all.
+    pub floor: f64,
+    /// CPU seconds per operation of each named group of the metered processes during the
+    /// figure's batches, in the order first named (empty where `/proc` cannot be read).
+    pub cpu: Vec<(String, f64)>,
+}
+
+/// [`rounds`], each round followed by one batch of each of `floor`'s other primitives: the pairs
+/// and the [`Ceiling`], with the CPU time `processes` spent per operation of the figure.
 pub async fn rounds_with_ceiling(
     rounds: usize,
     n: usize,
     figure: &mut Batch<'_>,
     baseline: &mut Batch<'_>,
     floor: &mut Floor<'_>,
-) -> BenchResult<(Pairs, f64)> {
+    processes: &[Metered],
+) -> BenchResult<(Pairs, Ceiling)> {
     let mut pairs = Pairs::new();
     let mut ceilings = Vec::with_capacity(rounds);
+    let mut floors = Vec::with_capacity(rounds);
+    let mut spent = Some(vec![0u64; processes.len()]);
     for _ in 0..rounds {
+        let before = metered_ticks(processes);
         let a = figure.run(n).await?;
+        spent = match (spent, before, metered_ticks(processes)) {
+            (Some(mut spent), Some(before), Some(after)) => {
+                for (k, (b, a)) in before.iter().zip(&after).enumerate() {
+                    spent[k] += a.saturating_sub(*b);
+                }
+                Some(spent)
+            }
+            _ => None,
+        };
         let b = baseline.run(n).await?;
         pairs.push(a, b);
         let base = b.seconds_per_op();
@@ -133,9 +158,37 @@ pub async fn rounds_with_ceiling(
             least += *count * batch.run(n).await?.seconds_per_op();
         }
         ceilings.push(base / least);
+        floors.push(least);
     }
-    let ceiling = super::stats::median(&ceilings).unwrap_or(f64::NAN);
-    Ok((pairs, ceiling))
+    let cpu = match spent {
+        Some(spent) if rounds > 0 && n > 0 => {
+            let ops = (rounds * n) as f64;
+            by_name(processes, |k| {
+                spent[k] as f64 / clock_ticks_per_second() / ops
+            })
+        }
+        _ => Vec::new(),
+    };
+    Ok((
+        pairs,
+        Ceiling {
+            ratio: super::stats::median(&ceilings).unwrap_or(f64::NAN),
+            floor: super::stats::median(&floors).unwrap_or(f64::NAN),
+            cpu,
+        },
+    ))
+}
+
+/// `value(k)` of each of `processes`, summed per name, in the order each name first appears.
+fn by_name(processes: &[Metered], value: impl Fn(usize) -> f64) -> Vec<(String, f64)> {
+    let mut groups: Vec<(String, f64)> = Vec::new();
+    for (k, process) in processes.iter().enumerate() {
+        match groups.iter_mut().find(|(name, _)| *name == process.name) {
+            Some((_, sum)) => *sum += value(k),
+            None => groups.push((process.name.clone(), value(k))),
+        }
+    }
+    groups
 }
 
 /// The whole machine's CPU time so far (`/proc/stat`'s first line, in clock ticks): busy and
@@ -316,20 +369,17 @@ pub async fn rounds_with_cpu(
     if metered_known && rounds > 0 && n > 0 {
         let ops = (rounds * n) as f64;
         let seconds = |ticks: u64| ticks as f64 / clock_ticks_per_second() / ops;
-        for (k, process) in processes.iter().enumerate() {
-            let (f, b) = (seconds(spent[0][k]), seconds(spent[1][k]));
-            match per_op.iter_mut().find(|p| p.name == process.name) {
-                Some(group) => {
-                    group.figure += f;
-                    group.baseline += b;
-                }
-                None => per_op.push(ProcessCpu {
-                    name: process.name.clone(),
-                    figure: f,
-                    baseline: b,
-                }),
-            }
-        }
+        let figure = by_name(processes, |k| seconds(spent[0][k]));
+        let baseline = by_name(processes, |k| seconds(spent[1][k]));
+        per_op = figure
+            .into_iter()
+            .zip(baseline)
+            .map(|((name, figure), (_, baseline))| ProcessCpu {
+                name,
+                figure,
+                baseline,
+            })
+            .collect();
     }
     Ok((
         pairs,
@@ -459,9 +509,10 @@ mod tests {
             baseline: 3.0,
             others: vec![(logged(&log, "round trip", |_| Ok(1.0 / 0.005)), 1.0)],
         };
-        let (pairs, ceiling) = rounds_with_ceiling(2, 7, &mut figure, &mut baseline, &mut floor)
-            .await
-            .unwrap();
+        let (pairs, ceiling) =
+            rounds_with_ceiling(2, 7, &mut figure, &mut baseline, &mut floor, &[])
+                .await
+                .unwrap();
         drop((figure, baseline, floor));
         assert_eq!(
             log.lock().unwrap().clone(),
@@ -477,9 +528,16 @@ mod tests {
         assert_eq!(pairs.summary().expect("two rounds").rounds, 2);
         let expected = (10.0 / 35.0 + 5.0 / 20.0) / 2.0;
         assert!(
-            (ceiling - expected).abs() < 1e-12,
-            "{ceiling} != {expected}"
+            (ceiling.ratio - expected).abs() < 1e-12,
+            "{ceiling:?}: ratio {expected} wanted"
         );
+        // The floors: 3 x 10 ms + 5 ms and 3 x 5 ms + 5 ms, per operation.
+        let expected = (0.035 + 0.020) / 2.0;
+        assert!(
+            (ceiling.floor - expected).abs() < 1e-12,
+            "{ceiling:?}: floor {expected} wanted"
+        );
+        assert_eq!(ceiling.cpu, [], "no process metered");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
@@ -609,6 +667,50 @@ mod tests {
         assert!(note.contains(" ms (spinner "), "{note}");
         assert!(note.contains(", shell "), "{note}");
         assert_eq!(cpu_per_op_note(&[], "a", "b"), "");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn the_ceiling_meters_the_cpu_of_the_figures_batches() {
+        let spinner = Spinner::start();
+        let shell = spinner.shell.id();
+        let spinning = &spinner;
+        let mut spin = Batch::Blocking(Box::new(move |_| {
+            spinning.signal(libc::SIGCONT);
+            std::thread::sleep(std::time::Duration::from_millis(150));
+            spinning.signal(libc::SIGSTOP);
+            Ok(1.0)
+        }));
+        let rest = || {
+            Batch::Blocking(Box::new(|_| {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+                Ok(100.0)
+            }))
+        };
+        let mut baseline = rest();
+        let mut floor = Floor {
+            baseline: 3.0,
+            others: vec![(rest(), 1.0)],
+        };
+        let metered = |name: &str, children| Metered {
+            name: name.into(),
+            pid: shell,
+            children,
+        };
+        let processes = [metered("spinner", true), metered("shell", false)];
+        let (_, ceiling) =
+            rounds_with_ceiling(2, 5, &mut spin, &mut baseline, &mut floor, &processes)
+                .await
+                .unwrap();
+        drop((spin, baseline, floor));
+        let [(spinner, spun), (shell, waited)] = &ceiling.cpu[..] else {
+            panic!("one group per name, in order: {:?}", ceiling.cpu)
+        };
+        assert_eq!((&**spinner, &**shell), ("spinner", "shell"));
+        // The spinning child ran during the figure's batches (about 300 ms over 10 operations,
+        // less on a busy machine); the shell only waits.
+        assert!(*spun > 0.0 && waited < spun, "{:?}", ceiling.cpu);
+        // Three of the baseline's 10 ms operations and one of the other's 10 ms.
+        assert!((ceiling.floor - 0.04).abs() < 1e-9, "{ceiling:?}");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 1)]

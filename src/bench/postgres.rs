@@ -35,7 +35,9 @@
 //!   each chunk, which on a busy machine is longer than asked.
 
 use super::drive::{self, BenchError, BenchResult, Server, check_completed, check_success};
-use super::endtoend::{Context, SqliteBaseline, baseline_server, ceiling_note, many_against_one};
+use super::endtoend::{
+    Context, SqliteBaseline, baseline_server, ceiling_note, many_against_one, metered_router,
+};
 use super::fixtures::{capabilities_call, new_spend_call};
 use super::paired::{self, Batch, Calls, Metered, every};
 use super::relay::{Counts, Relay};
@@ -84,7 +86,7 @@ pub async fn rows(ctx: &Context) -> Vec<(RowId, Outcome)> {
             Ok((_, ceiling)) => format!(
                 "; {}",
                 ceiling_note(
-                    *ceiling,
+                    ceiling,
                     "two of the baseline's commits (the row before dispatch, the result), \
                      one SQLite commit (the in-process provider's ledger) and one bare rmcp \
                      round trip (`callid bench --serve-baseline`)"
@@ -297,8 +299,9 @@ impl RawInserts {
     }
 }
 
-/// The new-operation rounds, and the row's ceiling on this machine (see [`rows`]' note).
-async fn new_operation(ctx: &Context, db: &Database) -> BenchResult<(Pairs, f64)> {
+/// The new-operation rounds, and the row's ceiling on this machine (see [`rows`]' note), with the
+/// CPU time of the router and of the bench's own PostgreSQL server during the router's batches.
+async fn new_operation(ctx: &Context, db: &Database) -> BenchResult<(Pairs, paired::Ceiling)> {
     let url = db.for_row("bench_new_operation")?;
     let data = ctx.dir.join("pg-router-stdio");
     let _ = std::fs::create_dir_all(&data);
@@ -317,6 +320,8 @@ async fn new_operation(ctx: &Context, db: &Database) -> BenchResult<(Pairs, f64)
             return Err(err);
         }
     };
+    let mut metered = metered_router(router.pid());
+    metered.extend(db.metered());
     let result = async {
         let mut raw = tokio::task::block_in_place(|| RawInserts::open(&url))?;
         let calls = Calls::on(&router, &new_spend_call, check_completed);
@@ -341,6 +346,7 @@ async fn new_operation(ctx: &Context, db: &Database) -> BenchResult<(Pairs, f64)
                     (Batch::Sequential(on_echo), 1.0),
                 ],
             },
+            &metered,
         )
         .await
     }

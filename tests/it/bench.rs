@@ -175,6 +175,15 @@ fn bench_end_to_end_rows_measure_the_real_probe_and_router() {
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("no ceiling in the note: {note}"));
     assert!(ceiling > 0.0 && ceiling < 1.0 / 3.0, "{note}");
+    // Beside it, the floor's time per operation and the router's CPU time per new operation
+    // (zero or more: a quick run's batches may take less than a clock tick of it).
+    assert!(number_before(note, " ms per operation)") > 0.0, "{note}");
+    let cpu = note
+        .split("CPU time per new operation (/proc/PID/stat, during the figure's batches): ")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no CPU time per new operation in: {note}"));
+    assert!(number_before(cpu, " ms") >= 0.0, "{note}");
+    assert!(cpu.starts_with("the router "), "{note}");
 }
 
 /// The number before `marker` in `note` (`18.9 round trips to the server` -> 18.9).
@@ -215,6 +224,21 @@ fn bench_postgres_rows_count_round_trips_delay_the_link_and_charge_cpu_per_opera
     // Below 5 here: a session idle for 100 ms, which a loaded machine's debug build may leave
     // now and then, is checked with a round trip of its own before it is used.
     assert!(counted < 5.0, "{}", note(0));
+    // The router's and the server's CPU time per new operation, beside the floor's time.
+    let cpu = note(0)
+        .split("CPU time per new operation (/proc/PID/stat, during the figure's batches): ")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no CPU time per new operation in: {}", note(0)))
+        .to_string();
+    assert!(
+        cpu.starts_with("the router ") && cpu.contains(", PostgreSQL "),
+        "{cpu}"
+    );
+    assert!(
+        number_before(&note(0), " ms per operation)") > 0.0,
+        "{}",
+        note(0)
+    );
     let far = number_before(
         &note(2),
         " round trips to the server per new operation counted",
