@@ -8,7 +8,8 @@
 //!   registry's SQLite and PostgreSQL tables to agree.
 //! - [`sqlite`]: every SQLite file of callid (the registry, the preallocated key pool, the
 //!   backend's two state files, the provider ledger): opened, inspected, protected and migrated
-//!   by one discipline, with group commit for writes.
+//!   by one discipline, with group commit for writes, through a VFS that hands a commit's WAL
+//!   frames to the kernel in one write (`sqlite::vfs`).
 //! - [`postgres`]: PostgreSQL connection URLs (redacted wherever shown), TLS, the session
 //!   settings every connection gets, and the schema migration.
 //! - [`LayerTx`]: a transaction on either dialect that the registry and the layers write in.

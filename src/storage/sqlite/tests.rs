@@ -458,3 +458,105 @@ fn closing_the_last_connection_ends_the_checkpointer_and_leaves_no_wal() {
         .unwrap();
     assert_eq!(rows, 2 * checkpoint::CHECKPOINT_EVERY as i64 + 1);
 }
+
+/// Write system calls this thread has made so far (`syscw` of `/proc/thread-self/io`).
+fn writes_of_this_thread() -> u64 {
+    let io = std::fs::read_to_string("/proc/thread-self/io").unwrap();
+    io.lines()
+        .find_map(|l| l.strip_prefix("syscw: "))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// A connection configured as `connect` configures one, through the VFS `vfs`.
+fn connection_through(path: &Path, vfs: &std::ffi::CStr) -> Connection {
+    let conn = Connection::open_with_flags_and_vfs(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        vfs,
+    )
+    .unwrap();
+    configure(&conn).unwrap();
+    // No checkpoint on commit (its writes to the file would count too): the WAL only grows.
+    conn.pragma_update(None, "wal_autocheckpoint", 0).unwrap();
+    conn
+}
+
+/// One transaction of `rows` rows of `size` bytes each into `b`; the write system calls it took.
+fn commit_sized(conn: &Connection, rows: usize, size: usize) -> u64 {
+    let before = writes_of_this_thread();
+    conn.execute_batch("BEGIN IMMEDIATE").unwrap();
+    for i in 0..rows {
+        let mut text = i.to_string();
+        text.extend(std::iter::repeat_n('x', size - text.len()));
+        conn.execute("INSERT INTO b (y) VALUES (?1)", [text])
+            .unwrap();
+    }
+    conn.execute_batch("COMMIT").unwrap();
+    writes_of_this_thread() - before
+}
+
+#[test]
+fn a_commit_reaches_the_wal_in_one_write_through_callid_s_vfs() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.sqlite3");
+    drop(Store::open(&path, &SPEC).unwrap());
+    let ours = connection_through(&path, vfs::name().unwrap());
+    let unix = connection_through(&path, c"unix");
+    // Warm both up (the -shm's first pages, the WAL's header), then 20 rows of 1,000 bytes:
+    // about six frames of a page and its header each.
+    commit_sized(&ours, 1, 10);
+    commit_sized(&unix, 1, 10);
+    let plain = commit_sized(&unix, 20, 1000);
+    let coalesced = commit_sized(&ours, 20, 1000);
+    assert!(
+        plain >= 10,
+        "the unix VFS wrote each frame in two calls: {plain}"
+    );
+    assert_eq!(
+        coalesced, 1,
+        "one write for the whole commit (the unix VFS took {plain})"
+    );
+}
+
+#[test]
+fn commits_larger_than_what_the_vfs_holds_are_whole_and_readable_at_once_by_others() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.sqlite3");
+    drop(Store::open(&path, &SPEC).unwrap());
+    let ours = connection_through(&path, vfs::name().unwrap());
+    let reader = Connection::open(&path).unwrap();
+    let mut expected = 0i64;
+    // Commits from one frame to about 3 MB (many times `vfs::HOLD`), of rows of uneven sizes,
+    // each read by a connection through the plain unix VFS as soon as it returned.
+    let wal = side(&path, "-wal");
+    for (rows, size) in [
+        (1, 10),
+        (7, 333),
+        (40, 4000),
+        (300, 2500),
+        (1200, 2048),
+        (3, 70_000),
+    ] {
+        let before = std::fs::metadata(&wal).map_or(0, |m| m.len());
+        let writes = commit_sized(&ours, rows, size);
+        let grown = std::fs::metadata(&wal).unwrap().len() - before;
+        expected += i64::try_from(rows * size).unwrap();
+        let pieces = grown.div_ceil(u64::try_from(vfs::HOLD).unwrap());
+        assert!(
+            writes <= pieces + 1,
+            "{rows} rows of {size} bytes: {writes} writes for {grown} bytes of WAL"
+        );
+        let seen: i64 = reader
+            .query_row("SELECT sum(length(y)) FROM b", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(seen, expected, "after {rows} rows of {size} bytes");
+    }
+    drop(ours);
+    let check: String = reader
+        .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(check, "ok");
+}
