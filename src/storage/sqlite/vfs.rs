@@ -84,7 +84,7 @@ struct WalFile {
     at: i64,
 }
 
-/// Where the `unix` VFS's file starts in a [`WalFile`]'s allocation (8-byte aligned).
+/// Where the `unix` VFS's file starts in a [`WalFile`]'s allocation (aligned to 16 bytes).
 const REAL_AT: usize = std::mem::size_of::<WalFile>().next_multiple_of(16);
 
 unsafe extern "C" fn open(
