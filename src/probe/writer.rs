@@ -14,9 +14,11 @@
 //!   waiting (a queue allocated whole for [`QUEUE_RECORDS`] records took 850 kB of a 20 MB
 //!   budget before the first call), and the byte bound caps what is held whatever the messages'
 //!   sizes ([`QUEUE_RECORDS`] messages of the largest size the tap keeps would be 4 GiB).
-//! - In normal operation nothing is dropped: the stdio probe answers on one thread and the
-//!   writer has its own, so the queue stays short (a test sends 10,000 calls and finds 10,000
-//!   records; [`WriterSummary::most_queued`], logged at `info` on exit, says how short).
+//! - In normal operation nothing is dropped, on a busy machine too: the stdio probe answers on
+//!   one thread and the writer has its own, and the writer gives way to other threads only while
+//!   fewer than [`YIELD_BELOW`] records wait, so the queue stays short (a test sends 10,000 calls
+//!   and finds 10,000 records; [`WriterSummary::most_queued`], logged at `info` on exit, says how
+//!   short).
 //! - Records are written in the order they were handed over, as whole lines: the lines of one
 //!   drain go out in one `write` (at most about [`BATCH_BYTES`] each), never a line split across two.
 //! - [`RecordWriter::finish`] writes everything still queued before it returns; [`flush`]
@@ -318,6 +320,16 @@ pub fn build(job: Job, digester: &Digester) -> Record {
 /// brings (a pause of 1 ms at 100,000 calls/s is 100 records against [`QUEUE_RECORDS`]).
 pub const PAUSE: std::time::Duration = std::time::Duration::from_millis(1);
 
+/// Queued records below which the writer yields its core after each record it builds.
+///
+/// The yield keeps a reply path woken onto the writer's core from waiting for a whole drain
+/// (BENCHMARKS.md, the probe round trip). On a busy machine each yield hands the core to every
+/// other runnable thread first, so a writer that yields after every record builds one per time
+/// slice: 10,000 calls beside six busy loops on two cores dropped 4,601 records. Past this many
+/// queued the writer builds without yielding, like any thread, until it is back below, so the
+/// queue stays far from [`QUEUE_RECORDS`]. A pause of [`PAUSE`] at 100,000 calls/s brings 100.
+pub const YIELD_BELOW: usize = 256;
+
 /// Most bytes of lines the writer holds before it writes them. A drain's lines go out in one
 /// `write` (each append cost the writer thread about a third of its time on ext4, one per
 /// record); a drain that brings more goes out in writes of about this size.
@@ -385,8 +397,10 @@ fn write_loop(rx: mpsc::Receiver<Item>, log: &ShapeLog, digester: &Digester, cou
                         handle(item, &mut batch);
                         drained += 1;
                         // A reply path woken onto this core waits for one record at most,
-                        // not for the whole drain.
-                        std::thread::yield_now();
+                        // not for the whole drain; a writer behind yields no more (YIELD_BELOW).
+                        if counters.queued.load(Ordering::Relaxed) < YIELD_BELOW {
+                            std::thread::yield_now();
+                        }
                     }
                     Err(mpsc::TryRecvError::Empty) => break false,
                     Err(mpsc::TryRecvError::Disconnected) => break true,
