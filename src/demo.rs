@@ -321,7 +321,17 @@ async fn chat_like(exe: &Path, log: &Path) -> Result<Vec<String>, DemoError> {
         mismatches.extend(check_answer("chat-like-client", &r, "rejected"));
         conn.close().await;
     }
-    let _ = child.kill9().await;
+    // SIGTERM: the probe writes the records still queued before it exits (SIGKILL lost them
+    // when its writer was behind on a busy machine).
+    match child.terminate(TIMEOUT).await {
+        Ok(Some(status)) if status.success() => {}
+        outcome => mismatches.push(format!(
+            "`chat-like-client`: the HTTP probe did not exit 0 on SIGTERM within {} s ({outcome:?}); \
+             its stderr: {}",
+            TIMEOUT.as_secs(),
+            child.stderr_text()
+        )),
+    }
     Ok(mismatches)
 }
 

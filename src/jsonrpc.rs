@@ -189,6 +189,23 @@ impl Child {
         self.child.kill().await
     }
 
+    /// Stops the child as an operator would: SIGTERM, then at most `grace` for it to exit (a
+    /// server finishes its work, as the HTTP probe writes its queued records), SIGKILL after
+    /// that. Its exit status, or `None` when it had to be killed.
+    pub async fn terminate(
+        &mut self,
+        grace: Duration,
+    ) -> std::io::Result<Option<std::process::ExitStatus>> {
+        if let Some(pid) = self.child.id() {
+            // SAFETY: `kill` takes no pointers; the pid is this child's, not yet waited for.
+            unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) };
+        }
+        match tokio::time::timeout(grace, self.child.wait()).await {
+            Ok(status) => status.map(Some),
+            Err(_) => self.child.kill().await.map(|()| None),
+        }
+    }
+
     /// Waits for the child to exit.
     pub async fn wait(&mut self) -> std::io::Result<std::process::ExitStatus> {
         self.child.wait().await

