@@ -19,6 +19,9 @@
 //!   shuts down, after the run. The signal reaches the leader only: a process it started (a
 //!   wrapper's router) is ended by the group kill of a run that could still act, not by a
 //!   SIGKILL of conform itself.
+//! - A client's process group (`callid measure`): [`stop_group`] sends SIGTERM first and SIGKILL
+//!   only to what is still living after a grace period, so an MCP server left running (the
+//!   probe, writing its queued records) ends as it would under an operator.
 //! - Descendants (`callid bench`, built with the `bench` feature): a command that adopts its
 //!   orphans (`adopt_orphans`) becomes the parent of every process below it whose own parent
 //!   dies (a daemon such as PostgreSQL's server, a router whose `callid conform` was killed), so
@@ -101,6 +104,37 @@ pub async fn end_all() {
             return;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Stops the process group `pgid` as an operator would: SIGTERM to the group, at most `grace`
+/// for its members to exit (a server finishes its work, as `callid probe` writes the records
+/// still queued), then SIGKILL to whatever lives on, waiting at most [`END_TIMEOUT`] more for it
+/// to be gone.
+pub async fn stop_group(pgid: u32, grace: Duration) {
+    let Ok(group) = libc::pid_t::try_from(pgid) else {
+        return;
+    };
+    // SAFETY: kill has no memory effects; a group that is gone answers ESRCH.
+    unsafe {
+        libc::kill(-group, libc::SIGTERM);
+    }
+    let gone = |within: Duration| async move {
+        let deadline = tokio::time::Instant::now() + within;
+        while !living_where(|p| p.pgrp == pgid).is_empty() {
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        true
+    };
+    if !gone(grace).await {
+        // SAFETY: as above.
+        unsafe {
+            libc::kill(-group, libc::SIGKILL);
+        }
+        gone(END_TIMEOUT).await;
     }
 }
 
@@ -270,6 +304,58 @@ mod tests {
         for (line, want) in cases {
             assert_eq!(stat_fields(line), want, "{line}");
         }
+    }
+
+    /// A group led by `sh -c script`, spawned in its own group; its pid (the group's id).
+    fn group(script: &str) -> (tokio::process::Child, u32) {
+        let child = tokio::process::Command::new("sh")
+            .args(["-c", script])
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let pid = child.id().unwrap();
+        (child, pid)
+    }
+
+    /// Waits until `path` holds text (the script's trap is set before it writes it).
+    async fn ready(path: &std::path::Path) {
+        while std::fs::read_to_string(path).map_or(true, |t| t.is_empty()) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn stop_group_lets_a_member_finish_on_sigterm_and_kills_one_that_ignores_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ready_a, done) = (dir.path().join("a"), dir.path().join("done"));
+        // A leader that finishes its work on SIGTERM, with a child in its group.
+        let (mut polite, pgid) = group(&format!(
+            "trap 'echo finished > {}; exit 0' TERM; sleep 600 & echo up > {}; wait",
+            done.display(),
+            ready_a.display()
+        ));
+        ready(&ready_a).await;
+        stop_group(pgid, Duration::from_secs(30)).await;
+        assert!(living_where(|p| p.pgrp == pgid).is_empty());
+        assert_eq!(std::fs::read_to_string(&done).unwrap(), "finished\n");
+        assert!(polite.wait().await.unwrap().success());
+
+        // A leader that ignores SIGTERM is killed once the grace is over.
+        let ready_b = dir.path().join("b");
+        let (mut deaf, pgid) = group(&format!(
+            "trap '' TERM; echo up > {}; while :; do sleep 1; done",
+            ready_b.display()
+        ));
+        ready(&ready_b).await;
+        let started = tokio::time::Instant::now();
+        stop_group(pgid, Duration::from_millis(300)).await;
+        assert!(
+            started.elapsed() >= Duration::from_millis(300),
+            "the grace was given"
+        );
+        assert!(living_where(|p| p.pgrp == pgid).is_empty());
+        use std::os::unix::process::ExitStatusExt as _;
+        assert_eq!(deaf.wait().await.unwrap().signal(), Some(libc::SIGKILL));
     }
 
     #[test]

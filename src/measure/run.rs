@@ -22,6 +22,9 @@ pub const SCENARIO_TIMEOUT: Duration = Duration::from_secs(180);
 /// How often a run still going says so.
 pub const HEARTBEAT: Duration = Duration::from_secs(10);
 
+/// How long the processes a client left running have after SIGTERM before SIGKILL.
+pub const GROUP_GRACE: Duration = Duration::from_secs(3);
+
 /// Where progress lines go (`measure` prints them on stderr).
 pub type Progress<'a> = &'a (dyn Fn(String) + Sync);
 
@@ -204,12 +207,12 @@ pub async fn run_scenario(
     if frozen_at_exit {
         tokio::time::sleep(Duration::from_millis(1500)).await;
     }
-    // Whatever the client left running (its MCP servers, helpers) goes with its process group.
+    // Whatever the client left running (its MCP servers, helpers) goes with its process group:
+    // SIGTERM first, so a probe still writing its queued records finishes them (SIGKILL alone
+    // loses them, as it did to `callid demo`'s probe on a busy machine), then SIGKILL to
+    // whatever still lives.
     if let Some(pgid) = pgid {
-        let _ = std::process::Command::new("kill")
-            .args(["-s", "KILL", "--", &format!("-{pgid}")])
-            .stderr(std::process::Stdio::null())
-            .status();
+        crate::signals::stop_group(pgid, GROUP_GRACE).await;
     }
     let _ = child.wait().await;
     // A probe still draining its queue gets a moment to finish its last line.
