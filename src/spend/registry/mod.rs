@@ -131,11 +131,26 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-/// The statuses whose price a budget counts before a charge is recorded (open money), as an SQL
-/// list for both backends' budget checks (`concat!`).
+/// The statuses whose price a budget counts before a charge is recorded (open money), for both
+/// backends' budget checks (`concat!`): an SQL list (PostgreSQL's), or, given a column, that
+/// column compared with each status, joined by `OR` (SQLite's: its partial index of open rows is
+/// declared so, since SQLite evaluates an `IN` list of more than two constants through a
+/// temporary table on every insert and update of a row; a query reads through that index only
+/// with the same condition).
 macro_rules! open_statuses {
     () => {
         "('pending', 'awaiting_approval', 'in_doubt')"
+    };
+    ($column:literal) => {
+        concat!(
+            "(",
+            $column,
+            " = 'pending' OR ",
+            $column,
+            " = 'awaiting_approval' OR ",
+            $column,
+            " = 'in_doubt')"
+        )
     };
 }
 pub(crate) use open_statuses;

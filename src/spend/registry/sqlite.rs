@@ -487,8 +487,8 @@ const COMMITTED: &str = concat!(
     "SELECT COALESCE((SELECT completed_cents FROM installation_totals
         WHERE installation_id = ?1), 0)
     + COALESCE((SELECT SUM(amount_cents) FROM operations
-        WHERE installation_id = ?1 AND status IN ",
-    super::open_statuses!(),
+        WHERE installation_id = ?1 AND ",
+    super::open_statuses!("status"),
     "), 0)"
 );
 

@@ -7,7 +7,9 @@
 //! layers' tables come from [`super::layers`] in SQLite and are written out here for
 //! PostgreSQL.
 
-use super::layers::{DECISIONS_BY_ACCOUNT_DROPPED, LAYER_TABLES, LAYER_TOTALS};
+use super::layers::{
+    DECISIONS_BY_ACCOUNT_DROPPED, DECISIONS_STATE_COMPARED, LAYER_TABLES, LAYER_TOTALS,
+};
 use crate::storage::postgres::PgSchema;
 use crate::storage::sqlite::StoreSpec;
 
@@ -161,6 +163,16 @@ pub const MIGRATIONS: &[&str] = &[
     // 7: the decisions' index by account goes: no statement uses it (see
     // [`DECISIONS_BY_ACCOUNT_DROPPED`]).
     DECISIONS_BY_ACCOUNT_DROPPED,
+    // 8: the open-row index covers the same rows, its condition written as comparisons joined
+    // by `OR`: SQLite evaluated the `IN` list of three statuses through a temporary table on
+    // every insert and update of a row (three per new operation). `open_statuses!("status")`
+    // is the condition a query must repeat to read through it.
+    "DROP INDEX operations_open;
+     CREATE INDEX operations_open ON operations (installation_id)
+         WHERE (status = 'pending' OR status = 'awaiting_approval' OR status = 'in_doubt');",
+    // 9: `decisions` rebuilt with its state compared, not listed, as in `authorization.sqlite3`
+    // (see [`DECISIONS_STATE_COMPARED`]).
+    DECISIONS_STATE_COMPARED,
 ];
 
 /// The PostgreSQL schema, one migration per version step (the version in `callid_schema`).

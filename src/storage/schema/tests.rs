@@ -22,6 +22,8 @@ const SHIPPED: &[(&str, &[&str])] = &[
             "40288bd15f7f8f68",
             "27181cb983b5410d",
             "6a71d55681b1c4ee",
+            "c1712e31fd767986",
+            "c58a1c4c1cbab349",
         ],
     ),
     (
@@ -42,6 +44,7 @@ const SHIPPED: &[(&str, &[&str])] = &[
             "6bfb3e7432f88d8f",
             "5855f5af46a5d09a",
             "6a71d55681b1c4ee",
+            "c58a1c4c1cbab349",
         ],
     ),
     ("execution store", &["62de246c362db575"]),
@@ -140,9 +143,9 @@ struct Table {
     indexes: BTreeMap<String, Index>,
 }
 
-/// The names and literals of an index predicate, without SQL's words and PostgreSQL's casts:
-/// SQLite's `state IN ('a', 'b')` and PostgreSQL's `(state = ANY (ARRAY['a'::text,
-/// 'b'::text]))` both give `state 'a' 'b'`.
+/// The names and literals of an index predicate, without SQL's words and PostgreSQL's casts,
+/// each name once: SQLite's `state IN ('a', 'b')` or `(state = 'a' OR state = 'b')` and
+/// PostgreSQL's `(state = ANY (ARRAY['a'::text, 'b'::text]))` all give `state 'a' 'b'`.
 fn predicate_words(sql: &str) -> Vec<String> {
     const NOISE: &[&str] = &["in", "any", "array", "text", "and", "or", "not", "is"];
     let mut words = Vec::new();
@@ -167,7 +170,7 @@ fn predicate_words(sql: &str) -> Vec<String> {
                 chars.next();
             }
             let word = word.to_ascii_lowercase();
-            if !NOISE.contains(&word.as_str()) {
+            if !NOISE.contains(&word.as_str()) && !words.contains(&word) {
                 words.push(word);
             }
         }
@@ -598,6 +601,10 @@ fn predicates_read_alike_in_both_dialects() {
         predicate_words("status IN ('pending', 'awaiting_approval')"),
         predicate_words("(status = ANY (ARRAY['pending'::text, 'awaiting_approval'::text]))")
     );
+    assert_eq!(
+        predicate_words("(status = 'pending' OR status = 'awaiting_approval')"),
+        predicate_words("(status = ANY (ARRAY['pending'::text, 'awaiting_approval'::text]))")
+    );
     assert_ne!(
         predicate_words("status IN ('pending')"),
         predicate_words("(status = ANY (ARRAY['pending'::text, 'in_doubt'::text]))")
@@ -715,5 +722,148 @@ fn files_of_the_build_before_keep_their_decisions_and_lose_the_index_no_statemen
             )
             .unwrap();
         assert_eq!(kept, ("d1".to_owned(), 7), "{}", spec.kind);
+    }
+}
+
+/// Fails unless `sql`'s program decides everything with comparisons: SQLite builds a temporary
+/// table (`OpenEphemeral`) for an `IN` list of more than two constants on every run of the
+/// statement.
+fn assert_no_temporary_table(conn: &rusqlite::Connection, sql: &str, file: &str) {
+    let opcodes: Vec<String> = conn
+        .prepare(&format!("EXPLAIN {sql}"))
+        .unwrap()
+        .query_map([], |r| r.get(1))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert!(
+        !opcodes.iter().any(|op| op == "OpenEphemeral"),
+        "{file}: {sql}: {opcodes:?}"
+    );
+}
+
+#[test]
+fn registries_of_the_build_before_keep_their_open_rows_indexed_without_a_temporary_table() {
+    use crate::spend::registry::open_statuses;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("registry.sqlite3");
+    let old = file_at_version(&path, &REGISTRY, 7);
+    old.execute_batch(
+        r"INSERT INTO operations (platform, installation_id, source_installation,
+            harness_call_id, handle, operation_key, tool, request_hash, arguments, amount_cents,
+            status, approval, created_ms, updated_ms)
+          VALUES ('p', 'i', 's', 'c1', 'h1', 'k1', 't', 'r', '{}', 3, 'pending', 'none', 1, 1),
+                 ('p', 'i', 's', 'c2', 'h2', 'k2', 't', 'r', '{}', 5, 'completed', 'none', 1, 1);",
+    )
+    .unwrap();
+    drop(old);
+    let conn = open_connection(&path, &REGISTRY, Create::Never).unwrap();
+    // `INDEXED BY` fails unless the query's condition lets it read through the index.
+    let open: i64 = conn
+        .query_row(
+            concat!(
+                "SELECT SUM(amount_cents) FROM operations INDEXED BY operations_open
+                 WHERE installation_id = 'i' AND ",
+                open_statuses!("status")
+            ),
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(open, 3);
+    // A row's insert and its result's update decide its index entry with comparisons, not
+    // through a temporary table built on every run of the statement.
+    for sql in [
+        r"INSERT INTO operations (platform, installation_id, source_installation,
+            harness_call_id, handle, operation_key, tool, request_hash, arguments, amount_cents,
+            status, approval, created_ms, updated_ms)
+          VALUES ('p', 'i', 's', 'c3', 'h3', 'k3', 't', 'r', '{}', 3, 'pending', 'none', 1, 1)",
+        "UPDATE operations SET status = 'completed', result = '{}' WHERE handle = 'h1'",
+    ] {
+        assert_no_temporary_table(&conn, sql, "registry");
+    }
+}
+
+#[test]
+fn decisions_rebuilt_with_their_state_compared_keep_every_row_total_and_trigger() {
+    let dir = tempfile::tempdir().unwrap();
+    for (spec, version) in [(&REGISTRY, 8), (&AUTHORIZATION, 4)] {
+        let path = dir
+            .path()
+            .join(format!("{}.sqlite3", spec.kind.replace(' ', "-")));
+        let old = file_at_version(&path, spec, version);
+        old.execute_batch(
+            r"INSERT INTO decisions (agent_id, operation_key, decision_id, account, amount_cents,
+                scope, request_hash, created_at, state, reserved_ms, charged_cents)
+              VALUES ('a', 'k1', 'd1', 'acct', 7, 's', 'h', 't1', 'reserved', 1, NULL),
+                     ('a', 'k2', 'd2', 'acct', 5, 's', 'h', 't2', 'dispatched', 2, NULL),
+                     ('a', 'k3', 'd3', 'acct', 4, 's', 'h', 't3', 'charged', 3, 4),
+                     ('a', 'k4', 'd4', 'acct', 9, 's', 'h', 't4', 'released', 4, NULL);",
+        )
+        .unwrap();
+        let rows = |conn: &rusqlite::Connection| -> Vec<String> {
+            conn.prepare(
+                r"SELECT agent_id || operation_key || decision_id || account || amount_cents
+                    || scope || request_hash || created_at || state || reserved_ms
+                    || COALESCE(charged_cents, '-') FROM decisions ORDER BY decision_id",
+            )
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap()
+        };
+        let total = |conn: &rusqlite::Connection| -> i64 {
+            conn.query_row(
+                "SELECT charged_cents FROM account_totals WHERE account = 'acct'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap()
+        };
+        let before = rows(&old);
+        assert_eq!(total(&old), 4, "{}", spec.kind);
+        drop(old);
+
+        let conn = open_connection(&path, spec, Create::Never).unwrap();
+        assert_eq!(rows(&conn), before, "{}", spec.kind);
+        assert_eq!(total(&conn), 4, "{}", spec.kind);
+        let leftovers: i64 = conn
+            .query_row(
+                "SELECT COUNT(*) FROM sqlite_schema WHERE name LIKE '%decisions_before%'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(leftovers, 0, "{}", spec.kind);
+        // The totals' triggers live on the new table.
+        conn.execute(
+            "UPDATE decisions SET state = 'charged', charged_cents = 5 WHERE decision_id = 'd2'",
+            [],
+        )
+        .unwrap();
+        assert_eq!(total(&conn), 9, "{}", spec.kind);
+        // The state is still checked, by comparisons rather than a temporary table.
+        let refused = conn.execute(
+            "UPDATE decisions SET state = 'lost' WHERE decision_id = 'd1'",
+            [],
+        );
+        assert!(refused.is_err(), "{}", spec.kind);
+        for sql in [
+            r"INSERT INTO decisions (agent_id, operation_key, decision_id, account, amount_cents,
+                scope, request_hash, created_at, state, reserved_ms)
+              VALUES ('a', 'k5', 'd5', 'acct', 1, 's', 'h', 't5', 'reserved', 5)",
+            "UPDATE decisions SET state = 'dispatched' WHERE decision_id = 'd1'",
+        ] {
+            assert_no_temporary_table(&conn, sql, spec.kind);
+        }
+        // A budget check still reads the open decisions through their index.
+        let plan = crate::storage::sqlite::query_plan(
+            &conn,
+            "SELECT SUM(amount_cents) FROM decisions
+             WHERE account = ?1 AND state IN ('reserved', 'dispatched')",
+            ["acct"],
+        );
+        assert!(plan.contains("decisions_open"), "{}: {plan}", spec.kind);
     }
 }
