@@ -174,7 +174,7 @@ pub const DECISIONS_STATE_COMPARED: &str = concat!(
     ",
     decisions_opening!(),
     decisions_later_columns!(
-        "CHECK (state = 'reserved' OR state = 'dispatched' OR state = 'charged'
+        r"CHECK (state = 'reserved' OR state = 'dispatched' OR state = 'charged'
                 OR state = 'released')"
     ),
     decisions_key!(),

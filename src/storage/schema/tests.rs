@@ -744,7 +744,6 @@ fn assert_no_temporary_table(conn: &rusqlite::Connection, sql: &str, file: &str)
 
 #[test]
 fn registries_of_the_build_before_keep_their_open_rows_indexed_without_a_temporary_table() {
-    use crate::spend::registry::open_statuses;
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("registry.sqlite3");
     let old = file_at_version(&path, &REGISTRY, 7);
@@ -758,14 +757,13 @@ fn registries_of_the_build_before_keep_their_open_rows_indexed_without_a_tempora
     .unwrap();
     drop(old);
     let conn = open_connection(&path, &REGISTRY, Create::Never).unwrap();
-    // `INDEXED BY` fails unless the query's condition lets it read through the index.
+    // `INDEXED BY` fails unless the query's condition lets it read through the index (the
+    // budget check's own condition is held to it in `spend::registry::sqlite`'s tests).
     let open: i64 = conn
         .query_row(
-            concat!(
-                "SELECT SUM(amount_cents) FROM operations INDEXED BY operations_open
-                 WHERE installation_id = 'i' AND ",
-                open_statuses!("status")
-            ),
+            "SELECT SUM(amount_cents) FROM operations INDEXED BY operations_open
+             WHERE installation_id = 'i'
+               AND (status = 'pending' OR status = 'awaiting_approval' OR status = 'in_doubt')",
             [],
             |r| r.get(0),
         )
