@@ -495,7 +495,7 @@ fn sqlite_files(dir: &std::path::Path) -> Vec<(&'static str, BTreeMap<String, Ta
     SQLITE
         .iter()
         .map(|spec| {
-            let path = dir.join(format!("{}.sqlite3", spec.kind.replace(' ', "-")));
+            let path = file_of(dir, spec);
             let conn = open_connection(&path, spec, Create::IfMissing)
                 .unwrap_or_else(|e| panic!("creating a {}: {e}", spec.kind));
             (spec.kind, sqlite_tables(&conn))
@@ -611,6 +611,11 @@ fn predicates_read_alike_in_both_dialects() {
     );
 }
 
+/// Where a test keeps its file of kind `spec` in `dir` (one per kind).
+fn file_of(dir: &std::path::Path, spec: &StoreSpec) -> std::path::PathBuf {
+    dir.join(format!("{}.sqlite3", spec.kind.replace(' ', "-")))
+}
+
 /// A file of kind `spec` as a build that knew only its first `version` migrations left it
 /// (private, as callid makes its files).
 fn file_at_version(
@@ -689,9 +694,7 @@ fn a_ledger_of_the_build_before_keeps_its_charges_in_order_and_numbers_new_ones_
 fn files_of_the_build_before_keep_their_decisions_and_lose_the_index_no_statement_uses() {
     let dir = tempfile::tempdir().unwrap();
     for (spec, version) in [(&REGISTRY, 6), (&AUTHORIZATION, 3)] {
-        let path = dir
-            .path()
-            .join(format!("{}.sqlite3", spec.kind.replace(' ', "-")));
+        let path = file_of(dir.path(), spec);
         let old = file_at_version(&path, spec, version);
         old.execute(
             r"INSERT INTO decisions (agent_id, operation_key, decision_id, account, amount_cents,
@@ -786,9 +789,7 @@ fn registries_of_the_build_before_keep_their_open_rows_indexed_without_a_tempora
 fn decisions_rebuilt_with_their_state_compared_keep_every_row_total_and_trigger() {
     let dir = tempfile::tempdir().unwrap();
     for (spec, version) in [(&REGISTRY, 8), (&AUTHORIZATION, 4)] {
-        let path = dir
-            .path()
-            .join(format!("{}.sqlite3", spec.kind.replace(' ', "-")));
+        let path = file_of(dir.path(), spec);
         let old = file_at_version(&path, spec, version);
         old.execute_batch(
             r"INSERT INTO decisions (agent_id, operation_key, decision_id, account, amount_cents,
