@@ -157,6 +157,11 @@ pub mod testing {
         }
     }
 
+    /// The names of a support matrix directory's parts (`matrices/`): what a test copies of one.
+    pub mod matrix {
+        pub use crate::matrix::data::{CLIENTS_FILE, EVIDENCE_DIR, ROUTERS_FILE, SUPPORT_FILE};
+    }
+
     /// The preallocated key pool's file format.
     pub mod preallocated {
         pub use crate::storage::schema::KEY_POOL_APPLICATION_ID as APPLICATION_ID;

@@ -3,7 +3,7 @@
 //! values, error messages that say their cause once, a closed standard output, the stdio servers'
 //! terminal banner, and `matrix add` on a single call.
 
-use crate::common::{bin, repo};
+use crate::common::{bin, copy_matrix, repo};
 use callid::testing::client_configs::{
     SERVER_NAME, claude_code_mcp_json, claude_mcp_add, codex_mcp_add, codex_server_toml,
 };
@@ -581,18 +581,7 @@ fn stdio_servers_say_they_wait_only_on_a_terminal() {
 fn matrix_add_on_one_call_agrees_with_classify() {
     let dir = tempfile::tempdir().unwrap();
     let matrix = dir.path().join("matrix");
-    std::fs::create_dir_all(&matrix).unwrap();
-    for file in ["clients.yaml", "routers.yaml"] {
-        std::fs::copy(
-            repo().join("tests/fixtures/matrix").join(file),
-            matrix.join(file),
-        )
-        .unwrap();
-    }
-    copy_dir(
-        &repo().join("tests/fixtures/matrix/evidence"),
-        &matrix.join("evidence"),
-    );
+    copy_matrix(&repo().join("tests/fixtures/matrix"), &matrix);
     // The Claude Code fixture, cut after its first `tools/call`.
     let full =
         std::fs::read_to_string(repo().join("tests/fixtures/probe/claude-code-2.1.332.jsonl"))
@@ -660,14 +649,6 @@ fn matrix_add_on_one_call_agrees_with_classify() {
         matrix.to_str().unwrap(),
     ]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-}
-
-fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
-    }
 }
 
 /// The approval hint a spend returns names the router's registry, so the operator can run it as

@@ -54,6 +54,37 @@ pub fn installed_or_skip(what: &str, needs: &Path, install_hint: &str, required_
     false
 }
 
+/// A copy of the support matrix directory `from` in `to` (created): its rows, its `SUPPORT.md`
+/// and its evidence, whichever it has. Nothing else: beside the rows, `matrices/clients/` holds
+/// the installed clients (`node_modules`, `.venv`: hundreds of megabytes, and files that a client
+/// another test runs may be writing while this copies).
+pub fn copy_matrix(from: &Path, to: &Path) {
+    use callid::testing::matrix::{CLIENTS_FILE, EVIDENCE_DIR, ROUTERS_FILE, SUPPORT_FILE};
+    std::fs::create_dir_all(to).unwrap();
+    for file in [CLIENTS_FILE, ROUTERS_FILE, SUPPORT_FILE] {
+        if from.join(file).exists() {
+            std::fs::copy(from.join(file), to.join(file)).unwrap();
+        }
+    }
+    if from.join(EVIDENCE_DIR).is_dir() {
+        copy_tree(&from.join(EVIDENCE_DIR), &to.join(EVIDENCE_DIR));
+    }
+}
+
+/// A copy of the directory tree `from` in `to` (created).
+pub fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_tree(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).unwrap();
+        }
+    }
+}
+
 /// The handle of the operation of `call_id` in the SQLite registry at `registry`, if any.
 pub fn registry_handle(registry: &Path, call_id: &str) -> Option<String> {
     use rusqlite::OptionalExtension as _;

@@ -5,7 +5,7 @@
 //! conform itself still takes its routers along (`PR_SET_PDEATHSIG`).
 
 use crate::common::procs::{self, Proc, contents, descendants, processes};
-use crate::common::{bin, repo};
+use crate::common::{bin, copy_matrix, repo};
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -171,7 +171,7 @@ fn interrupted_run_leaves_nothing(target: &Path, signal: i32, name: &str, exit: 
     // A partial report says nothing of the router's support: the matrix (a copy of the
     // repository's, which would take a finished report) refuses it and is left as it was.
     let matrix = tempfile::tempdir().unwrap();
-    copy_dir(&repo().join("matrices"), matrix.path());
+    copy_matrix(&repo().join("matrices"), matrix.path());
     let before = std::fs::read(matrix.path().join("routers.yaml")).unwrap();
     let added = Command::new(bin())
         .args(["matrix", "add", "--dir"])
@@ -188,18 +188,6 @@ fn interrupted_run_leaves_nothing(target: &Path, signal: i32, name: &str, exit: 
         String::from_utf8_lossy(&added.stderr)
     );
     assert!(std::fs::read(matrix.path().join("routers.yaml")).unwrap() == before);
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    for entry in std::fs::read_dir(from).unwrap().flatten() {
-        let target = to.join(entry.file_name());
-        if entry.path().is_dir() {
-            std::fs::create_dir(&target).unwrap();
-            copy_dir(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), &target).unwrap();
-        }
-    }
 }
 
 #[test]

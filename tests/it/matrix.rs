@@ -1,28 +1,15 @@
 //! Integration tests of `callid matrix` and `callid measure`: each runs the real binary on a copy
 //! of fixture data (or on the repository's own `matrices/`).
 
-use crate::common::{bin, repo};
+use crate::common::{bin, copy_matrix, repo};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let target = to.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            copy_dir(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), &target).unwrap();
-        }
-    }
-}
 
 /// A temporary copy of `tests/fixtures/matrix`.
 fn fixture() -> (tempfile::TempDir, PathBuf) {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("matrices");
-    copy_dir(&repo().join("tests/fixtures/matrix"), &dir);
+    copy_matrix(&repo().join("tests/fixtures/matrix"), &dir);
     (tmp, dir)
 }
 
