@@ -394,7 +394,10 @@ impl Core {
         meta: &Map<String, Value>,
     ) -> (Reply, Vec<OperationKey>) {
         let mut keys = vec![];
-        let reply = match self.spend_inner(spender, tool, args, meta, &mut keys).await {
+        // Boxed: this future holds every step's state (about 10 KB), and each future awaiting it
+        // inline would carry all of it, and tokio moves a spawned task's future by value (rmcp
+        // spawns one per request): about 100,000 instructions of copying per call.
+        let reply = match Box::pin(self.spend_inner(spender, tool, args, meta, &mut keys)).await {
             Ok(r) => r,
             Err(e) => e.into(),
         };
@@ -1020,7 +1023,8 @@ impl Core {
             .registry(move |r| r.find_by_handle(handle.as_str()))
             .await
         {
-            Ok(Some(now)) => self.continue_operation(spender, now).await,
+            // Boxed like a spend's steps (see `spend`).
+            Ok(Some(now)) => Box::pin(self.continue_operation(spender, now)).await,
             Ok(None) => Err(unknown_operation(op.handle.as_str())),
             Err(e) => Err(e),
         };

@@ -57,10 +57,11 @@ impl Scrubber {
     }
 
     fn contains_key(&self, s: &str, keys: &[&OperationKey]) -> bool {
-        (!self.prefix.is_empty() && s.contains(&self.prefix))
-            || keys
-                .iter()
-                .any(|k| !k.expose().is_empty() && s.contains(k.expose()))
+        // A string shorter than what is searched for cannot hold it: most of a reply's strings
+        // (statuses, codes, handles) are, and skipping them saves building a searcher each.
+        let holds =
+            |needle: &str| !needle.is_empty() && s.len() >= needle.len() && s.contains(needle);
+        holds(&self.prefix) || keys.iter().any(|k| holds(k.expose()))
     }
 
     /// Rewrites one string; returns whether it changed.

@@ -10,8 +10,8 @@ use super::{
 };
 use crate::storage::LayerTx;
 use crate::storage::schema::registry::REGISTRY;
-use crate::storage::sqlite::{Cached as _, Create};
-use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
+use crate::storage::sqlite::{Cached as _, Create, Immediate};
+use rusqlite::{Connection, OptionalExtension, params};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -78,10 +78,8 @@ impl SqliteRegistry {
 
     pub(super) fn ensure_installation_id(&mut self) -> Result<String, RegistryError> {
         let path = self.path.clone();
-        let tx = self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(sqlite(&path, "reading the installation id"))?;
+        let tx =
+            Immediate::begin(&self.conn).map_err(sqlite(&path, "reading the installation id"))?;
         tx.execute(
             "INSERT OR IGNORE INTO settings (name, value) VALUES ('installation_id', ?1)",
             [uuid::Uuid::new_v4().to_string()],
@@ -197,10 +195,7 @@ impl RegistryStore for SqliteRegistry {
         _atomic: bool,
         f: impl FnOnce(&mut SqliteTx<'_>) -> Result<R, RegistryError>,
     ) -> Result<R, RegistryError> {
-        let tx = self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(sqlite(&self.path, doing))?;
+        let tx = Immediate::begin(&self.conn).map_err(sqlite(&self.path, doing))?;
         let mut open = SqliteTx {
             conn: &tx,
             path: &self.path,
@@ -226,10 +221,7 @@ impl RegistryStore for SqliteRegistry {
     ) -> Result<Claimed, RegistryError> {
         let doing = "taking a dispatch lease";
         let path = self.path.clone();
-        let tx = self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(sqlite(&path, doing))?;
+        let tx = Immediate::begin(&self.conn).map_err(sqlite(&path, doing))?;
         type Row = (String, Option<String>, Option<i64>, i64, Option<i64>, i64);
         let (status, lease_owner, expires, at_most_once, dispatched, generation): Row = tx
             .row(

@@ -78,7 +78,7 @@ impl GroupCommit {
             Some((epoch, _)) => epoch,
             None => {
                 let conn = side.conn.as_ref().expect("connected above");
-                if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
+                if let Err(e) = super::begin_immediate(conn) {
                     drop_if_broken(&mut side);
                     return Err(Failed::Sql(e));
                 }
@@ -145,8 +145,8 @@ impl GroupCommit {
             }
         }
         let conn = side.conn.as_ref().expect("connected");
-        let outcome = conn.execute_batch("COMMIT").map_err(|e| {
-            let _ = conn.execute_batch("ROLLBACK");
+        let outcome = super::commit(conn).map_err(|e| {
+            let _ = super::rollback(conn);
             e.to_string()
         });
         side.open = None;
@@ -169,7 +169,7 @@ impl GroupCommit {
             Failed::Write(_) => "a write failed".to_string(),
         };
         if let Some(conn) = side.conn.as_ref() {
-            let _ = conn.execute_batch("ROLLBACK");
+            let _ = super::rollback(conn);
         }
         side.open = None;
         drop_if_broken(&mut side);
