@@ -155,15 +155,10 @@ mod tests {
         pub(super) static CALL_INFOS: Cell<usize> = const { Cell::new(0) };
     }
 
-    /// Serves a router over an in-memory pipe, calls `capabilities` once from an rmcp client,
-    /// and answers how many call infos were built for it (the runtime has one thread, so every
-    /// task counts on this one).
-    async fn call_infos_for_one_call(diagnose_meta: Option<std::path::PathBuf>) -> usize {
-        let dir = tempfile::tempdir().unwrap();
-        let router = Arc::new(Router::new(RouterOptions {
-            registry: crate::spend::registry::RegistryLocation::File(
-                dir.path().join("registry.sqlite3"),
-            ),
+    /// A router with the built-in defaults, its registry in `dir`.
+    fn router_in(dir: &std::path::Path, diagnose_meta: Option<std::path::PathBuf>) -> Router {
+        Router::new(RouterOptions {
+            registry: crate::spend::registry::RegistryLocation::File(dir.join("registry.sqlite3")),
             provider: None,
             policy: crate::router::policy::Policy::default(),
             preallocated_keys: None,
@@ -173,7 +168,15 @@ mod tests {
             identity_sources: crate::identity::IdentitySources::built_in_shared(),
             lease_ttl: crate::spend::pipeline::LEASE_TTL,
             trust: None,
-        }));
+        })
+    }
+
+    /// Serves a router over an in-memory pipe, calls `capabilities` once from an rmcp client,
+    /// and answers how many call infos were built for it (the runtime has one thread, so every
+    /// task counts on this one).
+    async fn call_infos_for_one_call(diagnose_meta: Option<std::path::PathBuf>) -> usize {
+        let dir = tempfile::tempdir().unwrap();
+        let router = Arc::new(router_in(dir.path(), diagnose_meta));
         let (server_io, client_io) = tokio::io::duplex(64 * 1024);
         let server = tokio::spawn(async move {
             let running = RouterServer::new(router).serve(server_io).await.unwrap();
@@ -190,6 +193,20 @@ mod tests {
         client.cancel().await.unwrap();
         server.await.unwrap();
         built
+    }
+
+    /// A call's future stays small: rmcp spawns one task per request holding it, and tokio
+    /// copies a task's future when it spawns it and again when it ends. The spend's own steps are
+    /// boxed (`Core::spend`); held inline they made it 10 KB, about 100,000 instructions of
+    /// copying per new operation.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_calls_future_stays_small() {
+        let dir = tempfile::tempdir().unwrap();
+        let router = router_in(dir.path(), None);
+        let meta = serde_json::Map::new();
+        let call = router.call_tool(|| unreachable!(), GENERATE_IMAGE, None, &meta);
+        let size = std::mem::size_of_val(&call);
+        assert!(size <= 4096, "Router::call_tool's future is {size} bytes");
     }
 
     /// `--diagnose-meta` off costs nothing: no call info is serialised for a call; on, one per
