@@ -560,3 +560,53 @@ fn commits_larger_than_what_the_vfs_holds_are_whole_and_readable_at_once_by_othe
         .unwrap();
     assert_eq!(check, "ok");
 }
+
+/// An [`Immediate`] transaction keeps its rows only once committed: dropped without a commit (a
+/// step that failed with `?`), a failed commit included, nothing it wrote stays, and the
+/// connection is out of the transaction for the next one. It takes the write lock at `BEGIN`,
+/// so another connection cannot begin a write meanwhile.
+#[test]
+fn an_immediate_transaction_keeps_its_rows_only_when_committed() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.sqlite3");
+    let conn = Connection::open(&path).unwrap();
+    conn.execute_batch("PRAGMA journal_mode=WAL; CREATE TABLE a (x INTEGER PRIMARY KEY);")
+        .unwrap();
+    let count = |c: &Connection| -> i64 {
+        c.query_row("SELECT count(*) FROM a", [], |r| r.get(0))
+            .unwrap()
+    };
+
+    let tx = Immediate::begin(&conn).unwrap();
+    tx.exec("INSERT INTO a (x) VALUES (1)", []).unwrap();
+    let other = Connection::open(&path).unwrap();
+    other.busy_timeout(Duration::ZERO).unwrap();
+    let locked = other.execute_batch("BEGIN IMMEDIATE").unwrap_err();
+    assert_eq!(locked.sqlite_error_code(), Some(ErrorCode::DatabaseBusy));
+    drop(tx);
+    assert!(conn.is_autocommit());
+    assert_eq!(count(&conn), 0);
+
+    let tx = Immediate::begin(&conn).unwrap();
+    tx.exec("INSERT INTO a (x) VALUES (2)", []).unwrap();
+    tx.commit().unwrap();
+    assert_eq!(count(&other), 1);
+
+    // A commit that fails (a deferred foreign key, checked at `COMMIT`) leaves nothing behind
+    // either.
+    conn.execute_batch(
+        "PRAGMA foreign_keys=ON; CREATE TABLE p (id INTEGER PRIMARY KEY);
+         CREATE TABLE c (p INTEGER REFERENCES p(id) DEFERRABLE INITIALLY DEFERRED);",
+    )
+    .unwrap();
+    let tx = Immediate::begin(&conn).unwrap();
+    tx.exec("INSERT INTO a (x) VALUES (3)", []).unwrap();
+    tx.exec("INSERT INTO c (p) VALUES (99)", []).unwrap();
+    assert!(tx.commit().is_err());
+    assert!(conn.is_autocommit());
+    assert_eq!(count(&conn), 1);
+    let orphans: i64 = conn
+        .query_row("SELECT count(*) FROM c", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(orphans, 0);
+}
