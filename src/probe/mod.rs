@@ -81,8 +81,8 @@ pub(crate) struct ProbeOptions {
 /// ([`writer`]): its reply path runs on one thread (tokio's current-thread runtime; rmcp's
 /// handlers still run concurrently, as tasks on it). With a multi-thread runtime the reply path spread over both
 /// cores of a 2-core machine and outran the single writer thread at 16 calls in flight
-/// (measured over 6,000 calls: up to 4,096 records queued, the queue's bound, 3.7 MB of text;
-/// see BENCHMARKS.md); on one thread it leaves the writer a core, the queue stays short, and
+/// (measured over 6,000 calls: up to 4,096 records queued, the queue's bound, 3.7 MB of text);
+/// on one thread it leaves the writer a core, the queue stays short, and
 /// the process has two threads instead of four. The HTTP probe (many sessions) and `--wrap`
 /// (two pumps and a child) keep the multi-thread runtime.
 pub(crate) fn runtime(options: &ProbeOptions) -> std::io::Result<tokio::runtime::Runtime> {
