@@ -306,6 +306,94 @@ pub struct Machine {
     pub load_at_start: Option<f64>,
     /// One-minute load average when the run ended.
     pub load_at_end: Option<f64>,
+    /// Where the run's registries, ledgers, logs and PostgreSQL cluster live.
+    pub scratch: Scratch,
+}
+
+/// The directory the run's files go under (`$TMPDIR`, else `/tmp`: each run makes a directory of
+/// its own there and removes it) and the file system it is on. The durable rows time commits,
+/// and a commit costs what that file system makes it cost: on `tmpfs` or `ramfs` nothing is
+/// written to a disk, so those rows measure the router without one ([`Scratch::in_memory`]).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Scratch {
+    /// The directory, as the run resolved it.
+    pub dir: String,
+    /// Its file system's type as the kernel names it (`ext4`, `xfs`, `tmpfs`, ...), from
+    /// `/proc/self/mountinfo`; `unknown` where that cannot be read.
+    pub filesystem: String,
+}
+
+impl Scratch {
+    /// `$TMPDIR` (or the platform's temporary directory) and its file system.
+    pub fn current() -> Scratch {
+        let dir = std::env::temp_dir();
+        let resolved = std::fs::canonicalize(&dir).unwrap_or_else(|_| dir.clone());
+        let filesystem = std::fs::read_to_string("/proc/self/mountinfo")
+            .ok()
+            .and_then(|table| filesystem_of(&table, &resolved))
+            .unwrap_or_else(|| "unknown".to_string());
+        Scratch {
+            dir: resolved.display().to_string(),
+            filesystem,
+        }
+    }
+
+    /// Whether the file system keeps its files in memory only, so that a commit's sync reaches
+    /// no disk.
+    pub fn in_memory(&self) -> bool {
+        matches!(self.filesystem.as_str(), "tmpfs" | "ramfs")
+    }
+}
+
+/// The type of the file system `path` is on, from the text of `/proc/self/mountinfo`: the mount
+/// whose mount point is the longest leading part of `path` (the last one listed where mounts
+/// stack on one point). `path` must be absolute and resolved (no links, no `..`).
+pub fn filesystem_of(mountinfo: &str, path: &std::path::Path) -> Option<String> {
+    let mut best: Option<(usize, &str)> = None;
+    for line in mountinfo.lines() {
+        // `ID PARENT MAJ:MIN ROOT MOUNT_POINT OPTIONS [OPTIONAL...] - TYPE SOURCE SUPER_OPTIONS`
+        let Some((left, right)) = line.split_once(" - ") else {
+            continue;
+        };
+        let (Some(point), Some(kind)) = (
+            left.split(' ').nth(4),
+            right.split(' ').next().filter(|k| !k.is_empty()),
+        ) else {
+            continue;
+        };
+        let point = unescape_mount_point(point);
+        let point = std::path::Path::new(&point);
+        if path.starts_with(point) {
+            let depth = point.components().count();
+            if best.is_none_or(|(d, _)| depth >= d) {
+                best = Some((depth, kind));
+            }
+        }
+    }
+    best.map(|(_, kind)| kind.to_string())
+}
+
+/// A mount point as `mountinfo` writes it: space, tab, newline and backslash as `\ooo` octal.
+fn unescape_mount_point(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let octal = bytes
+            .get(i + 1..i + 4)
+            .filter(|d| bytes[i] == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c)));
+        match octal {
+            Some(d) => {
+                out.push((d[0] - b'0') * 64 + (d[1] - b'0') * 8 + (d[2] - b'0'));
+                i += 4;
+            }
+            None => {
+                out.push(bytes[i]);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 impl Machine {
@@ -329,6 +417,7 @@ impl Machine {
             kernel,
             load_at_start: load_average(),
             load_at_end: None,
+            scratch: Scratch::current(),
         }
     }
 }
@@ -386,8 +475,9 @@ fn explanation(row: &Row) -> Option<String> {
 
 fn header_line(report: &Report) -> String {
     let load = |l: Option<f64>| l.map_or("?".to_string(), |l| format!("{l:.2}"));
+    let scratch = &report.machine.scratch;
     format!(
-        "{} build{}, {} ({} cores, Linux {}), load {} -> {}",
+        "{} build{}, {} ({} cores, Linux {}), load {} -> {}, files under {} ({})",
         report.profile,
         if report.quick { ", --quick" } else { "" },
         report.machine.cpu,
@@ -395,7 +485,22 @@ fn header_line(report: &Report) -> String {
         report.machine.kernel,
         load(report.machine.load_at_start),
         load(report.machine.load_at_end),
+        scratch.dir,
+        scratch.filesystem,
     )
+}
+
+/// The warning a run on an in-memory file system carries under its header line.
+fn scratch_warning(report: &Report) -> Option<String> {
+    let scratch = &report.machine.scratch;
+    scratch.in_memory().then(|| {
+        format!(
+            "warning: {} is on {}, so no commit reaches a disk: the durable rows (`router_new_operation`, \
+             `router_concurrent` and the `postgres_*` rows) measure the router without its disk's syncs; \
+             set TMPDIR to a directory on the disk a registry would use",
+            scratch.dir, scratch.filesystem
+        )
+    })
 }
 
 /// The terminal table, then one line per note, skip or error.
@@ -429,6 +534,9 @@ pub fn render_table(report: &Report, out: &mut dyn Write) -> std::io::Result<()>
         ]);
     }
     writeln!(out, "{}", header_line(report))?;
+    if let Some(warning) = scratch_warning(report) {
+        writeln!(out, "{warning}")?;
+    }
     writeln!(out, "{table}")?;
     for row in &report.rows {
         if let Some(text) = explanation(row) {
@@ -442,6 +550,9 @@ pub fn render_table(report: &Report, out: &mut dyn Write) -> std::io::Result<()>
 pub fn render_markdown(report: &Report, out: &mut dyn Write) -> std::io::Result<()> {
     let mut text = String::new();
     let _ = writeln!(text, "_{}_\n", header_line(report));
+    if let Some(warning) = scratch_warning(report) {
+        let _ = writeln!(text, "**{warning}**\n");
+    }
     let _ = writeln!(
         text,
         "| figure | baseline run beside it | figure median | baseline median | measured | target | verdict | command |"
@@ -561,6 +672,10 @@ mod tests {
                 kernel: "6.1.0".into(),
                 load_at_start: Some(0.5),
                 load_at_end: Some(0.75),
+                scratch: Scratch {
+                    dir: "/tmp".into(),
+                    filesystem: "tmpfs".into(),
+                },
             },
             rows,
         }
@@ -595,6 +710,45 @@ mod tests {
             assert_eq!(target.is_met(value), Some(met), "{target:?} with {value}");
         }
         assert_eq!(Target::Reported.is_met(0.1), None);
+    }
+
+    #[test]
+    fn the_scratch_file_system_is_the_deepest_mount_above_it() {
+        use std::path::Path;
+        let mountinfo = "\
+22 1 254:0 / / rw,relatime shared:1 - ext4 /dev/vda rw
+23 22 0:21 / /proc rw,nosuid - proc proc rw
+24 22 0:22 / /dev/shm rw,nosuid,nodev shared:3 - tmpfs tmpfs rw
+25 22 0:23 / /tmp rw shared:4 - tmpfs tmpfs rw,size=1g
+26 25 254:1 / /tmp/disk rw - xfs /dev/vdb rw
+27 22 254:2 / /mnt/my\\040disk rw - btrfs /dev/vdc rw
+28 25 0:24 / /tmp rw - ramfs none rw
+";
+        let of = |p: &str| filesystem_of(mountinfo, Path::new(p));
+        assert_eq!(of("/home/me/work").as_deref(), Some("ext4"));
+        assert_eq!(of("/dev/shm").as_deref(), Some("tmpfs"));
+        assert_eq!(of("/tmp/disk/x").as_deref(), Some("xfs"));
+        // A mount point is matched by whole components, and the last mount on a point wins.
+        assert_eq!(of("/tmpfoo").as_deref(), Some("ext4"));
+        assert_eq!(of("/tmp/x").as_deref(), Some("ramfs"));
+        assert_eq!(of("/mnt/my disk/registry").as_deref(), Some("btrfs"));
+        assert_eq!(filesystem_of("garbage\n", Path::new("/tmp")), None);
+    }
+
+    #[test]
+    fn only_an_in_memory_scratch_warns() {
+        let mut report = sample();
+        assert!(scratch_warning(&report).is_some_and(|w| w.contains("/tmp is on tmpfs")));
+        report.machine.scratch.filesystem = "ext4".into();
+        assert_eq!(scratch_warning(&report), None);
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn this_machines_scratch_has_a_file_system() {
+        let scratch = Scratch::current();
+        assert_ne!(scratch.filesystem, "unknown", "{scratch:?}");
+        assert!(std::path::Path::new(&scratch.dir).is_absolute());
     }
 
     #[test]

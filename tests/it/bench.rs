@@ -68,6 +68,60 @@ fn bench_in_process_rows_measure_paired_ratios() {
     }
 }
 
+/// The report names where the run's files went and their file system, and warns when that is
+/// memory: `/dev/shm` (tmpfs on Linux) as `TMPDIR`, against the test's own scratch directory.
+#[cfg(target_os = "linux")]
+#[test]
+fn bench_names_its_scratch_file_system_and_warns_on_memory() {
+    let run = |tmpdir: &std::path::Path, format: &str| {
+        let output = Command::new(common::bin())
+            .args(["bench", "--quick", "--only", "request_hash", "--format", format])
+            .env("TMPDIR", tmpdir)
+            .output()
+            .expect("callid runs");
+        assert!(output.status.success(), "{output:?}");
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    let shm = tempfile::Builder::new()
+        .prefix("callid-bench-scratch-")
+        .tempdir_in("/dev/shm")
+        .expect("/dev/shm is there on Linux");
+    let report: Value = serde_json::from_str(&run(shm.path(), "json")).unwrap();
+    let scratch = &report["machine"]["scratch"];
+    assert_eq!(scratch["dir"], shm.path().to_str().unwrap(), "{report}");
+    assert_eq!(scratch["filesystem"], "tmpfs", "{report}");
+    let table = run(shm.path(), "table");
+    let mut lines = table.lines();
+    assert!(
+        lines.next().unwrap().ends_with(&format!(
+            ", files under {} (tmpfs)",
+            shm.path().display()
+        )),
+        "{table}"
+    );
+    assert!(
+        lines.next().unwrap().starts_with(&format!(
+            "warning: {} is on tmpfs, so no commit reaches a disk",
+            shm.path().display()
+        )),
+        "{table}"
+    );
+
+    // Wherever the tests' own scratch directory is, the report says which file system it is,
+    // and warns only if that is memory.
+    let own = tempfile::tempdir().unwrap();
+    let own_dir = std::fs::canonicalize(own.path()).unwrap();
+    let report: Value = serde_json::from_str(&run(&own_dir, "json")).unwrap();
+    let filesystem = report["machine"]["scratch"]["filesystem"].as_str().unwrap();
+    assert_ne!(filesystem, "unknown", "{report}");
+    let table = run(&own_dir, "table");
+    assert_eq!(
+        table.contains("so no commit reaches a disk"),
+        matches!(filesystem, "tmpfs" | "ramfs"),
+        "{table}"
+    );
+}
+
 #[test]
 fn bench_unknown_row_is_a_usage_error_naming_the_known_rows() {
     let (code, stdout, stderr) = bench(&["--only", "nope"]);
