@@ -75,7 +75,14 @@ fn bench_in_process_rows_measure_paired_ratios() {
 fn bench_names_its_scratch_file_system_and_warns_on_memory() {
     let run = |tmpdir: &std::path::Path, format: &str| {
         let output = Command::new(common::bin())
-            .args(["bench", "--quick", "--only", "request_hash", "--format", format])
+            .args([
+                "bench",
+                "--quick",
+                "--only",
+                "request_hash",
+                "--format",
+                format,
+            ])
             .env("TMPDIR", tmpdir)
             .output()
             .expect("callid runs");
@@ -93,10 +100,10 @@ fn bench_names_its_scratch_file_system_and_warns_on_memory() {
     let table = run(shm.path(), "table");
     let mut lines = table.lines();
     assert!(
-        lines.next().unwrap().ends_with(&format!(
-            ", files under {} (tmpfs)",
-            shm.path().display()
-        )),
+        lines
+            .next()
+            .unwrap()
+            .ends_with(&format!(", files under {} (tmpfs)", shm.path().display())),
         "{table}"
     );
     assert!(
