@@ -172,4 +172,7 @@ pub mod testing {
     /// The bench's relay, which counts round trips to PostgreSQL.
     #[cfg(feature = "bench")]
     pub use crate::bench::relay;
+    /// Where a bench run's files go, and whether their file system keeps them in memory only.
+    #[cfg(feature = "bench")]
+    pub use crate::bench::report::Scratch;
 }

@@ -40,6 +40,16 @@ pub enum RowId {
 }
 
 impl RowId {
+    /// The rows that time durable commits, so their figures depend on the file system of the
+    /// run's scratch directory ([`Scratch`]).
+    pub const DURABLE: [RowId; 5] = [
+        RowId::RouterNewOperation,
+        RowId::RouterConcurrent,
+        RowId::PostgresNewOperation,
+        RowId::PostgresReplicas,
+        RowId::PostgresNetwork,
+    ];
+
     /// Every row, in report order.
     pub const ALL: [RowId; 13] = [
         RowId::ProbeRoundTrip,
@@ -348,7 +358,7 @@ impl Scratch {
 /// The type of the file system `path` is on, from the text of `/proc/self/mountinfo`: the mount
 /// whose mount point is the longest leading part of `path` (the last one listed where mounts
 /// stack on one point). `path` must be absolute and resolved (no links, no `..`).
-pub fn filesystem_of(mountinfo: &str, path: &std::path::Path) -> Option<String> {
+fn filesystem_of(mountinfo: &str, path: &std::path::Path) -> Option<String> {
     let mut best: Option<(usize, &str)> = None;
     for line in mountinfo.lines() {
         // `ID PARENT MAJ:MIN ROOT MOUNT_POINT OPTIONS [OPTIONAL...] - TYPE SOURCE SUPER_OPTIONS`
@@ -494,11 +504,17 @@ fn header_line(report: &Report) -> String {
 fn scratch_warning(report: &Report) -> Option<String> {
     let scratch = &report.machine.scratch;
     scratch.in_memory().then(|| {
+        let rows: Vec<String> = RowId::DURABLE
+            .iter()
+            .map(|id| format!("`{}`", id.id()))
+            .collect();
         format!(
-            "warning: {} is on {}, so no commit reaches a disk: the durable rows (`router_new_operation`, \
-             `router_concurrent` and the `postgres_*` rows) measure the router without its disk's syncs; \
-             set TMPDIR to a directory on the disk a registry would use",
-            scratch.dir, scratch.filesystem
+            "warning: {} is on {}, so no commit reaches a disk: the durable rows ({}) measure the \
+             router without its disk's syncs; set TMPDIR to a directory on the disk a registry \
+             would use",
+            scratch.dir,
+            scratch.filesystem,
+            rows.join(", ")
         )
     })
 }

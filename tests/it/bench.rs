@@ -119,12 +119,19 @@ fn bench_names_its_scratch_file_system_and_warns_on_memory() {
     let own = tempfile::tempdir().unwrap();
     let own_dir = std::fs::canonicalize(own.path()).unwrap();
     let report: Value = serde_json::from_str(&run(&own_dir, "json")).unwrap();
-    let filesystem = report["machine"]["scratch"]["filesystem"].as_str().unwrap();
-    assert_ne!(filesystem, "unknown", "{report}");
+    let scratch = callid::testing::Scratch {
+        dir: report["machine"]["scratch"]["dir"].as_str().unwrap().into(),
+        filesystem: report["machine"]["scratch"]["filesystem"]
+            .as_str()
+            .unwrap()
+            .into(),
+    };
+    assert_eq!(scratch.dir, own_dir.to_str().unwrap(), "{report}");
+    assert_ne!(scratch.filesystem, "unknown", "{report}");
     let table = run(&own_dir, "table");
     assert_eq!(
         table.contains("so no commit reaches a disk"),
-        matches!(filesystem, "tmpfs" | "ramfs"),
+        scratch.in_memory(),
         "{table}"
     );
 }
